@@ -1,0 +1,8 @@
+"""tgrad: a small, fast tensor library with autograd; lazy graphs fused into kernels for many devices."""
+
+from tgrad.device import Device_ as Device
+from tgrad.dtype import DType, dtypes
+from tgrad.tensor import Tensor
+
+__all__ = ["Tensor", "Device", "dtypes", "DType"]
+__version__ = "0.1.0"

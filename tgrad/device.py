@@ -1,0 +1,300 @@
+"""The runtime: device names, buffers, compiled programs and running a schedule.
+
+A device turns a Kernel into a Program (compiled once per kernel, cached in memory and on disk) and
+owns Buffers. `run_schedule` runs fused kernels in order; `realize` is the entry point tensors use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from tgrad.dtype import DType, dtypes
+from tgrad.errors import DeviceError, KernelError, numbered
+from tgrad.graph import Node, prod
+
+DEBUG = int(os.environ.get("DEBUG", "0") or 0)
+KNOWN_DEVICES = ("CPU", "NUMPY", "CUDA", "AMD", "TRITON", "CL", "QCOM", "METAL", "WEBGPU")
+
+
+def getenv(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def cache_dir() -> Path | None:
+    """Where compiled kernels are kept (TGRAD_CACHE: a directory, or 0 for no disk cache)."""
+    value = getenv("TGRAD_CACHE")
+    if value == "0":
+        return None
+    if value and value != "1":
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tgrad"
+
+
+class Stats:
+    """Counters the tests and DEBUG read: kernels launched and live device bytes."""
+
+    kernels_run = 0
+    live_bytes = 0
+    live_buffers = 0
+
+
+class Buffer:
+    """A device allocation of `size` elements of `dtype`. Host devices keep a numpy array."""
+
+    def __init__(self, device: str, size: int, dtype: DType, data=None):
+        self.device, self.size, self.dtype = device, size, dtype
+        self.data = data if data is not None else np.empty(size, dtype.np)
+        Stats.live_bytes += size * dtype.itemsize
+        Stats.live_buffers += 1
+        weakref.finalize(self, _release, size * dtype.itemsize)
+
+    def numpy(self) -> np.ndarray:
+        return self.data
+
+    def __repr__(self) -> str:
+        return f"<Buffer {self.device} {self.dtype.name}[{self.size}]>"
+
+
+def _release(nbytes: int) -> None:
+    Stats.live_bytes -= nbytes
+    Stats.live_buffers -= 1
+
+
+class Program:
+    """A compiled kernel: call it with the output buffer then the input buffers."""
+
+    def __init__(self, name: str, source: str, fn, device: str):
+        self.name, self.source, self.fn, self.device = name, source, fn, device
+
+    def __call__(self, out: Buffer, *inputs: Buffer) -> None:
+        self.fn(out, *inputs)
+
+
+class Device:
+    """A device runtime. Subclasses set `name` and implement alloc/copy-in/copy-out/compile."""
+
+    name = "?"
+
+    def __init__(self):
+        self.programs: dict = {}
+
+    def alloc(self, size: int, dtype: DType) -> Buffer:
+        return Buffer(self.name, size, dtype)
+
+    def from_numpy(self, array: np.ndarray) -> Buffer:
+        flat = np.ascontiguousarray(array).reshape(-1)
+        return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), flat.copy())
+
+    def to_numpy(self, buf: Buffer) -> np.ndarray:
+        return buf.data
+
+    def program(self, kernel) -> Program:
+        prg = self.programs.get(kernel)
+        if prg is None:
+            prg = self.programs[kernel] = self.compile(kernel)
+        return prg
+
+    def compile(self, kernel) -> Program:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        pass
+
+
+class NumpyDevice(Device):
+    """The reference: evaluates the graph node by node with numpy (see tgrad/reference.py)."""
+
+    name = "NUMPY"
+
+
+def _load_module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class CPUDevice(Device):
+    """Kernels rendered by emit_numba and compiled with numba.njit."""
+
+    name = "CPU"
+
+    def __init__(self):
+        super().__init__()
+        try:
+            import numba  # noqa: F401
+        except ImportError as e:
+            raise DeviceError("the CPU device needs numba: pip install numba") from e
+
+    def compile(self, kernel) -> Program:
+        from tgrad import emit_numba
+
+        fname = kernel.name
+        body = emit_numba.render(kernel, fname)
+        cdir = cache_dir()
+        header = emit_numba.HEADER.replace("CACHE", str(cdir is not None))
+        source = header + "\n\n" + body.replace("cache=CACHE", f"cache={cdir is not None}")
+        digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+        try:
+            if cdir is not None:
+                folder = cdir / "numba"
+                folder.mkdir(parents=True, exist_ok=True)
+                path = folder / f"k_{digest}.py"
+                if not path.exists():
+                    tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
+                    tmp.write_text(source)
+                    os.replace(tmp, path)
+                module = _load_module(path, f"tgrad_kernel_{digest}")
+                fn = getattr(module, fname)
+            else:
+                scope: dict = {}
+                exec(compile(source, f"<tgrad kernel {fname}>", "exec"), scope)
+                fn = scope[fname]
+        except Exception as e:
+            raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
+        storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *kernel.in_dtypes)]
+        widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            args = [b.data.astype(np.float32) if w else b.data for b, w in zip((out, *inputs), widen)]
+            try:
+                fn(*args)
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {fname} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+            if widen[0]:
+                out.data[:] = args[0]
+
+        del storage
+        return Program(fname, source, run, self.name)
+
+
+_devices: dict[str, Device] = {}
+_ALIASES = {"GPU": "CL", "OPENCL": "CL", "WGPU": "WEBGPU"}
+
+
+def canonical(name: str) -> str:
+    """'cpu', 'CPU:0', 'cl' -> 'CPU', 'CL'; unknown names raise a DeviceError listing the known ones."""
+    base = str(name).split(":")[0].upper()
+    base = _ALIASES.get(base, base)
+    if base not in KNOWN_DEVICES:
+        raise DeviceError(f"unknown device {name!r}; known devices: {', '.join(KNOWN_DEVICES)}")
+    return base
+
+
+def get_device(name: str) -> Device:
+    name = canonical(name)
+    dev = _devices.get(name)
+    if dev is None:
+        dev = _devices[name] = _open(name)
+    return dev
+
+
+def _open(name: str) -> Device:
+    if name == "CPU":
+        return CPUDevice()
+    if name == "NUMPY":
+        return NumpyDevice()
+    raise DeviceError(f"device {name} is not available in this build of tgrad yet")
+
+
+def default_device() -> str:
+    if getenv("DEVICE"):
+        return canonical(getenv("DEVICE"))
+    for name in KNOWN_DEVICES:
+        if getenv(name) == "1":
+            return name
+    return "CPU"
+
+
+class _DeviceRegistry:
+    """`Device.DEFAULT` like tinygrad, and `Device["CL"]` for a runtime."""
+
+    @property
+    def DEFAULT(self) -> str:  # noqa: N802 - tinygrad's name
+        return default_device()
+
+    def __getitem__(self, name: str) -> Device:
+        return get_device(name)
+
+    def canonicalize(self, name: str | None) -> str:
+        return default_device() if name is None else canonical(name)
+
+
+Device_ = _DeviceRegistry()
+
+
+# ---------------------------------------------------------------------------------------------------
+# running
+
+
+def run_schedule(items) -> None:
+    t_all = time.perf_counter()
+    for it in items:
+        dev = get_device(it.out.device)
+        k = it.kernel
+        if it.target is not None:
+            out = it.target.buffer
+        else:
+            out = dev.alloc(prod(it.out.shape), it.out.dtype)
+        if prod(k.global_shape) > 0 or not k.shape:
+            prg = dev.program(k)
+            if DEBUG >= 3:
+                print(
+                    f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
+                    f"  expr {k.expr!r}\n  reduce {k.reduce_expr!r}",
+                    file=sys.stderr,
+                )
+            if DEBUG >= 4:
+                print(prg.source, file=sys.stderr)
+            t0 = time.perf_counter()
+            prg(out, *[n.buffer for n in it.inputs])
+            Stats.kernels_run += 1
+            if DEBUG >= 2:
+                dev.synchronize()
+                dt = time.perf_counter() - t0
+                nbytes = out.size * out.dtype.itemsize + sum(
+                    n.buffer.size * n.dtype.itemsize for n in it.inputs
+                )
+                flops = prod(k.shape)
+                print(
+                    f"  {dev.name:6s} {k.name:30s} {str(k.shape):24s} {dt * 1e3:9.3f} ms "
+                    f"{flops / dt / 1e9 if dt else 0:8.2f} GFLOP/s {nbytes / dt / 1e9 if dt else 0:8.2f} GB/s",
+                    file=sys.stderr,
+                )
+        it.out.buffer = out
+    if DEBUG >= 1 and items:
+        print(
+            f"realize: {len(items)} kernels in {(time.perf_counter() - t_all) * 1e3:.2f} ms", file=sys.stderr
+        )
+
+
+def realize(nodes: list[Node]) -> None:
+    """Compute every node (grouped by device); movement ops over realized nodes stay views."""
+    from tgrad import fuse, reference
+
+    by_device: dict[str, list[Node]] = {}
+    for n in nodes:
+        by_device.setdefault(n.device, []).append(n)
+    for device, group in by_device.items():
+        if device == "NUMPY":
+            reference.realize(group)
+        else:
+            run_schedule(fuse.schedule(group))
+
+
+def to_numpy(node: Node) -> np.ndarray:
+    """The value of a realized node (or of movement ops over one) as a numpy array."""
+    from tgrad import reference
+
+    realize([node])
+    return reference.evaluate_views(node, lambda b: get_device(b.device).to_numpy(b.buffer))

@@ -1,0 +1,103 @@
+"""Data types and PyTorch-style type promotion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=True)
+class DType:
+    name: str
+    itemsize: int
+    kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
+    rank: int  # position on the promotion ladder
+
+    @property
+    def np(self) -> np.dtype:
+        return np.dtype(self.name if self.name != "bool" else np.bool_)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in "iu"
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+
+class dtypes:
+    bool = DType("bool", 1, "b", 0)
+    uint8 = DType("uint8", 1, "u", 1)
+    int8 = DType("int8", 1, "i", 2)
+    int16 = DType("int16", 2, "i", 3)
+    int32 = DType("int32", 4, "i", 4)
+    int64 = DType("int64", 8, "i", 5)
+    float16 = DType("float16", 2, "f", 6)
+    float32 = DType("float32", 4, "f", 7)
+    float64 = DType("float64", 8, "f", 8)
+    half = float16
+    float = float32
+    double = float64
+    int = int32
+    long = int64
+    default_float = float32
+    default_int = int64
+    all = (bool, uint8, int8, int16, int32, int64, float16, float32, float64)
+
+    @staticmethod
+    def from_any(x) -> DType:
+        """A DType from a DType, a name ('float32'), a numpy dtype or a torch-like object with .name."""
+        if isinstance(x, DType):
+            return x
+        if isinstance(x, str):
+            name = x
+        else:
+            try:
+                name = np.dtype(x).name
+            except TypeError:
+                name = str(x).split(".")[-1]
+        for dt in dtypes.all:
+            if dt.name == name:
+                return dt
+        from tgrad.errors import DTypeError
+
+        raise DTypeError(f"unsupported dtype {x!r}; tgrad supports {', '.join(d.name for d in dtypes.all)}")
+
+    @staticmethod
+    def from_py(x) -> DType:
+        """The dtype a Python scalar gets when it becomes a tensor."""
+        if isinstance(x, bool):
+            return dtypes.bool
+        if isinstance(x, int):
+            return dtypes.default_int
+        return dtypes.default_float
+
+
+def promote(a: DType, b: DType) -> DType:
+    """PyTorch's promotion of two tensor dtypes (e.g. uint8 + int8 -> int16, int32 + float16 -> float16)."""
+    if a == b:
+        return a
+    if a.kind == "f" or b.kind == "f":
+        if a.kind != "f":
+            return b
+        if b.kind != "f":
+            return a
+        return a if a.rank > b.rank else b
+    if {a.kind, b.kind} == {"u", "i"}:
+        signed = a if a.kind == "i" else b
+        return signed if signed.itemsize > 1 else dtypes.int16
+    return a if a.rank > b.rank else b
+
+
+def promote_scalar(t: DType, x) -> DType:
+    """The result dtype of `tensor op python_scalar`: the scalar only matters when its category is higher."""
+    if isinstance(x, bool):
+        return t
+    if isinstance(x, int):
+        return t if t.kind != "b" else dtypes.default_int
+    return t if t.is_float else dtypes.default_float

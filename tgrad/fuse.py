@@ -1,0 +1,490 @@
+"""Scheduling: cut the lazy graph into fused Kernels.
+
+A Kernel is plain data (the contract with the emitters): an iteration shape whose first `n_global`
+axes are parallel and whose remaining axes are reduced, an optional reduce expression, an output
+expression and an output index, all expression trees (`Expr`) over loop indices, constants and
+loads from input buffers. Equal kernels hash equal, so compiled programs cache by kernel.
+
+Fusion rules (each kernel has one output):
+- a node becomes a kernel output ("is realized") when a tensor asks for it, when it is a REDUCE whose
+  result goes through a movement op (expand-after-reduce, reshape, ...), when a kernel would hold two
+  reduces, or when two kernels would both contain the same REDUCE (reduces are computed once);
+- everything else is fused: elementwise work and movement ops into the kernel that needs them,
+  a reduce together with its elementwise inputs and the elementwise epilogue after it;
+- elementwise nodes used by two kernels are recomputed in each (they are cheap; no extra memory
+  traffic), never realized on their own;
+- movement ops become index arithmetic on loads (a ShapeTracker per load); a PAD over computed values
+  becomes a `WHERE(valid, value, 0)`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from tgrad.dtype import DType, dtypes
+from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, strides_for
+
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+
+INF = float("inf")
+
+
+class Expr:
+    """A node of the kernel IR. ops: IDX (arg=(axis, size)), CONST (arg=value), LOAD (arg=input number,
+    srcs=(index, valid)), ACC (the reduce result), and the ALU ops of graph.Op by name."""
+
+    __slots__ = ("op", "srcs", "arg", "dtype", "_hash")
+
+    def __init__(self, op: str, srcs: tuple[Expr, ...], arg: Any, dtype: DType):
+        self.op, self.srcs, self.arg, self.dtype = op, srcs, arg, dtype
+        akey = (type(arg), repr(arg)) if op == "CONST" else arg
+        self._hash = hash((op, srcs, akey, dtype))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Expr) or self._hash != other._hash:
+            return False
+        same_arg = (repr(self.arg) == repr(other.arg)) if self.op == "CONST" else self.arg == other.arg
+        return self.op == other.op and same_arg and self.dtype == other.dtype and self.srcs == other.srcs
+
+    def __repr__(self) -> str:
+        if self.op == "IDX":
+            return f"i{self.arg[0]}"
+        if self.op == "CONST":
+            return repr(self.arg)
+        if self.op == "LOAD":
+            return f"in{self.arg}[{self.srcs[0]!r}]" + (
+                "" if is_true(self.srcs[1]) else f" if {self.srcs[1]!r}"
+            )
+        if self.op == "ACC":
+            return "acc"
+        return f"{self.op}({', '.join(map(repr, self.srcs))})"
+
+    # bounds of integer index expressions
+    @property
+    def vmin(self) -> float:
+        return _bounds(self)[0]
+
+    @property
+    def vmax(self) -> float:
+        return _bounds(self)[1]
+
+
+IDX_DT = dtypes.int64
+
+
+def const(value, dtype: DType) -> Expr:
+    return Expr("CONST", (), value, dtype)
+
+
+def is_const(e: Expr, value=None) -> bool:
+    return e.op == "CONST" and (value is None or e.arg == value)
+
+
+def is_true(e: Expr) -> bool:
+    return e.op == "CONST" and e.arg is True
+
+
+def _bounds(e: Expr) -> tuple[float, float]:
+    if e.op == "IDX":
+        return 0, e.arg[1] - 1
+    if e.op == "CONST" and e.dtype.is_int:
+        return e.arg, e.arg
+    if e.op == "ADD":
+        (a0, a1), (b0, b1) = _bounds(e.srcs[0]), _bounds(e.srcs[1])
+        return a0 + b0, a1 + b1
+    if e.op == "MUL" and is_const(e.srcs[1]):
+        (a0, a1), c = _bounds(e.srcs[0]), e.srcs[1].arg
+        return (a0 * c, a1 * c) if c >= 0 else (a1 * c, a0 * c)
+    if e.op == "IDIV" and is_const(e.srcs[1]) and _bounds(e.srcs[0])[0] >= 0:
+        (a0, a1), c = _bounds(e.srcs[0]), e.srcs[1].arg
+        return a0 // c, a1 // c if a1 != INF else INF
+    if e.op == "MOD" and is_const(e.srcs[1]) and _bounds(e.srcs[0])[0] >= 0:
+        return 0, e.srcs[1].arg - 1
+    return -INF, INF
+
+
+# ---------------------------------------------------------------------------------------------------
+# index arithmetic with the simplifications that make views cheap
+
+
+def _terms(e: Expr) -> list[tuple[int, Expr | None]]:
+    """e as a sum of coef*atom terms (atom None for the constant term)."""
+    if e.op == "ADD":
+        return _terms(e.srcs[0]) + _terms(e.srcs[1])
+    if e.op == "CONST":
+        return [(e.arg, None)]
+    if e.op == "MUL" and is_const(e.srcs[1]):
+        return [(c * e.srcs[1].arg, a) for c, a in _terms(e.srcs[0])]
+    return [(1, e)]
+
+
+def _from_terms(terms: list[tuple[int, Expr | None]]) -> Expr:
+    merged: dict[Expr | None, int] = {}
+    for c, a in terms:
+        merged[a] = merged.get(a, 0) + c
+    out = None
+    for a, c in merged.items():
+        if c == 0 or a is None:
+            continue
+        term = a if c == 1 else Expr("MUL", (a, const(c, IDX_DT)), None, IDX_DT)
+        out = term if out is None else Expr("ADD", (out, term), None, IDX_DT)
+    k = merged.get(None, 0)
+    if out is None:
+        return const(k, IDX_DT)
+    return out if k == 0 else Expr("ADD", (out, const(k, IDX_DT)), None, IDX_DT)
+
+
+def iadd(a: Expr, b: Expr) -> Expr:
+    return _from_terms(_terms(a) + _terms(b))
+
+
+def imul(a: Expr, c: int) -> Expr:
+    return _from_terms([(k * c, t) for k, t in _terms(a)])
+
+
+def idiv(a: Expr, c: int) -> Expr:
+    if c == 1:
+        return a
+    terms = _terms(a)
+    whole = [(k // c, t) for k, t in terms if k % c == 0]
+    rest = [(k, t) for k, t in terms if k % c != 0]
+    rest_e = _from_terms(rest)
+    lo, hi = rest_e.vmin, rest_e.vmax
+    if lo >= 0 and hi < c and all(_bounds(t)[0] >= 0 for _, t in whole if t is not None):
+        return _from_terms(whole)
+    if a.vmin >= 0 and a.vmax < c:
+        return const(0, IDX_DT)
+    return Expr("IDIV", (a, const(c, IDX_DT)), None, IDX_DT)
+
+
+def imod(a: Expr, c: int) -> Expr:
+    if c == 1:
+        return const(0, IDX_DT)
+    if a.vmin < 0:
+        return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
+    rest = _from_terms([(k, t) for k, t in _terms(a) if k % c != 0])
+    if rest.vmin >= 0 and rest.vmax < c:
+        return rest
+    return Expr("MOD", (rest, const(c, IDX_DT)), None, IDX_DT)
+
+
+def iless(a: Expr, c: int) -> Expr:
+    """a < c as a bool Expr, folded when the bounds decide it."""
+    if a.vmax < c:
+        return const(True, dtypes.bool)
+    if a.vmin >= c:
+        return const(False, dtypes.bool)
+    return Expr("CMPLT", (a, const(c, IDX_DT)), None, dtypes.bool)
+
+
+def igreater_eq(a: Expr, c: int) -> Expr:
+    """a >= c, written c - 1 < a."""
+    if a.vmin >= c:
+        return const(True, dtypes.bool)
+    if a.vmax < c:
+        return const(False, dtypes.bool)
+    return Expr("CMPLT", (const(c - 1, IDX_DT), a), None, dtypes.bool)
+
+
+def land(a: Expr, b: Expr) -> Expr:
+    if is_true(a) or is_const(b, False):
+        return b
+    if is_true(b) or is_const(a, False):
+        return a
+    return Expr("AND", (a, b), None, dtypes.bool)
+
+
+def view_index(st: ShapeTracker, idx: list[Expr]) -> tuple[Expr, Expr]:
+    """(offset into the buffer, validity) of the element at `idx` of a tracked view."""
+    valid = const(True, dtypes.bool)
+    offset = None
+    for view in reversed(st.views):
+        if offset is not None:  # unflatten the outer view's offset into this view's axes
+            flat, idx = offset, []
+            for s, acc in zip(view.shape, strides_for(view.shape)):
+                idx.append(imod(idx_div(flat, acc), s) if s != 1 else const(0, IDX_DT))
+        offset = const(view.offset, IDX_DT)
+        for i, st_ in zip(idx, view.strides):
+            if st_ != 0:
+                offset = iadd(offset, imul(i, st_))
+        if view.mask is not None:
+            for i, (lo, hi), s in zip(idx, view.mask, view.shape):
+                if (lo, hi) != (0, s):
+                    valid = land(valid, land(iless(i, hi), igreater_eq(i, lo)))
+    return offset, valid
+
+
+def idx_div(a: Expr, c: int) -> Expr:
+    return idiv(a, c) if c > 1 else a
+
+
+# ---------------------------------------------------------------------------------------------------
+# the Kernel contract
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    shape: tuple[int, ...]  # iteration space: global (parallel) axes first, then reduce axes
+    n_global: int
+    reduce_op: str | None  # SUM, PROD, MAX or None
+    reduce_expr: Expr | None  # value reduced over the reduce axes (uses every IDX)
+    expr: Expr  # value stored (uses global IDX and ACC)
+    out_index: Expr  # where it is stored (global IDX only)
+    out_dtype: DType
+    in_dtypes: tuple[DType, ...]
+
+    @property
+    def global_shape(self) -> tuple[int, ...]:
+        return self.shape[: self.n_global]
+
+    @property
+    def reduce_shape(self) -> tuple[int, ...]:
+        return self.shape[self.n_global :]
+
+    @property
+    def acc_dtype(self) -> DType:
+        return self.reduce_expr.dtype if self.reduce_expr is not None else self.out_dtype
+
+
+@dataclass
+class ScheduleItem:
+    kernel: Kernel
+    out: Node  # gets the output buffer
+    inputs: list[Node]  # realized (or realized earlier in the schedule) buffers, in order
+    target: Node | None = None  # for ASSIGN: the buffer node written into
+
+
+def reduce_identity(op: str, dtype: DType):
+    if op == "SUM":
+        return False if dtype == dtypes.bool else (0.0 if dtype.is_float else 0)
+    if op == "PROD":
+        return True if dtype == dtypes.bool else (1.0 if dtype.is_float else 1)
+    if dtype.is_float:
+        return -INF
+    if dtype == dtypes.bool:
+        return False
+    info = dtype.np
+    import numpy as np
+
+    return int(np.iinfo(info).min)
+
+
+# ---------------------------------------------------------------------------------------------------
+# deciding what is realized
+
+
+def _walk(roots: list[Node]) -> list[Node]:
+    """Unrealized nodes reachable from roots, sources before users."""
+    order, seen = [], set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if node in seen or node.realized:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        stack.extend((s, False) for s in node.srcs)
+    return order
+
+
+def _body(root: Node, realize: set[Node]) -> list[Node]:
+    """Nodes computed inside root's kernel (root included)."""
+    out, seen, stack = [], set(), [root]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        out.append(node)
+        srcs = node.srcs[1:] if node.op is Op.ASSIGN else node.srcs
+        for s in srcs:
+            if not s.realized and s not in realize and s.op is not Op.CONST:
+                stack.append(s)
+    return out
+
+
+def kernel_roots(outputs: list[Node]) -> list[Node]:
+    roots = []
+    for out in outputs:
+        base = out.base
+        if not base.realized and base not in roots:
+            roots.append(base)
+    nodes = _walk(roots)
+    users: dict[Node, list[Node]] = defaultdict(list)
+    for n in nodes:
+        for s in n.srcs:
+            users[s].append(n)
+    realize = set(roots)
+    for n in nodes:
+        if n.op is Op.REDUCE and any(u.op in MOVEMENT for u in users[n]):
+            realize.add(n)
+        if n.op is Op.ASSIGN:
+            realize.add(n)
+    while True:
+        seen_in: dict[Node, int] = defaultdict(int)
+        grow = set()
+        for r in realize:
+            reduces = [n for n in _body(r, realize) if n.op is Op.REDUCE]
+            for n in reduces:
+                seen_in[n] += 1
+            if r.op is Op.REDUCE:
+                grow.update(n for n in reduces if n is not r)
+            elif len(reduces) > 1:
+                grow.update(reduces)
+        grow.update(n for n, k in seen_in.items() if k > 1)
+        grow -= realize
+        if not grow:
+            break
+        realize |= grow
+    # order: sources first (the _walk order is topological)
+    return [n for n in nodes if n in realize]
+
+
+# ---------------------------------------------------------------------------------------------------
+# lowering one kernel
+
+
+class _Lowerer:
+    def __init__(self, root: Node, realize: set[Node]):
+        self.root, self.realize = root, realize
+        self.inputs: list[Node] = []
+        self.memo: dict[tuple, Expr] = {}
+
+    def buffer_number(self, node: Node) -> int:
+        if node not in self.inputs:
+            self.inputs.append(node)
+        return self.inputs.index(node)
+
+    def is_leaf(self, node: Node) -> bool:
+        return node is not self.root and (node.realized or node in self.realize)
+
+    def lower(self, node: Node, path: tuple[Node, ...], idx: tuple[Expr, ...]) -> Expr:
+        key = (node, path, idx)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self._lower(node, path, idx)
+        return hit
+
+    def _tracker(self, shape: tuple[int, ...], path: tuple[Node, ...]) -> ShapeTracker:
+        st = ShapeTracker.contiguous(shape)
+        for m in reversed(path):
+            st = st.apply(m.op, m.arg)
+        return st
+
+    def _lower(self, node: Node, path: tuple[Node, ...], idx: tuple[Expr, ...]) -> Expr:
+        if self.is_leaf(node):
+            offset, valid = view_index(self._tracker(node.shape, path), list(idx))
+            load = Expr("LOAD", (offset, valid), self.buffer_number(node), node.dtype)
+            return load
+        if node.op is Op.CONST:
+            return const(node.arg, node.dtype)
+        if node.op in MOVEMENT:
+            inner = self.lower(node.srcs[0], (*path, node), idx)
+            if node.op is Op.PAD and not self.is_leaf(node.srcs[0].base):
+                _, valid = view_index(self._tracker(node.srcs[0].shape, (*path, node)), list(idx))
+                if not is_true(valid):
+                    inner = Expr(
+                        "WHERE", (valid, inner, const(_zero(node.dtype), node.dtype)), None, node.dtype
+                    )
+            return inner
+        if node.op in ALU:
+            srcs = tuple(self.lower(s, path, idx) for s in node.srcs)
+            return Expr(node.op.name, srcs, node.dtype if node.op is Op.CAST else None, node.dtype)
+        if node.op is Op.REDUCE:
+            return Expr("ACC", (), None, node.dtype)
+        if node.op is Op.ASSIGN:
+            return self.lower(node.srcs[1], path, idx)
+        raise NotImplementedError(f"cannot lower {node.op}")
+
+
+def _zero(dtype: DType):
+    return False if dtype == dtypes.bool else (0.0 if dtype.is_float else 0)
+
+
+def _find_reduce(root: Node, realize: set[Node]) -> Node | None:
+    for n in _body(root, realize):
+        if n.op is Op.REDUCE:
+            return n
+    return None
+
+
+def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
+    red = _find_reduce(root, realize)
+    out_shape = root.shape
+    full = red.srcs[0].shape if red is not None else out_shape
+    axes = red.arg[1] if red is not None else ()
+    # iteration order: global axes, then reduce axes; size-1 axes are dropped (their index is 0)
+    order = [a for a in range(len(full)) if a not in axes and full[a] != 1]
+    order += [a for a in axes if full[a] != 1]
+    kshape = tuple(full[a] for a in order)
+    n_global = sum(1 for a in order if a not in axes)
+    full_idx = [const(0, IDX_DT)] * len(full)
+    for pos, a in enumerate(order):
+        full_idx[a] = Expr("IDX", (), (pos, full[a]), IDX_DT)
+    out_idx = tuple(const(0, IDX_DT) if a in axes else full_idx[a] for a in range(len(full)))
+    lw = _Lowerer(root, realize)
+    reduce_expr = lw.lower(red.srcs[0], (), tuple(full_idx)) if red is not None else None
+    expr = lw.lower(root, (), out_idx)
+    out_index = const(0, IDX_DT)
+    for i, st in zip(out_idx, strides_for(out_shape)):
+        if st:
+            out_index = iadd(out_index, imul(i, st))
+    kind = "r" if red is not None else "E"
+    name = kind + "_" + "_".join(str(s) for s in kshape) if kshape else kind
+    kernel = Kernel(
+        name=name,
+        shape=kshape,
+        n_global=n_global,
+        reduce_op=red.arg[0] if red is not None else None,
+        reduce_expr=reduce_expr,
+        expr=expr,
+        out_index=out_index,
+        out_dtype=root.dtype,
+        in_dtypes=tuple(n.dtype for n in lw.inputs),
+    )
+    target = root.srcs[0] if root.op is Op.ASSIGN else None
+    return ScheduleItem(kernel, root, lw.inputs, target)
+
+
+def schedule(outputs: list[Node]) -> list[ScheduleItem]:
+    """The kernels that make every output node realized, in an order that respects dependencies."""
+    roots = kernel_roots(outputs)
+    realize = set(roots)
+    items = [lower_kernel(r, realize) for r in roots]
+    return _order_assigns(items)
+
+
+def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
+    """An ASSIGN overwrites its target: every other kernel that reads the target runs first."""
+    assigns = [it for it in items if it.target is not None]
+    if not assigns:
+        return items
+    ordered = [it for it in items if it.target is None]
+    for a in assigns:  # in topological order; each goes as late as it may: just before its first reader
+        start = max((j + 1 for j, it in enumerate(ordered) if it.out in a.inputs), default=0)
+        readers = [j for j, it in enumerate(ordered) if j >= start and a.out in it.inputs]
+        ordered.insert(readers[0] if readers else len(ordered), a)
+    for pos, it in enumerate(ordered):
+        if it.target is None:
+            continue
+        for later in ordered[pos + 1 :]:
+            if it.target in later.inputs:
+                from tgrad.errors import TgradError
+
+                raise TgradError(
+                    "a kernel reads both the old and the assigned value of one buffer; "
+                    "realize() the old value before assign()"
+                )
+    return ordered

@@ -1,0 +1,399 @@
+"""The lazy graph: immutable, hash-consed `Node`s of primitive ops, and the `View`s movement ops become.
+
+A Node is one primitive op applied to source nodes. Movement ops (RESHAPE PERMUTE EXPAND PAD SHRINK
+FLIP) are nodes too, so autodiff can see them, but they never copy: fuse.py folds each chain of them
+into a `ShapeTracker` (a stack of `View`s) that becomes an index expression in the kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import weakref
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from tgrad.dtype import DType
+
+
+class Op(Enum):
+    # leaves
+    BUFFER = "BUFFER"  # arg: unique id; the node's `buffer` holds the data
+    CONST = "CONST"  # arg: python scalar; shape () unless expanded by movement ops
+    # unary
+    EXP2 = "EXP2"
+    LOG2 = "LOG2"
+    SIN = "SIN"
+    SQRT = "SQRT"
+    RECIP = "RECIP"
+    NEG = "NEG"
+    TRUNC = "TRUNC"
+    CAST = "CAST"  # arg: target DType (the node's dtype)
+    # binary
+    ADD = "ADD"
+    SUB = "SUB"
+    MUL = "MUL"
+    IDIV = "IDIV"  # integer division truncating toward zero (C semantics)
+    MOD = "MOD"  # remainder with the sign of the dividend (C semantics)
+    MAX = "MAX"
+    CMPLT = "CMPLT"
+    CMPNE = "CMPNE"
+    AND = "AND"
+    OR = "OR"
+    XOR = "XOR"
+    # ternary
+    WHERE = "WHERE"
+    # reduce: arg = (reduce op, axes); output keeps the reduced axes as size 1
+    REDUCE = "REDUCE"
+    # movement
+    RESHAPE = "RESHAPE"
+    PERMUTE = "PERMUTE"
+    EXPAND = "EXPAND"
+    PAD = "PAD"
+    SHRINK = "SHRINK"
+    FLIP = "FLIP"
+    # write the value (src 1) into the buffer of the target (src 0)
+    ASSIGN = "ASSIGN"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+UNARY = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.NEG, Op.TRUNC, Op.CAST}
+BINARY = {Op.ADD, Op.SUB, Op.MUL, Op.IDIV, Op.MOD, Op.MAX, Op.CMPLT, Op.CMPNE, Op.AND, Op.OR, Op.XOR}
+ALU = UNARY | BINARY | {Op.WHERE}
+MOVEMENT = {Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.PAD, Op.SHRINK, Op.FLIP}
+REDUCE_OPS = ("SUM", "PROD", "MAX")
+
+
+def prod(xs) -> int:
+    return math.prod(xs)
+
+
+class Node:
+    """One vertex of the lazy graph. Equal (op, srcs, arg, shape, dtype, device) give the same Node."""
+
+    __slots__ = ("op", "srcs", "arg", "shape", "dtype", "device", "buffer", "__weakref__")
+    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    _ids = itertools.count()
+
+    op: Op
+    srcs: tuple[Node, ...]
+    arg: Any
+    shape: tuple[int, ...]
+    dtype: DType
+    device: str
+
+    def __new__(
+        cls, op: Op, srcs: tuple[Node, ...], arg: Any, shape: tuple[int, ...], dtype: DType, device: str
+    ):
+        key = None
+        if op is not Op.BUFFER and op is not Op.ASSIGN:
+            key = (op, tuple(id(s) for s in srcs), _arg_key(arg), shape, dtype, device)
+            hit = cls._cache.get(key)
+            if hit is not None:
+                return hit
+        self = super().__new__(cls)
+        self.op, self.srcs, self.arg, self.shape, self.dtype, self.device = (
+            op,
+            srcs,
+            arg,
+            shape,
+            dtype,
+            device,
+        )
+        self.buffer = None
+        if key is not None:
+            cls._cache[key] = self
+        return self
+
+    @staticmethod
+    def from_buffer(buffer, shape: tuple[int, ...], dtype: DType, device: str) -> Node:
+        node = Node(Op.BUFFER, (), next(Node._ids), shape, dtype, device)
+        node.buffer = buffer
+        return node
+
+    @property
+    def realized(self) -> bool:
+        return self.buffer is not None
+
+    @property
+    def base(self) -> Node:
+        """The node under a chain of movement ops."""
+        node = self
+        while node.op in MOVEMENT:
+            node = node.srcs[0]
+        return node
+
+    def __repr__(self) -> str:
+        return (
+            f"<Node {self.op.name} {self.arg if self.op is not Op.BUFFER else ''} {self.shape} {self.dtype}>"
+        )
+
+
+def _arg_key(arg):
+    # nan != nan, and 1 == 1.0 == True: key scalars by type and repr so each constant is its own node
+    if isinstance(arg, (float, int, bool)):
+        return (type(arg), repr(arg))
+    return arg
+
+
+# ---------------------------------------------------------------------------------------------------
+# Views: how movement ops map an index of the moved tensor to an offset into the base buffer
+
+
+def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Contiguous (row-major) strides, 0 for size-1 axes."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc if s != 1 else 0)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class View:
+    """index -> offset + sum(index[i] * strides[i]); valid where mask[i][0] <= index[i] < mask[i][1]."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+    mask: tuple[tuple[int, int], ...] | None = None
+
+    @staticmethod
+    def contiguous(shape: tuple[int, ...]) -> View:
+        return View(shape, strides_for(shape))
+
+    @property
+    def is_contiguous(self) -> bool:
+        return self.offset == 0 and self.mask is None and self.strides == strides_for(self.shape)
+
+    def permute(self, order: tuple[int, ...]) -> View:
+        mask = tuple(self.mask[i] for i in order) if self.mask else None
+        return View(
+            tuple(self.shape[i] for i in order), tuple(self.strides[i] for i in order), self.offset, mask
+        )
+
+    def expand(self, shape: tuple[int, ...]) -> View:
+        strides = tuple(st if s == n else 0 for st, s, n in zip(self.strides, self.shape, shape))
+        mask = None
+        if self.mask:
+            mask = tuple(
+                m if s == n else ((0, n) if m != (0, 0) else (0, 0))
+                for m, s, n in zip(self.mask, self.shape, shape)
+            )
+        return View(shape, strides, self.offset, mask)
+
+    def shrink(self, arg: tuple[tuple[int, int], ...]) -> View:
+        offset = self.offset + sum(b * st for (b, _), st in zip(arg, self.strides))
+        mask = None
+        if self.mask:
+            mask = tuple(
+                (max(0, lo - b), max(0, min(e - b, hi - b))) for (lo, hi), (b, e) in zip(self.mask, arg)
+            )
+        return View(tuple(e - b for b, e in arg), self.strides, offset, mask)
+
+    def pad(self, arg: tuple[tuple[int, int], ...]) -> View:
+        offset = self.offset - sum(lo * st for (lo, _), st in zip(arg, self.strides))
+        old = self.mask or tuple((0, s) for s in self.shape)
+        mask = tuple((m0 + lo, m1 + lo) for (m0, m1), (lo, _) in zip(old, arg))
+        shape = tuple(s + lo + hi for s, (lo, hi) in zip(self.shape, arg))
+        return View(shape, self.strides, offset, mask)
+
+    def flip(self, axes: tuple[int, ...]) -> View:
+        offset = self.offset + sum((self.shape[a] - 1) * self.strides[a] for a in axes if self.shape[a] > 0)
+        strides = tuple(-st if i in axes else st for i, st in enumerate(self.strides))
+        mask = None
+        if self.mask:
+            mask = tuple(
+                (s - hi, s - lo) if i in axes else (lo, hi)
+                for i, ((lo, hi), s) in enumerate(zip(self.mask, self.shape))
+            )
+        return View(self.shape, strides, offset, mask)
+
+    def reshape(self, shape: tuple[int, ...]) -> View | None:
+        """The same memory seen with a new shape, or None when one View cannot express it."""
+        if self.is_contiguous:
+            return View.contiguous(shape)
+        if self.mask is not None:
+            return self._reshape_ones(shape)
+        # match groups of old axes with groups of new axes of equal product; each old group must be
+        # contiguous within itself, and its new axes get strides derived from the group's last stride
+        old = [(s, st) for s, st in zip(self.shape, self.strides) if s != 1]
+        # walk both sides together
+        strides = [0] * len(shape)
+        new_idx = [k for k, s in enumerate(shape) if s != 1]
+        oi = ni = 0
+        while oi < len(old) and ni < len(new_idx):
+            og, ng = [old[oi]], [new_idx[ni]]
+            op_, np_ = old[oi][0], shape[new_idx[ni]]
+            while op_ != np_:
+                if op_ < np_:
+                    oi += 1
+                    if oi >= len(old):
+                        return None
+                    og.append(old[oi])
+                    op_ *= old[oi][0]
+                else:
+                    ni += 1
+                    if ni >= len(new_idx):
+                        return None
+                    ng.append(new_idx[ni])
+                    np_ *= shape[new_idx[ni]]
+            for (_, st0), (s1, st1) in zip(og, og[1:]):
+                if st0 != st1 * s1:
+                    return None
+            acc = og[-1][1]
+            for k in reversed(ng):
+                strides[k] = acc
+                acc *= shape[k]
+            oi += 1
+            ni += 1
+        if oi != len(old) or ni != len(new_idx):
+            return None
+        return View(shape, tuple(strides), self.offset, None)
+
+    def _reshape_ones(self, shape: tuple[int, ...]) -> View | None:
+        """Reshape of a masked view: only adding or removing size-1 axes is supported."""
+        keep = [i for i, s in enumerate(self.shape) if s != 1]
+        if tuple(self.shape[i] for i in keep) != tuple(s for s in shape if s != 1):
+            return None
+        if any(self.mask[i] == (0, 0) for i, s in enumerate(self.shape) if s == 1):
+            return None  # a fully masked size-1 axis would be lost
+        strides, mask, it = [], [], iter(keep)
+        for s in shape:
+            if s == 1:
+                strides.append(0)
+                mask.append((0, 1))
+            else:
+                k = next(it)
+                strides.append(self.strides[k])
+                mask.append(self.mask[k])
+        return View(shape, tuple(strides), self.offset, tuple(mask))
+
+
+@dataclass(frozen=True)
+class ShapeTracker:
+    """A stack of Views: views[-1] is what the user sees; each view indexes the one before it as if
+    that one were contiguous; views[0] indexes the buffer."""
+
+    views: tuple[View, ...]
+
+    @staticmethod
+    def contiguous(shape: tuple[int, ...]) -> ShapeTracker:
+        return ShapeTracker((View.contiguous(shape),))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.views[-1].shape
+
+    def _replace_last(self, view: View) -> ShapeTracker:
+        return ShapeTracker(self.views[:-1] + (view,))
+
+    def apply(self, op: Op, arg) -> ShapeTracker:
+        last = self.views[-1]
+        if op is Op.RESHAPE:
+            if prod(arg) == 0:
+                return ShapeTracker.contiguous(arg)
+            view = last.reshape(arg)
+            if view is None:
+                return ShapeTracker(self.views + (View.contiguous(arg),))
+            return self._replace_last(view)
+        if op is Op.PERMUTE:
+            return self._replace_last(last.permute(arg))
+        if op is Op.EXPAND:
+            return self._replace_last(last.expand(arg))
+        if op is Op.PAD:
+            return self._replace_last(last.pad(arg))
+        if op is Op.SHRINK:
+            return self._replace_last(last.shrink(arg))
+        if op is Op.FLIP:
+            return self._replace_last(last.flip(arg))
+        raise ValueError(f"{op} is not a movement op")
+
+
+# ---------------------------------------------------------------------------------------------------
+# node constructors with shape and dtype inference (tensor.py and autodiff.py build graphs with these)
+
+
+def alu(op: Op, *srcs: Node) -> Node:
+    """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition)."""
+    from tgrad.dtype import dtypes
+
+    if op in (Op.CMPLT, Op.CMPNE):
+        dtype = dtypes.bool
+    elif op is Op.WHERE:
+        dtype = srcs[1].dtype
+    else:
+        dtype = srcs[0].dtype
+    return Node(op, tuple(srcs), None, srcs[0].shape, dtype, srcs[0].device)
+
+
+def cast(node: Node, dtype: DType) -> Node:
+    if node.dtype == dtype:
+        return node
+    return Node(Op.CAST, (node,), dtype, node.shape, dtype, node.device)
+
+
+def const(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> Node:
+    """A constant broadcast to shape (no memory: a stride-0 view of a scalar)."""
+    value = bool(value) if dtype.kind == "b" else (int(value) if dtype.is_int else float(value))
+    node = Node(Op.CONST, (), value, (), dtype, device)
+    if shape:
+        node = move(move(node, Op.RESHAPE, (1,) * len(shape)), Op.EXPAND, shape)
+    return node
+
+
+def const_like(node: Node, value) -> Node:
+    return const(value, node.dtype, node.device, node.shape)
+
+
+def reduce(node: Node, op: str, axes: tuple[int, ...]) -> Node:
+    axes = tuple(sorted(set(axes)))
+    if not axes:
+        return node
+    shape = tuple(1 if i in axes else s for i, s in enumerate(node.shape))
+    return Node(Op.REDUCE, (node,), (op, axes), shape, node.dtype, node.device)
+
+
+def move(node: Node, op: Op, arg) -> Node:
+    """A movement op; no-ops return the node itself."""
+    shape = node.shape
+    if op is Op.RESHAPE:
+        arg = tuple(arg)
+        if arg == shape:
+            return node
+        if node.op is Op.RESHAPE:  # reshape of a reshape is one reshape
+            node = node.srcs[0]
+            if arg == node.shape:
+                return node
+        new = arg
+    elif op is Op.PERMUTE:
+        arg = tuple(arg)
+        if arg == tuple(range(len(shape))):
+            return node
+        new = tuple(shape[i] for i in arg)
+    elif op is Op.EXPAND:
+        arg = tuple(arg)
+        if arg == shape:
+            return node
+        new = arg
+    elif op is Op.PAD:
+        arg = tuple(tuple(p) for p in arg)
+        if all(p == (0, 0) for p in arg):
+            return node
+        new = tuple(s + lo + hi for s, (lo, hi) in zip(shape, arg))
+    elif op is Op.SHRINK:
+        arg = tuple(tuple(p) for p in arg)
+        if all(p == (0, s) for p, s in zip(arg, shape)):
+            return node
+        new = tuple(e - b for b, e in arg)
+    elif op is Op.FLIP:
+        arg = tuple(sorted(a for a in arg if shape[a] > 1))
+        if not arg:
+            return node
+        new = shape
+    else:
+        raise ValueError(f"{op} is not a movement op")
+    return Node(op, (node,), arg, new, node.dtype, node.device)

@@ -1,0 +1,150 @@
+"""The NUMPY reference device: evaluates the graph one node at a time with numpy.
+
+No fusion and no generated code, so it checks fuse.py and every emitter independently. Each primitive
+op's numpy form stands here with the same semantics the emitters implement (C-style integer division,
+float16 reductions accumulated in float32, nan propagating through MAX).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tgrad.dtype import dtypes
+from tgrad.fuse import reduce_identity
+from tgrad.graph import MOVEMENT, Node, Op
+
+
+def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    safe = np.where(b == 0, 1, b)
+    q = a // safe
+    q = q + ((q < 0) & (q * safe != a))  # floor -> toward zero
+    return np.where(b == 0, 0, q)
+
+
+def _cast(x: np.ndarray, dtype) -> np.ndarray:
+    if dtype == dtypes.bool:
+        return x != 0
+    with np.errstate(invalid="ignore"):
+        if dtype.is_int and x.dtype.kind == "f":
+            return np.trunc(x).astype(np.int64).astype(dtype.np)
+        return x.astype(dtype.np)
+
+
+UNARY = {
+    Op.EXP2: np.exp2,
+    Op.LOG2: np.log2,
+    Op.SIN: np.sin,
+    Op.SQRT: np.sqrt,
+    Op.NEG: np.negative,
+    Op.TRUNC: np.trunc,
+    Op.RECIP: lambda x: np.reciprocal(x) if x.dtype.kind == "f" else 1 // x,
+}
+BINARY = {
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.IDIV: _idiv,
+    Op.MOD: lambda a, b: a - b * _idiv(a, b),
+    Op.MAX: lambda a, b: np.logical_or(a, b) if a.dtype == np.bool_ else np.maximum(a, b),
+    Op.CMPLT: np.less,
+    Op.CMPNE: np.not_equal,
+    Op.AND: np.bitwise_and,
+    Op.OR: np.bitwise_or,
+    Op.XOR: np.bitwise_xor,
+}
+
+
+def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], dtype) -> np.ndarray:
+    acc = np.float32 if dtype == dtypes.float16 else dtype.np
+    if op == "SUM":
+        out = (
+            np.sum(x, axis=axes, keepdims=True, dtype=acc)
+            if dtype != dtypes.bool
+            else np.any(x, axes, keepdims=True)
+        )
+    elif op == "PROD":
+        out = (
+            np.prod(x, axis=axes, keepdims=True, dtype=acc)
+            if dtype != dtypes.bool
+            else np.all(x, axes, keepdims=True)
+        )
+    else:
+        out = np.max(x, axis=axes, keepdims=True, initial=reduce_identity("MAX", dtype))
+    return out.astype(dtype.np)
+
+
+def _movement(op: Op, arg, x: np.ndarray) -> np.ndarray:
+    if op is Op.RESHAPE:
+        return x.reshape(arg)
+    if op is Op.PERMUTE:
+        return x.transpose(arg)
+    if op is Op.EXPAND:
+        return np.broadcast_to(x, arg)
+    if op is Op.PAD:
+        return np.pad(x, arg)
+    if op is Op.SHRINK:
+        return x[tuple(slice(b, e) for b, e in arg)]
+    if op is Op.FLIP:
+        return np.flip(x, arg) if arg else x
+    raise ValueError(op)
+
+
+def evaluate(node: Node, memo: dict) -> np.ndarray:
+    hit = memo.get(node)
+    if hit is not None:
+        return hit
+    if node.realized:
+        out = node.buffer.data.reshape(node.shape)
+    elif node.op is Op.CONST:
+        out = np.array(node.arg, dtype=node.dtype.np)
+    elif node.op in MOVEMENT:
+        out = _movement(node.op, node.arg, evaluate(node.srcs[0], memo))
+    else:
+        srcs = [evaluate(s, memo) for s in node.srcs]
+        with np.errstate(all="ignore"):
+            if node.op is Op.CAST:
+                out = _cast(srcs[0], node.dtype)
+            elif node.op in UNARY:
+                out = UNARY[node.op](srcs[0])
+            elif node.op in BINARY:
+                out = BINARY[node.op](*srcs)
+            elif node.op is Op.WHERE:
+                out = np.where(*srcs)
+            elif node.op is Op.REDUCE:
+                out = _reduce(node.arg[0], srcs[0], node.arg[1], node.dtype)
+            elif node.op is Op.ASSIGN:
+                node.srcs[0].buffer.data[:] = srcs[1].reshape(-1)
+                out = srcs[1]
+            else:
+                raise NotImplementedError(f"NUMPY device: no rule for {node.op}")
+        out = np.asarray(out)
+        if out.dtype != node.dtype.np:
+            out = out.astype(node.dtype.np)
+    memo[node] = out
+    return out
+
+
+def realize(nodes: list[Node]) -> None:
+    from tgrad.device import Buffer
+
+    memo: dict = {}
+    for node in nodes:
+        base = node.base
+        if base.realized:
+            continue
+        value = np.ascontiguousarray(evaluate(base, memo)).reshape(-1)
+        if base.op is Op.ASSIGN:
+            base.buffer = base.srcs[0].buffer
+        else:
+            base.buffer = Buffer("NUMPY", value.size, base.dtype, value.copy())
+
+
+def evaluate_views(node: Node, get_array: Callable[[Node], np.ndarray]) -> np.ndarray:
+    """The value of movement ops over a realized node, as a numpy array (no device work)."""
+    if node.realized:
+        return get_array(node).reshape(node.shape)
+    if node.op in MOVEMENT:
+        return _movement(node.op, node.arg, evaluate_views(node.srcs[0], get_array))
+    raise ValueError(f"{node} is not realized")

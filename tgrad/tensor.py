@@ -1,0 +1,1405 @@
+"""Tensor: the user-facing API. Every op adds lazy nodes; composite ops are written from primitives."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tgrad import autodiff
+from tgrad import graph as g
+from tgrad.device import Device_, get_device
+from tgrad.device import realize as _realize_nodes
+from tgrad.device import to_numpy as _to_numpy
+from tgrad.dtype import DType, dtypes, promote, promote_scalar
+from tgrad.errors import AutogradError, DeviceError, DTypeError, ShapeError
+from tgrad.graph import Node, Op
+
+Scalar = int | float | bool
+_grad_leaves: weakref.WeakSet = weakref.WeakSet()  # tensors created or marked with requires_grad=True
+
+
+def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise ShapeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
+    return axis % max(ndim, 1) if ndim else 0
+
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    nd = max(len(s) for s in shapes)
+    padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for dims in zip(*padded):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+class _NoGradMeta(type):
+    """Makes `Tensor.no_grad` both a flag and a context manager, like tinygrad and torch.no_grad."""
+
+    _no_grad = False
+
+    @property
+    def no_grad(cls):
+        return _NoGradFlag(_NoGradMeta._no_grad)
+
+    @no_grad.setter
+    def no_grad(cls, value):
+        _NoGradMeta._no_grad = bool(value)
+
+
+class _NoGradFlag:
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __enter__(self):
+        self.prev = _NoGradMeta._no_grad
+        _NoGradMeta._no_grad = True
+        return self
+
+    def __exit__(self, *exc):
+        _NoGradMeta._no_grad = self.prev
+
+
+class Tensor(metaclass=_NoGradMeta):
+    """A lazy n-dimensional array with autograd. Nothing runs until numpy()/tolist()/item()/realize()."""
+
+    __slots__ = ("node", "_requires_grad", "grad", "__weakref__")
+    training = False
+    _rng = np.random.default_rng(0)
+
+    def __init__(
+        self,
+        data: Any,
+        device: str | None = None,
+        dtype: DType | str | None = None,
+        requires_grad: bool | None = None,
+    ):
+        device = Device_.canonicalize(device)
+        dtype = dtypes.from_any(dtype) if dtype is not None else None
+        if isinstance(data, Node):
+            node = data
+        elif isinstance(data, Tensor):
+            node = data.node if device == data.device else data.to(device).node
+            if dtype is not None:
+                node = g.cast(node, dtype)
+        elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+            dt = dtype or dtypes.from_py(data)
+            node = g.const(data, dt, device)
+        else:
+            node = _node_from_host(data, device, dtype)
+        self.node: Node = node
+        self.grad: Tensor | None = None
+        self._requires_grad: bool | None = None
+        if requires_grad is not None:
+            self.requires_grad = requires_grad
+
+    # ----------------------------------------------------------------------------------------------
+    # properties
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.node.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.node.dtype
+
+    @property
+    def device(self) -> str:
+        return self.node.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[_normalize_axis(dim, self.ndim)]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def requires_grad(self) -> bool | None:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if value and not self.dtype.is_float:
+            raise DTypeError(
+                f"only floating point tensors can require gradients, this one is {self.dtype.name}"
+            )
+        self._requires_grad = bool(value)
+        if value:
+            if self.node.op is not Op.BUFFER:  # a leaf needs its own node: constants are shared
+                self.realize()
+                if self.node.op is not Op.BUFFER:
+                    self.node = _fresh_buffer(self.node)
+            _grad_leaves.add(self)
+
+    def requires_grad_(self, value: bool = True) -> Tensor:
+        self.requires_grad = value
+        return self
+
+    def __repr__(self) -> str:
+        rg = f", requires_grad={self.requires_grad}" if self.requires_grad else ""
+        return f"<Tensor {self.shape} {self.dtype.name} on {self.device}{rg}>"
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise ValueError(
+                f"the truth value of a tensor with {self.numel()} elements is ambiguous; use .any() or .all()"
+            )
+        return bool(self.item())
+
+    # ----------------------------------------------------------------------------------------------
+    # running and data out
+
+    def realize(self, *others: Tensor) -> Tensor:
+        """Compute this tensor (and others) now; no-op for an already computed value."""
+        tensors = [self, *others]
+        _realize_nodes([t.node for t in tensors])
+        for t in tensors:
+            t._drop_history()
+        return self
+
+    def _drop_history(self) -> None:
+        # a realized tensor that no gradient flows through keeps only its buffer, so graphs free
+        if not self.requires_grad and self.node.op is not Op.BUFFER and self.node.realized:
+            self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
+
+    def numpy(self) -> np.ndarray:
+        out = np.array(_to_numpy(self.node), copy=True)
+        self._drop_history()
+        return out
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise ShapeError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return self.numpy().reshape(-1)[0].item()
+
+    def to(self, device: str) -> Tensor:
+        device = Device_.canonicalize(device)
+        if device == self.device:
+            return self
+        out = Tensor(self.numpy(), device=device)
+        if self.requires_grad:
+            out.requires_grad = True
+        return out
+
+    def detach(self) -> Tensor:
+        return Tensor(self.node)
+
+    def clone(self) -> Tensor:
+        return self._from(self.node)
+
+    def contiguous(self) -> Tensor:
+        """Kept for PyTorch code: tgrad tensors are always usable as they are; fusion decides layout."""
+        return self
+
+    def assign(self, x: Tensor | Any) -> Tensor:
+        """Replace this tensor's value (same shape and dtype); writes into its buffer when it has one."""
+        x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
+        if x.shape != self.shape:
+            raise ShapeError(f"assign: shape {x.shape} does not match {self.shape}")
+        if x.device != self.device:
+            raise DeviceError(f"assign: value on {x.device}, tensor on {self.device}; use .to()")
+        x = x.cast(self.dtype)
+        if self.node.op is Op.BUFFER and x.node is not self.node:
+            self.node = Node(Op.ASSIGN, (self.node, x.node), None, self.shape, self.dtype, self.device)
+        else:
+            self.node = x.node
+        return self
+
+    # ----------------------------------------------------------------------------------------------
+    # autograd
+
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        if gradient is None:
+            if self.numel() != 1:
+                raise AutogradError(
+                    f"backward() needs a scalar (one element) but this tensor has shape {self.shape}; "
+                    "reduce it first (e.g. .sum() or .mean()) or pass gradient="
+                )
+            gradient = Tensor.ones(*self.shape, device=self.device, dtype=self.dtype)
+        elif gradient.shape != self.shape:
+            raise ShapeError(f"backward: gradient shape {gradient.shape} does not match {self.shape}")
+        if not self.requires_grad:
+            raise AutogradError(
+                "backward(): nothing in this graph requires a gradient; create leaves with requires_grad=True"
+            )
+        leaves = [t for t in list(_grad_leaves) if t.requires_grad]
+        targets = {t.node for t in leaves}
+        grads = autodiff.gradients(self.node, gradient.cast(self.dtype).node, targets)
+        for t in leaves:
+            gn = grads.get(t.node)
+            if gn is None:
+                continue
+            gt = Tensor(gn)
+            t.grad = gt if t.grad is None else Tensor(g.alu(Op.ADD, t.grad.node, gn))
+        return self
+
+    # ----------------------------------------------------------------------------------------------
+    # construction helpers
+
+    def _from(self, node: Node, *inputs: Tensor) -> Tensor:
+        out = Tensor(node)
+        if not Tensor.no_grad and any(t.requires_grad for t in (self, *inputs)):
+            out._requires_grad = True
+        return out
+
+    @staticmethod
+    def _shape_arg(shape) -> tuple[int, ...]:
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        out = tuple(int(s) for s in shape)
+        if any(s < 0 for s in out):
+            raise ShapeError(f"negative dimension in shape {out}")
+        return out
+
+    @staticmethod
+    def full(shape, fill_value: Scalar, dtype=None, device=None, requires_grad=None) -> Tensor:
+        shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
+        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value)
+        t = Tensor(g.const(fill_value, dt, Device_.canonicalize(device), shape))
+        if requires_grad:
+            t.requires_grad = True
+        return t
+
+    @staticmethod
+    def zeros(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+        return Tensor.full(
+            Tensor._shape_arg(shape),
+            0.0,
+            dtype=dtype or dtypes.default_float,
+            device=device,
+            requires_grad=requires_grad,
+        )
+
+    @staticmethod
+    def ones(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+        return Tensor.full(
+            Tensor._shape_arg(shape),
+            1.0,
+            dtype=dtype or dtypes.default_float,
+            device=device,
+            requires_grad=requires_grad,
+        )
+
+    @staticmethod
+    def empty(*shape, dtype=None, device=None) -> Tensor:
+        return Tensor.zeros(*shape, dtype=dtype, device=device)
+
+    def zeros_like(self, **kw) -> Tensor:
+        return Tensor.full(self.shape, 0, **{"dtype": self.dtype, "device": self.device, **kw})
+
+    def ones_like(self, **kw) -> Tensor:
+        return Tensor.full(self.shape, 1, **{"dtype": self.dtype, "device": self.device, **kw})
+
+    def full_like(self, fill_value: Scalar, **kw) -> Tensor:
+        return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kw})
+
+    @staticmethod
+    def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
+        if stop is None:
+            start, stop = 0, start
+        if step == 0:
+            raise ValueError("arange: step must not be zero")
+        all_int = all(isinstance(v, int) for v in (start, stop, step))
+        dt = (
+            dtypes.from_any(dtype)
+            if dtype is not None
+            else (dtypes.default_int if all_int else dtypes.default_float)
+        )
+        n = max(0, math.ceil((stop - start) / step))
+        return Tensor(
+            (start + np.arange(n, dtype=np.float64 if not all_int else np.int64) * step).astype(dt.np),
+            device=device,
+            dtype=dt,
+        )
+
+    @staticmethod
+    def linspace(start, stop, steps: int, dtype=None, device=None) -> Tensor:
+        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+        return Tensor(np.linspace(start, stop, steps).astype(dt.np), device=device, dtype=dt)
+
+    @staticmethod
+    def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad=None) -> Tensor:
+        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+        return Tensor(
+            np.eye(n, m if m is not None else n, dtype=dt.np),
+            device=device,
+            dtype=dt,
+            requires_grad=requires_grad,
+        )
+
+    @staticmethod
+    def manual_seed(seed: int = 0) -> None:
+        Tensor._rng = np.random.default_rng(seed)
+
+    @staticmethod
+    def _random(array: np.ndarray, dtype, device, requires_grad) -> Tensor:
+        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+        return Tensor(array.astype(dt.np), device=device, dtype=dt, requires_grad=requires_grad)
+
+    @staticmethod
+    def rand(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+        return Tensor._random(Tensor._rng.random(Tensor._shape_arg(shape)), dtype, device, requires_grad)
+
+    @staticmethod
+    def randn(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
+        return Tensor._random(
+            Tensor._rng.standard_normal(Tensor._shape_arg(shape)), dtype, device, requires_grad
+        )
+
+    @staticmethod
+    def randint(*shape, low=0, high=10, dtype=None, device=None) -> Tensor:
+        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.int32
+        return Tensor(
+            Tensor._rng.integers(low, high, Tensor._shape_arg(shape)).astype(dt.np), device=device, dtype=dt
+        )
+
+    @staticmethod
+    def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
+        return Tensor._random(
+            Tensor._rng.uniform(low, high, Tensor._shape_arg(shape)), dtype, device, requires_grad
+        )
+
+    @staticmethod
+    def normal(*shape, mean=0.0, std=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
+        return Tensor._random(
+            Tensor._rng.normal(mean, std, Tensor._shape_arg(shape)), dtype, device, requires_grad
+        )
+
+    @staticmethod
+    def kaiming_uniform(*shape, a: float = 0.01, **kw) -> Tensor:
+        shape = Tensor._shape_arg(shape)
+        bound = math.sqrt(2.0 / (1 + a * a)) * math.sqrt(3.0 / math.prod(shape[1:]))
+        return Tensor.uniform(*shape, low=-bound, high=bound, **kw)
+
+    @staticmethod
+    def glorot_uniform(*shape, **kw) -> Tensor:
+        shape = Tensor._shape_arg(shape)
+        bound = math.sqrt(6.0 / (shape[0] + math.prod(shape[1:])))
+        return Tensor.uniform(*shape, low=-bound, high=bound, **kw)
+
+    def rand_like(self, **kw) -> Tensor:
+        return Tensor.rand(*self.shape, **{"dtype": self.dtype, "device": self.device, **kw})
+
+    def randn_like(self, **kw) -> Tensor:
+        return Tensor.randn(*self.shape, **{"dtype": self.dtype, "device": self.device, **kw})
+
+    # ----------------------------------------------------------------------------------------------
+    # dtype
+
+    def cast(self, dtype) -> Tensor:
+        dtype = dtypes.from_any(dtype)
+        if dtype == self.dtype:
+            return self
+        out = self._from(g.cast(self.node, dtype))
+        if not dtype.is_float:
+            out._requires_grad = False
+        return out
+
+    def float(self) -> Tensor:
+        return self.cast(dtypes.float32)
+
+    def half(self) -> Tensor:
+        return self.cast(dtypes.float16)
+
+    def double(self) -> Tensor:
+        return self.cast(dtypes.float64)
+
+    def int(self) -> Tensor:
+        return self.cast(dtypes.int32)
+
+    def long(self) -> Tensor:
+        return self.cast(dtypes.int64)
+
+    def bool(self) -> Tensor:
+        return self.cast(dtypes.bool)
+
+    # ----------------------------------------------------------------------------------------------
+    # elementwise primitives with broadcasting
+
+    def _const(self, value: Scalar, dtype: DType | None = None) -> Tensor:
+        return Tensor(g.const(value, dtype or self.dtype, self.device, self.shape))
+
+    def _broadcasted(self, y, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
+        x = self
+        if not isinstance(y, Tensor):
+            if not isinstance(y, (bool, int, float)):
+                y = Tensor(y, device=x.device)
+            else:
+                dt = dtype or promote_scalar(x.dtype, y)
+                x = x.cast(dt)
+                y = Tensor(g.const(y, dt, x.device))
+        if x.device != y.device:
+            raise DeviceError(
+                f"tensors are on different devices ({x.device} and {y.device}); move one with .to()"
+            )
+        dt = dtype or promote(x.dtype, y.dtype)
+        x, y = x.cast(dt), y.cast(dt)
+        shape = _broadcast_shape(x.shape, y.shape)
+        x, y = x._broadcast_to(shape), y._broadcast_to(shape)
+        return (y, x) if reverse else (x, y)
+
+    def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+        if self.shape == shape:
+            return self
+        if len(shape) < self.ndim:
+            raise ShapeError(f"cannot broadcast {self.shape} to {shape}")
+        x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
+        _broadcast_shape(x.shape, shape)
+        if any(s != n and s != 1 for s, n in zip(x.shape, shape)):
+            raise ShapeError(f"cannot broadcast {self.shape} to {shape}")
+        return x._from(g.move(x.node, Op.EXPAND, shape), x)
+
+    def _alu(self, op: Op, *srcs: Tensor) -> Tensor:
+        return self._from(g.alu(op, self.node, *(s.node for s in srcs)), *srcs)
+
+    def _binop(self, op: Op, y, reverse: bool = False, dtype: DType | None = None) -> Tensor:
+        a, b = self._broadcasted(y, reverse, dtype)
+        return a._alu(op, b)
+
+    def add(self, y, reverse=False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype == dtypes.bool:
+            return a | b
+        return a._alu(Op.ADD, b)
+
+    def sub(self, y, reverse=False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype == dtypes.bool:
+            raise DTypeError("subtraction of bool tensors is not supported; use ^ or logical_not()")
+        return a._alu(Op.SUB, b)
+
+    def mul(self, y, reverse=False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype == dtypes.bool:
+            return a & b
+        return a._alu(Op.MUL, b)
+
+    def div(self, y, reverse=False, rounding_mode: str | None = None) -> Tensor:
+        if rounding_mode == "trunc":
+            a, b = self._broadcasted(y, reverse)
+            return a._alu(Op.IDIV, b) if a.dtype.is_int else (a / b).trunc()
+        if rounding_mode == "floor":
+            return self.floordiv(y, reverse)
+        a, b = self._broadcasted(y, reverse)
+        if not a.dtype.is_float:
+            a, b = a.float(), b.float()
+        return a._alu(Op.MUL, b.reciprocal())
+
+    def floordiv(self, y, reverse=False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype.is_float:
+            return (a / b).floor()
+        q = a._alu(Op.IDIV, b)
+        r = a._alu(Op.MOD, b)
+        adjust = (r != 0) & ((r < 0) ^ (b < 0))
+        return q - adjust.cast(q.dtype)
+
+    def mod(self, y, reverse=False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype.is_float:
+            return a - (a / b).floor() * b
+        r = a._alu(Op.MOD, b)
+        adjust = (r != 0) & ((r < 0) ^ (b < 0))
+        return r + adjust.where(b, 0)
+
+    def fmod(self, y) -> Tensor:
+        a, b = self._broadcasted(y)
+        return a._alu(Op.MOD, b) if a.dtype.is_int else a - (a / b).trunc() * b
+
+    def pow(self, y, reverse=False) -> Tensor:
+        if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
+            if y == 0:
+                return (
+                    self.ones_like()
+                    if self.dtype.is_float or isinstance(y, int)
+                    else self.float().ones_like()
+                )
+            if y == 0.5:
+                return self.sqrt()
+            if float(y).is_integer() and abs(y) <= 8:
+                base = self if isinstance(y, int) else self.cast(promote_scalar(self.dtype, y))
+                out = base
+                for _ in range(int(abs(y)) - 1):
+                    out = out * base
+                return out.reciprocal() if y < 0 else out
+        a, b = self._broadcasted(y, reverse)
+        if not a.dtype.is_float:
+            a, b = a.float(), b.float()
+        mag = (b * a.abs().log2()).exp2()
+        is_int = b.trunc() == b
+        odd = is_int & ((b.abs() % 2) == 1)
+        neg = a < 0
+        signed = odd.where(-mag, mag)
+        out = neg.where(is_int.where(signed, math.nan), mag)
+        return (b == 0).where(1.0, out)
+
+    def maximum(self, y) -> Tensor:
+        return self._binop(Op.MAX, y)
+
+    def minimum(self, y) -> Tensor:
+        a, b = self._broadcasted(y)
+        if a.dtype.is_float:
+            return -((-a).maximum(-b))
+        return (a < b).where(a, b)
+
+    def where(self, x, y) -> Tensor:
+        """self (a condition) ? x : y, with broadcasting and Python scalars."""
+        cond = self if self.dtype == dtypes.bool else self != 0
+        if isinstance(x, Tensor) or isinstance(y, Tensor):
+            ref = x if isinstance(x, Tensor) else y
+            other = y if isinstance(x, Tensor) else x
+            xa, ya = (
+                ref._broadcasted(other) if isinstance(x, Tensor) else ref._broadcasted(other, reverse=True)
+            )
+        else:
+            dt = promote(dtypes.from_py(x), dtypes.from_py(y))
+            xa, ya = Tensor(g.const(x, dt, self.device)), Tensor(g.const(y, dt, self.device))
+        shape = _broadcast_shape(cond.shape, xa.shape)
+        cond, xa, ya = cond._broadcast_to(shape), xa._broadcast_to(shape), ya._broadcast_to(shape)
+        return xa._from(g.alu(Op.WHERE, cond.node, xa.node, ya.node), xa, ya)
+
+    # comparisons and logic
+    def __lt__(self, y) -> Tensor:
+        return self._binop(Op.CMPLT, y)
+
+    def __gt__(self, y) -> Tensor:
+        return self._binop(Op.CMPLT, y, reverse=True)
+
+    def __le__(self, y) -> Tensor:
+        return (self > y).logical_not()
+
+    def __ge__(self, y) -> Tensor:
+        return (self < y).logical_not()
+
+    def __ne__(self, y) -> Tensor:  # type: ignore[override]
+        return self._binop(Op.CMPNE, y)
+
+    def __eq__(self, y) -> Tensor:  # type: ignore[override]
+        return (self != y).logical_not()
+
+    def logical_not(self) -> Tensor:
+        return self.bool()._alu(Op.XOR, self.bool()._const(True))
+
+    def _bitwise(self, op: Op, y, reverse=False) -> Tensor:
+        a, b = self._broadcasted(y, reverse)
+        if a.dtype.is_float:
+            raise DTypeError(f"{op.name.lower()} needs bool or integer tensors, not {a.dtype.name}")
+        return a._alu(op, b)
+
+    def __and__(self, y) -> Tensor:
+        return self._bitwise(Op.AND, y)
+
+    def __or__(self, y) -> Tensor:
+        return self._bitwise(Op.OR, y)
+
+    def __xor__(self, y) -> Tensor:
+        return self._bitwise(Op.XOR, y)
+
+    def __rand__(self, y) -> Tensor:
+        return self._bitwise(Op.AND, y, True)
+
+    def __ror__(self, y) -> Tensor:
+        return self._bitwise(Op.OR, y, True)
+
+    def __rxor__(self, y) -> Tensor:
+        return self._bitwise(Op.XOR, y, True)
+
+    def __invert__(self) -> Tensor:
+        if self.dtype == dtypes.bool:
+            return self.logical_not()
+        if self.dtype.is_float:
+            raise DTypeError("~ needs bool or integer tensors")
+        return self ^ -1 if self.dtype.kind == "i" else self ^ int(np.iinfo(self.dtype.np).max)
+
+    # python operators
+    def __add__(self, y):
+        return self.add(y)
+
+    def __radd__(self, y):
+        return self.add(y, True)
+
+    def __sub__(self, y):
+        return self.sub(y)
+
+    def __rsub__(self, y):
+        return self.sub(y, True)
+
+    def __mul__(self, y):
+        return self.mul(y)
+
+    def __rmul__(self, y):
+        return self.mul(y, True)
+
+    def __truediv__(self, y):
+        return self.div(y)
+
+    def __rtruediv__(self, y):
+        return self.div(y, True)
+
+    def __floordiv__(self, y):
+        return self.floordiv(y)
+
+    def __rfloordiv__(self, y):
+        return self.floordiv(y, True)
+
+    def __mod__(self, y):
+        return self.mod(y)
+
+    def __rmod__(self, y):
+        return self.mod(y, True)
+
+    def __pow__(self, y):
+        return self.pow(y)
+
+    def __rpow__(self, y):
+        return self.pow(y, True)
+
+    def __neg__(self):
+        return self.neg()
+
+    def __matmul__(self, y):
+        return self.matmul(y)
+
+    def __rmatmul__(self, y):
+        return Tensor(y, device=self.device).matmul(self)
+
+    def __iadd__(self, y):
+        return self.assign(self + y)
+
+    def __isub__(self, y):
+        return self.assign(self - y)
+
+    def __imul__(self, y):
+        return self.assign(self * y)
+
+    def __itruediv__(self, y):
+        return self.assign(self / y)
+
+    # ----------------------------------------------------------------------------------------------
+    # unary math (float results for int inputs, like PyTorch)
+
+    def _float(self) -> Tensor:
+        return self if self.dtype.is_float else self.float()
+
+    def neg(self) -> Tensor:
+        if self.dtype == dtypes.bool:
+            raise DTypeError("negation of a bool tensor is not supported; use logical_not()")
+        return self._alu(Op.NEG)
+
+    def exp2(self) -> Tensor:
+        x = self._float()
+        return x._alu(Op.EXP2)
+
+    def log2(self) -> Tensor:
+        x = self._float()
+        return x._alu(Op.LOG2)
+
+    def exp(self) -> Tensor:
+        return (self._float() * (1 / math.log(2))).exp2()
+
+    def log(self) -> Tensor:
+        return self.log2() * math.log(2)
+
+    def sqrt(self) -> Tensor:
+        x = self._float()
+        return x._alu(Op.SQRT)
+
+    def rsqrt(self) -> Tensor:
+        return self.sqrt().reciprocal()
+
+    def reciprocal(self) -> Tensor:
+        x = self._float()
+        return x._alu(Op.RECIP)
+
+    def sin(self) -> Tensor:
+        x = self._float()
+        return x._alu(Op.SIN)
+
+    def cos(self) -> Tensor:
+        return (math.pi / 2 - self._float()).sin()
+
+    def tan(self) -> Tensor:
+        return self.sin() / self.cos()
+
+    def trunc(self) -> Tensor:
+        return self._alu(Op.TRUNC) if self.dtype.is_float else self
+
+    def floor(self) -> Tensor:
+        t = self.trunc()
+        return (self < t).where(t - 1, t) if self.dtype.is_float else self
+
+    def ceil(self) -> Tensor:
+        t = self.trunc()
+        return (self > t).where(t + 1, t) if self.dtype.is_float else self
+
+    def round(self) -> Tensor:
+        """Round half to even, like PyTorch."""
+        x = self._float()
+        f = x.floor()
+        diff = x - f
+        even = (f % 2) == 0
+        return (diff > 0.5).where(f + 1, (diff < 0.5).where(f, even.where(f, f + 1)))
+
+    def abs(self) -> Tensor:
+        if not self.dtype.is_float:
+            return (self < 0).where(-self, self)
+        return self.relu() + (-self).relu()
+
+    def sign(self) -> Tensor:
+        return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+
+    def isnan(self) -> Tensor:
+        return self != self
+
+    def isinf(self) -> Tensor:
+        return (self == math.inf) | (self == -math.inf)
+
+    def square(self) -> Tensor:
+        return self * self
+
+    def lerp(self, end: Tensor, weight) -> Tensor:
+        return self + (end - self) * weight
+
+    # activations
+    def relu(self) -> Tensor:
+        return ((self > 0) | self.isnan()).where(self, 0)
+
+    def leakyrelu(self, neg_slope: float = 0.01) -> Tensor:
+        return (self > 0).where(self, self * neg_slope)
+
+    def leaky_relu(self, negative_slope: float = 0.01) -> Tensor:
+        return self.leakyrelu(negative_slope)
+
+    def elu(self, alpha: float = 1.0) -> Tensor:
+        return (self > 0).where(self, (self.exp() - 1) * alpha)
+
+    def sigmoid(self) -> Tensor:
+        return (1 + (-self._float()).exp()).reciprocal()
+
+    def tanh(self) -> Tensor:
+        return 2.0 * (2.0 * self).sigmoid() - 1.0
+
+    def erf(self) -> Tensor:
+        """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
+        x = self._float()
+        t = 1.0 / (1.0 + 0.3275911 * x.abs())
+        poly = t * (
+            0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+        )
+        return x.sign() * (1.0 - poly * (-x * x).exp())
+
+    def gelu(self, approximate: str = "none") -> Tensor:
+        if approximate == "tanh":
+            return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+        return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+
+    def quick_gelu(self) -> Tensor:
+        return self * (self * 1.702).sigmoid()
+
+    def silu(self) -> Tensor:
+        return self * self.sigmoid()
+
+    def swish(self) -> Tensor:
+        return self.silu()
+
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+        bx = self * beta
+        return (bx > threshold).where(self, (1 + bx.exp()).log() * (1 / beta))
+
+    def mish(self) -> Tensor:
+        return self * self.softplus().tanh()
+
+    def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+        return self.clip(min_val, max_val)
+
+    def hardsigmoid(self) -> Tensor:
+        return (self / 6 + 0.5).clip(0, 1)
+
+    def relu6(self) -> Tensor:
+        return self.clip(0, 6)
+
+    def clip(self, min_=None, max_=None) -> Tensor:
+        if min_ is None and max_ is None:
+            raise ValueError("clip needs min or max")
+        out = self
+        if min_ is not None:
+            out = (out < min_).where(min_, out)
+        if max_ is not None:
+            out = (out > max_).where(max_, out)
+        return out
+
+    def clamp(self, min=None, max=None) -> Tensor:  # noqa: A002 - PyTorch's names
+        return self.clip(min, max)
+
+    # ----------------------------------------------------------------------------------------------
+    # reductions
+
+    def _axes(self, axis, op: str) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        if isinstance(axis, int):
+            axis = (axis,)
+        return tuple(sorted({_normalize_axis(a, self.ndim, op) for a in axis}))
+
+    def _reduce(self, kind: str, axis, keepdim: bool, op: str) -> Tensor:
+        axes = self._axes(axis, op)
+        if self.ndim == 0:
+            return self
+        out = self._from(g.reduce(self.node, kind, axes))
+        if keepdim:
+            return out
+        return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self
+        if dtype is not None:
+            x = x.cast(dtype)
+        elif x.dtype.kind in "biu":
+            x = x.cast(dtypes.int64)  # PyTorch sums bool and integers as int64
+        return x._reduce("SUM", axis, keepdim, "sum")
+
+    def prod(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = (
+            self.cast(dtype)
+            if dtype is not None
+            else (self.cast(dtypes.int64) if self.dtype.kind in "biu" else self)
+        )
+        return x._reduce("PROD", axis, keepdim, "prod")
+
+    def max(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        return self._reduce("MAX", axis, keepdim, "max")
+
+    def min(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        if self.dtype.is_float:
+            return -((-self).max(axis, keepdim))
+        return ~((~self).max(axis, keepdim))
+
+    def amax(self, axis=None, keepdim=False) -> Tensor:
+        return self.max(axis, keepdim)
+
+    def amin(self, axis=None, keepdim=False) -> Tensor:
+        return self.min(axis, keepdim)
+
+    def mean(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self._float()
+        n = math.prod(self.shape[a] for a in self._axes(axis, "mean"))
+        total = x.sum(axis, keepdim)
+        return total * (1 / n) if n else total * math.nan
+
+    def var(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        if unbiased is not None:
+            correction = int(unbiased)
+        x = self._float()
+        n = math.prod(self.shape[a] for a in self._axes(axis, "var"))
+        sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+        return sq / max(0, n - correction) if n - correction > 0 else sq * math.nan
+
+    def std(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
+        return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
+
+    def _arg_first_max(self, axis, keepdim: bool) -> Tensor:
+        if axis is None:
+            return self.reshape(-1)._arg_first_max(0, keepdim=False)
+        axis = _normalize_axis(axis, self.ndim, "argmax")
+        n = self.shape[axis]
+        is_max = self == self.max(axis, keepdim=True)
+        rev = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int32)
+        rev = rev.reshape((n,) + (1,) * (self.ndim - axis - 1))
+        best = is_max.where(rev, 0).max(axis, keepdim)
+        return (n - best).cast(dtypes.int64)
+
+    def argmax(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        return self.detach()._arg_first_max(axis, keepdim)
+
+    def argmin(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self.detach()
+        return (-x if x.dtype.is_float else ~x)._arg_first_max(axis, keepdim)
+
+    def any(self, axis=None, keepdim: bool = False) -> Tensor:
+        return self.bool()._reduce("MAX", axis, keepdim, "any")
+
+    def all(self, axis=None, keepdim: bool = False) -> Tensor:
+        return self.bool().logical_not().any(axis, keepdim).logical_not()
+
+    def softmax(self, axis: int = -1, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self._float()
+        e = (x - x.max(axis, keepdim=True)).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self._float()
+        m = x - x.max(axis, keepdim=True)
+        return m - m.exp().sum(axis, keepdim=True).log()
+
+    def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self._float()
+        m = x.max(axis, keepdim=True)
+        out = (x - m).exp().sum(axis, keepdim=True).log() + m
+        return (
+            out
+            if keepdim
+            else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in x._axes(axis, "lse")))
+        )
+
+    def cumsum(self, axis: int = 0, dim=None) -> Tensor:
+        axis = _normalize_axis(dim if dim is not None else axis, self.ndim, "cumsum")
+        if self.ndim == 0:
+            return self
+        n = self.shape[axis]
+        x = self.transpose(axis, -1)
+        idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32)
+        lower = idx.reshape(n, 1) >= idx.reshape(1, n)  # lower[i, j] = j <= i
+        out = lower.where(x.unsqueeze(-2), 0).sum(-1, dtype=x.dtype if x.dtype.is_float else None)
+        return out.transpose(axis, -1)
+
+    def cumprod(self, axis: int = 0) -> Tensor:
+        axis = _normalize_axis(axis, self.ndim, "cumprod")
+        n = self.shape[axis]
+        x = self.transpose(axis, -1)
+        idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32)
+        lower = idx.reshape(n, 1) >= idx.reshape(1, n)
+        return lower.where(x.unsqueeze(-2), 1).prod(-1).transpose(axis, -1)
+
+    # ----------------------------------------------------------------------------------------------
+    # movement (views; no copies)
+
+    def reshape(self, *shape) -> Tensor:
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shape = tuple(int(s) for s in shape)
+        if shape.count(-1) > 1:
+            raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            if known == 0 or self.numel() % known:
+                raise ShapeError(f"reshape: cannot reshape {self.shape} to {shape}")
+            shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+        if math.prod(shape) != self.numel() or any(s < 0 for s in shape):
+            raise ShapeError(f"reshape: cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
+        return self._from(g.move(self.node, Op.RESHAPE, shape), self)
+
+    def view(self, *shape) -> Tensor:
+        return self.reshape(*shape)
+
+    def permute(self, *order) -> Tensor:
+        order = order[0] if len(order) == 1 and isinstance(order[0], (tuple, list)) else order
+        order = tuple(_normalize_axis(a, self.ndim, "permute") for a in order)
+        if sorted(order) != list(range(self.ndim)):
+            raise ShapeError(f"permute: {order} is not a permutation of the {self.ndim} axes of {self.shape}")
+        return self._from(g.move(self.node, Op.PERMUTE, order), self)
+
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+        if self.ndim < 2 and dim0 in (0, -1) and dim1 in (0, -1):
+            return self
+        order = list(range(self.ndim))
+        a, b = _normalize_axis(dim0, self.ndim, "transpose"), _normalize_axis(dim1, self.ndim, "transpose")
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _normalize_axis(start_dim, self.ndim), _normalize_axis(end_dim, self.ndim)
+        return self.reshape(self.shape[:s] + (math.prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
+
+    def unflatten(self, dim: int, sizes) -> Tensor:
+        d = _normalize_axis(dim, self.ndim, "unflatten")
+        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1 :])
+
+    def squeeze(self, dim=None) -> Tensor:
+        if dim is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        if self.ndim == 0:
+            return self
+        dims = {_normalize_axis(d, self.ndim, "squeeze") for d in ((dim,) if isinstance(dim, int) else dim)}
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in dims or s != 1))
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = _normalize_axis(dim, self.ndim + 1, "unsqueeze")
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def expand(self, *shape) -> Tensor:
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shape = tuple(shape)
+        lead = len(shape) - self.ndim
+        if lead < 0:
+            raise ShapeError(f"expand: cannot expand {self.shape} to fewer dimensions {shape}")
+        shape = tuple(self.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
+        return self._broadcast_to(shape)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return self.expand(other.shape)
+
+    def _pad_arg(self, padding) -> tuple[tuple[int, int], ...]:
+        padding = tuple(padding)
+        if all(isinstance(p, int) for p in padding):  # PyTorch's flat form, last axis first
+            if len(padding) % 2 or len(padding) // 2 > self.ndim:
+                raise ShapeError(f"pad: {padding} needs an even length of at most 2*{self.ndim}")
+            pairs = [(padding[i], padding[i + 1]) for i in range(0, len(padding), 2)]
+            pairs += [(0, 0)] * (self.ndim - len(pairs))
+            return tuple(reversed(pairs))
+        if len(padding) != self.ndim:
+            raise ShapeError(f"pad: need one (before, after) pair per axis of {self.shape}, got {padding}")
+        return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
+
+    def pad(self, padding, value: float = 0.0) -> Tensor:
+        arg = self._pad_arg(padding)
+        if any(lo < 0 or hi < 0 for lo, hi in arg):  # negative padding crops
+            crop = tuple((-min(lo, 0), s + min(hi, 0)) for (lo, hi), s in zip(arg, self.shape))
+            return self.shrink(crop).pad(tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg), value)
+        out = self._from(g.move(self.node, Op.PAD, arg), self)
+        if value != 0:
+            inside = Tensor(g.move(g.const(True, dtypes.bool, self.device, self.shape), Op.PAD, arg))
+            out = inside.where(out, value)
+        return out
+
+    def shrink(self, arg) -> Tensor:
+        arg = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
+        if len(arg) != self.ndim or any(not 0 <= b <= e <= s for (b, e), s in zip(arg, self.shape)):
+            raise ShapeError(f"shrink: {arg} is not inside {self.shape}")
+        return self._from(g.move(self.node, Op.SHRINK, arg), self)
+
+    def flip(self, axis) -> Tensor:
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = tuple(_normalize_axis(a, self.ndim, "flip") for a in axes)
+        return self._from(g.move(self.node, Op.FLIP, axes), self)
+
+    def repeat(self, *repeats) -> Tensor:
+        repeats = (
+            tuple(repeats[0]) if len(repeats) == 1 and isinstance(repeats[0], (tuple, list)) else repeats
+        )
+        if len(repeats) < self.ndim:
+            raise ShapeError(f"repeat: {len(repeats)} repeats for a tensor with {self.ndim} dims")
+        x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+        inter = tuple(v for s in x.shape for v in (1, s))
+        big = tuple(v for r, s in zip(repeats, x.shape) for v in (r, s))
+        return x.reshape(inter).expand(big).reshape(tuple(r * s for r, s in zip(repeats, x.shape)))
+
+    def cat(self, *others: Tensor, dim: int = 0) -> Tensor:
+        tensors = [self, *others]
+        d = _normalize_axis(dim, self.ndim, "cat")
+        for t in tensors:
+            if t.ndim != self.ndim or any(
+                a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d
+            ):
+                raise ShapeError(f"cat: shapes {[t.shape for t in tensors]} differ outside dim {d}")
+        dt = tensors[0].dtype
+        for t in tensors[1:]:
+            dt = promote(dt, t.dtype)
+        total = sum(t.shape[d] for t in tensors)
+        out, start = None, 0
+        for t in tensors:
+            pad = [(0, 0)] * self.ndim
+            pad[d] = (start, total - start - t.shape[d])
+            piece = t.cast(dt).pad(tuple(pad))
+            out = piece if out is None else (out | piece if dt == dtypes.bool else out + piece)
+            start += t.shape[d]
+        return out
+
+    @staticmethod
+    def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+        tensors = list(tensors)
+        d = _normalize_axis(dim, tensors[0].ndim + 1, "stack")
+        return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
+
+    def split(self, sizes, dim: int = 0) -> list[Tensor]:
+        d = _normalize_axis(dim, self.ndim, "split")
+        n = self.shape[d]
+        if isinstance(sizes, int):
+            sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if sizes > 0 else []
+        if sum(sizes) != n:
+            raise ShapeError(f"split: sizes {list(sizes)} do not add up to {n}")
+        out, start = [], 0
+        for s in sizes:
+            arg = [None] * self.ndim
+            arg[d] = (start, start + s)
+            out.append(self.shrink(arg))
+            start += s
+        return out
+
+    def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
+        n = self.shape[_normalize_axis(dim, self.ndim, "chunk")]
+        return self.split(math.ceil(n / chunks) if n else 1, dim) if n else [self]
+
+    # indexing
+
+    def __getitem__(self, index) -> Tensor:
+        if not isinstance(index, tuple):
+            index = (index,)
+        tensor_pos = [i for i, v in enumerate(index) if isinstance(v, (Tensor, list, np.ndarray))]
+        if len(tensor_pos) > 1:
+            raise NotImplementedError(
+                "indexing with more than one tensor index is not supported; index one axis at a time"
+            )
+        n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
+        if n_real > self.ndim:
+            raise ShapeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
+        if sum(1 for v in index if v is Ellipsis) > 1:
+            raise ShapeError("an index can only have one ellipsis (...)")
+        if Ellipsis in [v for v in index if not isinstance(v, (Tensor, np.ndarray, list))]:
+            pos = next(i for i, v in enumerate(index) if v is Ellipsis and not isinstance(v, (Tensor, list)))
+            index = index[:pos] + (slice(None),) * (self.ndim - n_real) + index[pos + 1 :]
+        index = index + (slice(None),) * (self.ndim - sum(1 for v in index if v is not None))
+        x, axis, out_shape, gather = self, 0, [], None
+        shrink, flips, steps, squeeze = [], [], [], []
+        for v in index:
+            if v is None:
+                out_shape.append(("new",))
+                continue
+            n = self.shape[axis]
+            if isinstance(v, (Tensor, list, np.ndarray)):
+                gather = (axis, v if isinstance(v, Tensor) else Tensor(v, device=self.device))
+                shrink.append((0, n))
+                steps.append(1)
+                out_shape.append(("gather", axis))
+            elif isinstance(v, slice):
+                start, stop, step = v.indices(n)
+                if step < 0:
+                    flips.append(axis)
+                    start, stop, step = n - 1 - start, n - 1 - stop, -step
+                length = max(0, math.ceil((stop - start) / step))
+                shrink.append((start, start + length * step - (step - 1)) if length else (0, 0))
+                steps.append(step)
+                out_shape.append(("keep", axis))
+            elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+                i = int(v)
+                if not -n <= i < n:
+                    raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+                i %= n
+                shrink.append((i, i + 1))
+                steps.append(1)
+                squeeze.append(axis)
+                out_shape.append(("drop", axis))
+            else:
+                raise TypeError(f"unsupported index {v!r}; use ints, slices, None, ... or an integer tensor")
+            axis += 1
+        if flips:
+            x = x.flip(flips)
+        x = x.shrink(shrink)
+        if any(s != 1 for s in steps):
+            x = x._stride(steps)
+        # reshape: drop int-indexed axes, add None axes
+        final = []
+        for kind in out_shape:
+            if kind[0] == "new":
+                final.append(1)
+            elif kind[0] in ("keep", "gather"):
+                final.append(x.shape[kind[1]])
+        gather_axis = None
+        if gather is not None:
+            gather_axis = [k for k in out_shape if k[0] != "drop"].index(("gather", gather[0]))
+        x = x.reshape(tuple(final))
+        if gather is not None:
+            x = x._take(gather_axis, gather[1])
+        return x
+
+    def _stride(self, steps: list[int]) -> Tensor:
+        """Every step-th element along each axis (after a shrink that made lengths fit)."""
+        x = self
+        for axis, step in enumerate(steps):
+            if step == 1:
+                continue
+            n = x.shape[axis]
+            count = (n + step - 1) // step
+            pad = [(0, 0)] * x.ndim
+            pad[axis] = (0, count * step - n)
+            x = x.pad(tuple(pad))
+            x = x.reshape(x.shape[:axis] + (count, step) + x.shape[axis + 1 :])
+            arg = [None] * x.ndim
+            arg[axis + 1] = (0, 1)
+            x = x.shrink(arg).reshape(x.shape[:axis] + (count,) + x.shape[axis + 2 :])
+        return x
+
+    def _take(self, axis: int, index: Tensor) -> Tensor:
+        """x.take along one axis with an integer tensor: out.shape = x.shape[:a] + index.shape + x.shape[a+1:]."""
+        if index.dtype.is_float:
+            raise DTypeError(f"tensor indices must be integers, got {index.dtype.name}")
+        n = self.shape[axis]
+        idx = (index < 0).where(index + n, index)
+        onehot = idx.unsqueeze(-1) == Tensor.arange(
+            n, device=self.device, dtype=idx.dtype
+        )  # idx.shape + (n,)
+        # bring to (pre..., index dims..., post..., n)
+        pre, post = self.shape[:axis], self.shape[axis + 1 :]
+        xe = self.permute(tuple(i for i in range(self.ndim) if i != axis) + (axis,))  # pre + post + (n,)
+        xe = xe.reshape(pre + (1,) * index.ndim + post + (n,))
+        oh = onehot.reshape((1,) * len(pre) + index.shape + (1,) * len(post) + (n,))
+        zero = 0 if self.dtype != dtypes.bool else False
+        return oh.where(xe, zero).sum(-1, dtype=self.dtype)
+
+    def gather(self, dim: int, index: Tensor) -> Tensor:
+        """out[i][j] = self[i][index[i][j]] for dim=1 (PyTorch's torch.gather)."""
+        d = _normalize_axis(dim, self.ndim, "gather")
+        if index.ndim != self.ndim:
+            raise ShapeError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
+        n = self.shape[d]
+        x = self.shrink(tuple((0, s) if i == d else (0, index.shape[i]) for i, s in enumerate(self.shape)))
+        xe = x.unsqueeze(-1).transpose(d, -1)
+        oh = index.unsqueeze(-1) == Tensor.arange(n, device=self.device, dtype=index.dtype)
+        return oh.where(xe, 0).sum(-1, dtype=self.dtype)
+
+    # ----------------------------------------------------------------------------------------------
+    # linear algebra
+
+    def matmul(self, w: Tensor) -> Tensor:
+        x = self
+        if not isinstance(w, Tensor):
+            w = Tensor(w, device=x.device)
+        if x.ndim == 0 or w.ndim == 0:
+            raise ShapeError(f"matmul: both arguments need at least 1 dimension, got {x.shape} and {w.shape}")
+        if x.shape[-1] != w.shape[-2 if w.ndim > 1 else -1]:
+            raise ShapeError(
+                f"matmul: inner dimensions differ: {x.shape} @ {w.shape} "
+                f"({x.shape[-1]} != {w.shape[-2 if w.ndim > 1 else -1]})"
+            )
+        xv = x.unsqueeze(0) if x.ndim == 1 else x
+        wv = w.unsqueeze(-1) if w.ndim == 1 else w
+        # (..., n, 1, k) * (..., 1, m, k) -> sum over k
+        a = xv.reshape(xv.shape[:-1] + (1, xv.shape[-1]))
+        b = wv.transpose(-1, -2)
+        b = b.reshape(b.shape[:-2] + (1,) + b.shape[-2:])
+        out = (a * b).sum(
+            -1, dtype=promote(x.dtype, w.dtype) if not promote(x.dtype, w.dtype).is_float else None
+        )
+        if x.ndim == 1:
+            out = out.squeeze(-2)
+        if w.ndim == 1:
+            out = out.squeeze(-1)
+        return out
+
+    def dot(self, w: Tensor) -> Tensor:
+        return self.matmul(w)
+
+    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x @ weight.T + bias, with weight of shape (out_features, in_features) as in PyTorch."""
+        out = self.matmul(weight.T)
+        return out + bias if bias is not None else out
+
+    # ----------------------------------------------------------------------------------------------
+    # losses
+
+    def cross_entropy(
+        self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100
+    ) -> Tensor:
+        """PyTorch's F.cross_entropy: class-index targets (N,) or probabilities (N, C); classes on axis 1."""
+        x = self if self.ndim != 1 else self.unsqueeze(0)
+        logp = x.log_softmax(1)
+        c = x.shape[1]
+        if target.dtype.is_float and target.shape == x.shape:
+            probs = target
+            weight = None
+        else:
+            t = target if self.ndim != 1 else target.reshape(1)
+            cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
+            probs = (t.unsqueeze(1) == cls).float()
+            weight = (t != ignore_index).float()
+        if label_smoothing:
+            probs = probs * (1 - label_smoothing) + label_smoothing / c
+        loss = -(logp * probs).sum(1)
+        if weight is not None:
+            loss = loss * weight
+        if reduction == "none":
+            return loss if self.ndim != 1 else loss.reshape(())
+        if reduction == "sum":
+            return loss.sum()
+        if weight is not None:
+            return loss.sum() / weight.sum()
+        return loss.mean()
+
+    def sparse_categorical_crossentropy(
+        self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0, reduction: str = "mean"
+    ) -> Tensor:  # noqa: N803
+        """tinygrad's name: logits (N, C) and class indices Y (N,), classes on the last axis."""
+        x = self if self.ndim == 2 else self.reshape(-1, self.shape[-1])
+        y = Y.reshape(-1)
+        return x.cross_entropy(
+            y, reduction=reduction, label_smoothing=label_smoothing, ignore_index=ignore_index
+        )
+
+    def binary_crossentropy(self, y: Tensor, reduction: str = "mean") -> Tensor:
+        """self are probabilities; log is clamped at -100 like PyTorch."""
+        loss = -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100))
+        return _reduce_loss(loss, reduction)
+
+    def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean") -> Tensor:
+        loss = self.relu() - self * y + ((-self.abs()).exp() + 1).log()
+        return _reduce_loss(loss, reduction)
+
+
+def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+
+
+def _node_from_host(data, device: str, dtype: DType | None) -> Node:
+    if isinstance(data, np.ndarray):
+        arr = data
+    else:
+        arr = np.array(data)
+        if arr.dtype == object:
+            raise DTypeError(f"cannot make a tensor from {type(data).__name__}: ragged or non-numeric data")
+        if dtype is None:
+            if arr.dtype.kind == "f":
+                arr = arr.astype(dtypes.default_float.np)
+            elif arr.dtype.kind in "iu":
+                arr = arr.astype(np.int64)
+    if dtype is not None:
+        arr = arr.astype(dtype.np)
+    dt = dtypes.from_any(arr.dtype)
+    buf = get_device(device).from_numpy(np.ascontiguousarray(arr))
+    return Node.from_buffer(buf, tuple(arr.shape), dt, device)
+
+
+def _fresh_buffer(node: Node) -> Node:
+    """A node of its own (a copy in a new buffer) for a value that may be shared."""
+    arr = _to_numpy(node)
+    buf = get_device(node.device).from_numpy(np.ascontiguousarray(arr))
+    return Node.from_buffer(buf, node.shape, node.dtype, node.device)

@@ -7,6 +7,7 @@ owns Buffers. `run_schedule` runs fused kernels in order; `realize` is the entry
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 import sys
@@ -36,6 +37,10 @@ def cache_dir() -> Path | None:
     if value and value != "1":
         return Path(value)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tgrad"
+
+
+# TinyJit sets this to a list to record every kernel launch as (program, out buffer, input buffers)
+CAPTURE: list | None = None
 
 
 class Stats:
@@ -118,6 +123,7 @@ class NumpyDevice(Device):
 def _load_module(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # numba's disk cache finds functions by module name
     spec.loader.exec_module(module)
     return module
 
@@ -199,12 +205,29 @@ def get_device(name: str) -> Device:
     return dev
 
 
+# device name -> "module:class" of its runtime; each runtime lives beside its emitter
+RUNTIMES = {
+    "CPU": "tgrad.device:CPUDevice",
+    "NUMPY": "tgrad.device:NumpyDevice",
+    "CL": "tgrad.emit_opencl:CLDevice",
+    "QCOM": "tgrad.emit_opencl:QCOMDevice",
+    "METAL": "tgrad.emit_opencl:MetalDevice",
+    "WEBGPU": "tgrad.emit_wgsl:WebGPUDevice",
+    "CUDA": "tgrad.emit_triton:CUDADevice",
+    "AMD": "tgrad.emit_triton:AMDDevice",
+    "TRITON": "tgrad.emit_triton:TritonDevice",
+}
+
+
 def _open(name: str) -> Device:
-    if name == "CPU":
-        return CPUDevice()
-    if name == "NUMPY":
-        return NumpyDevice()
-    raise DeviceError(f"device {name} is not available in this build of tgrad yet")
+    module_name, cls_name = RUNTIMES[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("tgrad"):
+            raise DeviceError(f"device {name} is not implemented in this version of tgrad") from e
+        raise
+    return getattr(module, cls_name)()
 
 
 def default_device() -> str:
@@ -257,8 +280,11 @@ def run_schedule(items) -> None:
             if DEBUG >= 4:
                 print(prg.source, file=sys.stderr)
             t0 = time.perf_counter()
-            prg(out, *[n.buffer for n in it.inputs])
+            inputs = [n.buffer for n in it.inputs]
+            prg(out, *inputs)
             Stats.kernels_run += 1
+            if CAPTURE is not None:
+                CAPTURE.append((prg, out, inputs))
             if DEBUG >= 2:
                 dev.synchronize()
                 dt = time.perf_counter() - t0

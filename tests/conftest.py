@@ -1,0 +1,51 @@
+"""Device selection for the suite.
+
+Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (comma separated; default:
+DEVICE if set, else CPU and NUMPY). A device that cannot start is skipped with the reason, unless
+TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
+"""
+import os
+
+import pytest
+
+from tgrad.errors import DeviceError
+
+
+def _devices() -> list[str]:
+    names = os.environ.get("TGRAD_TEST_DEVICES") or os.environ.get("DEVICE") or "CPU,NUMPY"
+    return [n.strip().upper() for n in names.split(",") if n.strip()]
+
+
+def _required() -> set[str]:
+    return {n.strip().upper() for n in os.environ.get("TGRAD_REQUIRE_DEVICES", "").split(",") if n.strip()}
+
+
+_open_errors: dict[str, str] = {}
+
+
+def open_or_skip(name: str) -> None:
+    from tgrad.device import get_device
+    if name not in _open_errors:
+        try:
+            get_device(name)
+            _open_errors[name] = ""
+        except (DeviceError, ImportError, OSError, RuntimeError) as e:
+            _open_errors[name] = f"{type(e).__name__}: {e}"
+    err = _open_errors[name]
+    if err:
+        if name in _required():
+            pytest.fail(f"device {name} is required (TGRAD_REQUIRE_DEVICES) but cannot start: {err}")
+        pytest.skip(f"device {name} is not available: {err}")
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize("device", _devices(), indirect=True)
+
+
+@pytest.fixture
+def device(request, monkeypatch):
+    name = request.param
+    open_or_skip(name)
+    monkeypatch.setenv("DEVICE", name)
+    return name

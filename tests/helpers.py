@@ -1,0 +1,55 @@
+"""helper_test_op: run the same function in PyTorch (CPU) and tgrad and compare values and gradients."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tgrad import Tensor, dtypes
+
+TOL = {  # (atol, rtol) for forward values, per dtype
+    dtypes.float32: (1e-5, 1e-4),
+    dtypes.float16: (1e-2, 1e-2),
+    dtypes.float64: (1e-9, 1e-9),
+}
+
+
+def make_inputs(shapes, low=-2.0, high=2.0, seed=0, vals=None, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    if vals is not None:
+        return [np.array(v, dtype=dtype if np.array(v).dtype.kind == "f" else None) for v in vals]
+    return [rng.uniform(low, high, size=s).astype(dtype) for s in shapes]
+
+
+def compare(name, tg: np.ndarray, tt: np.ndarray, atol: float, rtol: float) -> None:
+    tt = np.asarray(tt)
+    assert tg.shape == tt.shape, f"{name}: shape {tg.shape} != torch {tt.shape}"
+    if tt.dtype == np.bool_ or tt.dtype.kind in "iu":
+        np.testing.assert_array_equal(tg, tt, err_msg=name)
+    else:
+        np.testing.assert_allclose(tg.astype(np.float64), tt.astype(np.float64), atol=atol, rtol=rtol,
+                                   err_msg=name, equal_nan=True)
+
+
+def helper_test_op(shapes, torch_fxn, tgrad_fxn=None, atol=1e-5, rtol=1e-4, grad_atol=1e-4, grad_rtol=1e-3,
+                   forward_only=False, vals=None, low=-2.0, high=2.0, dtype=np.float32, seed=0):
+    """torch_fxn and tgrad_fxn take the same number of tensors; values and (unless forward_only or the
+    inputs are not float) the gradients of sum(out * random) are compared."""
+    tgrad_fxn = tgrad_fxn or torch_fxn
+    arrays = make_inputs(shapes, low, high, seed, vals, dtype)
+    grads = not forward_only and all(a.dtype.kind == "f" for a in arrays)
+    tt = [torch.tensor(a, requires_grad=grads) for a in arrays]
+    tg = [Tensor(a, requires_grad=grads) for a in arrays]
+    out_t = torch_fxn(*tt)
+    out_g = tgrad_fxn(*tg)
+    compare("forward", out_g.numpy(), out_t.detach().numpy(), atol, rtol)
+    assert out_g.dtype.name == str(out_t.dtype).split(".")[-1], f"dtype {out_g.dtype} != torch {out_t.dtype}"
+    if grads and out_t.requires_grad:
+        w = np.random.default_rng(seed + 1).uniform(0.5, 1.5, size=out_t.shape).astype(arrays[0].dtype)
+        (out_t * torch.tensor(w)).sum().backward()
+        (out_g * Tensor(w)).sum().backward()
+        for i, (a, b) in enumerate(zip(tg, tt)):
+            if b.grad is None:
+                continue
+            assert a.grad is not None, f"input {i}: torch has a gradient, tgrad has none"
+            compare(f"grad of input {i}", a.grad.numpy(), b.grad.numpy(), grad_atol, grad_rtol)
+    return out_g

@@ -1,0 +1,607 @@
+"""Render a Kernel as a `@triton.jit` function, and the CUDA / AMD / TRITON devices that run it.
+
+The iteration space is flattened into two numbers: `g`, the position in the global (parallel) axes, and
+`r`, the position in the reduce axes. Each program handles a block of BLOCK_G consecutive values of `g`;
+the loop indices `i0, i1, ...` are recovered from `g` and `r` by division and remainder. Elementwise
+kernels are one-dimensional blocks. Reduce kernels work on a [BLOCK_G, BLOCK_R] tile: `g` is a column,
+`r` a row; a loop walks `r` over the reduce axes BLOCK_R at a time, folding each tile into a tile
+accumulator, and one `tl.sum` / `tl.max` / `tl.reduce` over axis 1 finishes it.
+
+Ragged edges: lanes past the end are clamped to index 0 (a valid element), so loads need no bounds
+mask; the store is masked, and in the reduce loop the clamped lanes contribute the reduce identity.
+A LOAD whose `valid` is not always true becomes a masked `tl.load(..., other=0)`.
+
+Each Expr is one local variable placed at the shallowest level it can live at: before the reduce loop
+(it depends on nothing, or on `g` only), inside it (it depends on `r`), or after it (it uses ACC).
+Constants of the data are typed 0-d tensors (`tl.full([], 0.5, tl.float16)`) so every operation keeps
+the Kernel's dtypes; constants inside index arithmetic are plain Python ints.
+
+Index arithmetic is int32 when every index bound fits (see `index_bits`), int64 otherwise.
+Triton's math functions take fp32/fp64 only: float16 math is done in float32 and rounded back, and
+float16 sums accumulate in float32 (like the NUMPY reference).
+
+Block sizes (`choose_blocks`) follow one rule: a tile holds at most TILE elements (GPU: 4096; the
+interpreter: 65536, since its cost grows with the number of programs launched); a reduce takes up to a
+quarter of the tile along the reduce axes (the whole tile when there is one output) and fills the rest
+with outputs. NOOPT=1 turns the rule off: one output per reduce program, fixed block sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tgrad.device import Buffer, Device, Program, cache_dir, getenv
+from tgrad.dtype import DType, dtypes
+from tgrad.errors import DeviceError, KernelError, numbered
+from tgrad.fuse import Expr, Kernel, reduce_identity
+
+HEADER = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+@triton.jit
+def _idiv(a, b):
+    return tl.where(b == 0, 0, a // tl.where(b == 0, 1, b))
+
+
+@triton.jit
+def _imod(a, b):
+    return tl.where(b == 0, a, a % tl.where(b == 0, 1, b))
+
+
+@triton.jit
+def _trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+'''
+
+TL_NAME = {
+    dtypes.bool: "tl.int1",
+    dtypes.uint8: "tl.uint8",
+    dtypes.int8: "tl.int8",
+    dtypes.int16: "tl.int16",
+    dtypes.int32: "tl.int32",
+    dtypes.int64: "tl.int64",
+    dtypes.float16: "tl.float16",
+    dtypes.float32: "tl.float32",
+    dtypes.float64: "tl.float64",
+}
+# pointer types for triton.compile signatures (issue 10's ahead-of-time mode)
+SIG_NAME = {
+    dtypes.bool: "*i1",
+    dtypes.uint8: "*u8",
+    dtypes.int8: "*i8",
+    dtypes.int16: "*i16",
+    dtypes.int32: "*i32",
+    dtypes.int64: "*i64",
+    dtypes.float16: "*fp16",
+    dtypes.float32: "*fp32",
+    dtypes.float64: "*fp64",
+}
+
+TILE_GPU = 4096
+TILE_INTERPRET = 1 << 16
+
+
+def tl_type(dtype: DType) -> str:
+    return TL_NAME[dtype]
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels with its CPU interpreter (TRITON_INTERPRET=1)."""
+    return getenv("TRITON_INTERPRET") == "1"
+
+
+# ---------------------------------------------------------------------------------------------------
+# block sizes
+
+
+@dataclass(frozen=True)
+class Blocks:
+    block_g: int  # outputs per program (a power of two)
+    block_r: int  # reduce elements per loop step (a power of two; 1 for elementwise kernels)
+    num_warps: int = 4
+
+    def grid(self, kernel: Kernel) -> int:
+        return max(1, -(-math.prod(kernel.global_shape) // self.block_g))
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | None = None) -> Blocks:
+    """The block sizes of a kernel, by the rule in the module docstring."""
+    interpret = interpreting() if interpret is None else interpret
+    noopt = getenv("NOOPT") == "1" if noopt is None else noopt
+    tile = TILE_INTERPRET if interpret else TILE_GPU
+    g, r = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
+    if kernel.reduce_expr is None:
+        block_g = min(next_pow2(g), tile if interpret or not noopt else 1024)
+        return Blocks(block_g, 1, 8 if block_g >= 2048 else 4)
+    if noopt:
+        return Blocks(1, min(next_pow2(r), tile // 16), 4)
+    block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
+    block_g = min(next_pow2(g), tile // block_r)
+    return Blocks(block_g, block_r, 8 if block_g * block_r >= 4096 else 4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rendering
+
+INT32_MAX = 2**31 - 1
+
+
+def _index_exprs(kernel: Kernel) -> list[Expr]:
+    out, seen, stack = [kernel.out_index], set(), [kernel.expr]
+    if kernel.reduce_expr is not None:
+        stack.append(kernel.reduce_expr)
+    while stack:
+        e = stack.pop()
+        if e in seen:
+            continue
+        seen.add(e)
+        if e.op == "LOAD":
+            out.append(e.srcs[0])
+        stack.extend(e.srcs)
+    return out
+
+
+def index_bits(kernel: Kernel) -> int:
+    """32 when the iteration space and every load/store index provably fit an int32, else 64."""
+    if math.prod(kernel.shape) > INT32_MAX:
+        return 64
+    for e in _index_exprs(kernel):
+        if not (-INT32_MAX <= e.vmin and e.vmax <= INT32_MAX):
+            return 64
+    return 32
+
+
+def _fmt_float(value: float) -> str:
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else '-float("inf")'
+    return repr(float(value))
+
+
+def _fmt_value(value, dtype: DType) -> str:
+    if dtype == dtypes.bool:
+        return "True" if value else "False"
+    if dtype.is_float:
+        return _fmt_float(value)
+    return repr(int(value))
+
+
+def _float_math(fn: str):
+    """A Triton math function that takes fp32/fp64: float16 goes through float32."""
+
+    def render(dt: DType, a: str) -> str:
+        if dt == dtypes.float16:
+            return f"{fn}({a}.to(tl.float32)).to(tl.float16)"
+        if not dt.is_float:
+            raise KernelError(f"Triton emitter: {fn} of {dt.name} is not supported (it needs a float dtype)")
+        return f"{fn}({a})"
+
+    return render
+
+
+def _sqrt(dt: DType, a: str) -> str:
+    return f"tl.sqrt_rn({a})" if dt == dtypes.float32 else _float_math("tl.sqrt")(dt, a)
+
+
+def _recip(dt: DType, a: str) -> str:
+    if dt == dtypes.float32:
+        return f"tl.div_rn(1.0, {a})"
+    if dt.is_float:
+        return f"(1.0 / {a})"
+    return f"_idiv({_fmt_value(1, dt)}, {a})"
+
+
+def _max(dt: DType, a: str, b: str) -> str:
+    if dt == dtypes.bool:
+        return f"({a} | {b})"
+    if dt.is_float:
+        return f"_max_nan({a}, {b})"
+    return f"tl.maximum({a}, {b})"
+
+
+def _int_only(op: str, fn):
+    def render(dt: DType, *srcs: str) -> str:
+        if not dt.is_int:
+            raise KernelError(f"Triton emitter: {op} of {dt.name} is not supported (integer dtypes only)")
+        return fn(*srcs)
+
+    return render
+
+
+def _mod(dt: DType, a: str, b: str) -> str:
+    if dt.is_float:
+        return f"({a} % {b})"  # Triton's float % is C fmod
+    return _int_only("MOD", lambda x, y: f"_imod({x}, {y})")(dt, a, b)
+
+
+def _neg(dt: DType, a: str) -> str:
+    if dt == dtypes.bool:
+        raise KernelError("Triton emitter: NEG of bool is not supported")
+    return f"(-{a})"
+
+
+def _trunc(dt: DType, a: str) -> str:
+    if not dt.is_float:
+        return a
+    return f"_trunc({a}.to(tl.float32)).to(tl.float16)" if dt == dtypes.float16 else f"_trunc({a})"
+
+
+# code_for_op: op name -> f(result dtype, *rendered sources) -> source text
+code_for_op = {
+    "ADD": lambda dt, a, b: f"({a} | {b})" if dt == dtypes.bool else f"({a} + {b})",
+    "SUB": lambda dt, a, b: f"({a} - {b})",
+    "MUL": lambda dt, a, b: f"({a} & {b})" if dt == dtypes.bool else f"({a} * {b})",
+    "IDIV": _int_only("IDIV", lambda a, b: f"_idiv({a}, {b})"),
+    "MOD": _mod,
+    "MAX": _max,
+    "CMPLT": lambda dt, a, b: f"({a} < {b})",
+    "CMPNE": lambda dt, a, b: f"({a} != {b})",
+    "AND": lambda dt, a, b: f"({a} & {b})",
+    "OR": lambda dt, a, b: f"({a} | {b})",
+    "XOR": lambda dt, a, b: f"({a} ^ {b})",
+    "WHERE": lambda dt, c, a, b: f"tl.where({c}, {a}, {b})",
+    "EXP2": _float_math("tl.exp2"),
+    "LOG2": _float_math("tl.log2"),
+    "SIN": _float_math("tl.sin"),
+    "SQRT": _sqrt,
+    "RECIP": _recip,
+    "NEG": _neg,
+    "TRUNC": _trunc,
+}
+
+
+def _cast(src: DType, dst: DType, a: str) -> str:
+    if dst == dtypes.bool:
+        return f"({a} != 0)"
+    if src.is_float and dst.is_int:  # C truncation through int64, then wrap (like the reference)
+        wide = f"{a}.to(tl.int64)"
+        return wide if dst == dtypes.int64 else f"{wide}.to({tl_type(dst)})"
+    return f"{a}.to({tl_type(dst)})"
+
+
+class _Renderer:
+    def __init__(self, kernel: Kernel, blocks: Blocks):
+        self.k, self.b = kernel, blocks
+        self.ng = kernel.n_global
+        self.two_d = kernel.reduce_expr is not None
+        self.bits = index_bits(kernel)
+        self.names: dict[Expr, str] = {}
+        self.index_memo: dict[Expr, bool] = {}
+        self.deps_memo: dict[Expr, frozenset] = {}
+        self.top: list[str] = []  # before the reduce loop
+        self.loop: list[str] = []  # inside it (depends on r)
+        self.post: list[str] = []  # after it (uses ACC)
+        self.count = 0
+
+    def deps(self, e: Expr) -> frozenset:
+        """Which of the block coordinates g, r (and the finished ACC) an expression depends on."""
+        hit = self.deps_memo.get(e)
+        if hit is None:
+            if e.op == "IDX":
+                hit = frozenset("g" if e.arg[0] < self.ng else "r")
+            elif e.op == "ACC":
+                hit = frozenset(("g", "a"))
+            else:
+                hit = frozenset().union(*(self.deps(s) for s in e.srcs))
+            self.deps_memo[e] = hit
+        return hit
+
+    def ref(self, e: Expr, bare: bool = False) -> str:
+        """The source text of e; `bare` renders an integer constant as a plain (weakly typed) int."""
+        if e.op == "IDX":
+            return f"i{e.arg[0]}"
+        if e.op == "ACC":
+            return "acc"
+        if e.op == "CONST" and bare and e.dtype.is_int:
+            return _fmt_value(e.arg, e.dtype)
+        name = self.names.get(e)
+        if name is not None:
+            return name
+        if e.op == "CONST":
+            text = f"tl.full([], {_fmt_value(e.arg, e.dtype)}, {tl_type(e.dtype)})"
+        elif e.op == "LOAD":
+            text = self.load(e)
+        else:
+            index = self.is_index(e)
+            srcs = [self.ref(s, index) for s in e.srcs]
+            if e.op == "CAST":
+                text = _cast(e.srcs[0].dtype, e.dtype, srcs[0])
+            elif e.op in code_for_op:
+                dt = e.srcs[-1].dtype if e.op in ("CMPLT", "CMPNE") else e.dtype
+                text = code_for_op[e.op](dt, *srcs)
+            else:
+                raise KernelError(f"Triton emitter: no rendering for op {e.op} ({e.dtype.name})")
+        name = self.names[e] = f"v{self.count}"
+        self.count += 1
+        deps = self.deps(e)
+        level = self.post if "a" in deps else self.loop if "r" in deps else self.top
+        level.append(f"{name} = {text}")
+        return name
+
+    def is_index(self, e: Expr) -> bool:
+        """Pure index arithmetic: built from IDX and integer constants only (no loads, no ACC)."""
+        hit = self.index_memo.get(e)
+        if hit is None:
+            if e.op in ("IDX", "CONST"):
+                hit = e.op == "IDX" or not e.dtype.is_float
+            elif e.op in ("LOAD", "ACC"):
+                hit = False
+            else:
+                hit = all(self.is_index(s) for s in e.srcs)
+            self.index_memo[e] = hit
+        return hit
+
+    def broadcast(self, ptr_deps: frozenset, mask_deps: frozenset) -> str:
+        """Zeros added to a pointer so it has the shape of its mask (tl.load needs it)."""
+        extra = ""
+        if "g" in mask_deps and "g" not in ptr_deps:
+            extra += " + g * 0"
+        if "r" in mask_deps and "r" not in ptr_deps:
+            extra += " + r * 0"
+        return extra
+
+    def load(self, e: Expr) -> str:
+        index, valid = e.srcs
+        if valid.op == "CONST" and not valid.arg:
+            return f"tl.full([], {_fmt_value(0, e.dtype)}, {tl_type(e.dtype)})"
+        ptr = f"in{e.arg} + {self.ref(index, True)}"
+        if valid.op == "CONST":
+            return f"tl.load({ptr})"
+        ptr += self.broadcast(self.deps(index), self.deps(valid))
+        return f"tl.load({ptr}, mask={self.ref(valid, True)}, other=0)"
+
+    def coords(self, flat: str, axes: range) -> list[str]:
+        """Statements computing the loop indices i<axis> from a flat position."""
+        shape = self.k.shape
+        stmts = []
+        for a in axes:
+            stride = math.prod(shape[a + 1 : axes.stop])
+            text = flat if stride == 1 else f"{flat} // {stride}"
+            if a != axes.start:
+                text = f"{text} % {shape[a]}"
+            stmts.append(f"i{a} = {text}")
+        return stmts
+
+    def render(self, fname: str) -> str:
+        k, b = self.k, self.b
+        n = len(k.shape)
+        g_total, r_total = math.prod(k.global_shape), math.prod(k.reduce_shape)
+        wide = ".to(tl.int64)" if self.bits == 64 else ""
+        col = "[:, None]" if self.two_d else ""
+        ragged_g = g_total % b.block_g != 0
+        args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
+        body = [f"g = tl.program_id(0){wide} * {b.block_g} + tl.arange(0, {b.block_g}){col}"]
+        if ragged_g:
+            body += [f"g_ok = g < {g_total}", "g = tl.where(g_ok, g, 0)"]
+        body += self.coords("g", range(0, self.ng))
+
+        red_lines: list[str] = []
+        if self.two_d:
+            red_lines = self.render_reduce(n, r_total, wide)
+        store_index = self.ref(k.out_index, True)
+        value = self.ref(k.expr)
+        if self.deps(k.expr) - {"a"} and k.expr.dtype != k.out_dtype:
+            raise KernelError(f"kernel {k.name}: stored dtype {k.expr.dtype.name} != {k.out_dtype.name}")
+        ptr = f"out + {store_index}" + self.broadcast(self.deps(k.out_index), frozenset("g"))
+        mask = ", mask=g_ok" if ragged_g else ""
+        body += self.top + red_lines + self.post + [f"tl.store({ptr}, {value}{mask})"]
+        lines = ["@triton.jit", f"def {fname}({args}):"] + ["    " + s for s in body]
+        return "\n".join(lines) + "\n"
+
+    def render_reduce(self, n: int, r_total: int, wide: str) -> list[str]:
+        k, b = self.k, self.b
+        acc_dt = k.reduce_expr.dtype
+        tile_dt = dtypes.float32 if acc_dt == dtypes.float16 else acc_dt
+        ident = _fmt_value(reduce_identity(k.reduce_op, acc_dt), acc_dt)
+        shape = f"[{b.block_g}, {b.block_r}]"
+        lines = [f"acc = tl.full({shape}, {ident}, {tl_type(tile_dt)})"]
+        if r_total == 0:  # an empty reduce: the identity, and no loads
+            return lines + self.finish(acc_dt, tile_dt)
+        looped = r_total > b.block_r
+        ragged_r = r_total % b.block_r != 0
+        start = "r0 + " if looped else ""
+        step = [f"r = ({start}tl.arange(0, {b.block_r})[None, :]){wide}"]
+        if ragged_r:
+            step += [f"r_ok = r < {r_total}", "r = tl.where(r_ok, r, 0)"]
+        step += self.coords("r", range(self.ng, n))
+        val = self.ref(k.reduce_expr)
+        if tile_dt != acc_dt:
+            val = f"{val}.to({tl_type(tile_dt)})"
+        if ragged_r:
+            val = f"tl.where(r_ok, {val}, {ident})"
+        if acc_dt == dtypes.bool:
+            update = f"acc & {val}" if k.reduce_op == "PROD" else f"acc | {val}"
+        else:
+            combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
+            update = code_for_op[combine](tile_dt, "acc", val)
+        step += self.loop + [f"acc = {update}"]
+        if looped:
+            lines += [f"for r0 in range(0, {r_total}, {b.block_r}):"] + ["    " + s for s in step]
+        else:
+            lines += step
+        return lines + self.finish(acc_dt, tile_dt)
+
+    def finish(self, acc_dt: DType, tile_dt: DType) -> list[str]:
+        """Reduce the tile accumulator over its reduce axis to a [BLOCK_G, 1] column of acc_dt."""
+        op = self.k.reduce_op
+        if acc_dt == dtypes.bool:
+            fn = "tl.min" if op == "PROD" else "tl.max"
+            return [f"acc = {fn}(acc.to(tl.int32), axis=1, keep_dims=True) != 0"]
+        if op == "SUM":
+            text = "tl.sum(acc, axis=1, keep_dims=True)"
+        elif op == "PROD":
+            text = "tl.reduce(acc, 1, _mul, keep_dims=True)"
+        else:
+            text = "tl.reduce(acc, 1, _max_nan, keep_dims=True)" if acc_dt.is_float else (
+                "tl.max(acc, axis=1, keep_dims=True)"
+            )
+        return [f"acc = {text}.to({tl_type(acc_dt)})"]
+
+
+def render(kernel: Kernel, fname: str | None = None, blocks: Blocks | None = None) -> str:
+    """Triton source (without the header) of one kernel as a `@triton.jit` function."""
+    blocks = blocks or choose_blocks(kernel)
+    return _Renderer(kernel, blocks).render(fname or kernel.name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the runtime
+
+_TORCH_DTYPE = {
+    dtypes.bool: "bool",
+    dtypes.uint8: "uint8",
+    dtypes.int8: "int8",
+    dtypes.int16: "int16",
+    dtypes.int32: "int32",
+    dtypes.int64: "int64",
+    dtypes.float16: "float16",
+    dtypes.float32: "float32",
+    dtypes.float64: "float64",
+}
+_tmp_dir: Path | None = None
+
+
+def _source_dir() -> Path:
+    """Where generated kernel modules are written: triton.jit reads its function's source from a file."""
+    global _tmp_dir
+    cdir = cache_dir()
+    if cdir is not None:
+        folder = cdir / "triton"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    if _tmp_dir is None:
+        _tmp_dir = Path(tempfile.mkdtemp(prefix="tgrad-triton-"))
+    return _tmp_dir
+
+
+def load_source(source: str, fname: str):
+    """Write a module's source to a real file (once per content hash), import it, return fname from it."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    folder = _source_dir()
+    path = folder / f"k_{digest}.py"
+    if not path.exists():
+        tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"tgrad_triton_{digest}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return getattr(module, fname)
+
+
+class TritonDevice(Device):
+    """Kernels rendered as `@triton.jit` functions. Buffers are torch tensors: on the GPU, or on the CPU
+    when Triton's interpreter runs the kernels (TRITON_INTERPRET=1, which needs CPU torch tensors)."""
+
+    name = "TRITON"
+    vendor = ""  # "cuda" or "hip": the GPU kind this device insists on; "" takes whichever is present
+
+    def __init__(self):
+        super().__init__()
+        self.interpret = interpreting()
+        try:
+            import torch
+            import triton  # noqa: F401
+        except ImportError as e:
+            raise DeviceError(
+                f"{self.name} device: needs triton and torch ({e.name} is missing): pip install -e .[triton]"
+            ) from e
+        self.torch = torch
+        if self.interpret:
+            self.torch_device = "cpu"
+            return
+        hip = getattr(torch.version, "hip", None) is not None
+        found = torch.cuda.is_available() and (self.vendor == "" or (self.vendor == "hip") == hip)
+        if not found:
+            kind = {"cuda": "CUDA", "hip": "AMD"}.get(self.vendor, "CUDA or AMD")
+            raise DeviceError(
+                f"{self.name} device: no {kind} GPU found; set TRITON_INTERPRET=1 to run Triton kernels "
+                "on the CPU"
+            )
+        self.torch_device = "cuda"
+
+    def _tensor(self, buf: Buffer):
+        return buf.data
+
+    def alloc(self, size: int, dtype: DType) -> Buffer:
+        t = self.torch.empty(size, dtype=getattr(self.torch, _TORCH_DTYPE[dtype]), device=self.torch_device)
+        return Buffer(self.name, size, dtype, t)
+
+    def from_numpy(self, array: np.ndarray) -> Buffer:
+        flat = np.ascontiguousarray(array).reshape(-1).copy()
+        t = self.torch.from_numpy(flat)
+        if self.torch_device != "cpu":
+            t = t.to(self.torch_device)
+        return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), t)
+
+    def to_numpy(self, buf: Buffer) -> np.ndarray:
+        return buf.data.detach().cpu().numpy()
+
+    def synchronize(self) -> None:
+        if self.torch_device != "cpu":
+            self.torch.cuda.synchronize()
+
+    def compile(self, kernel: Kernel) -> Program:
+        blocks = choose_blocks(kernel, self.interpret)
+        fname = kernel.name
+        source = HEADER + "\n\n" + render(kernel, fname, blocks)
+        try:
+            fn = load_source(source, fname)
+        except Exception as e:
+            raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
+        grid = (blocks.grid(kernel),)
+        launcher = fn[grid]
+        num_warps = blocks.num_warps
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            try:
+                launcher(out.data, *(b.data for b in inputs), num_warps=num_warps)
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {fname} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+
+        return Program(fname, source, run, self.name)
+
+
+class CUDADevice(TritonDevice):
+    """NVIDIA GPUs through Triton."""
+
+    name = "CUDA"
+    vendor = "cuda"
+
+
+class AMDDevice(TritonDevice):
+    """AMD GPUs (ROCm) through Triton."""
+
+    name = "AMD"
+    vendor = "hip"

@@ -39,39 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tgrad.device import Buffer, Device, Program, cache_dir, getenv
+from tgrad.device import DEBUG, Buffer, Device, Program, cache_dir, getenv
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import DeviceError, KernelError, numbered
+from tgrad.errors import DeviceError, KernelError, TgradError, numbered
 from tgrad.fuse import Expr, Kernel, reduce_identity
 
-HEADER = '''import triton
+# No helper @triton.jit functions: Triton 3.9's interpreter leaves triton.language patched after it
+# calls one (and runs tl.reduce combine functions element by element), so everything is inlined.
+HEADER = """import triton
 import triton.language as tl
-
-
-@triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _mul(a, b):
-    return a * b
-
-
-@triton.jit
-def _idiv(a, b):
-    return tl.where(b == 0, 0, a // tl.where(b == 0, 1, b))
-
-
-@triton.jit
-def _imod(a, b):
-    return tl.where(b == 0, a, a % tl.where(b == 0, 1, b))
-
-
-@triton.jit
-def _trunc(x):
-    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
-'''
+"""
 
 TL_NAME = {
     dtypes.bool: "tl.int1",
@@ -191,21 +168,21 @@ def _fmt_value(value, dtype: DType) -> str:
     return repr(int(value))
 
 
-def _float_math(fn: str):
+def _float_math(op: str, fn: str):
     """A Triton math function that takes fp32/fp64: float16 goes through float32."""
 
     def render(dt: DType, a: str) -> str:
         if dt == dtypes.float16:
             return f"{fn}({a}.to(tl.float32)).to(tl.float16)"
         if not dt.is_float:
-            raise KernelError(f"Triton emitter: {fn} of {dt.name} is not supported (it needs a float dtype)")
+            raise KernelError(f"Triton emitter: {op} of {dt.name} is not supported (float dtypes only)")
         return f"{fn}({a})"
 
     return render
 
 
 def _sqrt(dt: DType, a: str) -> str:
-    return f"tl.sqrt_rn({a})" if dt == dtypes.float32 else _float_math("tl.sqrt")(dt, a)
+    return f"tl.sqrt_rn({a})" if dt == dtypes.float32 else _float_math("SQRT", "tl.sqrt")(dt, a)
 
 
 def _recip(dt: DType, a: str) -> str:
@@ -213,14 +190,14 @@ def _recip(dt: DType, a: str) -> str:
         return f"tl.div_rn(1.0, {a})"
     if dt.is_float:
         return f"(1.0 / {a})"
-    return f"_idiv({_fmt_value(1, dt)}, {a})"
+    return _idiv(f"tl.full([], 1, {tl_type(dt)})", a)
 
 
 def _max(dt: DType, a: str, b: str) -> str:
     if dt == dtypes.bool:
         return f"({a} | {b})"
     if dt.is_float:
-        return f"_max_nan({a}, {b})"
+        return f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
     return f"tl.maximum({a}, {b})"
 
 
@@ -233,10 +210,24 @@ def _int_only(op: str, fn):
     return render
 
 
+def _idiv(a: str, b: str) -> str:
+    """C division (truncating); x / 0 is 0 like the reference. A constant divisor needs no guard."""
+    if b.lstrip("-").isdigit() and int(b) != 0:
+        return f"({a} // {b})"
+    return f"tl.where({b} == 0, 0, {a} // tl.where({b} == 0, 1, {b}))"
+
+
+def _imod(a: str, b: str) -> str:
+    """C remainder (sign of the dividend); x % 0 is x like the reference."""
+    if b.lstrip("-").isdigit() and int(b) != 0:
+        return f"({a} % {b})"
+    return f"tl.where({b} == 0, {a}, {a} % tl.where({b} == 0, 1, {b}))"
+
+
 def _mod(dt: DType, a: str, b: str) -> str:
     if dt.is_float:
         return f"({a} % {b})"  # Triton's float % is C fmod
-    return _int_only("MOD", lambda x, y: f"_imod({x}, {y})")(dt, a, b)
+    return _int_only("MOD", _imod)(dt, a, b)
 
 
 def _neg(dt: DType, a: str) -> str:
@@ -248,7 +239,9 @@ def _neg(dt: DType, a: str) -> str:
 def _trunc(dt: DType, a: str) -> str:
     if not dt.is_float:
         return a
-    return f"_trunc({a}.to(tl.float32)).to(tl.float16)" if dt == dtypes.float16 else f"_trunc({a})"
+    x = f"{a}.to(tl.float32)" if dt == dtypes.float16 else a
+    text = f"tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))"
+    return f"{text}.to(tl.float16)" if dt == dtypes.float16 else text
 
 
 # code_for_op: op name -> f(result dtype, *rendered sources) -> source text
@@ -256,7 +249,7 @@ code_for_op = {
     "ADD": lambda dt, a, b: f"({a} | {b})" if dt == dtypes.bool else f"({a} + {b})",
     "SUB": lambda dt, a, b: f"({a} - {b})",
     "MUL": lambda dt, a, b: f"({a} & {b})" if dt == dtypes.bool else f"({a} * {b})",
-    "IDIV": _int_only("IDIV", lambda a, b: f"_idiv({a}, {b})"),
+    "IDIV": _int_only("IDIV", lambda a, b: _idiv(a, b)),
     "MOD": _mod,
     "MAX": _max,
     "CMPLT": lambda dt, a, b: f"({a} < {b})",
@@ -265,9 +258,9 @@ code_for_op = {
     "OR": lambda dt, a, b: f"({a} | {b})",
     "XOR": lambda dt, a, b: f"({a} ^ {b})",
     "WHERE": lambda dt, c, a, b: f"tl.where({c}, {a}, {b})",
-    "EXP2": _float_math("tl.exp2"),
-    "LOG2": _float_math("tl.log2"),
-    "SIN": _float_math("tl.sin"),
+    "EXP2": _float_math("EXP2", "tl.exp2"),
+    "LOG2": _float_math("LOG2", "tl.log2"),
+    "SIN": _float_math("SIN", "tl.sin"),
     "SQRT": _sqrt,
     "RECIP": _recip,
     "NEG": _neg,
@@ -425,7 +418,8 @@ class _Renderer:
         looped = r_total > b.block_r
         ragged_r = r_total % b.block_r != 0
         start = "r0 + " if looped else ""
-        step = [f"r = ({start}tl.arange(0, {b.block_r})[None, :]){wide}"]
+        arange = f"tl.arange(0, {b.block_r})[None, :]"
+        step = [f"r = ({start}{arange}){wide}" if wide else f"r = {start}{arange}"]
         if ragged_r:
             step += [f"r_ok = r < {r_total}", "r = tl.where(r_ok, r, 0)"]
         step += self.coords("r", range(self.ng, n))
@@ -452,15 +446,26 @@ class _Renderer:
         if acc_dt == dtypes.bool:
             fn = "tl.min" if op == "PROD" else "tl.max"
             return [f"acc = {fn}(acc.to(tl.int32), axis=1, keep_dims=True) != 0"]
+        lines = []
         if op == "SUM":
             text = "tl.sum(acc, axis=1, keep_dims=True)"
-        elif op == "PROD":
-            text = "tl.reduce(acc, 1, _mul, keep_dims=True)"
+        elif op == "PROD":  # a halving tree: tl.reduce with a custom combine crawls in the interpreter
+            width = self.b.block_r
+            while width > 1:
+                width //= 2
+                lines += [
+                    f"lo, hi = tl.split(tl.reshape(acc, [{self.b.block_g}, {width}, 2]))",
+                    "acc = lo * hi",
+                ]
+            text = f"tl.reshape(acc, [{self.b.block_g}, 1])"
+        elif acc_dt.is_float:  # tl.max drops NaNs on the GPU; MAX propagates them
+            nan = "tl.max((acc != acc).to(tl.int32), axis=1, keep_dims=True) != 0"
+            text = f'tl.where({nan}, float("nan"), tl.max(acc, axis=1, keep_dims=True))'
         else:
-            text = "tl.reduce(acc, 1, _max_nan, keep_dims=True)" if acc_dt.is_float else (
-                "tl.max(acc, axis=1, keep_dims=True)"
-            )
-        return [f"acc = {text}.to({tl_type(acc_dt)})"]
+            text = "tl.max(acc, axis=1, keep_dims=True)"
+        if tile_dt != acc_dt or (op == "SUM" and acc_dt.is_int and acc_dt.itemsize < 4):
+            text += f".to({tl_type(acc_dt)})"  # float16 tiles are float32; tl.sum widens small ints
+        return lines + [f"acc = {text}"]
 
 
 def render(kernel: Kernel, fname: str | None = None, blocks: Blocks | None = None) -> str:
@@ -499,8 +504,9 @@ def _source_dir() -> Path:
     return _tmp_dir
 
 
-def load_source(source: str, fname: str):
-    """Write a module's source to a real file (once per content hash), import it, return fname from it."""
+def load_source(source: str, fname: str, interpret: bool):
+    """Write a module's source to a real file (once per content hash), import it, return fname from it.
+    `interpret` picks what triton.jit makes (it reads TRITON_INTERPRET when the module runs)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     folder = _source_dir()
     path = folder / f"k_{digest}.py"
@@ -508,13 +514,21 @@ def load_source(source: str, fname: str):
         tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
         tmp.write_text(source)
         os.replace(tmp, path)
-    name = f"tgrad_triton_{digest}"
+    name = f"tgrad_triton_{digest}_{'interpret' if interpret else 'gpu'}"
     module = sys.modules.get(name)
     if module is None:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        saved = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            if saved is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = saved
         sys.modules[name] = module
-        spec.loader.exec_module(module)
     return getattr(module, fname)
 
 
@@ -539,18 +553,15 @@ class TritonDevice(Device):
         if self.interpret:
             self.torch_device = "cpu"
             return
-        hip = getattr(torch.version, "hip", None) is not None
-        found = torch.cuda.is_available() and (self.vendor == "" or (self.vendor == "hip") == hip)
-        if not found:
-            kind = {"cuda": "CUDA", "hip": "AMD"}.get(self.vendor, "CUDA or AMD")
+        if not torch.cuda.is_available():
             raise DeviceError(
-                f"{self.name} device: no {kind} GPU found; set TRITON_INTERPRET=1 to run Triton kernels "
-                "on the CPU"
+                f"{self.name} device: no GPU found; set TRITON_INTERPRET=1 to run Triton kernels on the CPU"
             )
+        hip = getattr(torch.version, "hip", None) is not None
+        if self.vendor and (self.vendor == "hip") != hip:
+            have, use = ("an AMD (ROCm)", "AMD") if hip else ("an NVIDIA (CUDA)", "CUDA")
+            raise DeviceError(f"{self.name} device: this torch drives {have} GPU; use DEVICE={use} or TRITON")
         self.torch_device = "cuda"
-
-    def _tensor(self, buf: Buffer):
-        return buf.data
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         t = self.torch.empty(size, dtype=getattr(self.torch, _TORCH_DTYPE[dtype]), device=self.torch_device)
@@ -570,12 +581,16 @@ class TritonDevice(Device):
         if self.torch_device != "cpu":
             self.torch.cuda.synchronize()
 
-    def compile(self, kernel: Kernel) -> Program:
-        blocks = choose_blocks(kernel, self.interpret)
+    def compile(self, kernel: Kernel, blocks: Blocks | None = None) -> Program:
+        """A Program for the kernel (block sizes by `choose_blocks` unless given); with
+        TGRAD_TRITON_TARGET set, the kernel is first compiled for each of those GPU targets."""
+        for target in targets_from_env():
+            compile_for_target(kernel, target)
+        blocks = blocks or choose_blocks(kernel, self.interpret)
         fname = kernel.name
         source = HEADER + "\n\n" + render(kernel, fname, blocks)
         try:
-            fn = load_source(source, fname)
+            fn = load_source(source, fname, self.interpret)
         except Exception as e:
             raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
         grid = (blocks.grid(kernel),)
@@ -605,3 +620,164 @@ class AMDDevice(TritonDevice):
 
     name = "AMD"
     vendor = "hip"
+
+
+# ---------------------------------------------------------------------------------------------------
+# ahead-of-time compilation for real GPU targets (works without a GPU)
+
+
+@dataclass(frozen=True)
+class TargetBinary:
+    """What compiling one kernel for one GPU target produced."""
+
+    target: str  # "cuda:90", "hip:gfx942"
+    asm_name: str  # "ptx" or "amdgcn"
+    asm_bytes: int
+    binary_bytes: int  # cubin / hsaco
+    registers: int | None  # per thread (NVIDIA: from the cubin; AMD: VGPRs)
+
+
+_target_cache: dict[tuple[str, str], TargetBinary] = {}
+
+
+def parse_target(text: str):
+    """'cuda:90' / 'cuda:80' / 'hip:gfx942' -> triton GPUTarget."""
+    from triton.backends.compiler import GPUTarget
+
+    backend, _, arch = text.strip().partition(":")
+    if backend == "cuda" and arch.isdigit():
+        return GPUTarget("cuda", int(arch), 32)
+    if backend == "hip" and arch.startswith("gfx"):
+        return GPUTarget("hip", arch, 64)
+    raise TgradError(
+        f"TGRAD_TRITON_TARGET: {text!r} is not cuda:<sm number> or hip:<gfx arch> (e.g. cuda:90,hip:gfx942)"
+    )
+
+
+def targets_from_env() -> list[str]:
+    """The targets named by TGRAD_TRITON_TARGET (comma separated), e.g. ['cuda:80', 'hip:gfx942']."""
+    return [t.strip() for t in getenv("TGRAD_TRITON_TARGET").split(",") if t.strip()]
+
+
+def _cubin_registers(cubin: bytes) -> int | None:
+    """Registers per thread from a cubin's .nv.info section (attribute EIATTR_REGCOUNT)."""
+    try:
+        shoff = int.from_bytes(cubin[0x28:0x30], "little")
+        shentsize, shnum, shstrndx = (int.from_bytes(cubin[o : o + 2], "little") for o in (0x3A, 0x3C, 0x3E))
+        headers = [cubin[shoff + i * shentsize : shoff + (i + 1) * shentsize] for i in range(shnum)]
+        names_at = int.from_bytes(headers[shstrndx][0x18:0x20], "little")
+        for h in headers:
+            name_at = names_at + int.from_bytes(h[0:4], "little")
+            if cubin[name_at : cubin.index(b"\0", name_at)] != b".nv.info":
+                continue
+            offset, size = int.from_bytes(h[0x18:0x20], "little"), int.from_bytes(h[0x20:0x28], "little")
+            data, pos = cubin[offset : offset + size], 0
+            while pos + 4 <= len(data):
+                fmt, attr = data[pos], data[pos + 1]
+                length = int.from_bytes(data[pos + 2 : pos + 4], "little")
+                if fmt == 0x04 and attr == 0x2F:  # EIFMT_SVAL, EIATTR_REGCOUNT: (symbol, count)
+                    return int.from_bytes(data[pos + 8 : pos + 12], "little")
+                pos += 4 + (length if fmt == 0x04 else 0)
+    except (IndexError, ValueError):
+        return None
+    return None
+
+
+def _amdgcn_registers(asm: str) -> int | None:
+    for line in asm.splitlines():
+        if line.strip().startswith(".vgpr_count:"):
+            return int(line.split(":")[1])
+    return None
+
+
+_worker = None
+
+
+def _compile_worker():
+    """A helper process that runs Triton's real compiler. It is needed where the interpreter is on:
+    with TRITON_INTERPRET=1 at import, triton.language's own @jit functions (tl.sum, tl.max...) are
+    interpreter objects, which the compiler cannot lower. The helper starts with TRITON_INTERPRET=0.
+    (A plain subprocess, not multiprocessing: spawn would re-run the user's main script.)"""
+    global _worker
+    if _worker is None or _worker.poll() is not None:
+        import subprocess
+
+        env = {**os.environ, "TRITON_INTERPRET": "0"}
+        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        code = "from tgrad.emit_triton import _serve; _serve()"
+        pipe = subprocess.PIPE
+        _worker = subprocess.Popen([sys.executable, "-c", code], stdin=pipe, stdout=pipe, env=env)
+    return _worker
+
+
+def _serve() -> None:
+    """(the helper process) Answer pickled compile jobs from stdin on stdout, one at a time."""
+    import pickle
+
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything else printed goes to stderr
+    jobs = sys.stdin.buffer
+    while True:
+        try:
+            job = pickle.load(jobs)
+        except EOFError:
+            return
+        pickle.dump(_compile_source(*job), replies)
+        replies.flush()
+
+
+def _run_job(job: tuple) -> tuple:
+    import pickle
+
+    worker = _compile_worker()
+    pickle.dump(job, worker.stdin)
+    worker.stdin.flush()
+    return pickle.load(worker.stdout)
+
+
+def _compile_source(source: str, fname: str, signature: dict, target: str, num_warps: int) -> tuple:
+    """(in the helper process) ('ok', asm name, asm bytes, binary bytes, registers) or ('error', text)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    try:
+        fn = load_source(source, fname, interpret=False)
+        compiled = triton.compile(
+            ASTSource(fn, signature, {}), target=parse_target(target), options={"num_warps": num_warps}
+        )
+    except Exception as e:
+        return ("error", f"{type(e).__name__}: {e}")
+    if target.startswith("cuda"):
+        binary = compiled.asm["cubin"]
+        return ("ok", "ptx", len(compiled.asm["ptx"]), len(binary), _cubin_registers(binary))
+    asm = compiled.asm["amdgcn"]
+    return ("ok", "amdgcn", len(asm), len(compiled.asm["hsaco"]), _amdgcn_registers(asm))
+
+
+def compile_for_target(kernel: Kernel, target: str) -> TargetBinary:
+    """Compile a kernel (GPU block sizes) with Triton's real compiler for `target`; no GPU needed.
+    Raises KernelError with the kernel's name, its Triton source and the compiler's message."""
+    parse_target(target)
+    blocks = choose_blocks(kernel, interpret=False)
+    source = HEADER + "\n\n" + render(kernel, kernel.name, blocks)
+    key = (source, target)
+    hit = _target_cache.get(key)
+    if hit is not None:
+        return hit
+    signature = {"out": SIG_NAME[kernel.out_dtype]}
+    signature.update({f"in{i}": SIG_NAME[d] for i, d in enumerate(kernel.in_dtypes)})
+    job = (source, kernel.name, signature, target, blocks.num_warps)
+    result = _run_job(job)
+    if result[0] == "error":
+        message = f"kernel {kernel.name} does not compile for {target}: {result[1]}"
+        raise KernelError(f"{message}\n{numbered(source)}")
+    info = TargetBinary(target, *result[1:])
+    if DEBUG >= 4:
+        print(
+            f"  {kernel.name} {target}: {info.asm_name} {info.asm_bytes} bytes, binary {info.binary_bytes} "
+            f"bytes, {info.registers} registers, {blocks.num_warps} warps",
+            file=sys.stderr,
+        )
+    _target_cache[key] = info
+    return info

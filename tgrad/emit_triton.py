@@ -5,7 +5,7 @@ The iteration space is flattened into two numbers: `g`, the position in the glob
 the loop indices `i0, i1, ...` are recovered from `g` and `r` by division and remainder. Elementwise
 kernels are one-dimensional blocks. Reduce kernels work on a [BLOCK_G, BLOCK_R] tile: `g` is a column,
 `r` a row; a loop walks `r` over the reduce axes BLOCK_R at a time, folding each tile into a tile
-accumulator, and one `tl.sum` / `tl.max` / `tl.reduce` over axis 1 finishes it.
+accumulator, and one `tl.sum` / `tl.max` (PROD: a halving tree of multiplies) over axis 1 finishes it.
 
 Ragged edges: lanes past the end are clamped to index 0 (a valid element), so loads need no bounds
 mask; the store is masked, and in the reduce loop the clamped lanes contribute the reduce identity.
@@ -20,10 +20,13 @@ Index arithmetic is int32 when every index bound fits (see `index_bits`), int64 
 Triton's math functions take fp32/fp64 only: float16 math is done in float32 and rounded back, and
 float16 sums accumulate in float32 (like the NUMPY reference).
 
-Block sizes (`choose_blocks`) follow one rule: a tile holds at most TILE elements (GPU: 4096; the
-interpreter: 65536, since its cost grows with the number of programs launched); a reduce takes up to a
-quarter of the tile along the reduce axes (the whole tile when there is one output) and fills the rest
-with outputs. NOOPT=1 turns the rule off: one output per reduce program, fixed block sizes.
+Block sizes (`choose_blocks`) follow one rule and are baked into the source as constants. A tile holds
+at most TILE elements (GPU: 4096; interpreter: 65536, as its cost grows with the programs launched).
+An elementwise program takes min(next_pow2(G), TILE / 4 on a GPU, TILE in the interpreter) outputs.
+A reduce takes BLOCK_R = min(next_pow2(R), TILE / 4) reduce elements per step (the whole TILE when
+there is a single output) and BLOCK_G = min(next_pow2(G), TILE / BLOCK_R) outputs. 8 warps for tiles
+of 4096 or more, else 4. NOOPT=1 turns the rule off for reduces: one output per program and
+BLOCK_R = min(next_pow2(R), TILE / 16).
 """
 
 from __future__ import annotations
@@ -112,8 +115,8 @@ def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | N
     tile = TILE_INTERPRET if interpret else TILE_GPU
     g, r = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
     if kernel.reduce_expr is None:
-        block_g = min(next_pow2(g), tile if interpret or not noopt else 1024)
-        return Blocks(block_g, 1, 8 if block_g >= 2048 else 4)
+        block_g = min(next_pow2(g), tile if interpret else tile // 4)
+        return Blocks(block_g, 1, 8 if block_g >= 4096 else 4)
     if noopt:
         return Blocks(1, min(next_pow2(r), tile // 16), 4)
     block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
@@ -544,19 +547,26 @@ class TritonDevice(Device):
         self.interpret = interpreting()
         try:
             import torch
-            import triton  # noqa: F401
+            import triton
+            import triton.language
         except ImportError as e:
             raise DeviceError(
                 f"{self.name} device: needs triton and torch ({e.name} is missing): pip install -e .[triton]"
             ) from e
         self.torch = torch
-        if self.interpret:
-            self.torch_device = "cpu"
-            return
-        if not torch.cuda.is_available():
+        if not self.interpret and not torch.cuda.is_available():
             raise DeviceError(
                 f"{self.name} device: no GPU found; set TRITON_INTERPRET=1 to run Triton kernels on the CPU"
             )
+        if (type(triton.language.sum).__name__ == "InterpretedFunction") != self.interpret:
+            now = "1" if self.interpret else "unset"
+            raise DeviceError(
+                f"{self.name} device: triton was imported under another TRITON_INTERPRET than now ({now}); "
+                "set it in the environment before anything imports triton"
+            )
+        if self.interpret:
+            self.torch_device = "cpu"
+            return
         hip = getattr(torch.version, "hip", None) is not None
         if self.vendor and (self.vendor == "hip") != hip:
             have, use = ("an AMD (ROCm)", "AMD") if hip else ("an NVIDIA (CUDA)", "CUDA")

@@ -1,0 +1,276 @@
+"""The Triton emitter (tgrad/emit_triton.py): rendered source, block-size rule, errors, kernels run through
+Triton (its interpreter when there is no GPU) compared with numpy, and ahead-of-time compilation for
+real NVIDIA and AMD targets (no GPU needed)."""
+
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from tgrad import Tensor, dtypes
+from tgrad import emit_triton as et
+from tgrad.errors import DeviceError, KernelError, TgradError
+from tgrad.fuse import Expr, Kernel, const, schedule
+
+
+def T(array, dtype=None) -> Tensor:
+    return Tensor(np.asarray(array), device="NUMPY", dtype=dtype)
+
+
+def kernels(t: Tensor) -> list[Kernel]:
+    return [it.kernel for it in schedule([t.node])]
+
+
+RNG = np.random.default_rng(0)
+A57 = RNG.uniform(-3, 3, (5, 7)).astype(np.float32)
+A537 = RNG.uniform(-3, 3, (5, 37)).astype(np.float32)
+
+# ---------------------------------------------------------------------------------------------------
+# rendering (no triton needed)
+
+
+def test_render_elementwise_masks_ragged_edge():
+    k = kernels((T(A57) * 2 + 1).relu())[0]
+    src = et.render(k, blocks=et.Blocks(16, 1))
+    assert "tl.program_id(0)" in src and "tl.arange(0, 16)" in src
+    assert "g_ok = g < 35" in src and "mask=g_ok" in src
+    even = kernels(T(np.ones((4, 8), np.float32)) * 2)[0]
+    assert "g_ok" not in et.render(even, blocks=et.Blocks(32, 1))
+
+
+def test_render_reduce_loops_over_long_axis():
+    k = kernels(T(np.ones((3, 100), np.float32)).sum(1))[0]
+    looped = et.render(k, blocks=et.Blocks(4, 32))
+    assert "for r0 in range(0, 100, 32):" in looped and "tl.sum(acc, axis=1" in looped and "r_ok" in looped
+    assert "for r0" not in et.render(k, blocks=et.Blocks(4, 128))
+
+
+def test_choose_blocks_rule():
+    row_sum = kernels(T(np.ones((3, 100), np.float32)).sum(1))[0]
+    assert et.choose_blocks(row_sum, interpret=False, noopt=False) == et.Blocks(4, 128, 4)
+    assert et.choose_blocks(row_sum, interpret=False, noopt=True) == et.Blocks(1, 128, 4)
+    big_rows = kernels(T(np.ones((64, 5000), np.float32)).sum(1))[0]
+    assert et.choose_blocks(big_rows, interpret=False, noopt=False) == et.Blocks(4, 1024, 8)
+    assert et.choose_blocks(big_rows, interpret=True, noopt=False) == et.Blocks(8, 8192, 8)
+    total = kernels(T(np.ones(5000, np.float32)).sum())[0]
+    assert et.choose_blocks(total, interpret=False, noopt=False) == et.Blocks(1, 4096, 8)
+    ew = kernels(T(np.ones(100_000, np.float32)) * 2)[0]
+    assert et.choose_blocks(ew, interpret=False, noopt=False) == et.Blocks(1024, 1, 4)
+    assert et.choose_blocks(ew, interpret=True, noopt=False) == et.Blocks(65536, 1, 8)
+
+
+def test_int64_indexing_when_int32_overflows():
+    huge = Tensor.ones(1, device="NUMPY").expand(65536, 65536) * 2  # 2**32 elements: only rendered
+    k = kernels(huge)[0]
+    assert et.index_bits(k) == 64 and "tl.program_id(0).to(tl.int64)" in et.render(k)
+    assert et.index_bits(kernels(T(A57) * 2)[0]) == 32
+
+
+def _load(n: int, dtype) -> Expr:
+    return Expr("LOAD", (Expr("IDX", (), (0, n), dtypes.int64), const(True, dtypes.bool)), 0, dtype)
+
+
+def test_unsupported_op_and_dtype_raise_named_error():
+    x = _load(4, dtypes.int32)
+    k = Kernel("E_4", (4,), 1, None, None, Expr("EXP2", (x,), None, dtypes.int32),
+               Expr("IDX", (), (0, 4), dtypes.int64), dtypes.int32, (dtypes.int32,))
+    with pytest.raises(KernelError, match="EXP2 of int32"):
+        et.render(k)
+
+
+# ---------------------------------------------------------------------------------------------------
+# running kernels through Triton
+
+
+@pytest.fixture(scope="module")
+def tdev():
+    torch = pytest.importorskip("torch")
+    mp = pytest.MonkeyPatch()
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        mp.setenv("TRITON_INTERPRET", "1")  # Triton reads it when it is first imported
+    pytest.importorskip("triton")
+    try:
+        yield et.TritonDevice()
+    except DeviceError as e:
+        pytest.skip(str(e))
+    finally:
+        mp.undo()
+
+
+def run(dev, t: Tensor, blocks=None) -> np.ndarray:
+    """Every kernel of t's schedule compiled and run on dev (optionally with forced block sizes)."""
+    bufs = {}
+    for it in schedule([t.node]):
+        inputs = []
+        for n in it.inputs:
+            if n not in bufs:
+                bufs[n] = dev.from_numpy(n.buffer.data)
+            inputs.append(bufs[n])
+        out = dev.alloc(math.prod(it.out.shape), it.out.dtype)
+        dev.compile(it.kernel, blocks)(out, *inputs)
+        bufs[it.out] = out
+    return dev.to_numpy(bufs[t.node.base]).reshape(t.shape)
+
+
+FLOAT_TOL = {np.float16: 2e-3, np.float32: 2e-6, np.float64: 1e-12}
+UNARY = {
+    "exp2": (lambda t: t.exp2(), np.exp2),
+    "log2": (lambda t: t.abs().log2(), lambda x: np.log2(np.abs(x))),
+    "sin": (lambda t: t.sin(), np.sin),
+    "sqrt": (lambda t: t.abs().sqrt(), lambda x: np.sqrt(np.abs(x))),
+    "recip": (lambda t: t.reciprocal(), lambda x: 1 / x),
+    "neg": (lambda t: -t, np.negative),
+    "trunc": (lambda t: t.trunc(), np.trunc),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_unary_float_ops(tdev, dtype):
+    x = A57.astype(dtype)
+    for name, (tg, ref) in UNARY.items():
+        got = run(tdev, tg(T(x)))
+        assert got.dtype == dtype, name
+        np.testing.assert_allclose(got, ref(x), rtol=FLOAT_TOL[dtype], atol=FLOAT_TOL[dtype], err_msg=name)
+
+
+def _c_div(a: int, b: int) -> int:
+    return 0 if b == 0 else abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8])
+def test_integer_division_is_c_like(tdev, dtype):
+    lo = 0 if dtype == np.uint8 else -9
+    a = np.arange(lo, lo + 20).astype(dtype)
+    b = np.resize(np.array([3, -4, 0, 7] if lo else [3, 4, 0, 7]), 20).astype(dtype)
+    q = [_c_div(int(x), int(y)) for x, y in zip(a, b)]
+    r = [int(x) if y == 0 else int(x) - int(y) * _c_div(int(x), int(y)) for x, y in zip(a, b)]
+    quotient = T(a).div(T(b), rounding_mode="trunc")
+    np.testing.assert_array_equal(run(tdev, quotient), np.array(q, dtype))
+    np.testing.assert_array_equal(run(tdev, T(a).fmod(T(b))), np.array(r, dtype))
+    np.testing.assert_array_equal(run(tdev, quotient + 1), np.array(q, dtype) + 1)
+
+
+def test_compare_logic_and_max(tdev):
+    a, b = np.array([1, -5, 7, 0, 3], np.int32), np.array([2, -5, -7, 1, 3], np.int32)
+    np.testing.assert_array_equal(run(tdev, T(a) < T(b)), a < b)
+    np.testing.assert_array_equal(run(tdev, T(a) != T(b)), a != b)
+    np.testing.assert_array_equal(run(tdev, (T(a) & T(b)) ^ (T(a) | 6)), (a & b) ^ (a | 6))
+    np.testing.assert_array_equal(run(tdev, T(a).maximum(T(b))), np.maximum(a, b))
+    p, q = a > 0, b > 0
+    np.testing.assert_array_equal(run(tdev, (T(p) & T(q)) | (T(p) ^ T(q))), (p & q) | (p ^ q))
+    x = np.array([1.0, np.nan, -2.0, 5.0], np.float32)
+    y = np.array([np.nan, 0.0, -3.0, 6.0], np.float32)
+    np.testing.assert_array_equal(run(tdev, T(x).maximum(T(y))), np.maximum(x, y))  # nan propagates
+
+
+def test_casts(tdev):
+    x = np.array([200.7, -3.9, 300.5, 0.0, -129.2, 1e-3], np.float32)
+    wide = np.trunc(x).astype(np.int64)
+    np.testing.assert_array_equal(run(tdev, T(x).cast(dtypes.int8)), wide.astype(np.int8))
+    np.testing.assert_array_equal(run(tdev, T(x).cast(dtypes.uint8)), wide.astype(np.uint8))
+    np.testing.assert_array_equal(run(tdev, T(x).cast(dtypes.bool)), x != 0)
+    np.testing.assert_array_equal(run(tdev, T(x != 0).cast(dtypes.float32)), (x != 0).astype(np.float32))
+    big = np.array([70000, -3, 2**40], np.int64)
+    np.testing.assert_array_equal(run(tdev, T(big).cast(dtypes.float16)), big.astype(np.float16))
+
+
+SMALL = et.Blocks(2, 8)  # forces a ragged 2-D tile and a loop over the reduce axis
+
+
+@pytest.mark.parametrize("blocks", [None, SMALL])
+def test_reductions(tdev, blocks):
+    a = A537
+    np.testing.assert_allclose(run(tdev, T(a).sum(1), blocks), a.sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(tdev, T(a).max(0), blocks), a.max(0))
+    near_one = (1 + a / 30).astype(np.float32)
+    np.testing.assert_allclose(run(tdev, T(near_one).prod(1), blocks), near_one.prod(1), rtol=1e-5)
+    np.testing.assert_allclose(run(tdev, T(a).sum(), blocks), a.sum(), rtol=1e-5)
+    ints = (a * 30).astype(np.int8)
+    wrapped = ints.astype(np.int64).sum(1).astype(np.int8)
+    np.testing.assert_array_equal(run(tdev, T(ints).sum(1, dtype=dtypes.int8), blocks), wrapped)
+    half = a.astype(np.float16)
+    np.testing.assert_allclose(run(tdev, T(half).sum(1), blocks), half.astype(np.float32).sum(1), rtol=2e-3)
+    np.testing.assert_array_equal(run(tdev, (T(a) > 2.5).any(1), blocks), (a > 2.5).any(1))
+    np.testing.assert_array_equal(run(tdev, (T(a) > -2.9).all(1), blocks), (a > -2.9).all(1))
+    with_nan = a.copy()
+    with_nan[2, 30] = np.nan
+    np.testing.assert_array_equal(run(tdev, T(with_nan).max(1), blocks), with_nan.max(1))
+
+
+def test_empty_reduce_and_scalars(tdev):
+    empty = np.zeros((3, 0), np.float32)
+    np.testing.assert_array_equal(run(tdev, T(empty).sum(1)), np.zeros(3, np.float32))
+    np.testing.assert_array_equal(run(tdev, T(empty).prod(1)), np.ones(3, np.float32))
+    np.testing.assert_allclose(run(tdev, T(np.float32(2.5)) * 3 + 1), np.float32(8.5))
+
+
+def test_padded_loads(tdev):
+    padded = np.pad(A57, ((1, 2), (0, 1))) * 2
+    np.testing.assert_array_equal(run(tdev, T(A57).pad(((1, 2), (0, 1))) * 2), padded)
+    one = np.array([3.0], np.float32)  # a constant index under a mask that depends on the position
+    got = run(tdev, T(one).expand(4).pad(((1, 1),)) + 1)
+    np.testing.assert_array_equal(got, np.pad(np.full(4, 3.0, np.float32), (1, 1)) + 1)
+
+
+def test_ragged_elementwise_small_blocks(tdev):
+    x = RNG.uniform(-1, 1, 1000).astype(np.float32)
+    np.testing.assert_allclose(run(tdev, (T(x) * 3).relu() + 1, et.Blocks(64, 1)), np.maximum(x * 3, 0) + 1)
+
+
+def test_matmul(tdev):
+    a, b = A537[:, :20], RNG.uniform(-1, 1, (20, 9)).astype(np.float32)
+    np.testing.assert_allclose(run(tdev, T(a) @ T(b)), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(tdev, T(a) @ T(b), SMALL), a @ b, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# errors
+
+
+def test_no_gpu_without_interpreter_names_the_fix(monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(DeviceError) as err:
+        et.CUDADevice()
+    assert str(err.value) == (
+        "CUDA device: no GPU found; set TRITON_INTERPRET=1 to run Triton kernels on the CPU"
+    )
+
+
+def test_missing_triton_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)
+    with pytest.raises(DeviceError, match=r"pip install -e \.\[triton\]"):
+        et.AMDDevice()
+
+
+def test_bad_target_names_the_format():
+    pytest.importorskip("triton")
+    with pytest.raises(TgradError, match="cuda:<sm number> or hip:<gfx arch>"):
+        et.parse_target("sm_90")
+
+
+# ---------------------------------------------------------------------------------------------------
+# ahead-of-time compilation for real GPUs (issue 10): no GPU needed
+
+
+def test_kernels_compile_for_nvidia_and_amd_targets():
+    pytest.importorskip("triton")
+    half = T(A537.astype(np.float16))
+    ints = T((A537 * 10).astype(np.int32))
+    outs = [
+        (half.exp2() * 2).sum(1),  # fp16 math through fp32, fp16 sum in an fp32 tile
+        ints.div(ints + 1, rounding_mode="trunc").fmod(T(np.int32(3))),  # guarded C division
+        T(A537).pad(((1, 0), (2, 2))).max(1),  # masked loads, nan-propagating max
+        (T(A537) > 0).any(1),  # bool reduce
+        T(A537[:, :16] + 1).prod(1),  # the halving tree
+    ]
+    for t in outs:
+        for k in kernels(t):
+            for target in ("cuda:80", "cuda:90", "hip:gfx942"):
+                info = et.compile_for_target(k, target)
+                assert info.binary_bytes > 0 and info.asm_bytes > 0, (k.name, target)
+                assert info.registers is not None and info.registers > 0, (k.name, target)

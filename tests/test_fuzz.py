@@ -2,6 +2,7 @@
 
 TGRAD_FUZZ_EXAMPLES sets the budget (CI: a small fixed-seed run; nightly: 10000).
 """
+
 import os
 
 import numpy as np
@@ -14,12 +15,22 @@ from tgrad import Tensor
 EXAMPLES = int(os.environ.get("TGRAD_FUZZ_EXAMPLES", "25"))
 
 UNARY = [
-    ("exp", lambda t: (t * 0.5).exp()), ("relu", lambda t: t.relu()), ("neg", lambda t: -t),
-    ("sigmoid", lambda t: t.sigmoid()), ("abs", lambda t: t.abs()), ("sqrtabs", lambda t: (t.abs() + 1).sqrt()),
-    ("tanh", lambda t: t.tanh()), ("square", lambda t: t * t), ("sin", lambda t: t.sin()),
+    ("exp", lambda t: (t * 0.5).exp()),
+    ("relu", lambda t: t.relu()),
+    ("neg", lambda t: -t),
+    ("sigmoid", lambda t: t.sigmoid()),
+    ("abs", lambda t: t.abs()),
+    ("sqrtabs", lambda t: (t.abs() + 1).sqrt()),
+    ("tanh", lambda t: t.tanh()),
+    ("square", lambda t: t * t),
+    ("sin", lambda t: t.sin()),
 ]
-BINARY = [("add", lambda a, b: a + b), ("mul", lambda a, b: a * b), ("sub", lambda a, b: a - b),
-          ("max", lambda a, b: a.maximum(b))]
+BINARY = [
+    ("add", lambda a, b: a + b),
+    ("mul", lambda a, b: a * b),
+    ("sub", lambda a, b: a - b),
+    ("max", lambda a, b: a.maximum(b)),
+]
 
 
 def _pick(draw, options):
@@ -34,8 +45,22 @@ def graphs(draw):
     steps = []
     cur = shape
     for _ in range(draw(st.integers(1, 12))):
-        kind = draw(st.sampled_from(["unary", "binary", "reduce", "permute", "flip", "pad", "shrink",
-                                     "reshape", "expand", "matmul"]))
+        kind = draw(
+            st.sampled_from(
+                [
+                    "unary",
+                    "binary",
+                    "reduce",
+                    "permute",
+                    "flip",
+                    "pad",
+                    "shrink",
+                    "reshape",
+                    "expand",
+                    "matmul",
+                ]
+            )
+        )
         if kind == "unary":
             steps.append(("unary", _pick(draw, UNARY)[0]))
         elif kind == "binary":
@@ -45,7 +70,7 @@ def graphs(draw):
             op = draw(st.sampled_from(["sum", "max", "mean"]))
             keep = draw(st.booleans())
             steps.append(("reduce", op, ax, keep))
-            cur = cur[:ax] + ((1,) if keep else ()) + cur[ax + 1:]
+            cur = cur[:ax] + ((1,) if keep else ()) + cur[ax + 1 :]
         elif kind == "permute" and len(cur) > 1:
             order = tuple(draw(st.permutations(range(len(cur)))))
             steps.append(("permute", order))
@@ -56,14 +81,14 @@ def graphs(draw):
             ax = draw(st.integers(0, len(cur) - 1))
             lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
             steps.append(("pad", ax, lo, hi))
-            cur = cur[:ax] + (cur[ax] + lo + hi,) + cur[ax + 1:]
+            cur = cur[:ax] + (cur[ax] + lo + hi,) + cur[ax + 1 :]
         elif kind == "shrink":
             ax = draw(st.integers(0, len(cur) - 1))
             if cur[ax] > 1:
                 b = draw(st.integers(0, cur[ax] - 1))
                 e = draw(st.integers(b + 1, cur[ax]))
                 steps.append(("shrink", ax, b, e))
-                cur = cur[:ax] + (e - b,) + cur[ax + 1:]
+                cur = cur[:ax] + (e - b,) + cur[ax + 1 :]
         elif kind == "reshape":
             n = int(np.prod(cur))
             steps.append(("reshape", (n,)))
@@ -125,6 +150,7 @@ def operand_source(lib, seed_, device=None):
     def other(shape):
         arr = rng.uniform(-1, 1, size=tuple(shape)).astype(np.float32)
         return torch.tensor(arr) if lib == "torch" else Tensor(arr, device=device)
+
     return other
 
 

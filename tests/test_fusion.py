@@ -90,3 +90,19 @@ def test_training_step_kernel_count(cpu):
     # backward: softmax-grad sum, 2 weight-grad matmuls, 1 input-grad matmul; the loss division
     assert n == 12, n
     Tensor.realize(loss, w1.grad, w2.grad)
+
+
+def test_cpu_matmul_goes_to_blas_with_fused_epilogue(cpu):
+    from tgrad import emit_numba
+
+    a, b = Tensor.rand(64, 48), Tensor.rand(48, 80)
+    (item,) = kernels((a @ b).relu() * 2)
+    plan = emit_numba.blas_plan(item.kernel)
+    assert plan is not None and plan.epilogue is not None
+    np.testing.assert_allclose(((a @ b).relu() * 2).numpy(), np.maximum(a.numpy() @ b.numpy(), 0) * 2, rtol=1e-5)
+    # strided and flipped operands, batched
+    x, y = Tensor.rand(3, 40, 64), Tensor.rand(64, 3, 50)
+    out = x[:, ::-1] @ y.permute(1, 0, 2)
+    assert emit_numba.blas_plan(kernels(out)[0].kernel) is not None
+    ref = x.numpy()[:, ::-1] @ y.numpy().transpose(1, 0, 2)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)

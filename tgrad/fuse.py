@@ -115,14 +115,14 @@ def _bounds(e: Expr) -> tuple[float, float]:
 # index arithmetic with the simplifications that make views cheap
 
 
-def _terms(e: Expr) -> list[tuple[int, Expr | None]]:
+def linear_terms(e: Expr) -> list[tuple[int, Expr | None]]:
     """e as a sum of coef*atom terms (atom None for the constant term)."""
     if e.op == "ADD":
-        return _terms(e.srcs[0]) + _terms(e.srcs[1])
+        return linear_terms(e.srcs[0]) + linear_terms(e.srcs[1])
     if e.op == "CONST":
         return [(e.arg, None)]
     if e.op == "MUL" and is_const(e.srcs[1]):
-        return [(c * e.srcs[1].arg, a) for c, a in _terms(e.srcs[0])]
+        return [(c * e.srcs[1].arg, a) for c, a in linear_terms(e.srcs[0])]
     return [(1, e)]
 
 
@@ -143,17 +143,17 @@ def _from_terms(terms: list[tuple[int, Expr | None]]) -> Expr:
 
 
 def iadd(a: Expr, b: Expr) -> Expr:
-    return _from_terms(_terms(a) + _terms(b))
+    return _from_terms(linear_terms(a) + linear_terms(b))
 
 
 def imul(a: Expr, c: int) -> Expr:
-    return _from_terms([(k * c, t) for k, t in _terms(a)])
+    return _from_terms([(k * c, t) for k, t in linear_terms(a)])
 
 
 def idiv(a: Expr, c: int) -> Expr:
     if c == 1:
         return a
-    terms = _terms(a)
+    terms = linear_terms(a)
     whole = [(k // c, t) for k, t in terms if k % c == 0]
     rest = [(k, t) for k, t in terms if k % c != 0]
     rest_e = _from_terms(rest)
@@ -170,7 +170,7 @@ def imod(a: Expr, c: int) -> Expr:
         return const(0, IDX_DT)
     if a.vmin < 0:
         return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
-    rest = _from_terms([(k, t) for k, t in _terms(a) if k % c != 0])
+    rest = _from_terms([(k, t) for k, t in linear_terms(a) if k % c != 0])
     if rest.vmin >= 0 and rest.vmax < c:
         return rest
     return Expr("MOD", (rest, const(c, IDX_DT)), None, IDX_DT)
@@ -378,9 +378,9 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
             # a reduce seen through a movement op (expand-after-reduce...) is its own kernel
             grow.update(n for n in reduces if body[n] and n is not r)
             top = _top_reduces(r, realize)
-            if len(top) > 1:        # two independent reduces: both become kernels, r combines them
+            if len(top) > 1:  # two independent reduces: both become kernels, r combines them
                 grow.update(top)
-            else:                   # one kernel holds one reduce: those under it become kernels
+            else:  # one kernel holds one reduce: those under it become kernels
                 grow.update(n for n in reduces if n not in top)
         grow.update(n for n, k in seen_in.items() if k > 1)
         grow -= realize
@@ -492,8 +492,10 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
         if st:
             out_index = iadd(out_index, imul(i, st))
     if red is not None and root.shape != red.shape:
-        root_idx = tuple(imod(idx_div(out_index, st), s) if s != 1 else const(0, IDX_DT)
-                         for s, st in zip(root.shape, _row_major(root.shape)))
+        root_idx = tuple(
+            imod(idx_div(out_index, st), s) if s != 1 else const(0, IDX_DT)
+            for s, st in zip(root.shape, _row_major(root.shape))
+        )
     else:
         root_idx = out_idx
     expr = lw.lower(root, (), root_idx)

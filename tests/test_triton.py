@@ -236,7 +236,7 @@ def test_no_gpu_without_interpreter_names_the_fix(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(DeviceError) as err:
         et.CUDADevice()
-    assert str(err.value) == (
+    assert str(err.value).startswith(
         "CUDA device: no GPU found; set TRITON_INTERPRET=1 to run Triton kernels on the CPU"
     )
 

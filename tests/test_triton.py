@@ -220,8 +220,17 @@ def test_ragged_elementwise_small_blocks(tdev):
 
 def test_matmul(tdev):
     a, b = A537[:, :20], RNG.uniform(-1, 1, (20, 9)).astype(np.float32)
+    k = kernels(T(a) @ T(b))[0]
+    assert "tl.dot(" in et.render(k, blocks=et.choose_blocks(k, noopt=False))
+    assert "tl.dot(" not in et.render(k, blocks=et.choose_blocks(k, noopt=True))
     np.testing.assert_allclose(run(tdev, T(a) @ T(b)), a @ b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run(tdev, T(a) @ T(b), SMALL), a @ b, rtol=1e-5, atol=1e-5)
+    dot = et.Blocks(16, 16, 4, 16)  # tiles smaller than the matrices: several programs, a K loop
+    x = RNG.uniform(-1, 1, (2, 37, 40)).astype(np.float32)
+    y = RNG.uniform(-1, 1, (40, 19)).astype(np.float32)
+    got = run(tdev, (T(x) @ T(y)).relu(), dot)
+    np.testing.assert_allclose(got, np.maximum(x @ y, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run(tdev, T(y).T @ T(x[0]).T, dot), y.T @ x[0].T, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -267,6 +276,8 @@ def test_kernels_compile_for_nvidia_and_amd_targets():
         T(A537).pad(((1, 0), (2, 2))).max(1),  # masked loads, nan-propagating max
         (T(A537) > 0).any(1),  # bool reduce
         T(A537[:, :16] + 1).prod(1),  # the halving tree
+        (T(A537) @ T(A537.T)).relu(),  # tl.dot with an epilogue
+        T(A537.astype(np.float16)) @ T(A537.T.astype(np.float16)),  # float16 tl.dot
     ]
     for t in outs:
         for k in kernels(t):

@@ -96,12 +96,44 @@ def interpreting() -> bool:
 
 @dataclass(frozen=True)
 class Blocks:
-    block_g: int  # outputs per program (a power of two)
-    block_r: int  # reduce elements per loop step (a power of two; 1 for elementwise kernels)
+    block_g: int  # outputs per program (a power of two); BLOCK_M of a tl.dot kernel
+    block_r: int  # reduce elements per loop step (1 for elementwise kernels); BLOCK_K of a tl.dot kernel
     num_warps: int = 4
+    block_n: int = 0  # BLOCK_N of a tl.dot kernel; 0 for the other kernels
 
     def grid(self, kernel: Kernel) -> int:
+        if self.block_n:
+            _, _, m_axis, n_axis = find_dot(kernel)
+            m, n = kernel.shape[m_axis], kernel.shape[n_axis]
+            batch = math.prod(kernel.global_shape) // (m * n)
+            return batch * -(-m // self.block_g) * -(-n // self.block_n)
         return max(1, -(-math.prod(kernel.global_shape) // self.block_g))
+
+
+def _axes(e: Expr) -> set[int]:
+    if e.op == "IDX":
+        return {e.arg[0]}
+    return set().union(*(_axes(s) for s in e.srcs)) if e.srcs else set()
+
+
+def find_dot(kernel: Kernel) -> tuple[Expr, Expr, int, int] | None:
+    """(A load, B load, M axis, N axis) when the kernel is matmul-shaped: a SUM over one axis K of
+    LOAD_A * LOAD_B (float32 or float16, no masks), where M is the innermost global axis only A uses,
+    N the innermost one only B uses, and every other global axis is a batch axis (one per program)."""
+    e = kernel.reduce_expr
+    if kernel.reduce_op != "SUM" or len(kernel.reduce_shape) != 1 or e is None or e.op != "MUL":
+        return None
+    x, y = e.srcs
+    if e.dtype not in (dtypes.float32, dtypes.float16):
+        return None
+    if any(s.op != "LOAD" or not (s.srcs[1].op == "CONST" and s.srcs[1].arg is True) for s in (x, y)):
+        return None
+    k = kernel.n_global
+    ax, ay = _axes(x.srcs[0]), _axes(y.srcs[0])
+    only_x, only_y = ax - ay - {k}, ay - ax - {k}
+    if k not in ax or k not in ay or not only_x or not only_y:
+        return None
+    return x, y, max(only_x), max(only_y)
 
 
 def next_pow2(n: int) -> int:
@@ -119,6 +151,11 @@ def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | N
         return Blocks(block_g, 1, 8 if block_g >= 4096 else 4)
     if noopt:
         return Blocks(1, min(next_pow2(r), tile // 16), 4)
+    dot = find_dot(kernel)
+    if dot is not None:  # tl.dot needs every tile side >= 16
+        side = 128 if interpret else 64
+        m, n = (max(16, min(side, next_pow2(kernel.shape[a]))) for a in dot[2:])
+        return Blocks(m, max(16, min(side if interpret else 32, next_pow2(r))), 4, n)
     block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
     block_g = min(next_pow2(g), tile // block_r)
     return Blocks(block_g, block_r, 8 if block_g * block_r >= 4096 else 4)
@@ -390,7 +427,6 @@ class _Renderer:
         wide = ".to(tl.int64)" if self.bits == 64 else ""
         col = "[:, None]" if self.two_d else ""
         ragged_g = g_total % b.block_g != 0
-        args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
         body = [f"g = tl.program_id(0){wide} * {b.block_g} + tl.arange(0, {b.block_g}){col}"]
         if ragged_g:
             body += [f"g_ok = g < {g_total}", "g = tl.where(g_ok, g, 0)"]
@@ -406,8 +442,11 @@ class _Renderer:
         ptr = f"out + {store_index}" + self.broadcast(self.deps(k.out_index), frozenset("g"))
         mask = ", mask=g_ok" if ragged_g else ""
         body += self.top + red_lines + self.post + [f"tl.store({ptr}, {value}{mask})"]
-        lines = ["@triton.jit", f"def {fname}({args}):"] + ["    " + s for s in body]
+        lines = ["@triton.jit", f"def {fname}({self.args()}):"] + ["    " + s for s in body]
         return "\n".join(lines) + "\n"
+
+    def args(self) -> str:
+        return ", ".join(["out"] + [f"in{i}" for i in range(len(self.k.in_dtypes))])
 
     def render_reduce(self, n: int, r_total: int, wide: str) -> list[str]:
         k, b = self.k, self.b
@@ -471,10 +510,82 @@ class _Renderer:
         return lines + [f"acc = {text}"]
 
 
+class _DotRenderer(_Renderer):
+    """A matmul-shaped kernel (see find_dot): each program computes a [BLOCK_M, BLOCK_N] tile of the
+    output with tl.dot over [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles of A and B (IEEE float32
+    products: no TF32), then the elementwise epilogue on the tile."""
+
+    def render(self, fname: str) -> str:
+        k, b = self.k, self.b
+        dot = find_dot(k)
+        if dot is None:
+            raise KernelError(f"kernel {k.name} is not matmul-shaped; it cannot take tl.dot blocks {b}")
+        a_load, b_load, m_axis, n_axis = dot
+        k_axis = self.ng
+        m, n, r = k.shape[m_axis], k.shape[n_axis], k.shape[k_axis]
+        tiles_m, tiles_n = -(-m // b.block_g), -(-n // b.block_n)
+        batch = [a for a in range(self.ng) if a not in (m_axis, n_axis)]
+        wide = ".to(tl.int64)" if self.bits == 64 else ""
+        body = [f"pid = tl.program_id(0){wide}", f"pid_m = pid // {tiles_n} % {tiles_m}"]
+        body += [f"pid_n = pid % {tiles_n}"]
+        if batch:  # the batch axes, from the flat batch number
+            body.append(f"bat = pid // {tiles_m * tiles_n}")
+            sizes = [k.shape[a] for a in batch]
+            for j, a in enumerate(batch):
+                stride = math.prod(sizes[j + 1 :])
+                text = "bat" if stride == 1 else f"bat // {stride}"
+                body.append(f"i{a} = {text} % {sizes[j]}" if j else f"i{a} = {text}")
+        oks = []
+        sides = (("m", m, b.block_g, "[:, None]", m_axis), ("n", n, b.block_n, "[None, :]", n_axis))
+        for name, size, block, shape, axis in sides:
+            body.append(f"{name} = pid_{name} * {block} + tl.arange(0, {block}){shape}")
+            if size % block:
+                body += [f"{name}_ok = {name} < {size}", f"{name} = tl.where({name}_ok, {name}, 0)"]
+                oks.append(f"{name}_ok")
+            body.append(f"i{axis} = {name}")
+        body.append("g = m * 0 + n * 0  # zeros shaped like the output tile")
+        if oks:
+            body.append(f"g_ok = {' & '.join(oks)}")
+        looped = r > b.block_r
+        ragged = r % b.block_r != 0
+        step = [f"kk = {'k0 + ' if looped else ''}tl.arange(0, {b.block_r})"]
+        tiles = []
+        a_names = {m_axis: "m", k_axis: "kk[None, :]"}
+        for load, names in ((a_load, a_names), (b_load, {n_axis: "n", k_axis: "kk[:, None]"})):
+            ptr = f"in{load.arg} + {self.index_text(load.srcs[0], names)}"
+            mask = f", mask={names[k_axis]} < {r}, other=0" if ragged else ""
+            tiles.append(f"tl.load({ptr}{mask})")
+        step += [f"a = {tiles[0]}", f"b = {tiles[1]}", 'acc = tl.dot(a, b, acc, input_precision="ieee")']
+        lines = [f"acc = tl.zeros([{b.block_g}, {b.block_n}], tl.float32)"]
+        if looped:
+            lines += [f"for k0 in range(0, {r}, {b.block_r}):"] + ["    " + s for s in step]
+        else:
+            lines += step
+        if k.reduce_expr.dtype != dtypes.float32:
+            lines.append(f"acc = acc.to({tl_type(k.reduce_expr.dtype)})")
+        store_index = self.ref(k.out_index, True)
+        value = self.ref(k.expr)
+        ptr = f"out + {store_index}" + self.broadcast(self.deps(k.out_index), frozenset("g"))
+        mask = ", mask=g_ok" if oks else ""
+        body += self.top + lines + self.post + [f"tl.store({ptr}, {value}{mask})"]
+        lines = ["@triton.jit", f"def {fname}({self.args()}):"] + ["    " + s for s in body]
+        return "\n".join(lines) + "\n"
+
+    def index_text(self, e: Expr, names: dict[int, str]) -> str:
+        """Inline source of pure index arithmetic, with some loop indices renamed."""
+        if e.op == "IDX":
+            return names.get(e.arg[0], f"i{e.arg[0]}")
+        if e.op == "CONST":
+            return _fmt_value(e.arg, e.dtype)
+        srcs = [self.index_text(s, names) for s in e.srcs]
+        return code_for_op[e.op](e.dtype, *srcs)
+
+
 def render(kernel: Kernel, fname: str | None = None, blocks: Blocks | None = None) -> str:
     """Triton source (without the header) of one kernel as a `@triton.jit` function."""
     blocks = blocks or choose_blocks(kernel)
-    return _Renderer(kernel, blocks).render(fname or kernel.name)
+    renderer = _DotRenderer if blocks.block_n else _Renderer
+    return renderer(kernel, blocks).render(fname or kernel.name)
 
 
 # ---------------------------------------------------------------------------------------------------

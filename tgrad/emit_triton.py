@@ -526,8 +526,9 @@ class _DotRenderer(_Renderer):
         tiles_m, tiles_n = -(-m // b.block_g), -(-n // b.block_n)
         batch = [a for a in range(self.ng) if a not in (m_axis, n_axis)]
         wide = ".to(tl.int64)" if self.bits == 64 else ""
-        body = [f"pid = tl.program_id(0){wide}", f"pid_m = pid // {tiles_n} % {tiles_m}"]
-        body += [f"pid_n = pid % {tiles_n}"]
+        body = [f"pid = tl.program_id(0){wide}"]
+        body.append(f"pid_m = pid // {tiles_n} % {tiles_m}" if tiles_m > 1 else "pid_m = 0")
+        body.append(f"pid_n = pid % {tiles_n}" if tiles_n > 1 else "pid_n = 0")
         if batch:  # the batch axes, from the flat batch number
             body.append(f"bat = pid // {tiles_m * tiles_n}")
             sizes = [k.shape[a] for a in batch]

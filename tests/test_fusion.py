@@ -106,3 +106,13 @@ def test_cpu_matmul_goes_to_blas_with_fused_epilogue(cpu):
     assert emit_numba.blas_plan(kernels(out)[0].kernel) is not None
     ref = x.numpy()[:, ::-1] @ y.numpy().transpose(1, 0, 2)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_large_full_reduction_is_split_across_threads(cpu):
+    from tgrad import emit_numba
+
+    x = Tensor.rand(1 << 20)
+    (item,) = kernels((x * 2).sum())
+    assert "prange" in emit_numba.render(item.kernel)
+    np.testing.assert_allclose((x * 2).sum().item(), (x.numpy().astype(np.float64) * 2).sum(), rtol=1e-4)
+    np.testing.assert_allclose(x.max().item(), x.numpy().max())

@@ -45,6 +45,10 @@ TREE_WORKGROUP = 256
 TREE_MIN_REDUCE = 256  # reduce length from which a tree reduction is used ...
 TREE_MAX_OUTPUTS = 8192  # ... when there are at most this many outputs
 
+# float16 computes in f32 and is rounded to half precision after each of these ops (as numpy does)
+F16_ROUNDED = {"ADD", "SUB", "MUL", "MAX", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "IDIV", "MOD"}
+# Vulkan's GLSL.std.450 has these for 16/32-bit floats only: float64 computes them in f32
+F32_ONLY = {"EXP2", "LOG2", "SIN"}
 PACKED = {dtypes.bool: 4, dtypes.uint8: 4, dtypes.int8: 4, dtypes.int16: 2, dtypes.float16: 2}
 SMALL_INT_BITS = {dtypes.uint8: 8, dtypes.int8: 8, dtypes.int16: 16}
 
@@ -308,6 +312,10 @@ class _Renderer:
             srcs = [self.ref(s, idx) for s in e.srcs]
             operand_ty = self.t.type(e.srcs[-1].dtype, idx)
             text = code_for_op[e.op](e.dtype, operand_ty, *srcs)
+            if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
+                text = f"f16round({text})"
+            elif e.dtype == dtypes.float64 and e.op in F32_ONLY:
+                text = code_for_op[e.op](dtypes.float32, "f32", f"f32({srcs[0]})").join(("f64(", ")"))
         name = self.names[(e, idx)] = f"v{self.count}"
         self.count += 1
         stmt = f"let {name} = {text};"
@@ -398,7 +406,7 @@ class _Renderer:
                 indent += "  "
                 body += [indent + s for s in self.levels[depth + 1]]
             body += [f"{indent}acc = {self.combine('acc', val)};"]
-            for depth in range(n - 1, ng - 1, -1):
+            for _ in range(ng, n):
                 indent = indent[:-2]
                 body += [f"{indent}}}"]
             body += self.post + store
@@ -508,6 +516,7 @@ class WebGPUDevice(Device):
         self.limits = {k: limits[k] for k in keep}
         self.pipelines: dict[str, tuple] = {}
         self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        self.fence = self.device.create_buffer(size=4, usage=self.usage)
 
     # buffers
 
@@ -543,7 +552,7 @@ class WebGPUDevice(Device):
         return np.frombuffer(raw, dtype=storage, count=buf.size).astype(buf.dtype.np, copy=True)
 
     def synchronize(self) -> None:
-        self.device.queue.on_submitted_work_done_sync()
+        self.device.queue.read_buffer(self.fence)  # a read waits for all submitted work
 
     # programs
 

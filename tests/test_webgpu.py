@@ -166,8 +166,13 @@ def test_assign_reading_its_own_target(webgpu):
 def test_float64_native_math(webgpu):
     if not webgpu.target.float64:
         pytest.skip("adapter has no shader-f64")
-    x = np.linspace(-3, 3, 11)
-    np.testing.assert_allclose((Tensor(x, device="WEBGPU") * 1.5 + 1).numpy(), x * 1.5 + 1, rtol=1e-15)
+    x = np.concatenate([np.linspace(-40, 40, 301), [1e-300, 5e-324, 1023.5, -1074, np.inf, -np.inf, np.nan]])
+    t = Tensor(x, device="WEBGPU")
+    np.testing.assert_allclose((t * 1.5 + 1).numpy(), x * 1.5 + 1, rtol=1e-15)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(t.exp2().numpy(), np.exp2(x), rtol=1e-14, equal_nan=True)
+        np.testing.assert_allclose(t.log2().numpy(), np.log2(x), rtol=1e-14, equal_nan=True)
+        np.testing.assert_allclose(t.sin().numpy(), np.sin(x), rtol=1e-12, atol=1e-15, equal_nan=True)
 
 
 def test_debug4_prints_wgsl(webgpu, monkeypatch, capsys):

@@ -47,8 +47,8 @@ TREE_MAX_OUTPUTS = 8192  # ... when there are at most this many outputs
 
 # float16 computes in f32 and is rounded to half precision after each of these ops (as numpy does)
 F16_ROUNDED = {"ADD", "SUB", "MUL", "MAX", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "IDIV", "MOD"}
-# Vulkan's GLSL.std.450 has these for 16/32-bit floats only: float64 computes them in f32
-F32_ONLY = {"EXP2", "LOG2", "SIN"}
+# Vulkan's GLSL.std.450 has these for 16/32-bit floats only: float64 uses the helpers in HELPERS_F64
+F64_MATH = {"EXP2": "exp2_64", "LOG2": "log2_64", "SIN": "sin64"}
 PACKED = {dtypes.bool: 4, dtypes.uint8: 4, dtypes.int8: 4, dtypes.int16: 2, dtypes.float16: 2}
 SMALL_INT_BITS = {dtypes.uint8: 8, dtypes.int8: 8, dtypes.int16: 16}
 
@@ -65,10 +65,65 @@ fn f16bits(x: f32) -> u32 {
 fn f16round(x: f32) -> f32 { return unpack2x16float(f16bits(x)).x; }
 """
 
-HELPERS_F64 = """fn nan64(x: f64) -> bool {
+def _horner(coefs: list[float], var: str) -> str:
+    """c0 + var * (c1 + var * (c2 + ...)) as f64 WGSL."""
+    text = f"{coefs[-1]!r}lf"
+    for c in reversed(coefs[:-1]):
+        text = f"{c!r}lf + {var} * ({text})"
+    return text
+
+
+# Taylor series: exp on |t| <= ln(2)/2, sin and cos on |r| <= pi/4, log(m) = 2 atanh(s) on |s| <= 0.172
+EXP_POLY = _horner([1 / math.factorial(k) for k in range(14)], "t")
+SIN_POLY = _horner([(-1) ** k / math.factorial(2 * k + 1) for k in range(10)], "r2")
+COS_POLY = _horner([(-1) ** k / math.factorial(2 * k) for k in range(10)], "r2")
+LOG_POLY = _horner([1 / (2 * k + 1) for k in range(12)], "s2")
+
+# float64 helpers; exp2_64, log2_64 and sin64 are accurate to a few ulp (sin64 for |x| < 1e15)
+HELPERS_F64 = f"""fn nan64(x: f64) -> bool {{
   return (bitcast<u64>(x) & 0x7ffffffffffffffflu) > 0x7ff0000000000000lu;
-}
-fn max64(a: f64, b: f64) -> f64 { return select(select(max(a, b), b, nan64(b)), a, nan64(a)); }
+}}
+fn max64(a: f64, b: f64) -> f64 {{ return select(select(max(a, b), b, nan64(b)), a, nan64(a)); }}
+fn pow2_64(n: i32) -> f64 {{ return bitcast<f64>(u64(n + 1023) << 52u); }}
+fn exp2_64(x: f64) -> f64 {{
+  if (nan64(x)) {{ return x; }}
+  if (x >= 1024.0lf) {{ return bitcast<f64>(0x7ff0000000000000lu); }}
+  if (x < -1080.0lf) {{ return 0.0lf; }}
+  let n = floor(x + 0.5lf);
+  let t = (x - n) * 0.6931471805599453lf;
+  let p = {EXP_POLY};
+  let k = i32(n);
+  return p * pow2_64(k / 2) * pow2_64(k - k / 2);
+}}
+fn log2_64(x0: f64) -> f64 {{
+  if (nan64(x0) || x0 < 0.0lf) {{ return bitcast<f64>(0x7ff8000000000000lu); }}
+  if (x0 == 0.0lf) {{ return bitcast<f64>(0xfff0000000000000lu); }}
+  if (bitcast<u64>(x0) == 0x7ff0000000000000lu) {{ return x0; }}
+  var x = x0;
+  var e = 0;
+  if (bitcast<u64>(x) < 0x0010000000000000lu) {{ x = x * 18014398509481984.0lf; e = -54; }}
+  let b = bitcast<u64>(x);
+  e = e + i32((b >> 52u) & 0x7fflu) - 1023;
+  var m = bitcast<f64>((b & 0x000fffffffffffffflu) | 0x3ff0000000000000lu);
+  if (m > 1.4142135623730951lf) {{ m = m * 0.5lf; e = e + 1; }}
+  let s = (m - 1.0lf) / (m + 1.0lf);
+  let s2 = s * s;
+  let ln = 2.0lf * s * ({LOG_POLY});
+  return f64(e) + ln * 1.4426950408889634lf;
+}}
+fn sin64(x: f64) -> f64 {{
+  if (nan64(x) || (bitcast<u64>(x) & 0x7ffffffffffffffflu) == 0x7ff0000000000000lu) {{
+    return bitcast<f64>(0x7ff8000000000000lu);
+  }}
+  let k = floor(x * 0.6366197723675814lf + 0.5lf);
+  let r = ((x - k * 1.5707963267341256lf) - k * 6.077100506303966e-11lf) - k * 2.0222662487111665e-21lf;
+  let r2 = r * r;
+  let q = i32(k - 4.0lf * floor(k * 0.25lf));
+  let sn = r * ({SIN_POLY});
+  let cs = {COS_POLY};
+  let v = select(sn, cs, (q & 1) == 1);
+  return select(v, -v, q >= 2);
+}}
 """
 
 
@@ -314,8 +369,8 @@ class _Renderer:
             text = code_for_op[e.op](e.dtype, operand_ty, *srcs)
             if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
                 text = f"f16round({text})"
-            elif e.dtype == dtypes.float64 and e.op in F32_ONLY:
-                text = code_for_op[e.op](dtypes.float32, "f32", f"f32({srcs[0]})").join(("f64(", ")"))
+            elif e.dtype == dtypes.float64 and e.op in F64_MATH:
+                text = f"{F64_MATH[e.op]}({srcs[0]})"
         name = self.names[(e, idx)] = f"v{self.count}"
         self.count += 1
         stmt = f"let {name} = {text};"

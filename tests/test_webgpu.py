@@ -188,3 +188,11 @@ def test_no_adapter_names_the_package(monkeypatch):
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
     with pytest.raises(DeviceError, match="mesa-vulkan-drivers"):
         WebGPUDevice()
+
+
+def test_nan_inf_survive_zero_folding(webgpu):
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, 1.5], np.float32)
+    t = Tensor(x, device="WEBGPU")
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal((t * 0).numpy(), x * 0)
+        np.testing.assert_array_equal((t - t).numpy(), x - x)

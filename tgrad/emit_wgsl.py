@@ -38,7 +38,7 @@ import numpy as np
 from tgrad.device import Buffer, Device, Program
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
-from tgrad.fuse import Expr, Kernel, reduce_identity
+from tgrad.fuse import Expr, Kernel, is_const, reduce_identity
 
 WORKGROUP = 64
 TREE_WORKGROUP = 256
@@ -53,6 +53,7 @@ PACKED = {dtypes.bool: 4, dtypes.uint8: 4, dtypes.int8: 4, dtypes.int16: 2, dtyp
 SMALL_INT_BITS = {dtypes.uint8: 8, dtypes.int8: 8, dtypes.int16: 16}
 
 HELPERS_F32 = """fn nan32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn finite32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) < 0x7f800000u; }
 fn max32(a: f32, b: f32) -> f32 { return select(select(max(a, b), b, nan32(b)), a, nan32(a)); }
 fn f16bits(x: f32) -> u32 {
   let b = bitcast<u32>(x);
@@ -83,6 +84,7 @@ LOG_POLY = _horner([1 / (2 * k + 1) for k in range(12)], "s2")
 HELPERS_F64 = f"""fn nan64(x: f64) -> bool {{
   return (bitcast<u64>(x) & 0x7ffffffffffffffflu) > 0x7ff0000000000000lu;
 }}
+fn finite64(x: f64) -> bool {{ return (bitcast<u64>(x) & 0x7ffffffffffffffflu) < 0x7ff0000000000000lu; }}
 fn max64(a: f64, b: f64) -> f64 {{ return select(select(max(a, b), b, nan64(b)), a, nan64(a)); }}
 fn pow2_64(n: i32) -> f64 {{ return bitcast<f64>(u64(n + 1023) << 52u); }}
 fn exp2_64(x: f64) -> f64 {{
@@ -303,6 +305,13 @@ def _store(dtype: DType, j: str, value: str) -> list[str]:
     ]
 
 
+def _folds_to_zero(e: Expr) -> bool:
+    """x * 0 and x - x: Mesa folds these to 0 (drivers may assume no NaN or inf), so they are written out."""
+    if e.op == "MUL":
+        return is_const(e.srcs[0], 0) or is_const(e.srcs[1], 0)
+    return e.op == "SUB" and e.srcs[0] == e.srcs[1]
+
+
 def use_tree(kernel: Kernel) -> bool:
     """The rule for a workgroup-memory tree reduction: a long reduce and few outputs."""
     if kernel.reduce_expr is None:
@@ -367,6 +376,10 @@ class _Renderer:
             srcs = [self.ref(s, idx) for s in e.srcs]
             operand_ty = self.t.type(e.srcs[-1].dtype, idx)
             text = code_for_op[e.op](e.dtype, operand_ty, *srcs)
+            if operand_ty in ("f32", "f64") and _folds_to_zero(e):
+                x = srcs[1] if e.op == "MUL" and is_const(e.srcs[0], 0) else srcs[0]
+                zero, nan = render_const(0, e.dtype, ty), render_const(math.nan, e.dtype, ty)
+                text = f"select({zero}, {nan}, !finite{operand_ty[1:]}({x}))"
             if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
                 text = f"f16round({text})"
             elif e.dtype == dtypes.float64 and e.op in F64_MATH:

@@ -327,8 +327,13 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
         for s in n.srcs:
             users[s].append(n)
     realize = set(roots)
+    # a reduce result, or elementwise work on one, seen through a movement op (expand-after-reduce)
+    carries_reduce: set[Node] = set()
     for n in nodes:
-        if n.op is Op.REDUCE and any(u.op in MOVEMENT for u in users[n]):
+        if n.op is Op.REDUCE or (n.op in ALU and any(s in carries_reduce for s in n.srcs)):
+            carries_reduce.add(n)
+    for n in nodes:
+        if n in carries_reduce and any(u.op in MOVEMENT for u in users[n]):
             realize.add(n)
         if n.op is Op.ASSIGN:
             realize.add(n)

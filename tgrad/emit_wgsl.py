@@ -592,8 +592,17 @@ class WebGPUDevice(Device):
         raw = size * self.target.itemsize(dtype)
         return max(4, -(-raw // 4) * 4)
 
+    def _fits(self, nbytes: int) -> None:
+        limit = self.limits["max-storage-buffer-binding-size"]
+        if nbytes > limit:
+            raise DeviceError(
+                f"a {nbytes}-byte buffer is larger than this WEBGPU adapter binds ({limit} bytes); "
+                "split the tensor or use another device"
+            )
+
     def alloc(self, size: int, dtype: DType) -> Buffer:
         self.target.check(dtype)
+        self._fits(self.nbytes(size, dtype))
         handle = self.device.create_buffer(size=self.nbytes(size, dtype), usage=self.usage)
         return WebGPUBuffer(self.name, size, dtype, handle)
 
@@ -611,6 +620,7 @@ class WebGPUDevice(Device):
             flat = flat.astype(np.int32)
         raw = flat.tobytes()
         raw += bytes(self.nbytes(flat.size, dtype) - len(raw))
+        self._fits(len(raw))
         handle = self.device.create_buffer_with_data(data=raw, usage=self.usage)
         return WebGPUBuffer(self.name, flat.size, dtype, handle)
 

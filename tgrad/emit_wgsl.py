@@ -138,8 +138,8 @@ class Target:
     def check(self, dtype: DType) -> None:
         if dtype == dtypes.float64 and not self.float64:
             raise DTypeError(
-                "float64 is not available on this WEBGPU adapter (it lacks the shader-f64 and "
-                "shader-int64 features); cast the tensor to float32 first: t.cast(dtypes.float32)"
+                "float64 on WEBGPU needs the adapter features shader-f64 and shader-int64 (this adapter "
+                "lacks one, or WEBGPU_INT64=0 is set); cast the tensor to float32: t.cast(dtypes.float32)"
             )
 
     def type(self, dtype: DType, idx: bool = False) -> str:

@@ -15,11 +15,13 @@ Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage:
   word with `atomicAnd` + `atomicOr` on the word, so neighbouring invocations never lose each other's
   writes. Small integers compute in 32 bits and wrap back to their width after every arithmetic op.
 - float16 computes in f32 (as on the CPU device), rounded to half precision by CAST and by the store.
-- int64 and float64: wgpu (native) offers `shader-int64` / `shader-f64` where the driver has them
-  (Mesa's lavapipe does), and then they are `i64` / `f64`. Without `shader-int64`, int64 tensors are
-  kept as int32 on the device: uploads outside the int32 range raise a DTypeError, and arithmetic wraps
-  at 32 bits. Without `shader-f64` (and `shader-int64`) a float64 tensor raises a DTypeError asking for
-  a cast to float32.
+- int64 is held as int32 on the device (the rule): uploads outside the int32 range raise a DTypeError,
+  constants outside it too, and arithmetic wraps at 32 bits; downloads widen back to int64. WGSL has
+  no 64-bit integers; wgpu-native's `shader-int64` offers `i64` (WEBGPU_INT64=1 uses it), but Mesa
+  22.3's lavapipe miscompiles `i64(x) < 5li`, so it is off by default.
+- float64 is `f64` where the adapter has `shader-f64` and `shader-int64` (lavapipe has both; exp2, log2
+  and sin are WGSL functions here, as Vulkan has them for 32-bit floats only). Elsewhere a float64
+  tensor raises a DTypeError asking for a cast to float32.
 - Index expressions (int64 in the Kernel) are rendered as i32: buffers are far below 2**31 elements.
 
 Floats: WGSL lets drivers assume there are no NaNs, so NaN tests look at the bits, comparisons are
@@ -130,16 +132,17 @@ fn sin64(x: f64) -> f64 {{
 
 
 class Target:
-    """What the adapter offers: native 64-bit integer and float types."""
+    """How 64-bit types are rendered. int64: as WGSL i64 (else as i32); float64: as f64 (needs the
+    adapter's shader-f64, and shader-int64 for the u64 bit tests in HELPERS_F64)."""
 
-    def __init__(self, int64: bool = True, float64: bool = True):
-        self.int64, self.float64 = int64, float64 and int64
+    def __init__(self, int64: bool = False, float64: bool = True):
+        self.int64, self.float64 = int64, float64
 
     def check(self, dtype: DType) -> None:
         if dtype == dtypes.float64 and not self.float64:
             raise DTypeError(
                 "float64 on WEBGPU needs the adapter features shader-f64 and shader-int64 (this adapter "
-                "lacks one, or WEBGPU_INT64=0 is set); cast the tensor to float32: t.cast(dtypes.float32)"
+                "lacks one); cast the tensor to float32: t.cast(dtypes.float32)"
             )
 
     def type(self, dtype: DType, idx: bool = False) -> str:
@@ -544,8 +547,9 @@ class WebGPUDevice(Device):
     name = "WEBGPU"
 
     def __init__(self, int64: bool | None = None):
-        """int64: use the adapter's native 64-bit types (default: where it has shader-int64; the
-        environment variable WEBGPU_INT64=0 forces the int32 emulation)."""
+        """int64: compute int64 as WGSL i64 where the adapter has shader-int64 (default: no, int64 is
+        held as int32; WEBGPU_INT64=1 turns it on). Mesa 22.3's lavapipe miscompiles i64 comparisons
+        of converted 32-bit values with constants, so the default is the int32 rule."""
         super().__init__()
         try:
             import wgpu
@@ -565,8 +569,9 @@ class WebGPUDevice(Device):
             raise DeviceError(NO_ADAPTER)
         features = set(adapter.features)
         if int64 is None:
-            int64 = os.environ.get("WEBGPU_INT64", "1") != "0"
-        self.target = Target(int64 and "shader-int64" in features, "shader-f64" in features)
+            int64 = os.environ.get("WEBGPU_INT64", "0") == "1"
+        has64 = "shader-int64" in features
+        self.target = Target(int64 and has64, "shader-f64" in features and has64)
         wanted = [f for f in ("shader-int64", "shader-f64") if f in features]
         limits = adapter.limits
         keep = (

@@ -523,7 +523,11 @@ def _private_runtime_dir() -> None:
     current = os.environ.get("XDG_RUNTIME_DIR")
     if current and os.path.isdir(current) and os.access(current, os.W_OK):
         return
-    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tgrad-xdg-")  # mkdtemp makes it mode 700
+    path = os.path.join(tempfile.gettempdir(), f"tgrad-xdg-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.stat(path).st_uid == os.getuid():
+        os.chmod(path, 0o700)
+        os.environ["XDG_RUNTIME_DIR"] = path
 
 
 class WebGPUBuffer(Buffer):

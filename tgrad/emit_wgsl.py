@@ -14,7 +14,8 @@ Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage:
   endian, exactly as numpy lays them out). Loads extract and sign-extend; stores write one byte or half
   word with `atomicAnd` + `atomicOr` on the word, so neighbouring invocations never lose each other's
   writes. Small integers compute in 32 bits and wrap back to their width after every arithmetic op.
-- float16 computes in f32 (as on the CPU device), rounded to half precision by CAST and by the store.
+- float16 computes in f32, rounded to half precision after each arithmetic op, by CAST and by the store
+  (helpers f16round / f16bits; no adapter feature needed, so `shader-f16` is not used).
 - int64 is held as int32 on the device (the rule): uploads outside the int32 range raise a DTypeError,
   constants outside it too, and arithmetic wraps at 32 bits; downloads widen back to int64. WGSL has
   no 64-bit integers; wgpu-native's `shader-int64` offers `i64` (WEBGPU_INT64=1 uses it), but Mesa
@@ -186,8 +187,8 @@ def render_const(value, dtype: DType, ty: str) -> str:
     bits = 64 if ty == "i64" else 32
     if not -(1 << (bits - 1)) <= v < (1 << (bits - 1)):
         raise DTypeError(
-            f"the int64 constant {v} does not fit the int32 that holds int64 on this WEBGPU adapter "
-            "(no shader-int64); use values within +-2**31 or another device"
+            f"the int64 constant {v} does not fit the int32 that holds int64 on WEBGPU; use values "
+            "within +-2**31, or another device"
         )
     suffix = "li" if bits == 64 else "i"
     if v == -(1 << (bits - 1)):

@@ -194,3 +194,13 @@ def test_nan_inf_survive_zero_folding(webgpu):
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal((t * 0).numpy(), x * 0)
         np.testing.assert_array_equal((t - t).numpy(), x - x)
+
+
+def test_missing_wgpu_names_the_pip_package(monkeypatch):
+    import sys
+
+    from tgrad.emit_wgsl import WebGPUDevice
+
+    monkeypatch.setitem(sys.modules, "wgpu", None)  # makes `import wgpu` raise ImportError
+    with pytest.raises(DeviceError, match="pip install wgpu"):
+        WebGPUDevice()

@@ -69,6 +69,7 @@ fn f16bits(x: f32) -> u32 {
 fn f16round(x: f32) -> f32 { return unpack2x16float(f16bits(x)).x; }
 """
 
+
 def _horner(coefs: list[float], var: str) -> str:
     """c0 + var * (c1 + var * (c2 + ...)) as f64 WGSL."""
     text = f"{coefs[-1]!r}lf"
@@ -130,6 +131,24 @@ fn sin64(x: f64) -> f64 {{
   return select(v, -v, q >= 2);
 }}
 """
+
+
+HELPERS = {chunk.split("(")[0]: "fn " + chunk for chunk in (HELPERS_F32 + HELPERS_F64)[3:].split("\nfn ")}
+
+
+def _helpers_for(code: str) -> str:
+    """The helper functions `code` calls (and the ones they call), in definition order."""
+    used: set[str] = set()
+    pending = code
+    while True:
+        new = {name for name in HELPERS if name not in used and f"{name}(" in pending}
+        if not new:
+            break
+        used |= new
+        pending = "".join(HELPERS[name] for name in new)
+    return "".join(HELPERS[name].rstrip("\n") + "\n" for name in HELPERS if name in used) + (
+        "\n" if used else ""
+    )
 
 
 class Target:
@@ -355,6 +374,7 @@ class _Renderer:
 
     def ref(self, e: Expr, idx: bool = False) -> str:
         """The rendered value of e; idx: e is part of an index (int64 renders as i32 there)."""
+        idx = idx and self.t.int64  # with int64 held as i32 an index renders like any value
         ty = self.t.type(e.dtype, idx)
         if e.op == "IDX":
             return f"i{e.arg[0]}" if ty == "i32" else f"{ty}(i{e.arg[0]})"
@@ -424,11 +444,7 @@ class _Renderer:
         store = _store(k.out_dtype, self.ref(k.out_index, True), self.ref(k.expr))
         n_out = math.prod(k.global_shape)
         wg = TREE_WORKGROUP if tree else WORKGROUP
-        lines = []
-        dts = {k.out_dtype, *k.in_dtypes, *(e.dtype for e in self.names_dtypes())}
-        if dtypes.float64 in dts:
-            lines.append(HELPERS_F64)
-        lines.append(HELPERS_F32)
+        lines: list[str] = []
         out_ty = t.storage(k.out_dtype)
         out_ty = f"atomic<{out_ty}>" if k.out_dtype in PACKED else out_ty
         lines.append(f"@group(0) @binding(0) var<storage, read_write> out: array<{out_ty}>;")
@@ -483,20 +499,8 @@ class _Renderer:
                 body += [f"{indent}}}"]
             body += self.post + store
         lines += ["  " + s for s in body] + ["}"]
-        return "\n".join(lines) + "\n"
-
-    def names_dtypes(self) -> list[Expr]:
-        out, stack, seen = [], [self.k.expr, self.k.out_index], set()
-        if self.k.reduce_expr is not None:
-            stack.append(self.k.reduce_expr)
-        while stack:
-            e = stack.pop()
-            if e in seen:
-                continue
-            seen.add(e)
-            out.append(e)
-            stack.extend(e.srcs)
-        return out
+        code = "\n".join(lines) + "\n"
+        return _helpers_for(code) + code
 
 
 def render(kernel: Kernel, target: Target | None = None) -> str:

@@ -15,7 +15,7 @@ import math
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import Expr, Kernel, reduce_identity
 
-PARALLEL_MIN_WORK = 1 << 15  # iterations (global x reduce) below which threads cost more than they save
+PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
 
 HEADER = """import math
 import numpy as np

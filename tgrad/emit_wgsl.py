@@ -623,6 +623,7 @@ class WebGPUDevice(Device):
     def from_numpy(self, array: np.ndarray) -> Buffer:
         flat = np.ascontiguousarray(array).reshape(-1)
         dtype = dtypes.from_any(flat.dtype)
+        flat = flat.astype(dtype.np, copy=False)  # native byte order: the raw bytes are uploaded
         self.target.check(dtype)
         if dtype == dtypes.int64 and not self.target.int64:
             if flat.size and (flat.min() < -(2**31) or flat.max() >= 2**31):

@@ -1,8 +1,8 @@
 """Device selection for the suite.
 
-Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (comma separated; default:
-DEVICE if set, else every device that can run here). A device that cannot start is skipped with the reason, unless
-TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
+Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (comma separated;
+default: DEVICE if set, else every device tgrad has). A device that cannot start is skipped with the
+reason, unless TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
 """
 
 import os
@@ -10,7 +10,6 @@ import os
 import pytest
 
 from tgrad.errors import DeviceError
-
 
 ALL = "CPU,NUMPY,WEBGPU"
 

@@ -1,4 +1,5 @@
 """Special values follow PyTorch: 0, negatives, inf and nan through math, max/relu and division."""
+
 import math
 
 import numpy as np
@@ -11,8 +12,27 @@ from tgrad import Tensor
 SPECIAL = [0.0, -0.0, -1.0, 1.0, math.inf, -math.inf, math.nan, 1e-30, -2.5]
 
 
-@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "reciprocal", "relu", "sigmoid", "tanh", "abs", "neg",
-                                  "sin", "log2", "exp2", "trunc", "floor", "ceil", "sign"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "exp",
+        "log",
+        "sqrt",
+        "reciprocal",
+        "relu",
+        "sigmoid",
+        "tanh",
+        "abs",
+        "neg",
+        "sin",
+        "log2",
+        "exp2",
+        "trunc",
+        "floor",
+        "ceil",
+        "sign",
+    ],
+)
 def test_unary_special_values(device, name):
     out = getattr(Tensor(SPECIAL), name)().numpy()
     ref = getattr(torch.tensor(SPECIAL), name)().numpy()
@@ -28,8 +48,13 @@ def test_division_by_zero(device):
 def test_nan_propagates_through_max(device):
     v = [[1.0, math.nan, 3.0], [2.0, 1.0, 0.0]]
     compare("max", Tensor(v).max(1).numpy(), torch.tensor(v).amax(1).numpy(), 0, 0)
-    compare("maximum", Tensor(v).maximum(Tensor([[0.0, 0.0, math.nan], [math.nan, 5.0, 0.0]])).numpy(),
-            torch.tensor(v).maximum(torch.tensor([[0.0, 0.0, math.nan], [math.nan, 5.0, 0.0]])).numpy(), 0, 0)
+    compare(
+        "maximum",
+        Tensor(v).maximum(Tensor([[0.0, 0.0, math.nan], [math.nan, 5.0, 0.0]])).numpy(),
+        torch.tensor(v).maximum(torch.tensor([[0.0, 0.0, math.nan], [math.nan, 5.0, 0.0]])).numpy(),
+        0,
+        0,
+    )
 
 
 def test_int_division_negative(device):

@@ -18,6 +18,7 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_true, linear_terms, reduce_identity
 
+SPLIT = 64  # chunks a full reduction is split into for threads
 PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
 
 HEADER = """import math
@@ -174,14 +175,14 @@ class _Renderer:
         if k.reduce_expr is not None:
             acc_dt = k.reduce_expr.dtype
             val = self.ref(k.reduce_expr)
-            if acc_dt == dtypes.bool:
-                update = {"SUM": f"acc or {val}", "PROD": f"acc and {val}", "MAX": f"acc or {val}"}[
-                    k.reduce_op
-                ]
-            else:
+            init = render_const(reduce_identity(k.reduce_op, acc_dt), acc_dt)
+
+            def update(acc: str, v: str) -> str:
+                if acc_dt == dtypes.bool:
+                    return f"{acc} and {v}" if k.reduce_op == "PROD" else f"{acc} or {v}"
                 combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
-                update = code_for_op[combine](acc_dt, "acc", val)
-            init = f"acc = {render_const(reduce_identity(k.reduce_op, acc_dt), acc_dt)}"
+                return code_for_op[combine](acc_dt, acc, v)
+
         store = f"out[{self.ref(k.out_index)}] = {self.ref(k.expr)}"
         args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
         out = [f"@njit(cache=CACHE, error_model='numpy', parallel={parallel})", f"def {fname}({args}):"]
@@ -189,15 +190,32 @@ class _Renderer:
         def emit(depth: int, stmts: list[str]) -> None:
             out.extend("    " * (depth + 1) + s for s in stmts)
 
+        if k.reduce_expr is not None and ng == 0 and parallel:
+            # a full reduction: SPLIT threads each reduce a chunk of the outermost axis, then one combines
+            chunks = min(SPLIT, k.shape[0])
+            size = -(-k.shape[0] // chunks)
+            emit(0, self.levels[0])
+            emit(0, [f"partial = np.empty({chunks}, {np_type(acc_dt)})", f"for p in prange({chunks}):"])
+            emit(1, [f"acc = {init}", f"for i0 in range(p * {size}, min({k.shape[0]}, (p + 1) * {size})):"])
+            for depth in range(1, n + 1):
+                emit(depth + 1, self.levels[depth])
+                if depth < n:
+                    emit(depth + 1, [f"for i{depth} in range({k.shape[depth]}):"])
+            emit(n + 1, [f"acc = {update('acc', val)}"])
+            emit(1, ["partial[p] = acc"])
+            emit(0, [f"acc = {init}", f"for p in range({chunks}):"])
+            emit(1, [f"acc = {update('acc', 'partial[p]')}"])
+            emit(0, self.post + [store])
+            return "\n".join(out) + "\n"
         for depth in range(n + 1):
             emit(depth, self.levels[depth])
             if depth == ng and k.reduce_expr is not None:
-                emit(depth, [init])
+                emit(depth, [f"acc = {init}"])
             if depth < n:
                 rng = "prange" if (depth == 0 and parallel) else "range"
                 emit(depth, [f"for i{depth} in {rng}({k.shape[depth]}):"])
         if k.reduce_expr is not None:
-            emit(n, [f"acc = {update}"])
+            emit(n, [f"acc = {update('acc', val)}"])
             emit(ng, self.post + [store])
         else:
             emit(n, self.post + [store])
@@ -212,7 +230,8 @@ def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = Non
 
 
 def want_parallel(kernel: Kernel) -> bool:
-    if not kernel.global_shape or kernel.global_shape[0] < 2:
+    """Threads for kernels of at least PARALLEL_MIN_WORK iterations whose outer axis can be split."""
+    if not kernel.shape or kernel.shape[0] < 2:
         return False
     return math.prod(kernel.shape) >= PARALLEL_MIN_WORK
 

@@ -3,6 +3,8 @@ Triton (its interpreter when there is no GPU) compared with numpy, and ahead-of-
 real NVIDIA and AMD targets (no GPU needed)."""
 
 import math
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -254,6 +256,30 @@ def test_missing_triton_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)
     with pytest.raises(DeviceError, match=r"pip install -e \.\[triton\]"):
         et.AMDDevice()
+
+
+def test_triton_opens_after_webgpu_loaded_llvm():
+    """Mesa's lavapipe (WEBGPU) loads a shared libLLVM; importing triton after it used to segfault."""
+    pytest.importorskip("wgpu")
+    pytest.importorskip("triton")
+    script = (
+        "import numpy as np\n"
+        "from tgrad import Tensor\n"
+        "from tgrad.device import get_device\n"
+        "try:\n"
+        "    get_device('WEBGPU')\n"
+        "except Exception:\n"
+        "    raise SystemExit(3)\n"
+        "print((Tensor(np.arange(4.0, dtype=np.float32), device='WEBGPU') * 2).numpy().tolist())\n"
+        "print((Tensor(np.arange(4.0, dtype=np.float32), device='TRITON') * 3).numpy().tolist())\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-c", script]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    if done.returncode == 3:
+        pytest.skip("no WebGPU adapter")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["[0.0, 2.0, 4.0, 6.0]", "[0.0, 3.0, 6.0, 9.0]"]
 
 
 def test_bad_target_names_the_format():

@@ -647,6 +647,31 @@ def load_source(source: str, fname: str, interpret: bool):
     return getattr(module, fname)
 
 
+def _shared_llvm_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("/libLLVM" in line for line in maps)
+    except OSError:
+        return False
+
+
+def _import_triton():
+    """triton, with triton.language. Where a shared libLLVM is already loaded (Mesa's lavapipe behind
+    WEBGPU, PoCL behind CL), libtriton's own LLVM binds to it and the import segfaults: it is then
+    loaded with RTLD_DEEPBIND so it keeps its own symbols."""
+    if "triton" not in sys.modules and hasattr(os, "RTLD_DEEPBIND") and _shared_llvm_loaded():
+        flags = sys.getdlopenflags()
+        sys.setdlopenflags(flags | os.RTLD_DEEPBIND)
+        try:
+            import triton._C.libtriton  # noqa: F401
+        finally:
+            sys.setdlopenflags(flags)
+    import triton
+    import triton.language
+
+    return triton
+
+
 class TritonDevice(Device):
     """Kernels rendered as `@triton.jit` functions. Buffers are torch tensors: on the GPU, or on the CPU
     when Triton's interpreter runs the kernels (TRITON_INTERPRET=1, which needs CPU torch tensors)."""
@@ -659,8 +684,8 @@ class TritonDevice(Device):
         self.interpret = interpreting()
         try:
             import torch
-            import triton
-            import triton.language
+
+            triton = _import_triton()
         except ImportError as e:
             raise DeviceError(
                 f"{self.name} device: needs triton and torch ({e.name} is missing): pip install -e .[triton]"

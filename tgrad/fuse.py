@@ -322,14 +322,16 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
         if not base.realized and base not in roots:
             roots.append(base)
     nodes = _walk(roots)
-    users: dict[Node, list[Node]] = defaultdict(list)
-    for n in nodes:
-        for s in n.srcs:
-            users[s].append(n)
     realize = set(roots)
+    # reduces whose value reaches a node without passing another reduce or a root (sources first)
+    feeding: dict[Node, frozenset[Node]] = {}
     for n in nodes:
-        if n.op is Op.REDUCE and any(u.op in MOVEMENT for u in users[n]):
-            realize.add(n)
+        if n.op is Op.REDUCE:
+            feeding[n] = frozenset([n])
+        else:
+            feeding[n] = frozenset().union(*(feeding.get(s, frozenset()) for s in n.srcs if s not in roots))
+        if n.op in MOVEMENT:  # a reduce seen through a movement op (even after elementwise ops): realize
+            realize |= feeding[n]
         if n.op is Op.ASSIGN:
             realize.add(n)
     while True:

@@ -51,7 +51,7 @@ class Dialect:
     local_qual: str  # qualifier of a work-group shared array
     barrier: str  # work-group barrier over local memory
     ids: dict[str, str]  # "gid" (global id), "lid" (local id), "grp" (group id) -> expression
-    id_params: tuple[str, ...] = ()  # extra kernel parameters that carry the ids (Metal)
+    id_params: dict[str, str] = field(default_factory=dict)  # id -> kernel parameter carrying it (Metal)
     buffer_attr: str = ""  # after each buffer parameter, formatted with its index (Metal: [[buffer(i)]])
     native_half: bool = False  # compute float16 as `half` (else float, with vload_half/vstore_half)
     has_double: bool = True
@@ -92,11 +92,11 @@ METAL = Dialect(
     local_qual="threadgroup",
     barrier="threadgroup_barrier(mem_flags::mem_threadgroup);",
     ids={"gid": "gid_", "lid": "lid_", "grp": "grp_"},
-    id_params=(
-        "uint gid_ [[thread_position_in_grid]]",
-        "uint lid_ [[thread_position_in_threadgroup]]",
-        "uint grp_ [[threadgroup_position_in_grid]]",
-    ),
+    id_params={
+        "gid": "uint gid_ [[thread_position_in_grid]]",
+        "lid": "uint lid_ [[thread_position_in_threadgroup]]",
+        "grp": "uint grp_ [[threadgroup_position_in_grid]]",
+    },
     buffer_attr=" [[buffer({})]]",
     native_half=True,
     has_double=False,
@@ -366,7 +366,8 @@ class _Renderer:
             f"{d.in_qual} {self.storage(dt)}* in{i}" + d.buffer_attr.format(i + 1)
             for i, dt in enumerate(k.in_dtypes)
         ]
-        params += list(d.id_params)
+        used_ids = ("grp", "lid") if self.group else ("gid",)
+        params += [d.id_params[i] for i in used_ids if i in d.id_params]
         head = [d.header] if d.header else []
         dts = _kernel_dtypes(k)
         if d is not METAL and dtypes.float64 in dts:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+
 def where(cond, x, y):
     return torch.where(cond, x, y) if isinstance(cond, torch.Tensor) else cond.where(x, y)
 

@@ -506,9 +506,9 @@ class CLDevice(Device):
             except cl.Error:
                 prg = None  # a stale or foreign binary: build from source below
         if prg is None:
-            prg = cl.Program(cl._cl._Program(self.ctx, source))  # uncached: tgrad keeps its own cache
-            try:
-                prg.build(options=["-cl-std=CL1.2"])
+            prg = cl.Program(self.ctx, source)
+            try:  # cache_dir=False: tgrad keeps its own cache of binaries
+                prg.build(options=["-cl-std=CL1.2"], cache_dir=False)
             except cl.Error as e:
                 log = self.build_log(prg) or str(e)
                 raise KernelError(

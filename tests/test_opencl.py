@@ -14,7 +14,7 @@ from tests.conftest import open_or_skip
 from tests.cstyle_cases import CASES, INT_CASES, int_inputs
 from tests.helpers import helper_test_op
 from tgrad import Tensor, dtypes, fuse
-from tgrad.emit_opencl import GROUP_REDUCE_MIN, OPENCL, render
+from tgrad.emit_opencl import GROUP_REDUCE_MAX_OUT, GROUP_REDUCE_MIN, OPENCL, render
 from tgrad.errors import DeviceError, DTypeError, KernelError
 
 
@@ -69,6 +69,8 @@ def test_render_group_reduce_for_long_axes():
     assert "__local" not in short and "for (int i1 = 0; i1 < 255; i1++)" in short
     assert "__local float part[" in long and "barrier(CLK_LOCAL_MEM_FENCE);" in long
     assert "get_group_id(0)" in long and "get_local_id(0)" in long
+    many = render(one_kernel(lambda a: a.sum(1), np.ones((GROUP_REDUCE_MAX_OUT + 1, GROUP_REDUCE_MIN), np.float32)))
+    assert "__local" not in many  # enough outputs to fill the device one work-item each
 
 
 def test_render_int_division_guards_zero():

@@ -69,7 +69,8 @@ def test_render_group_reduce_for_long_axes():
     assert "__local" not in short and "for (int i1 = 0; i1 < 255; i1++)" in short
     assert "__local float part[" in long and "barrier(CLK_LOCAL_MEM_FENCE);" in long
     assert "get_group_id(0)" in long and "get_local_id(0)" in long
-    many = render(one_kernel(lambda a: a.sum(1), np.ones((GROUP_REDUCE_MAX_OUT + 1, GROUP_REDUCE_MIN), np.float32)))
+    wide = np.ones((GROUP_REDUCE_MAX_OUT + 1, GROUP_REDUCE_MIN), np.float32)
+    many = render(one_kernel(lambda a: a.sum(1), wide))
     assert "__local" not in many  # enough outputs to fill the device one work-item each
 
 

@@ -294,7 +294,8 @@ def run_schedule(items) -> None:
                 flops = prod(k.shape)
                 print(
                     f"  {dev.name:6s} {k.name:30s} {str(k.shape):24s} {dt * 1e3:9.3f} ms "
-                    f"{flops / dt / 1e9 if dt else 0:8.2f} GFLOP/s {nbytes / dt / 1e9 if dt else 0:8.2f} GB/s",
+                    f"{flops / dt / 1e9 if dt else 0:8.2f} GFLOP/s "
+                    f"{nbytes / dt / 1e9 if dt else 0:8.2f} GB/s",
                     file=sys.stderr,
                 )
         it.out.buffer = out

@@ -211,7 +211,8 @@ class Tensor(metaclass=_NoGradMeta):
         return out
 
     def detach(self) -> Tensor:
-        return Tensor(self.node)
+        """The same value, with no gradient flowing back through it."""
+        return Tensor(Node(Op.DETACH, (self.node,), None, self.shape, self.dtype, self.device))
 
     def clone(self) -> Tensor:
         return self._from(self.node)
@@ -945,12 +946,11 @@ class Tensor(metaclass=_NoGradMeta):
 
     def argmax(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
-        return self.detach()._arg_first_max(axis, keepdim)
+        return self._arg_first_max(axis, keepdim)
 
     def argmin(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
-        x = self.detach()
-        return (-x if x.dtype.is_float else ~x)._arg_first_max(axis, keepdim)
+        return (-self if self.dtype.is_float else ~self)._arg_first_max(axis, keepdim)
 
     def any(self, axis=None, keepdim: bool = False) -> Tensor:
         return self.bool()._reduce("MAX", axis, keepdim, "any")
@@ -961,19 +961,20 @@ class Tensor(metaclass=_NoGradMeta):
     def softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        e = (x - x.max(axis, keepdim=True)).exp()
+        # the result does not depend on the shift, so no gradient flows through the max
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        m = x - x.max(axis, keepdim=True)
+        m = x - x.max(axis, keepdim=True).detach()
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        m = x.max(axis, keepdim=True)
+        m = x.max(axis, keepdim=True).detach()
         out = (x - m).exp().sum(axis, keepdim=True).log() + m
         return (
             out
@@ -1254,7 +1255,7 @@ class Tensor(metaclass=_NoGradMeta):
         return x
 
     def _take(self, axis: int, index: Tensor) -> Tensor:
-        """x.take along one axis with an integer tensor: out.shape = x.shape[:a] + index.shape + x.shape[a+1:]."""
+        """Take along one axis with an integer tensor: shape[:a] + index.shape + shape[a+1:]."""
         if index.dtype.is_float:
             raise DTypeError(f"tensor indices must be integers, got {index.dtype.name}")
         n = self.shape[axis]

@@ -32,6 +32,8 @@ CASES = {
     "softmax": ([(3, 300)], lambda a: a.softmax(-1), {}),
     "matmul_long_k": ([(4, 260), (260, 3)], lambda a, b: a @ b, {"atol": 1e-4}),
     "matmul_small": ([(5, 6), (6, 7)], lambda a, b: a @ b, {}),
+    "matmul_tiled_relu": ([(8, 12), (12, 16)], lambda a, b: (a @ b).relu() * 2, {}),
+    "batched_matmul_tiled": ([(2, 4, 5), (2, 5, 8)], lambda a, b: a @ b, {}),
 }
 
 

@@ -74,6 +74,17 @@ def test_render_group_reduce_for_long_axes():
     assert "__local" not in many  # enough outputs to fill the device one work-item each
 
 
+def test_render_register_tiles_for_matmul(monkeypatch):
+    a, b = np.ones((8, 12), np.float32), np.ones((12, 16), np.float32)
+    k = one_kernel(lambda x, y: x @ y, a, b)
+    src = render(k)
+    assert "acc15" in src and "acc16" not in src  # a 4x4 tile of outputs per work-item
+    assert "if (gid >= 8) return;" in src  # 128 outputs / 16 per work-item
+    assert src.count("in0[") == 4 and src.count("in1[") == 4  # 8 loads feed 16 multiply-adds
+    monkeypatch.setenv("NOOPT", "1")
+    assert "acc0" not in render(k) and "if (gid >= 128) return;" in render(k)
+
+
 def test_render_int_division_guards_zero():
     a, b = int_inputs()
     src = render(one_kernel(lambda x, y: x.fmod(y), a, b))

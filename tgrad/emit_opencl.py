@@ -8,6 +8,9 @@ Launch rule (the same for every dialect): the output elements are numbered 0..N-
 - element-wise kernels and short reductions: one work-item per output element, reduce axes as nested
   loops; 1-D launch with local size min(LOCAL_SIZE, N, device maximum), global size N rounded up to a
   multiple of it, and a `gid < N` guard;
+- matmul-shaped reductions (a load in the reduced value does not depend on a global axis) get register
+  tiles: each work-item computes UPCAST outputs along up to two such axes (UPCAST x UPCAST for a
+  matmul), so a loaded value is reused from a register instead of loaded again (NOOPT=1: no tiles);
 - reductions over GROUP_REDUCE_MIN or more elements into at most GROUP_REDUCE_MAX_OUT outputs: one
   work-group of GROUP_SIZE work-items per output element; each work-item accumulates a strided slice of
   the reduce axes, then a tree in local (threadgroup) memory combines the partial results and
@@ -33,12 +36,13 @@ import numpy as np
 from tgrad.device import Buffer, Device, Program, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
-from tgrad.fuse import Expr, Kernel, reduce_identity
+from tgrad.fuse import IDX_DT, Expr, Kernel, const, reduce_identity
 
 LOCAL_SIZE = 128  # work-items per work-group for element-wise kernels
 GROUP_REDUCE_MIN = 256  # reduce length from which one work-group cooperates on each output...
 GROUP_REDUCE_MAX_OUT = 2048  # ...when there are at most this many outputs (else they fill the device)
 GROUP_SIZE = 128  # work-items per output in a group reduction (a power of two)
+UPCAST = 4  # register tile: outputs per work-item along each tiled axis
 INT32_MAX = 2**31 - 1
 
 
@@ -136,9 +140,40 @@ def uses_group_reduce(kernel: Kernel) -> bool:
     return math.prod(kernel.reduce_shape) >= GROUP_REDUCE_MIN and n_out <= GROUP_REDUCE_MAX_OUT
 
 
+def _axes_used(e: Expr, memo: dict) -> frozenset[int]:
+    hit = memo.get(id(e))
+    if hit is None:
+        own = frozenset([e.arg[0]]) if e.op == "IDX" else frozenset()
+        hit = memo[id(e)] = own.union(*(_axes_used(s, memo) for s in e.srcs))
+    return hit
+
+
+def _loads(e: Expr, found: dict) -> list[Expr]:
+    if e.op == "LOAD":
+        found[id(e)] = e
+    for s in e.srcs:
+        if id(s) not in found:
+            _loads(s, found)
+    return [x for x in found.values() if x.op == "LOAD"]
+
+
+def tiled_axes(kernel: Kernel) -> tuple[int, ...]:
+    """Global axes (at most two, the innermost first) that get register tiles of UPCAST outputs."""
+    if os.environ.get("NOOPT") == "1" or kernel.reduce_expr is None or uses_group_reduce(kernel):
+        return ()
+    memo: dict = {}
+    loads = _loads(kernel.reduce_expr, {})
+    axes: list[int] = []
+    for a in reversed(range(kernel.n_global)):
+        shared = any(a not in _axes_used(ld, memo) for ld in loads)
+        if kernel.shape[a] % UPCAST == 0 and shared and len(axes) < 2:
+            axes.append(a)
+    return tuple(axes)
+
+
 def launch_sizes(kernel: Kernel, max_local: int) -> tuple[int, int]:
     """(global size, local size) of the 1-D launch of a rendered kernel."""
-    n = math.prod(kernel.global_shape)
+    n = math.prod(kernel.global_shape) // UPCAST ** len(tiled_axes(kernel))
     if uses_group_reduce(kernel):
         local = min(GROUP_SIZE, max_local)
         return n * local, local
@@ -147,8 +182,10 @@ def launch_sizes(kernel: Kernel, max_local: int) -> tuple[int, int]:
 
 
 class _Renderer:
-    def __init__(self, kernel: Kernel, dialect: Dialect, group: int):
+    def __init__(self, kernel: Kernel, dialect: Dialect, group: int, tiles: tuple[int, ...] = ()):
         self.k, self.d, self.group = kernel, dialect, group
+        self.shape = [s // UPCAST if j in tiles else s for j, s in enumerate(kernel.shape)]
+        self.variants = self.tile_variants(tiles)
         self.names: dict[Expr, str] = {}
         self.post: list[str] = []
         ng, n = kernel.n_global, len(kernel.shape)
@@ -157,6 +194,25 @@ class _Renderer:
         self.levels: list[list[str]] = [[] for _ in range(max(self.axis_level, default=0) + 1)]
         self.count = 0
         self.big = math.prod(kernel.shape) > INT32_MAX
+
+    def tile_variants(self, tiles: tuple[int, ...]) -> list[tuple[Expr | None, Expr, Expr, str]]:
+        """(reduce value, stored value, store index, accumulator name) of each output of a work-item."""
+        k = self.k
+        if not tiles:
+            return [(k.reduce_expr, k.expr, k.out_index, "acc")]
+        out = []
+        for u in range(UPCAST ** len(tiles)):
+            mapping = {}
+            for pos, a in enumerate(tiles):
+                idx = Expr("IDX", (), (a, k.shape[a] // UPCAST), IDX_DT)
+                offset = (u // UPCAST**pos) % UPCAST
+                scaled = Expr("MUL", (idx, const(UPCAST, IDX_DT)), None, IDX_DT)
+                mapping[a] = Expr("ADD", (scaled, const(offset, IDX_DT)), None, IDX_DT) if offset else scaled
+            acc = Expr("ACC", (), u, k.acc_dtype)
+            memo: dict = {}
+            out.append(tuple(_substitute(e, mapping, acc, memo) for e in (k.reduce_expr, k.expr, k.out_index))
+                       + (f"acc{u}",))
+        return out
 
     # -- types
     def tname(self, dtype: DType) -> str:
@@ -286,7 +342,8 @@ class _Renderer:
         if e.op == "CONST":
             return self.const(e.arg, e.dtype)
         if e.op == "ACC":
-            return f"(({self.tname(e.dtype)})acc)" if self.acc_type() != self.tname(e.dtype) else "acc"
+            acc = "acc" if e.arg is None else f"acc{e.arg}"
+            return f"(({self.tname(e.dtype)}){acc})" if self.acc_type() != self.tname(e.dtype) else acc
         name = self.names.get(e)
         if name is not None:
             return name
@@ -313,9 +370,9 @@ class _Renderer:
         op = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[self.k.reduce_op]
         return self.alu(Expr(op, (), None, self.k.acc_dtype), [a, b])
 
-    def store(self, value: str) -> str:
+    def store(self, value: str, index: Expr) -> str:
         k = self.k
-        idx = self.ref(k.out_index)
+        idx = self.ref(index)
         if k.out_dtype == dtypes.float16 and not self.d.native_half:
             return f"vstore_half_rte({value}, {idx}, out);"
         return f"out[{idx}] = ({self.storage(k.out_dtype)})({value});"
@@ -326,15 +383,16 @@ class _Renderer:
         ng, n = k.n_global, len(k.shape)
         itype = "long" if self.big else "int"
         red = k.reduce_expr is not None
-        val = self.ref(k.reduce_expr) if red else ""
-        store = self.store(self.ref(k.expr))
+        vals = [self.ref(r) if red else "" for r, _, _, _ in self.variants]
+        stores = [self.store(self.ref(e), idx) for _, e, idx, _ in self.variants]
+        accs = [acc for _, _, _, acc in self.variants]
         body: list[str] = []
 
         def emit(depth: int, lines: list[str]) -> None:
             body.extend("  " * (depth + 1) + s for s in lines)
 
         # decode the global axes from the output number
-        n_out = math.prod(k.global_shape)
+        n_out = math.prod(self.shape[:ng])
         if self.group:
             body.append(f"  {d.local_qual} {self.acc_type()} part[{self.group}];")
             emit(0, [f"{itype} gid = {d.ids['grp']};", f"int lid = {d.ids['lid']};"])
@@ -344,13 +402,14 @@ class _Renderer:
         emit(0, self.levels[0])
         if red:
             acc_t = self.acc_type()
-            emit(0, [f"{acc_t} acc = {self.const(reduce_identity(k.reduce_op, k.acc_dtype), k.acc_dtype)};"])
-            update = f"acc = {self.combine('acc', f'({acc_t}){val}')};"
+            init = self.const(reduce_identity(k.reduce_op, k.acc_dtype), k.acc_dtype)
+            emit(0, [f"{acc_t} {acc} = {init};" for acc in accs])
+            updates = [f"{acc} = {self.combine(acc, f'({acc_t}){val}')};" for acc, val in zip(accs, vals)]
             if self.group:
                 r = math.prod(k.reduce_shape)
                 emit(0, [f"for ({itype} r = lid; r < {r}; r += {self.group}) {{"])
                 emit(1, self.decode("r", list(range(ng, n)), itype))
-                emit(1, self.levels[1] + [update])
+                emit(1, self.levels[1] + updates)
                 emit(0, ["}", "part[lid] = acc;", d.barrier])
                 emit(0, [f"for (int s = {self.group // 2}; s > 0; s >>= 1) {{"])
                 tree = self.combine("part[lid]", "part[lid + s]")
@@ -359,12 +418,12 @@ class _Renderer:
             else:
                 for j in range(ng, n):
                     depth = j - ng
-                    emit(depth, [f"for ({itype} i{j} = 0; i{j} < {k.shape[j]}; i{j}++) {{"])
+                    emit(depth, [f"for ({itype} i{j} = 0; i{j} < {self.shape[j]}; i{j}++) {{"])
                     emit(depth + 1, self.levels[depth + 1])
-                emit(n - ng, [update])
+                emit(n - ng, updates)
                 for j in reversed(range(ng, n)):
                     emit(j - ng, ["}"])
-        emit(0, self.post + [store])
+        emit(0, self.post + stores)
         params = [f"{d.out_qual} {self.storage(k.out_dtype)}* out" + d.buffer_attr.format(0)]
         params += [
             f"{d.in_qual} {self.storage(dt)}* in{i}" + d.buffer_attr.format(i + 1)
@@ -387,7 +446,7 @@ class _Renderer:
         """Index of each axis from a flat number over those axes (row-major)."""
         out, stride = [], 1
         for j in reversed(axes):
-            size = self.k.shape[j]
+            size = self.shape[j]
             text = f"{var} / {stride}" if stride > 1 else var
             if j != axes[0]:
                 text = f"({text}) % {size}"
@@ -399,7 +458,23 @@ class _Renderer:
 def render(kernel: Kernel, dialect: Dialect = OPENCL, name: str | None = None) -> str:
     """Source text of one kernel in a C-style dialect (OPENCL, QCOM or METAL)."""
     group = GROUP_SIZE if uses_group_reduce(kernel) else 0
-    return _Renderer(kernel, dialect, group).render(name or kernel.name)
+    return _Renderer(kernel, dialect, group, tiled_axes(kernel)).render(name or kernel.name)
+
+
+def _substitute(e: Expr, mapping: dict[int, Expr], acc: Expr, memo: dict) -> Expr:
+    """e with the indices of tiled axes replaced and ACC naming one tile's accumulator."""
+    hit = memo.get(id(e))
+    if hit is None:
+        if e.op == "IDX":
+            hit = mapping.get(e.arg[0], e)
+        elif e.op == "ACC":
+            hit = acc
+        elif not e.srcs:
+            hit = e
+        else:
+            hit = Expr(e.op, tuple(_substitute(s, mapping, acc, memo) for s in e.srcs), e.arg, e.dtype)
+        memo[id(e)] = hit
+    return hit
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -112,6 +112,15 @@ def test_int_case_vs_torch(cl, name):
     np.testing.assert_array_equal(got, want)
 
 
+def test_int_division_by_zero_and_minus_one(cl):
+    a = np.array([7, -7, -(2**31), -(2**31), 9], np.int32)
+    b = np.array([0, 0, -1, 1, -1], np.int32)
+    # C leaves these undefined; tgrad defines x/0 = 0 and x%0 = x (as its CPU device does) and wraps
+    np.testing.assert_array_equal(Tensor(a).fmod(Tensor(b)).numpy(), [7, -7, 0, 0, 0])
+    q = (Tensor(a) - Tensor(a).fmod(Tensor(b))) // Tensor(b)
+    np.testing.assert_array_equal(q.numpy()[2:], [-(2**31), -(2**31), -9])
+
+
 def test_nan_propagates_through_max(cl):
     x = np.array([[np.nan, 1.0, 2.0], [3.0, np.nan, -np.inf], [1.0, 2.0, 3.0]], np.float32)
     np.testing.assert_array_equal(Tensor(x).max(1).numpy(), np.array([np.nan, np.nan, 3.0], np.float32))

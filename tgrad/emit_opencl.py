@@ -286,8 +286,12 @@ class _Renderer:
             divisor = e.srcs[1]
             if divisor.op == "CONST" and divisor.arg not in (0, -1):
                 return f"({a} {sym} {b})"
-            # C leaves x/0 undefined (a CPU driver traps): define it as 0, like the CPU device
-            return f"({b} == 0 ? {self.const(0, dt)} : ({a} {sym} {b}))"
+            # C leaves x/0 and INT_MIN/-1 undefined (a CPU driver traps); like the CPU device,
+            # x/0 is 0 and x%0 is x
+            text = f"({a} {sym} {b})"
+            if dt.kind == "i":
+                text = f"({b} == -1 ? {f'(-{a})' if op == 'IDIV' else self.const(0, dt)} : {text})"
+            return f"({b} == 0 ? {self.const(0, dt) if op == 'IDIV' else a} : {text})"
         if op == "MAX":
             if dt == dtypes.bool:
                 return f"({a} || {b})"

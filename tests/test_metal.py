@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cstyle_cases import CASES, INT_CASES, int_inputs
-from tests.helpers import make_inputs
+from tests.cstyle_cases import find_clang, suite_kernels
 from tgrad import Tensor, fuse
 from tgrad.emit_opencl import METAL, render
 from tgrad.errors import DeviceError, DTypeError
@@ -22,61 +20,11 @@ from tgrad.errors import DeviceError, DTypeError
 SHIM = Path(__file__).with_name("metal_shim.h")
 
 
-def _graph_nodes(fn, arrays, grads: bool) -> list:
-    ts = [Tensor(a, device="NUMPY", requires_grad=grads) for a in arrays]
-    out = fn(*ts)
-    nodes = [out.node]
-    if grads:
-        w = Tensor(np.random.default_rng(1).uniform(0.5, 1.5, out.shape).astype(np.float32), device="NUMPY")
-        (out * w).sum().backward()
-        nodes += [t.grad.node for t in ts if t.grad is not None]
-    return nodes
-
-
-def _extra_dtype_cases() -> list:
-    f16 = np.linspace(-3, 3, 12, dtype=np.float16).reshape(3, 4)
-    b = np.array([[True, False, True, True]] * 3)
-    u8 = np.arange(12, dtype=np.uint8).reshape(3, 4)
-    i64 = np.arange(12, dtype=np.int64).reshape(3, 4) - 5
-    return [
-        _graph_nodes(lambda h, m: (h * 2 + m.half()).exp().sum(1), [f16, b], grads=False),
-        _graph_nodes(lambda h: h.max(1).float() + h.float().sum(), [np.tile(f16, (1, 100))], grads=False),
-        _graph_nodes(lambda u, m: (u * 3 + 7).maximum(u) * m.logical_not().int(), [u8, b], grads=False),
-        _graph_nodes(lambda x: (x // 3 + x % 4 + (x < 0).long()).sum(0), [i64], grads=False),
-        _graph_nodes(lambda x: x.float().half().float() * 0.3, [i64], grads=False),
-    ]
-
-
-def suite_kernels() -> list:
-    """Every distinct kernel of the cases of tests/cstyle_cases.py, forward and backward."""
-    nodes = []
-    for shapes, fn, kw in CASES.values():
-        nodes += _graph_nodes(fn, make_inputs(shapes, kw.get("low", -2.0), kw.get("high", 2.0)), grads=True)
-    for fn in INT_CASES.values():
-        nodes += _graph_nodes(fn, int_inputs(), grads=False)
-    for extra in _extra_dtype_cases():
-        nodes += extra
-    kernels = []
-    for node in nodes:
-        for it in fuse.schedule([node]):
-            if it.kernel not in kernels:
-                kernels.append(it.kernel)
-    return kernels
-
-
 KERNELS = suite_kernels()
 
 
-def _clang() -> str | None:
-    for name in ("clang++", "clang++-15", "clang++-16", "clang++-17", "clang++-14"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 def syntax_check(sources: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    clang = _clang()
+    clang = find_clang()
     if clang is None:
         if os.environ.get("CI"):
             pytest.fail("clang++ is needed for the Metal syntax check in CI (apt-get install clang)")

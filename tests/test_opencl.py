@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.conftest import open_or_skip
-from tests.cstyle_cases import CASES, INT_CASES, int_inputs
+from tests.cstyle_cases import CASES, INT_CASES, find_clang, int_inputs, suite_kernels
 from tests.helpers import helper_test_op
 from tgrad import Tensor, dtypes, fuse
-from tgrad.emit_opencl import GROUP_REDUCE_MAX_OUT, GROUP_REDUCE_MIN, OPENCL, render
+from tgrad.emit_opencl import GROUP_REDUCE_MAX_OUT, GROUP_REDUCE_MIN, OPENCL, QCOM, render
 from tgrad.errors import DeviceError, DTypeError, KernelError
 
 
@@ -91,6 +91,22 @@ def test_render_int_division_guards_zero():
     assert "== 0 ? " in src  # x % 0 is undefined in C (a CPU driver traps): guarded
     src_const = render(one_kernel(lambda x: x.fmod(3), a))
     assert "% 3" in src_const and "== 0 ?" not in src_const
+
+
+@pytest.mark.parametrize("dialect", [OPENCL, QCOM], ids=["CL", "QCOM"])
+def test_suite_sources_pass_clang_opencl(dialect, tmp_path):
+    """Every suite kernel, as OpenCL C, through clang's OpenCL front end (QCOM's native half included,
+    which PoCL here cannot run: it has no cl_khr_fp16)."""
+    clang = find_clang()
+    if clang is None:
+        pytest.skip("clang not found (apt-get install clang-15); OpenCL C syntax is not checked")
+    src = tmp_path / "kernels.cl"
+    src.write_text("\n".join(render(k, dialect, name=f"k{i}") for i, k in enumerate(suite_kernels())))
+    assert dialect is OPENCL or "half v" in src.read_text()
+    cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-fsyntax-only", "-Xclang", "-finclude-default-header",
+           "-Xclang", "-cl-ext=+cl_khr_fp16,+cl_khr_fp64", str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "error" not in proc.stderr, proc.stderr[-4000:]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -111,11 +111,14 @@ METAL = Dialect(
 DIALECTS = {"CL": OPENCL, "QCOM": QCOM, "METAL": METAL}
 
 # round a float to the nearest float16 and back, without cl_khr_fp16 (half is only a pointer type then)
-F16_ROUND = """inline float f16r(float x) {
+F16_ROUND = """#ifndef TGRAD_F16R
+#define TGRAD_F16R
+inline float f16r(float x) {
   ushort h;
   vstore_half_rte(x, 0, (__private half*)&h);
   return vload_half(0, (__private const half*)&h);
-}"""
+}
+#endif"""
 
 
 def _kernel_dtypes(kernel: Kernel) -> set[DType]:

@@ -712,3 +712,9 @@ def test_error_backward(device):
 def test_error_reshape(device):
     with pytest.raises(ShapeError, match="cannot reshape"):
         Tensor.ones(3, 4).reshape(5, 3)
+
+
+def test_error_names_user_line(device):
+    with pytest.raises(ShapeError) as info:
+        Tensor.ones(3, 4) + Tensor.ones(5)  # the line the error points at
+    assert "test_ops.py" in str(info.value) and "the line the error points at" in str(info.value)

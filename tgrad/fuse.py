@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgrad.dtype import DType, dtypes
-from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, strides_for
+from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, prod, strides_for
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
@@ -115,14 +115,14 @@ def _bounds(e: Expr) -> tuple[float, float]:
 # index arithmetic with the simplifications that make views cheap
 
 
-def _terms(e: Expr) -> list[tuple[int, Expr | None]]:
+def linear_terms(e: Expr) -> list[tuple[int, Expr | None]]:
     """e as a sum of coef*atom terms (atom None for the constant term)."""
     if e.op == "ADD":
-        return _terms(e.srcs[0]) + _terms(e.srcs[1])
+        return linear_terms(e.srcs[0]) + linear_terms(e.srcs[1])
     if e.op == "CONST":
         return [(e.arg, None)]
     if e.op == "MUL" and is_const(e.srcs[1]):
-        return [(c * e.srcs[1].arg, a) for c, a in _terms(e.srcs[0])]
+        return [(c * e.srcs[1].arg, a) for c, a in linear_terms(e.srcs[0])]
     return [(1, e)]
 
 
@@ -143,17 +143,17 @@ def _from_terms(terms: list[tuple[int, Expr | None]]) -> Expr:
 
 
 def iadd(a: Expr, b: Expr) -> Expr:
-    return _from_terms(_terms(a) + _terms(b))
+    return _from_terms(linear_terms(a) + linear_terms(b))
 
 
 def imul(a: Expr, c: int) -> Expr:
-    return _from_terms([(k * c, t) for k, t in _terms(a)])
+    return _from_terms([(k * c, t) for k, t in linear_terms(a)])
 
 
 def idiv(a: Expr, c: int) -> Expr:
     if c == 1:
         return a
-    terms = _terms(a)
+    terms = linear_terms(a)
     whole = [(k // c, t) for k, t in terms if k % c == 0]
     rest = [(k, t) for k, t in terms if k % c != 0]
     rest_e = _from_terms(rest)
@@ -170,7 +170,7 @@ def imod(a: Expr, c: int) -> Expr:
         return const(0, IDX_DT)
     if a.vmin < 0:
         return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
-    rest = _from_terms([(k, t) for k, t in _terms(a) if k % c != 0])
+    rest = _from_terms([(k, t) for k, t in linear_terms(a) if k % c != 0])
     if rest.vmin >= 0 and rest.vmax < c:
         return rest
     return Expr("MOD", (rest, const(c, IDX_DT)), None, IDX_DT)
@@ -334,19 +334,22 @@ def _top_reduces(root: Node, realize: set[Node]) -> set[Node]:
     return out
 
 
-def _has_fusable_reduce(node: Node) -> bool:
-    """Is there a REDUCE under node reached through elementwise ops and reshapes only?"""
-    stack, seen = [node], set()
+EXPENSIVE = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.IDIV, Op.MOD}
+RECOMPUTE_LIMIT = 1 << 16  # elements an expand may recompute expensive elementwise work for
+
+
+def _elementwise_closure(node: Node) -> list[Node]:
+    """Nodes under node reached through elementwise ops and reshapes only (reduces included, not passed)."""
+    out, stack, seen = [], [node], set()
     while stack:
         n = stack.pop()
         if n in seen or n.realized:
             continue
         seen.add(n)
-        if n.op is Op.REDUCE:
-            return True
+        out.append(n)
         if n.op in ALU or n.op is Op.RESHAPE or n.op is Op.DETACH:
             stack.extend(n.srcs)
-    return False
+    return out
 
 
 def kernel_roots(outputs: list[Node]) -> list[Node]:
@@ -360,12 +363,24 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
     realize = set(forced)
     # a value that goes through a movement op (other than reshape) after a reduce is realized where the
     # movement starts, so the reduce's elementwise epilogue is computed once, in the reduce's kernel
+    # and expensive elementwise work (exp, log, division...) is not recomputed for every element of a
+    # big expand (softmax(x) @ v computes the softmax once, then the matmul)
     for n in nodes:
         if n.op in MOVEMENT and n.op is not Op.RESHAPE:
             x = n.srcs[0]
             while x.op is Op.RESHAPE:
                 x = x.srcs[0]
-            if not x.realized and _has_fusable_reduce(x):
+            if x.realized or x.op is Op.CONST:
+                continue
+            closure = _elementwise_closure(x)
+            if (
+                n.op is Op.EXPAND
+                and prod(n.shape) >= RECOMPUTE_LIMIT
+                and any(c.op in EXPENSIVE for c in closure)
+            ):
+                forced.add(x)
+                realize.add(x)
+            elif any(c.op is Op.REDUCE for c in closure):
                 realize.add(x)
     while True:
         seen_in: dict[Node, int] = defaultdict(int)
@@ -378,9 +393,9 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
             # a reduce seen through a movement op (expand-after-reduce...) is its own kernel
             grow.update(n for n in reduces if body[n] and n is not r)
             top = _top_reduces(r, realize)
-            if len(top) > 1:        # two independent reduces: both become kernels, r combines them
+            if len(top) > 1:  # two independent reduces: both become kernels, r combines them
                 grow.update(top)
-            else:                   # one kernel holds one reduce: those under it become kernels
+            else:  # one kernel holds one reduce: those under it become kernels
                 grow.update(n for n in reduces if n not in top)
         grow.update(n for n, k in seen_in.items() if k > 1)
         grow -= realize
@@ -492,8 +507,10 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
         if st:
             out_index = iadd(out_index, imul(i, st))
     if red is not None and root.shape != red.shape:
-        root_idx = tuple(imod(idx_div(out_index, st), s) if s != 1 else const(0, IDX_DT)
-                         for s, st in zip(root.shape, _row_major(root.shape)))
+        root_idx = tuple(
+            imod(idx_div(out_index, st), s) if s != 1 else const(0, IDX_DT)
+            for s, st in zip(root.shape, _row_major(root.shape))
+        )
     else:
         root_idx = out_idx
     expr = lw.lower(root, (), root_idx)

@@ -19,7 +19,8 @@ from tgrad.errors import AutogradError, DeviceError, DTypeError, ShapeError
 from tgrad.graph import Node, Op
 
 Scalar = int | float | bool
-_grad_leaves: weakref.WeakSet = weakref.WeakSet()  # tensors created or marked with requires_grad=True
+# tensors created or marked with requires_grad=True, by id (Tensor.__eq__ is elementwise: no WeakSet)
+_grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
@@ -147,7 +148,7 @@ class Tensor(metaclass=_NoGradMeta):
                 self.realize()
                 if self.node.op is not Op.BUFFER:
                     self.node = _fresh_buffer(self.node)
-            _grad_leaves.add(self)
+            _grad_leaves[id(self)] = self
 
     def requires_grad_(self, value: bool = True) -> Tensor:
         self.requires_grad = value
@@ -184,8 +185,10 @@ class Tensor(metaclass=_NoGradMeta):
         return self
 
     def _drop_history(self) -> None:
-        # a realized tensor that no gradient flows through keeps only its buffer, so graphs free
-        if not self.requires_grad and self.node.op is not Op.BUFFER and self.node.realized:
+        # a realized leaf, or a realized tensor no gradient flows through, keeps only its buffer, so the
+        # graph that computed it (and that graph's buffers) can be freed
+        is_leaf = not self.requires_grad or _grad_leaves.get(id(self)) is self
+        if is_leaf and self.node.op is not Op.BUFFER and self.node.realized:
             self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
 
     def numpy(self) -> np.ndarray:
@@ -252,7 +255,7 @@ class Tensor(metaclass=_NoGradMeta):
             raise AutogradError(
                 "backward(): nothing in this graph requires a gradient; create leaves with requires_grad=True"
             )
-        leaves = [t for t in list(_grad_leaves) if t.requires_grad]
+        leaves = [t for t in list(_grad_leaves.values()) if t.requires_grad]
         targets = {t.node for t in leaves}
         grads = autodiff.gradients(self.node, gradient.cast(self.dtype).node, targets)
         for t in leaves:

@@ -11,7 +11,7 @@ import pytest
 
 from tgrad.errors import DeviceError
 
-ALL = "CPU,NUMPY,WEBGPU"
+ALL = "CPU,NUMPY,WEBGPU,CL"
 
 
 def _devices() -> list[str]:

@@ -9,9 +9,18 @@ import os
 
 import pytest
 
+# Triton runs on the CPU through its interpreter when no GPU is present; this must be decided before
+# anything imports triton
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 from tgrad.errors import DeviceError
 
-ALL = "CPU,NUMPY,WEBGPU,CL"
+ALL = "CPU,NUMPY,WEBGPU,CL,TRITON"
 
 
 def _devices() -> list[str]:

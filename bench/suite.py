@@ -156,6 +156,7 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
     except Exception as e:  # a contender's failure is a result to report, not a reason to stop
         return dict(row, status="error", reason=f"{type(e).__name__}: {e}".splitlines()[0][:300])
     row["ms"] = statistics.median(row["times_ms"])
+    row["min_ms"] = min(row["times_ms"])
     if wl.flops:
         row["gflops"] = wl.flops / row["ms"] / 1e6
     if wl.nbytes:
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {c.name:14s} {r.get('ms', 0):10.3f} ms {r['status']} {r.get('reason', '')}",
                       file=sys.stderr, flush=True)
             del data
+    info["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     add_ratios(rows)
     print(table(rows, workloads))
     print("x numpy / x torch: times faster than numpy / PyTorch (higher is better); "

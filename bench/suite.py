@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed runs per cell (default 10, quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 2, quick 1)")
     p.add_argument("--budget", type=float, default=None, help="seconds of timed runs per cell (default 3)")
+    p.add_argument("--max-run-s", type=float, default=120, help="skip a run predicted (from the same "
+                   "contender's smaller size) to take longer than this (default 120)")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--plot", default=None, help="write a log-scale bar chart (PNG) here")
     args = p.parse_args(argv)
@@ -136,6 +139,10 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
             cache = args.compile_dirs.setdefault(c.name, Path(tempfile.mkdtemp(prefix="tgrad-bench-cache-")))
             row["times_ms"] = [c.compile_probe(wl.arg, cache)]
         else:
+            predicted = predict_ms(args.done, c.name, wl)
+            if predicted > args.max_run_s * 1e3:
+                raise Skip(f"predicted {predicted / 1e3:.0f} s per run from the smaller size "
+                           f"(over --max-run-s {args.max_run_s:g})")
             run = c.build(wl, data)
             first = None
             for i in range(max(args.warmup, 1)):
@@ -143,6 +150,8 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
                 if i == 0:
                     row["first_ms"] = ms
                     first = c.host(result)
+                elif ms > args.budget * 1e3:
+                    break  # a second warm-up of a run this long teaches nothing
             wrong = check(wl, data, first)
             if wrong:
                 row["status"], row["reason"] = "wrong", wrong
@@ -158,10 +167,21 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
     row["ms"] = statistics.median(row["times_ms"])
     row["min_ms"] = min(row["times_ms"])
     if wl.flops:
+        args.done[(c.name, wl.kind)] = (row["ms"], wl.flops)
+    if wl.flops:
         row["gflops"] = wl.flops / row["ms"] / 1e6
     if wl.nbytes:
         row["gbs"] = wl.nbytes / row["ms"] / 1e6
     return row
+
+
+def predict_ms(done: dict, contender: str, wl: Workload) -> float:
+    """Time of one run scaled from this contender's last finished run of the same kind (0 if none)."""
+    prev = done.get((contender, wl.kind))
+    if prev is None or not wl.flops:
+        return 0.0
+    ms, flops = prev
+    return ms * wl.flops / flops
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -240,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if not workloads:
         print(f"--only {args.only!r} matches no workload", file=sys.stderr)
         return 2
-    args.compile_dirs = {}
+    args.compile_dirs, args.done = {}, {}
     contenders, status = [], []
     with limiter:
         for c in all_contenders(devices, baselines, args.threads):
@@ -275,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {c.name:14s} {r.get('ms', 0):10.3f} ms {r['status']} {r.get('reason', '')}",
                       file=sys.stderr, flush=True)
             del data
+    for folder in args.compile_dirs.values():
+        shutil.rmtree(folder, ignore_errors=True)
     info["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     add_ratios(rows)
     print(table(rows, workloads))
@@ -282,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
           "medians of timed runs after warm-up")
     if args.json_path:
         out = {"machine": info, "contenders": status, "args": {k: v for k, v in vars(args).items()
-                                                              if k != "compile_dirs"},
+                                                              if k not in ("compile_dirs", "done")},
                "workloads": [{"name": w.name, "description": w.description, "flops": w.flops,
                               "bytes": w.nbytes} for w in workloads],
                "results": rows}

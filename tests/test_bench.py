@@ -1,5 +1,6 @@
 """Smoke test of the benchmark suite (`python -m bench`): tiny sizes, no timing assertions."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +13,10 @@ import pytest
 from bench.workloads import all_workloads, elementwise, matmul, select
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def run_bench(tmp_path: Path, *args: str) -> dict:
@@ -28,7 +33,10 @@ def run_bench(tmp_path: Path, *args: str) -> dict:
 
 def test_quick_elementwise_rows(tmp_path):
     pytest.importorskip("threadpoolctl")
-    res = run_bench(tmp_path, "--only", "elementwise", "--device", "CPU,NUMPY,NOSUCH")
+    extra = ["--plot", str(tmp_path / "bench.png")] if _has("matplotlib") else []
+    res = run_bench(tmp_path, "--only", "elementwise", "--device", "CPU,NUMPY,NOSUCH", *extra)
+    if extra:
+        assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     rows = {r["contender"]: r for r in res["results"]}
     available = {c["contender"]: c["available"] for c in res["contenders"]}
     reasons = {c["contender"]: c.get("reason", "") for c in res["contenders"]}
@@ -76,3 +84,11 @@ def test_check_catches_a_wrong_answer():
     bad[0, 0] += 1.0
     assert "error" in check(wl, data, bad)
     assert "shape" in check(wl, data, np.zeros(3))
+
+
+def test_predict_skips_a_size_too_slow_to_run():
+    from bench.suite import predict_ms
+
+    done = {("tgrad CPU", "matmul"): (10_000.0, matmul(1024).flops)}
+    assert predict_ms(done, "tgrad CPU", matmul(2048)) == pytest.approx(80_000.0)
+    assert predict_ms(done, "numpy", matmul(2048)) == 0.0

@@ -114,6 +114,56 @@ class NumpyContender(Contender):
 
 
 # ---------------------------------------------------------------------------------------------------
+# a hand-written Numba loop: the yardstick for what tgrad's CPU emitter could reach
+
+
+class NumbaHandContender(Contender):
+    name = "numba (hand)"
+    group = "baseline"
+
+    def open(self) -> None:
+        try:
+            import numba
+        except ImportError as e:
+            raise Unavailable("numba is not installed: pip install numba") from e
+        self.numba = numba
+
+    def version(self) -> str:
+        return self.numba.__version__
+
+    def build(self, wl: Workload, data):
+        if wl.kind != "elementwise":
+            raise Skip("hand-written only for the elementwise yardstick")
+        return super().build(wl, data)
+
+    def build_elementwise(self, wl, d):
+        fn = _hand_elementwise()
+        a, b, c = d["a"], d["b"], d["c"]
+        return lambda: fn(a, b, c)
+
+
+def _hand_elementwise():
+    """(a*b+c).relu().sum(): prange over 64 chunks, a vectorizable (reassoc) partial sum in each."""
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath={"reassoc"}, error_model="numpy", cache=False)
+    def fused(a, b, c):
+        n = a.size
+        chunks = 64
+        step = (n + chunks - 1) // chunks
+        part = np.zeros(chunks, np.float32)
+        for ch in prange(chunks):
+            acc = np.float32(0.0)
+            for i in range(ch * step, min(n, ch * step + step)):
+                v = a[i] * b[i] + c[i]
+                acc += v if (v > 0 or v != v) else np.float32(0.0)
+            part[ch] = acc
+        return part.sum()
+
+    return fused
+
+
+# ---------------------------------------------------------------------------------------------------
 # PyTorch
 
 
@@ -497,7 +547,8 @@ class TgradContender(Contender):
 
 def all_contenders(devices: list[str], baselines: list[str], threads: int) -> list[Contender]:
     out: list[Contender] = [TgradContender(d, threads) for d in devices]
-    table = {"numpy": NumpyContender, "torch": TorchContender, "tinygrad": lambda: TinygradContender(threads)}
+    table = {"numpy": NumpyContender, "numba": NumbaHandContender, "torch": TorchContender,
+             "tinygrad": lambda: TinygradContender(threads)}
     out += [table[b]() for b in baselines]
     return out
 

@@ -26,7 +26,7 @@ from bench.contenders import Contender, Skip, Unavailable, all_contenders, timed
 from bench.workloads import Workload, all_workloads, select
 
 TGRAD_DEVICES = ["CPU", "NUMPY", "CL", "WEBGPU", "TRITON"]
-BASELINES = ["numpy", "torch", "tinygrad"]
+BASELINES = ["numpy", "numba", "torch", "tinygrad"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=None, help="seconds of timed runs per cell (default 3)")
     p.add_argument("--max-run-s", type=float, default=120, help="skip a run predicted (from the same "
                    "contender's smaller size) to take longer than this (default 120)")
+    p.add_argument("--show", default=None, metavar="JSON", help="print the table of a saved --json file")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--plot", default=None, help="write a log-scale bar chart (PNG) here")
     args = p.parse_args(argv)
@@ -198,18 +199,19 @@ def _fmt(v, spec: str) -> str:
     return "" if v is None else format(v, spec)
 
 
-def table(rows: list[dict], workloads: list[Workload]) -> str:
-    head = ["workload", "contender", "median ms", "x numpy", "x torch", "GFLOP/s", "GB/s", "note"]
+def table(rows: list[dict], workloads: list[str]) -> str:
+    head = ["workload", "contender", "median ms", "min ms", "x numpy", "x torch", "GFLOP/s", "GB/s", "note"]
     lines = [head]
-    for wl in workloads:
-        for r in (r for r in rows if r["workload"] == wl.name):
+    for name in workloads:
+        for r in (r for r in rows if r["workload"] == name):
             note = r.get("reason", "") if r["status"] != "ok" else ""
             if r["status"] in ("wrong", "error"):
                 note = r["status"].upper() + ": " + note
             if r["status"] == "ok" and r.get("first_ms") is not None and r["first_ms"] > 3 * r["ms"] + 50:
                 note = f"first run {r['first_ms']:.0f} ms"
             lines.append([
-                wl.name, r["contender"], _fmt(r.get("ms"), ".3f"), _fmt(r.get("x_numpy"), ".2f"),
+                name, r["contender"], _fmt(r.get("ms"), ".3f"), _fmt(r.get("min_ms"), ".3f"),
+                _fmt(r.get("x_numpy"), ".2f"),
                 _fmt(r.get("x_torch"), ".2f"), _fmt(r.get("gflops"), ".2f"), _fmt(r.get("gbs"), ".2f"), note,
             ])
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head) - 1)]
@@ -247,8 +249,25 @@ def plot(rows: list[dict], workloads: list[Workload], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def show_saved(path: str) -> int:
+    """Print the table of a results file written by --json."""
+    saved = json.loads(Path(path).read_text())
+    m = saved["machine"]
+    print(f"tgrad bench {m['date']}: {m['cpu']}, {m['cores']} cores, {m['threads']} threads; "
+          f"load average {m['load_average'][0]} at start, {m.get('load_average_end', ['?'])[0]} at end")
+    for pool in m["thread_pools"]:
+        print(f"  thread pool {pool['internal_api']} {pool['version']} kernel={pool['architecture']} "
+              f"threads={pool['num_threads']}")
+    for s in saved["contenders"]:
+        print(f"  {s['contender']:14s} {s['version'] if s['available'] else 'unavailable: ' + s['reason']}")
+    print(table(saved["results"], [w["name"] for w in saved["workloads"]]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.show:
+        return show_saved(args.show)
     limiter = set_threads(args.threads)
     devices = [d.upper() for d in _split(args.device)] or TGRAD_DEVICES
     baselines = _split(args.baselines)
@@ -299,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     info["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     add_ratios(rows)
-    print(table(rows, workloads))
+    print(table(rows, [w.name for w in workloads]))
     print("x numpy / x torch: times faster than numpy / PyTorch (higher is better); "
           "medians of timed runs after warm-up")
     if args.json_path:

@@ -55,6 +55,25 @@ def test_quick_elementwise_rows(tmp_path):
     assert res["machine"]["thread_pools"], "threadpoolctl found no BLAS/OpenMP pool to report"
 
 
+def test_show_prints_a_saved_table(tmp_path, capsys):
+    from bench.suite import show_saved
+
+    saved = {
+        "machine": {"date": "d", "cpu": "c", "cores": 2, "threads": 2, "load_average": [0.1],
+                    "thread_pools": []},
+        "contenders": [{"contender": "numpy", "available": True, "version": "2"},
+                       {"contender": "tgrad CL", "available": False, "reason": "no OpenCL"}],
+        "workloads": [{"name": "elementwise"}],
+        "results": [{"workload": "elementwise", "contender": "numpy", "status": "ok", "ms": 2.0,
+                     "min_ms": 1.5, "x_numpy": 1.0}],
+    }
+    (tmp_path / "r.json").write_text(json.dumps(saved))
+    assert show_saved(str(tmp_path / "r.json")) == 0
+    out = capsys.readouterr().out
+    assert "| elementwise | numpy" in out and "2.000" in out and "1.500" in out
+    assert "unavailable: no OpenCL" in out
+
+
 def test_skips_say_why(tmp_path):
     pytest.importorskip("threadpoolctl")
     res = run_bench(tmp_path, "--only", "conv2d,mlp_step_jit", "--device", "CPU", "--baselines", "numpy")

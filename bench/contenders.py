@@ -34,6 +34,10 @@ class Skip(Exception):
     """This contender does not run this workload; the message says why."""
 
 
+class NotApplicable(Skip):
+    """The workload means nothing for this contender (numpy has no autograd): left out of the table."""
+
+
 class Contender:
     name = "?"
     group = "?"  # tgrad / baseline
@@ -47,14 +51,14 @@ class Contender:
     def build(self, wl: Workload, data: dict[str, np.ndarray]) -> Callable[[], object]:
         method = getattr(self, f"build_{wl.kind}", None)
         if method is None:
-            raise Skip(f"{self.name} has no {wl.kind} workload")
+            raise NotApplicable(f"{self.name} has no {wl.kind} workload")
         return method(wl, data)
 
     def host(self, result) -> np.ndarray:
         return np.asarray(result)
 
     def compile_probe(self, phase: str, cache: Path) -> float:
-        raise Skip(f"{self.name} has no compile step")
+        raise NotApplicable(f"{self.name} has no compile step")
 
 
 def run_probe(args: list[str], env_extra: dict[str, str]) -> dict:
@@ -105,10 +109,10 @@ class NumpyContender(Contender):
         return lambda: a @ b
 
     def build_conv(self, wl, d):
-        raise Skip("numpy has no conv2d or autograd")
+        raise NotApplicable("numpy has no conv2d or autograd")
 
     def build_mlp(self, wl, d):
-        raise Skip("numpy has no autograd")
+        raise NotApplicable("numpy has no autograd")
 
     build_mlp_jit = build_mlp
 
@@ -133,7 +137,7 @@ class NumbaHandContender(Contender):
 
     def build(self, wl: Workload, data):
         if wl.kind != "elementwise":
-            raise Skip("hand-written only for the elementwise yardstick")
+            raise NotApplicable("hand-written only for the elementwise yardstick")
         return super().build(wl, data)
 
     def build_elementwise(self, wl, d):
@@ -235,7 +239,7 @@ class TorchContender(Contender):
         return self._mlp(d)
 
     def build_mlp_jit(self, wl, d):
-        raise Skip("PyTorch has no TinyJit; its eager step is the mlp_step row")
+        raise NotApplicable("PyTorch has no TinyJit; its eager step is the mlp_step row")
 
     def host(self, result) -> np.ndarray:
         return result.detach().numpy()
@@ -243,7 +247,7 @@ class TorchContender(Contender):
     def compile_probe(self, phase: str, cache: Path) -> float:
         if phase == "cold":
             return run_probe(["--framework", "torch"], {})["first3_ms"]
-        raise Skip("PyTorch compiles nothing: its first steps are the same from any cache")
+        raise NotApplicable("PyTorch compiles nothing: its first steps are the same from any cache")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.contenders import Contender, Skip, Unavailable, all_contenders, timed
+from bench.contenders import Contender, NotApplicable, Skip, Unavailable, all_contenders, timed
 from bench.workloads import Workload, all_workloads, select
 
 TGRAD_DEVICES = ["CPU", "NUMPY", "CL", "WEBGPU", "TRITON"]
@@ -161,6 +161,8 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
             while len(times) < args.reps and (not times or time.perf_counter() < t_end):
                 times.append(timed(run)[0])
             row["times_ms"] = times
+    except NotApplicable as e:
+        return dict(row, status="n/a", reason=str(e))
     except Skip as e:
         return dict(row, status="skipped", reason=str(e))
     except Exception as e:  # a contender's failure is a result to report, not a reason to stop
@@ -203,7 +205,7 @@ def table(rows: list[dict], workloads: list[str]) -> str:
     head = ["workload", "contender", "median ms", "min ms", "x numpy", "x torch", "GFLOP/s", "GB/s", "note"]
     lines = [head]
     for name in workloads:
-        for r in (r for r in rows if r["workload"] == name):
+        for r in (r for r in rows if r["workload"] == name and r["status"] != "n/a"):
             note = r.get("reason", "") if r["status"] != "ok" else ""
             if r["status"] in ("wrong", "error"):
                 note = r["status"].upper() + ": " + note

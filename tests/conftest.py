@@ -1,9 +1,10 @@
 """Device selection for the suite.
 
 Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (comma separated; default:
-DEVICE if set, else CPU and NUMPY). A device that cannot start is skipped with the reason, unless
+DEVICE if set, else every device that can run here). A device that cannot start is skipped with the reason, unless
 TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
 """
+
 import os
 
 import pytest
@@ -11,8 +12,11 @@ import pytest
 from tgrad.errors import DeviceError
 
 
+ALL = "CPU,NUMPY,WEBGPU"
+
+
 def _devices() -> list[str]:
-    names = os.environ.get("TGRAD_TEST_DEVICES") or os.environ.get("DEVICE") or "CPU,NUMPY"
+    names = os.environ.get("TGRAD_TEST_DEVICES") or os.environ.get("DEVICE") or ALL
     return [n.strip().upper() for n in names.split(",") if n.strip()]
 
 
@@ -25,6 +29,7 @@ _open_errors: dict[str, str] = {}
 
 def open_or_skip(name: str) -> None:
     from tgrad.device import get_device
+
     if name not in _open_errors:
         try:
             get_device(name)

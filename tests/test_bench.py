@@ -76,7 +76,7 @@ def test_show_prints_a_saved_table(tmp_path, capsys):
 
 def test_skips_say_why(tmp_path):
     pytest.importorskip("threadpoolctl")
-    res = run_bench(tmp_path, "--only", "conv2d,mlp_step_jit", "--device", "CPU", "--baselines", "numpy")
+    res = run_bench(tmp_path, "--only", "conv2d,mlp_step_jit", "--device", "NUMPY", "--baselines", "numpy")
     assert {r["workload"] for r in res["results"]} == {"conv2d_fwd_bwd", "mlp_step_jit"}
     for r in res["results"]:
         assert r["status"] in ("ok", "skipped", "n/a"), r

@@ -76,6 +76,10 @@ def set_threads(threads: int):
         import torch
 
         torch.set_num_threads(threads)
+        # torch.optim imports torch._dynamo, which imports triton (when installed); triton's bundled
+        # LLVM segfaults on import once wgpu's Vulkan driver (lavapipe, its own LLVM) is loaded, so
+        # import it before any tgrad device opens
+        import torch._dynamo  # noqa: F401
     except ImportError:
         pass
     from threadpoolctl import threadpool_limits

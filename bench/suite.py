@@ -168,7 +168,7 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
     except NotApplicable as e:
         return dict(row, status="n/a", reason=str(e))
     except Skip as e:
-        return dict(row, status="skipped", reason=str(e))
+        return dict(row, status="skipped", reason=str(e).splitlines()[0])
     except Exception as e:  # a contender's failure is a result to report, not a reason to stop
         return dict(row, status="error", reason=f"{type(e).__name__}: {e}".splitlines()[0][:300])
     row["ms"] = statistics.median(row["times_ms"])
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 status.append({"contender": c.name, "available": True, "version": c.version()})
                 contenders.append(c)
             except Unavailable as e:
-                status.append({"contender": c.name, "available": False, "reason": str(e)})
+                status.append({"contender": c.name, "available": False, "reason": str(e).splitlines()[0]})
         info = machine_info(args.threads)
         print(f"tgrad bench {info['date']}: {info['cpu']}, {info['cores']} cores, "
               f"{args.threads} threads for every contender (numba {info['numba_threads']})")

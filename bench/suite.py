@@ -32,7 +32,7 @@ BASELINES = ["numpy", "numba", "torch", "tinygrad"]
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="about a minute: fewer runs, no 2048 matmul")
+    p.add_argument("--quick", action="store_true", help="a short run: sizes / 8, fewer runs, no 2048 matmul")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (for the smoke test); implies --quick")
     p.add_argument("--size-scale", type=float, default=None, help="multiply element counts by this")
     p.add_argument("--only", default="", help="comma-separated workload names or prefixes (matmul, reduce)")
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.quick = args.quick or args.tiny
     if args.size_scale is None:
-        args.size_scale = 1 / 512 if args.tiny else 1.0
+        args.size_scale = 1 / 512 if args.tiny else 1 / 8 if args.quick else 1.0
     args.reps = args.reps or (3 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.budget = args.budget if args.budget is not None else (0.5 if args.quick else 3.0)

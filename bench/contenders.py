@@ -1,0 +1,563 @@
+"""The contenders: each tgrad device, numpy, PyTorch (CPU) and tinygrad (its CPU device).
+
+A contender opens once (`open` raises Unavailable with the reason when it cannot run here) and then
+builds, for a workload and its numpy inputs, a `run()` callable that does one complete run and forces
+completion (tgrad: realize() and the device's synchronize; tinygrad: realize() and synchronize).
+Converting inputs to the contender's arrays happens in `build`, outside the timing. `host(result)` turns
+what run() returned into a numpy array for the correctness check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bench.workloads import Workload
+
+# a node-by-node interpreter above this many elements in one intermediate needs > 1 GiB per array
+INTERP_MAX_ELEMS = 1 << 28
+
+
+class Unavailable(Exception):
+    """The contender cannot run on this machine; the message says why."""
+
+
+class Skip(Exception):
+    """This contender does not run this workload; the message says why."""
+
+
+class NotApplicable(Skip):
+    """The workload means nothing for this contender (numpy has no autograd): left out of the table."""
+
+
+class Contender:
+    name = "?"
+    group = "?"  # tgrad / baseline
+
+    def open(self) -> None:
+        pass
+
+    def version(self) -> str:
+        return ""
+
+    def build(self, wl: Workload, data: dict[str, np.ndarray]) -> Callable[[], object]:
+        method = getattr(self, f"build_{wl.kind}", None)
+        if method is None:
+            raise NotApplicable(f"{self.name} has no {wl.kind} workload")
+        return method(wl, data)
+
+    def host(self, result) -> np.ndarray:
+        return np.asarray(result)
+
+    def compile_probe(self, phase: str, cache: Path) -> float:
+        raise NotApplicable(f"{self.name} has no compile step")
+
+
+def run_probe(args: list[str], env_extra: dict[str, str]) -> dict:
+    """Run bench/compile_probe.py in a new process and return the JSON it prints on its last line."""
+    env = dict(os.environ, **env_extra)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.compile_probe", *args], capture_output=True, text=True, env=env,
+        cwd=root, timeout=900,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError("compile probe failed: " + " | ".join(tail))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# numpy
+
+
+class NumpyContender(Contender):
+    name = "numpy"
+    group = "baseline"
+
+    def version(self) -> str:
+        return np.__version__
+
+    def build_elementwise(self, wl, d):
+        a, b, c = d["a"], d["b"], d["c"]
+        return lambda: np.maximum(a * b + c, 0).sum()
+
+    def build_softmax(self, wl, d):
+        x = d["x"]
+
+        def run():
+            e = np.exp(x - x.max(1, keepdims=True))
+            return e / e.sum(1, keepdims=True)
+
+        return run
+
+    def build_reduce(self, wl, d):
+        x, axis = d["x"], wl.arg
+        return lambda: x.sum(axis)
+
+    def build_matmul(self, wl, d):
+        a, b = d["a"], d["b"]
+        return lambda: a @ b
+
+    def build_conv(self, wl, d):
+        raise NotApplicable("numpy has no conv2d or autograd")
+
+    def build_mlp(self, wl, d):
+        raise NotApplicable("numpy has no autograd")
+
+    build_mlp_jit = build_mlp
+
+
+# ---------------------------------------------------------------------------------------------------
+# a hand-written Numba loop: the yardstick for what tgrad's CPU emitter could reach
+
+
+class NumbaHandContender(Contender):
+    name = "numba (hand)"
+    group = "baseline"
+
+    def open(self) -> None:
+        try:
+            import numba
+        except ImportError as e:
+            raise Unavailable("numba is not installed: pip install numba") from e
+        self.numba = numba
+
+    def version(self) -> str:
+        return self.numba.__version__
+
+    def build(self, wl: Workload, data):
+        if wl.kind != "elementwise":
+            raise NotApplicable("hand-written only for the elementwise yardstick")
+        return super().build(wl, data)
+
+    def build_elementwise(self, wl, d):
+        fn = _hand_elementwise()
+        a, b, c = d["a"], d["b"], d["c"]
+        return lambda: fn(a, b, c)
+
+
+def _hand_elementwise():
+    """(a*b+c).relu().sum(): prange over 64 chunks, a vectorizable (reassoc) partial sum in each."""
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath={"reassoc"}, error_model="numpy", cache=False)
+    def fused(a, b, c):
+        n = a.size
+        chunks = 64
+        step = (n + chunks - 1) // chunks
+        part = np.zeros(chunks, np.float32)
+        for ch in prange(chunks):
+            acc = np.float32(0.0)
+            for i in range(ch * step, min(n, ch * step + step)):
+                v = a[i] * b[i] + c[i]
+                acc += v if (v > 0 or v != v) else np.float32(0.0)
+            part[ch] = acc
+        return part.sum()
+
+    return fused
+
+
+# ---------------------------------------------------------------------------------------------------
+# PyTorch
+
+
+class TorchContender(Contender):
+    name = "torch"
+    group = "baseline"
+
+    def open(self) -> None:
+        try:
+            import torch
+        except ImportError as e:
+            raise Unavailable("PyTorch is not installed: pip install -e '.[bench]'") from e
+        self.torch = torch
+
+    def version(self) -> str:
+        return self.torch.__version__
+
+    def _t(self, d, *names, grad=False):
+        return [self.torch.from_numpy(d[n].copy()).requires_grad_(grad) for n in names]
+
+    def build_elementwise(self, wl, d):
+        a, b, c = self._t(d, "a", "b", "c")
+        return lambda: (a * b + c).relu().sum()
+
+    def build_softmax(self, wl, d):
+        (x,) = self._t(d, "x")
+        return lambda: x.softmax(-1)
+
+    def build_reduce(self, wl, d):
+        (x,) = self._t(d, "x")
+        return lambda: x.sum(wl.arg)
+
+    def build_matmul(self, wl, d):
+        a, b = self._t(d, "a", "b")
+        return lambda: a @ b
+
+    def build_conv(self, wl, d):
+        f = self.torch.nn.functional
+        (x,) = self._t(d, "x")
+        w1, w2 = self._t(d, "w1", "w2", grad=True)
+
+        def run():
+            w1.grad = w2.grad = None
+            loss = f.conv2d(f.conv2d(x, w1).relu(), w2).relu().sum()
+            loss.backward()
+            return loss.detach()
+
+        return run
+
+    def _mlp(self, d):
+        torch = self.torch
+        model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        with torch.no_grad():
+            for p, name in zip(model.parameters(), ("w1", "b1", "w2", "b2")):
+                p.copy_(torch.from_numpy(d[name]))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x, y = torch.from_numpy(d["x"]), torch.from_numpy(d["y"])
+
+        def step():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    def build_mlp(self, wl, d):
+        return self._mlp(d)
+
+    def build_mlp_jit(self, wl, d):
+        raise NotApplicable("PyTorch has no TinyJit; its eager step is the mlp_step row")
+
+    def host(self, result) -> np.ndarray:
+        return result.detach().numpy()
+
+    def compile_probe(self, phase: str, cache: Path) -> float:
+        if phase == "cold":
+            return run_probe(["--framework", "torch"], {})["first3_ms"]
+        raise NotApplicable("PyTorch compiles nothing: its first steps are the same from any cache")
+
+
+# ---------------------------------------------------------------------------------------------------
+# tinygrad
+
+
+def find_clang() -> str | None:
+    for name in ["clang"] + [f"clang-{v}" for v in range(21, 13, -1)]:
+        if shutil.which(name):
+            return name
+    return None
+
+
+def tinygrad_env(threads: int) -> dict[str, str]:
+    """Environment tinygrad's CPU device needs here: a clang to compile with and the thread count."""
+    env = {"NUM_CPU_THREADS": str(threads)}
+    clang = find_clang()
+    if clang and "CC" not in os.environ:
+        env["CC"] = clang
+    return env
+
+
+class TinygradContender(Contender):
+    name = "tinygrad"
+    group = "baseline"
+    device = "CPU"
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    def open(self) -> None:
+        if find_clang() is None and "CC" not in os.environ:
+            raise Unavailable("tinygrad's CPU device compiles C with clang: apt-get install clang")
+        for key, value in tinygrad_env(self.threads).items():
+            os.environ.setdefault(key, value)
+        try:
+            import tinygrad
+            from tinygrad import Device, Tensor
+        except ImportError as e:
+            raise Unavailable(f"tinygrad is not installed ({e}): pip install -e '.[bench]'") from e
+        self.tinygrad, self.Tensor, self.Device = tinygrad, Tensor, Device
+        try:
+            Tensor([1.0, 2.0], device=self.device).sum().item()
+        except Exception as e:
+            raise Unavailable(f"tinygrad's {self.device} device failed: {type(e).__name__}: {e}") from e
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return version("tinygrad")
+
+    def _t(self, d, *names, grad=False):
+        # tinygrad 0.14 has no requires_grad: backward() fills .grad of every float tensor in the graph
+        return [self.Tensor(d[n], device=self.device).realize() for n in names]
+
+    def _sync(self, t):
+        t.realize()
+        self.Device[self.device].synchronize()
+        return t
+
+    def build_elementwise(self, wl, d):
+        a, b, c = self._t(d, "a", "b", "c")
+        return lambda: self._sync((a * b + c).relu().sum())
+
+    def build_softmax(self, wl, d):
+        (x,) = self._t(d, "x")
+        return lambda: self._sync(x.softmax(-1))
+
+    def build_reduce(self, wl, d):
+        (x,) = self._t(d, "x")
+        return lambda: self._sync(x.sum(wl.arg))
+
+    def build_matmul(self, wl, d):
+        a, b = self._t(d, "a", "b")
+        return lambda: self._sync(a @ b)
+
+    def build_conv(self, wl, d):
+        (x,) = self._t(d, "x")
+        w1, w2 = self._t(d, "w1", "w2", grad=True)
+
+        def run():
+            w1.grad = w2.grad = None
+            loss = x.conv2d(w1).relu().conv2d(w2).relu().sum()
+            loss.backward()
+            self.Tensor.realize(loss, w1.grad, w2.grad)
+            self.Device[self.device].synchronize()
+            return loss
+
+        return run
+
+    def _mlp(self, d, jit: bool):
+        from tinygrad import Context, TinyJit, nn
+
+        Tensor = self.Tensor
+        l1, l2 = nn.Linear(784, 128), nn.Linear(128, 10)
+        for layer, w, b in ((l1, "w1", "b1"), (l2, "w2", "b2")):
+            layer.weight = Tensor(d[w], device=self.device).realize()
+            layer.bias = Tensor(d[b], device=self.device).realize()
+        params = [l1.weight, l1.bias, l2.weight, l2.bias]
+        opt = nn.optim.Adam(params, lr=1e-3)
+        x, y = Tensor(d["x"], device=self.device).realize(), Tensor(d["y"], device=self.device).realize()
+
+        def step(x, y):
+            with Context(TRAINING=1):
+                opt.zero_grad()
+                loss = l2(l1(x).relu()).sparse_categorical_crossentropy(y)
+                loss.backward()
+                return loss.realize(*opt.schedule_step())
+
+        fn = TinyJit(step) if jit else step
+
+        def run():
+            loss = fn(x, y)
+            self.Device[self.device].synchronize()
+            return loss
+
+        return run
+
+    def build_mlp(self, wl, d):
+        return self._mlp(d, False)
+
+    def build_mlp_jit(self, wl, d):
+        return self._mlp(d, True)
+
+    def host(self, result) -> np.ndarray:
+        return result.numpy()
+
+    def compile_probe(self, phase: str, cache: Path) -> float:
+        env = dict(tinygrad_env(self.threads), CACHEDB=str(cache / "tinygrad.db"))
+        return run_probe(["--framework", "tinygrad"], env)["first3_ms"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# tgrad
+
+
+def _slow_device(name: str) -> bool:
+    """Devices that interpret rather than compile here: big workloads would take minutes."""
+    if name == "NUMPY":
+        return True
+    if name in ("TRITON", "CUDA", "AMD"):
+        return os.environ.get("TRITON_INTERPRET") == "1" or not _has_gpu()
+    return False
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+class TgradContender(Contender):
+    group = "tgrad"
+
+    def __init__(self, device: str, threads: int):
+        self.device = device
+        self.name = f"tgrad {device}"
+        self.threads = threads
+
+    def open(self) -> None:
+        try:
+            import tgrad
+            from tgrad.device import get_device
+        except ImportError as e:
+            raise Unavailable(f"tgrad does not import: {e}") from e
+        self.tgrad = tgrad
+        try:
+            self.dev = get_device(self.device)
+        except Exception as e:
+            raise Unavailable(f"{type(e).__name__}: {e}") from e
+        from tgrad.graph import Node
+
+        self.Node = Node
+
+    def version(self) -> str:
+        return self.tgrad.__version__
+
+    def build(self, wl: Workload, data):
+        if _slow_device(self.device) and wl.interp_elems > INTERP_MAX_ELEMS:
+            gib = wl.interp_elems * 4 / 2**30
+            raise Skip(f"{self.device} interprets node by node: a {gib:.0f} GiB intermediate")
+        return super().build(wl, data)
+
+    def _t(self, d, *names, grad=False):
+        Tensor = self.tgrad.Tensor
+        return [Tensor(d[n], device=self.device, requires_grad=grad or None).realize() for n in names]
+
+    def _fresh(self, *tensors):
+        # a new graph leaf over the same buffer each run: tgrad's graph is hash-consed, so rebuilding an
+        # expression over the same leaves while its last result is alive would reuse that result
+        Tensor = self.tgrad.Tensor
+        return [Tensor(self.Node.from_buffer(t.node.buffer, t.shape, t.dtype, t.device)) for t in tensors]
+
+    def _sync(self, t):
+        t.realize()
+        self.dev.synchronize()
+        return t
+
+    def build_elementwise(self, wl, d):
+        leaves = self._t(d, "a", "b", "c")
+
+        def run():
+            a, b, c = self._fresh(*leaves)
+            return self._sync((a * b + c).relu().sum())
+
+        return run
+
+    def build_softmax(self, wl, d):
+        leaves = self._t(d, "x")
+        return lambda: self._sync(self._fresh(*leaves)[0].softmax(-1))
+
+    def build_reduce(self, wl, d):
+        leaves = self._t(d, "x")
+        return lambda: self._sync(self._fresh(*leaves)[0].sum(wl.arg))
+
+    def build_matmul(self, wl, d):
+        leaves = self._t(d, "a", "b")
+
+        def run():
+            a, b = self._fresh(*leaves)
+            return self._sync(a @ b)
+
+        return run
+
+    def build_conv(self, wl, d):
+        Tensor = self.tgrad.Tensor
+        if not hasattr(Tensor, "conv2d"):
+            raise Skip("Tensor.conv2d is not in this tgrad yet (issue 4)")
+        (xl,) = self._t(d, "x")
+        w1, w2 = self._t(d, "w1", "w2", grad=True)
+
+        def run():
+            w1.grad = w2.grad = None
+            (x,) = self._fresh(xl)
+            loss = x.conv2d(w1).relu().conv2d(w2).relu().sum()
+            loss.backward()
+            Tensor.realize(loss, w1.grad, w2.grad)
+            self.dev.synchronize()
+            return loss
+
+        return run
+
+    def _mlp(self, d, jit: bool):
+        try:
+            from tgrad.nn import optim
+
+            from tgrad import nn
+        except ImportError as e:
+            raise Skip(f"tgrad.nn is not in this tgrad yet (issue 4): {e}") from e
+        TinyJit = None
+        if jit:
+            try:
+                from tgrad.jit import TinyJit
+            except ImportError as e:
+                raise Skip(f"tgrad.jit is not in this tgrad yet (issue 4): {e}") from e
+        Tensor = self.tgrad.Tensor
+        l1, l2 = nn.Linear(784, 128), nn.Linear(128, 10)
+        for layer, w, b in ((l1, "w1", "b1"), (l2, "w2", "b2")):
+            layer.weight = Tensor(d[w], device=self.device, requires_grad=True).realize()
+            layer.bias = Tensor(d[b], device=self.device, requires_grad=True).realize()
+        params = [l1.weight, l1.bias, l2.weight, l2.bias]
+        opt = optim.Adam(params, lr=1e-3)
+        x, y = Tensor(d["x"], device=self.device).realize(), Tensor(d["y"], device=self.device).realize()
+
+        def step(x, y):
+            old, Tensor.training = Tensor.training, True
+            try:
+                opt.zero_grad()
+                loss = l2(l1(x).relu()).cross_entropy(y)
+                loss.backward()
+                opt.step()
+                return loss.realize(*params)
+            finally:
+                Tensor.training = old
+
+        fn = TinyJit(step) if jit else step
+
+        def run():
+            loss = fn(x, y)
+            self.dev.synchronize()
+            return loss
+
+        return run
+
+    def build_mlp(self, wl, d):
+        return self._mlp(d, False)
+
+    def build_mlp_jit(self, wl, d):
+        return self._mlp(d, True)
+
+    def host(self, result) -> np.ndarray:
+        return result.numpy()
+
+    def compile_probe(self, phase: str, cache: Path) -> float:
+        env = {"DEVICE": self.device, "TGRAD_CACHE": str(cache), "NUMBA_NUM_THREADS": str(self.threads)}
+        return run_probe(["--framework", "tgrad"], env)["first3_ms"]
+
+
+def all_contenders(devices: list[str], baselines: list[str], threads: int) -> list[Contender]:
+    out: list[Contender] = [TgradContender(d, threads) for d in devices]
+    table = {"numpy": NumpyContender, "numba": NumbaHandContender, "torch": TorchContender,
+             "tinygrad": lambda: TinygradContender(threads)}
+    out += [table[b]() for b in baselines]
+    return out
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    result = fn()
+    return (time.perf_counter() - t0) * 1e3, result

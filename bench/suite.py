@@ -1,0 +1,339 @@
+"""`python -m bench`: run every workload on every contender in one process and print one table.
+
+Each cell: build (inputs converted, not timed), `warmup` runs (compiles happen here, not timed; the first
+result is checked against numpy), then timed runs until `reps` runs or `budget` seconds, at least one.
+The cell's number is the median. Everything runs under threadpoolctl's limit, so numpy's BLAS and
+PyTorch use the same thread count as tgrad's Numba kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.contenders import Contender, NotApplicable, Skip, Unavailable, all_contenders, timed
+from bench.workloads import Workload, all_workloads, select
+
+TGRAD_DEVICES = ["CPU", "NUMPY", "CL", "WEBGPU", "TRITON"]
+BASELINES = ["numpy", "numba", "torch", "tinygrad"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a short run: sizes / 8, fewer runs, no 2048 matmul")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes (for the smoke test); implies --quick")
+    p.add_argument("--size-scale", type=float, default=None, help="multiply element counts by this")
+    p.add_argument("--only", default="", help="comma-separated workload names or prefixes (matmul, reduce)")
+    p.add_argument("--device", default="", help=f"tgrad devices to try (default {','.join(TGRAD_DEVICES)})")
+    p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated subset of "
+                   f"{','.join(BASELINES)} (empty for none)")
+    p.add_argument("--threads", type=int, default=2, help="threads for every contender (default 2)")
+    p.add_argument("--reps", type=int, default=None, help="timed runs per cell (default 10, quick 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 2, quick 1)")
+    p.add_argument("--budget", type=float, default=None, help="seconds of timed runs per cell (default 3)")
+    p.add_argument("--max-run-s", type=float, default=120, help="skip a run predicted (from the same "
+                   "contender's smaller size) to take longer than this (default 120)")
+    p.add_argument("--show", default=None, metavar="JSON", help="print the table of a saved --json file")
+    p.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    p.add_argument("--plot", default=None, help="write a log-scale bar chart (PNG) here")
+    args = p.parse_args(argv)
+    args.quick = args.quick or args.tiny
+    if args.size_scale is None:
+        args.size_scale = 1 / 512 if args.tiny else 1 / 8 if args.quick else 1.0
+    args.reps = args.reps or (3 if args.quick else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    args.budget = args.budget if args.budget is not None else (0.5 if args.quick else 3.0)
+    return args
+
+
+def _split(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def set_threads(threads: int):
+    """Limit every thread pool to `threads`; returns the threadpoolctl limiter (a context manager)."""
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
+    os.environ.setdefault("NUM_CPU_THREADS", str(threads))
+    try:
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        # torch.optim imports torch._dynamo, which imports triton (when installed); triton's bundled
+        # LLVM segfaults on import once wgpu's Vulkan driver (lavapipe, its own LLVM) is loaded, so
+        # import it before any tgrad device opens
+        import torch._dynamo  # noqa: F401
+    except ImportError:
+        pass
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads)
+
+
+def machine_info(threads: int) -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from threadpoolctl import threadpool_info
+
+    pools = [
+        {k: p.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer")}
+        for p in threadpool_info()
+    ]
+    try:
+        import numba
+
+        numba_threads = numba.get_num_threads()
+    except ImportError:
+        numba_threads = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "threads": threads,
+        "numba_threads": numba_threads,
+        "thread_pools": pools,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
+    }
+
+
+def check(wl: Workload, data: dict, got: np.ndarray) -> str | None:
+    """None if the contender's answer matches numpy's, else what differs."""
+    if wl.expected is None:
+        return None
+    want = np.asarray(wl.expected(data), dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64).reshape(want.shape) if np.size(got) == want.size else got
+    if np.shape(got) != want.shape:
+        return f"shape {np.shape(got)} != {want.shape}"
+    err = float(np.max(np.abs(got - want))) if want.size else 0.0
+    scale = float(np.max(np.abs(want))) if want.size else 1.0
+    if not err <= wl.rtol * max(scale, 1e-6):
+        return f"max abs error {err:.3g} (values up to {scale:.3g})"
+    return None
+
+
+def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
+    row = {"workload": wl.name, "contender": c.name, "status": "ok"}
+    try:
+        if wl.kind == "compile":
+            cache = args.compile_dirs.setdefault(c.name, Path(tempfile.mkdtemp(prefix="tgrad-bench-cache-")))
+            row["times_ms"] = [c.compile_probe(wl.arg, cache)]
+        else:
+            predicted = predict_ms(args.done, c.name, wl)
+            if predicted > args.max_run_s * 1e3:
+                raise Skip(f"predicted {predicted / 1e3:.0f} s per run from the smaller size "
+                           f"(over --max-run-s {args.max_run_s:g})")
+            run = c.build(wl, data)
+            first = None
+            for i in range(max(args.warmup, 1)):
+                ms, result = timed(run)
+                if i == 0:
+                    row["first_ms"] = ms
+                    first = c.host(result)
+                elif ms > args.budget * 1e3:
+                    break  # a second warm-up of a run this long teaches nothing
+            wrong = check(wl, data, first)
+            if wrong:
+                row["status"], row["reason"] = "wrong", wrong
+            times: list[float] = []
+            t_end = time.perf_counter() + args.budget
+            while len(times) < args.reps and (not times or time.perf_counter() < t_end):
+                times.append(timed(run)[0])
+            row["times_ms"] = times
+    except NotApplicable as e:
+        return dict(row, status="n/a", reason=str(e))
+    except Skip as e:
+        return dict(row, status="skipped", reason=str(e).splitlines()[0])
+    except Exception as e:  # a contender's failure is a result to report, not a reason to stop
+        return dict(row, status="error", reason=f"{type(e).__name__}: {e}".splitlines()[0][:300])
+    row["ms"] = statistics.median(row["times_ms"])
+    row["min_ms"] = min(row["times_ms"])
+    if wl.flops:
+        args.done[(c.name, wl.kind)] = (row["ms"], wl.flops)
+    if wl.flops:
+        row["gflops"] = wl.flops / row["ms"] / 1e6
+    if wl.nbytes:
+        row["gbs"] = wl.nbytes / row["ms"] / 1e6
+    return row
+
+
+def predict_ms(done: dict, contender: str, wl: Workload) -> float:
+    """Time of one run scaled from this contender's last finished run of the same kind (0 if none)."""
+    prev = done.get((contender, wl.kind))
+    if prev is None or not wl.flops:
+        return 0.0
+    ms, flops = prev
+    return ms * wl.flops / flops
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """x_numpy / x_torch: how many times faster than numpy / PyTorch (2.0 = half the time)."""
+    by = {(r["workload"], r["contender"]): r for r in rows}
+    for r in rows:
+        for base, key in (("numpy", "x_numpy"), ("torch", "x_torch")):
+            ref = by.get((r["workload"], base))
+            if r.get("ms") and ref and ref.get("ms"):
+                r[key] = ref["ms"] / r["ms"]
+
+
+def _fmt(v, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+def table(rows: list[dict], workloads: list[str]) -> str:
+    head = ["workload", "contender", "median ms", "min ms", "x numpy", "x torch", "GFLOP/s", "GB/s", "note"]
+    lines = [head]
+    for name in workloads:
+        for r in (r for r in rows if r["workload"] == name and r["status"] != "n/a"):
+            note = r.get("reason", "") if r["status"] != "ok" else ""
+            if r["status"] in ("wrong", "error"):
+                note = r["status"].upper() + ": " + note
+            if r["status"] == "ok" and r.get("first_ms") is not None and r["first_ms"] > 3 * r["ms"] + 50:
+                note = f"first run {r['first_ms']:.0f} ms"
+            lines.append([
+                name, r["contender"], _fmt(r.get("ms"), ".3f"), _fmt(r.get("min_ms"), ".3f"),
+                _fmt(r.get("x_numpy"), ".2f"),
+                _fmt(r.get("x_torch"), ".2f"), _fmt(r.get("gflops"), ".2f"), _fmt(r.get("gbs"), ".2f"), note,
+            ])
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head) - 1)]
+    out = []
+    for i, line in enumerate(lines):
+        cells = [str(c).ljust(w) if j < 2 else str(c).rjust(w) for j, (c, w) in enumerate(zip(line, widths))]
+        out.append("| " + " | ".join(cells + [line[-1]]) + " |")
+        if i == 0:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|---|")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], workloads: list[Workload], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = {r["contender"] for r in rows if r.get("ms")}
+    names = sorted(names, key=lambda n: (not n.startswith("tgrad"), n))
+    wls = [w.name for w in workloads if any(r["workload"] == w.name and r.get("ms") for r in rows)]
+    by = {(r["workload"], r["contender"]): r.get("ms") for r in rows}
+    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(wls)), 5))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        xs = [j + i * width for j, w in enumerate(wls) if by.get((w, name))]
+        ys = [by[(w, name)] for w in wls if by.get((w, name))]
+        ax.bar(xs, ys, width, label=name)
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms (log scale, lower is better)")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(wls))], wls, rotation=30, ha="right")
+    ax.legend(fontsize=8)
+    ax.set_title("tgrad bench")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def show_saved(path: str) -> int:
+    """Print the table of a results file written by --json."""
+    saved = json.loads(Path(path).read_text())
+    m = saved["machine"]
+    print(f"tgrad bench {m['date']}: {m['cpu']}, {m['cores']} cores, {m['threads']} threads; "
+          f"load average {m['load_average'][0]} at start, {m.get('load_average_end', ['?'])[0]} at end")
+    for pool in m["thread_pools"]:
+        print(f"  thread pool {pool['internal_api']} {pool['version']} kernel={pool['architecture']} "
+              f"threads={pool['num_threads']}")
+    for s in saved["contenders"]:
+        print(f"  {s['contender']:14s} {s['version'] if s['available'] else 'unavailable: ' + s['reason']}")
+    print(table(saved["results"], [w["name"] for w in saved["workloads"]]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.show:
+        return show_saved(args.show)
+    limiter = set_threads(args.threads)
+    devices = [d.upper() for d in _split(args.device)] or TGRAD_DEVICES
+    baselines = _split(args.baselines)
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        print(f"unknown baselines {sorted(unknown)}; choose from {BASELINES}", file=sys.stderr)
+        return 2
+    workloads = select(all_workloads(args.size_scale, args.quick), _split(args.only))
+    if not workloads:
+        print(f"--only {args.only!r} matches no workload", file=sys.stderr)
+        return 2
+    args.compile_dirs, args.done = {}, {}
+    contenders, status = [], []
+    with limiter:
+        for c in all_contenders(devices, baselines, args.threads):
+            try:
+                c.open()
+                status.append({"contender": c.name, "available": True, "version": c.version()})
+                contenders.append(c)
+            except Unavailable as e:
+                status.append({"contender": c.name, "available": False, "reason": str(e).splitlines()[0]})
+        info = machine_info(args.threads)
+        print(f"tgrad bench {info['date']}: {info['cpu']}, {info['cores']} cores, "
+              f"{args.threads} threads for every contender (numba {info['numba_threads']})")
+        for pool in info["thread_pools"]:
+            print(f"  thread pool {pool['internal_api']} {pool['version']} kernel={pool['architecture']} "
+                  f"threads={pool['num_threads']}")
+        load = info["load_average"][0]
+        if load > 0.5:
+            print(f"  warning: load average {load:.1f} before starting: other processes share these "
+                  f"{info['cores']} cores, so timings (thread pools above all) are noisy")
+        if info["OPENBLAS_CORETYPE"]:
+            print(f"  OPENBLAS_CORETYPE={info['OPENBLAS_CORETYPE']} is set: numpy's BLAS runs that kernel")
+        for s in status:
+            what = s["version"] if s["available"] else "unavailable: " + s["reason"]
+            print(f"  {s['contender']:14s} {what}")
+        rows = []
+        for wl in workloads:
+            data = wl.make()
+            print(f"{wl.name}: {wl.description}", file=sys.stderr, flush=True)
+            for c in contenders:
+                rows.append(measure(c, wl, data, args))
+                r = rows[-1]
+                print(f"  {c.name:14s} {r.get('ms', 0):10.3f} ms {r['status']} {r.get('reason', '')}",
+                      file=sys.stderr, flush=True)
+            del data
+    for folder in args.compile_dirs.values():
+        shutil.rmtree(folder, ignore_errors=True)
+    info["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    add_ratios(rows)
+    print(table(rows, [w.name for w in workloads]))
+    print("x numpy / x torch: times faster than numpy / PyTorch (higher is better); "
+          "medians of timed runs after warm-up")
+    if args.json_path:
+        out = {"machine": info, "contenders": status, "args": {k: v for k, v in vars(args).items()
+                                                              if k not in ("compile_dirs", "done")},
+               "workloads": [{"name": w.name, "description": w.description, "flops": w.flops,
+                              "bytes": w.nbytes} for w in workloads],
+               "results": rows}
+        Path(args.json_path).write_text(json.dumps(out, indent=1))
+    if args.plot:
+        plot(rows, workloads, args.plot)
+    return 0

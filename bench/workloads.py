@@ -1,0 +1,176 @@
+"""The workloads: what is computed, on which inputs, and how much work one run is.
+
+A Workload is plain data. Its inputs are numpy arrays made once (seeded) and handed to every contender,
+so all contenders compute the same thing; `expected` is numpy's answer, used to check each contender's
+first (warm-up) result. `flops` and `nbytes` are the minimal work and memory traffic of one run, used for
+GFLOP/s and GB/s (None where the number would not mean much).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MB = 1 << 20
+
+
+@dataclass
+class Workload:
+    name: str
+    kind: str  # elementwise softmax reduce matmul conv mlp mlp_jit compile
+    arg: object
+    make: Callable[[], dict[str, np.ndarray]] = field(repr=False)
+    flops: float | None = None
+    nbytes: float | None = None
+    expected: Callable[[dict[str, np.ndarray]], np.ndarray] | None = field(default=None, repr=False)
+    rtol: float = 1e-3
+    # elements of the largest intermediate a node-by-node interpreter (tgrad's NUMPY device) materializes
+    interp_elems: int = 0
+    description: str = ""
+
+
+def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return (rng.random(shape, dtype=np.float32) - 0.5).astype(np.float32)
+
+
+def _scaled(n: int, scale: float, lo: int = 8) -> int:
+    return max(lo, int(n * scale))
+
+
+def elementwise(scale: float = 1.0) -> Workload:
+    n = _scaled(1 << 22, scale, 64)
+
+    def make():
+        rng = np.random.default_rng(1)
+        return {"a": _rand(rng, n), "b": _rand(rng, n), "c": _rand(rng, n)}
+
+    return Workload(
+        "elementwise", "elementwise", n, make, flops=4 * n, nbytes=3 * 4 * n,
+        expected=lambda d: np.maximum(d["a"] * d["b"] + d["c"], 0).sum(dtype=np.float64).astype(np.float32),
+        rtol=1e-3, interp_elems=n, description=f"(a*b+c).relu().sum(), {n:,} float32",
+    )
+
+
+def softmax(scale: float = 1.0) -> Workload:
+    rows, cols = _scaled(4096, math.sqrt(scale), 4), _scaled(1024, math.sqrt(scale), 8)
+
+    def make():
+        return {"x": _rand(np.random.default_rng(2), rows, cols) * 8}
+
+    def expected(d):
+        x = d["x"]
+        e = np.exp(x - x.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    return Workload(
+        "softmax", "softmax", (rows, cols), make, flops=5 * rows * cols, nbytes=2 * 4 * rows * cols,
+        expected=expected, interp_elems=rows * cols, description=f"softmax over rows of {rows}x{cols}",
+    )
+
+
+def reduce(axis: int, scale: float = 1.0) -> Workload:
+    side = _scaled(256, scale ** (1 / 3), 4)
+    shape = (side, side, side)
+
+    def make():
+        return {"x": _rand(np.random.default_rng(3), *shape)}
+
+    n = side**3
+    return Workload(
+        f"reduce_axis{axis}", "reduce", axis, make, flops=n, nbytes=4 * (n + n // side),
+        expected=lambda d: d["x"].sum(axis), interp_elems=n,
+        description=f"sum over axis {axis} of {side}x{side}x{side}",
+    )
+
+
+def matmul(size: int, scale: float = 1.0) -> Workload:
+    n = _scaled(size, scale ** (1 / 3), 4)
+
+    def make():
+        rng = np.random.default_rng(4)
+        return {"a": _rand(rng, n, n), "b": _rand(rng, n, n)}
+
+    return Workload(
+        f"matmul_{size}", "matmul", n, make, flops=2 * n**3, nbytes=3 * 4 * n * n,
+        expected=lambda d: d["a"] @ d["b"], rtol=2e-3, interp_elems=n**3,
+        description=f"{n}x{n} @ {n}x{n} float32",
+    )
+
+
+CONV_BATCH = 64
+
+
+def conv(scale: float = 1.0) -> Workload:
+    """The example conv net's first block: conv 1->32 5x5, relu, conv 32->32 5x5, relu, sum; backward."""
+    batch = _scaled(CONV_BATCH, scale, 2)
+
+    def make():
+        rng = np.random.default_rng(5)
+        return {"x": _rand(rng, batch, 1, 28, 28), "w1": _rand(rng, 32, 1, 5, 5) * 0.4,
+                "w2": _rand(rng, 32, 32, 5, 5) * 0.1}
+
+    fwd = 2 * batch * 32 * 24 * 24 * 1 * 25 + 2 * batch * 32 * 20 * 20 * 32 * 25
+    return Workload(
+        "conv2d_fwd_bwd", "conv", batch, make, flops=3 * fwd, nbytes=None,
+        interp_elems=batch * 32 * 20 * 20 * 32 * 25,
+        description=f"2 conv2d layers (1->32->32, 5x5) on {batch}x1x28x28, forward+backward",
+    )
+
+
+MLP_BATCH = 128
+
+
+def mlp(jit: bool, scale: float = 1.0) -> Workload:
+    batch = _scaled(MLP_BATCH, scale, 4)
+
+    def make():
+        rng = np.random.default_rng(6)
+        bound1, bound2 = 1 / math.sqrt(784), 1 / math.sqrt(128)
+        return {
+            "x": rng.random((batch, 784), dtype=np.float32),
+            "y": rng.integers(0, 10, batch).astype(np.int64),
+            "w1": rng.uniform(-bound1, bound1, (128, 784)).astype(np.float32),
+            "b1": rng.uniform(-bound1, bound1, 128).astype(np.float32),
+            "w2": rng.uniform(-bound2, bound2, (10, 128)).astype(np.float32),
+            "b2": rng.uniform(-bound2, bound2, 10).astype(np.float32),
+        }
+
+    flops = 6 * batch * (784 * 128 + 128 * 10)
+    name = "mlp_step_jit" if jit else "mlp_step"
+    return Workload(
+        name, "mlp_jit" if jit else "mlp", batch, make, flops=flops, nbytes=None,
+        interp_elems=batch * 784 * 128,
+        description=f"MLP 784-128-10 training step, batch {batch}, Adam" + (", TinyJit" if jit else ""),
+    )
+
+
+def compile_time(phase: str) -> Workload:
+    return Workload(
+        f"compile_{phase}", "compile", phase, dict, nbytes=None,
+        description=f"first 3 MLP training steps in a new process, {phase} kernel cache",
+    )
+
+
+def all_workloads(scale: float = 1.0, quick: bool = False) -> list[Workload]:
+    sizes = (256, 1024) if quick else (256, 1024, 2048)
+    return [
+        elementwise(scale),
+        softmax(scale),
+        *(reduce(axis, scale) for axis in range(3)),
+        *(matmul(size, scale) for size in sizes),
+        conv(scale),
+        mlp(False, scale),
+        mlp(True, scale),
+        compile_time("cold"),
+        compile_time("warm"),
+    ]
+
+
+def select(workloads: list[Workload], only: list[str] | None) -> list[Workload]:
+    """Workloads whose name starts with one of `only` (so 'matmul' picks every matmul size)."""
+    if not only:
+        return workloads
+    return [w for w in workloads if any(w.name.startswith(o) or w.kind == o for o in only)]

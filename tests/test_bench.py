@@ -1,0 +1,113 @@
+"""Smoke test of the benchmark suite (`python -m bench`): tiny sizes, no timing assertions."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.workloads import all_workloads, elementwise, matmul, select
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def run_bench(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "out.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--tiny", "--json", str(out), *args],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| workload" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_quick_elementwise_rows(tmp_path):
+    pytest.importorskip("threadpoolctl")
+    extra = ["--plot", str(tmp_path / "bench.png")] if _has("matplotlib") else []
+    res = run_bench(tmp_path, "--only", "elementwise", "--device", "CPU,NUMPY,NOSUCH", *extra)
+    if extra:
+        assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    rows = {r["contender"]: r for r in res["results"]}
+    available = {c["contender"]: c["available"] for c in res["contenders"]}
+    reasons = {c["contender"]: c.get("reason", "") for c in res["contenders"]}
+    assert {r["workload"] for r in res["results"]} == {"elementwise"}
+    assert available["tgrad NOSUCH"] is False
+    assert "unknown device" in reasons["tgrad NOSUCH"]
+    for name in ("tgrad CPU", "tgrad NUMPY", "numpy"):
+        assert rows[name]["status"] == "ok", rows[name]
+        assert rows[name]["ms"] > 0 and rows[name]["gbs"] > 0 and rows[name]["gflops"] > 0
+    for name in ("torch", "tinygrad"):
+        if available.get(name):
+            assert rows[name]["status"] == "ok", rows[name]
+            assert rows[name]["ms"] > 0
+    assert rows["numpy"]["x_numpy"] == pytest.approx(1.0)
+    assert res["machine"]["threads"] == 2
+    assert res["machine"]["thread_pools"], "threadpoolctl found no BLAS/OpenMP pool to report"
+
+
+def test_show_prints_a_saved_table(tmp_path, capsys):
+    from bench.suite import show_saved
+
+    saved = {
+        "machine": {"date": "d", "cpu": "c", "cores": 2, "threads": 2, "load_average": [0.1],
+                    "thread_pools": []},
+        "contenders": [{"contender": "numpy", "available": True, "version": "2"},
+                       {"contender": "tgrad CL", "available": False, "reason": "no OpenCL"}],
+        "workloads": [{"name": "elementwise"}],
+        "results": [{"workload": "elementwise", "contender": "numpy", "status": "ok", "ms": 2.0,
+                     "min_ms": 1.5, "x_numpy": 1.0}],
+    }
+    (tmp_path / "r.json").write_text(json.dumps(saved))
+    assert show_saved(str(tmp_path / "r.json")) == 0
+    out = capsys.readouterr().out
+    assert "| elementwise | numpy" in out and "2.000" in out and "1.500" in out
+    assert "unavailable: no OpenCL" in out
+
+
+def test_skips_say_why(tmp_path):
+    pytest.importorskip("threadpoolctl")
+    res = run_bench(tmp_path, "--only", "conv2d,mlp_step_jit", "--device", "NUMPY", "--baselines", "numpy")
+    assert {r["workload"] for r in res["results"]} == {"conv2d_fwd_bwd", "mlp_step_jit"}
+    for r in res["results"]:
+        assert r["status"] in ("ok", "skipped", "n/a"), r
+        if r["status"] != "ok":
+            assert r["reason"]
+
+
+def test_select_and_sizes():
+    names = [w.name for w in select(all_workloads(), ["matmul", "reduce_axis2"])]
+    assert names == ["reduce_axis2", "matmul_256", "matmul_1024", "matmul_2048"]
+    assert "matmul_2048" not in [w.name for w in all_workloads(quick=True)]
+    assert elementwise().arg == 1 << 22 and matmul(1024).arg == 1024
+    assert matmul(1024).flops == 2 * 1024**3
+
+
+def test_check_catches_a_wrong_answer():
+    from bench.suite import check
+
+    wl = matmul(256, scale=1 / 4096)
+    data = wl.make()
+    good = data["a"] @ data["b"]
+    assert check(wl, data, good) is None
+    bad = good.copy()
+    bad[0, 0] += 1.0
+    assert "error" in check(wl, data, bad)
+    assert "shape" in check(wl, data, np.zeros(3))
+
+
+def test_predict_skips_a_size_too_slow_to_run():
+    from bench.suite import predict_ms
+
+    done = {("tgrad CPU", "matmul"): (10_000.0, matmul(1024).flops)}
+    assert predict_ms(done, "tgrad CPU", matmul(2048)) == pytest.approx(80_000.0)
+    assert predict_ms(done, "numpy", matmul(2048)) == 0.0

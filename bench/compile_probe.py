@@ -20,9 +20,8 @@ def tgrad_step(d):
     from tgrad import Tensor
 
     try:
-        from tgrad.nn import optim
-
         from tgrad import nn
+        from tgrad.nn import optim
     except ImportError:
         nn = None
     if nn is not None:

@@ -495,9 +495,8 @@ class TgradContender(Contender):
 
     def _mlp(self, d, jit: bool):
         try:
-            from tgrad.nn import optim
-
             from tgrad import nn
+            from tgrad.nn import optim
         except ImportError as e:
             raise Skip(f"tgrad.nn is not in this tgrad yet (issue 4): {e}") from e
         TinyJit = None

@@ -17,6 +17,12 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+# import triton (torch imports it too, e.g. through torch.optim) before WEBGPU or CL load their shared
+# libLLVM: importing it afterwards crashes the process
+try:
+    import triton  # noqa: F401
+except ImportError:
+    pass
 
 from tgrad.errors import DeviceError
 

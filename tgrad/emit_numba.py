@@ -185,7 +185,12 @@ class _Renderer:
 
         store = f"out[{self.ref(k.out_index)}] = {self.ref(k.expr)}"
         args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
-        out = [f"@njit(cache=CACHE, error_model='numpy', parallel={parallel})", f"def {fname}({args}):"]
+        # float sums and products may be reassociated, so LLVM can vectorize the reduce loop; no other
+        # fast-math flag is on (nan and inf keep their meaning)
+        reassoc = k.reduce_op in ("SUM", "PROD") and k.acc_dtype.is_float
+        fastmath = ", fastmath={'reassoc'}" if reassoc else ""
+        decorator = f"@njit(cache=CACHE, error_model='numpy', parallel={parallel}{fastmath})"
+        out = [decorator, f"def {fname}({args}):"]
 
         def emit(depth: int, stmts: list[str]) -> None:
             out.extend("    " * (depth + 1) + s for s in stmts)

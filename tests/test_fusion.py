@@ -132,3 +132,15 @@ def test_expensive_work_is_not_recomputed_under_a_big_expand(cpu):
     s = q.numpy() @ k.numpy().T
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(att.numpy(), (e / e.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_reduce_over_leading_axis_interchanges_loops(cpu):
+    from tgrad import emit_numba
+
+    x = Tensor.rand(40, 30, 20)
+    for axis in (0, 1):
+        (item,) = kernels(x.sum(axis) * 2 + 1)
+        assert emit_numba.want_interchange(item.kernel)
+        np.testing.assert_allclose((x.sum(axis) * 2 + 1).numpy(), x.numpy().sum(axis) * 2 + 1, rtol=1e-5)
+    assert not emit_numba.want_interchange(kernels(x.sum(2))[0].kernel)
+    np.testing.assert_allclose(x.max(0).numpy(), x.numpy().max(0))

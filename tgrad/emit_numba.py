@@ -131,15 +131,28 @@ class _Renderer:
         self.names: dict[Expr, str] = {}
         self.levels: list[list[str]] = [[] for _ in range(len(kernel.shape) + 1)]
         self.count = 0
+        self.depth = list(range(len(kernel.shape)))   # loop depth of each axis
+        self.post: list[str] = []
+        self.post_from = len(kernel.shape) + 1         # statements this deep (or using acc) go to post
+        self._level: dict[Expr, int] = {}
+        self._acc: dict[Expr, bool] = {}
 
     def level(self, e: Expr) -> int:
-        """How many loops deep e must live: one past the innermost index it uses."""
-        if e.op == "IDX":
-            return e.arg[0] + 1
-        return max((self.level(s) for s in e.srcs), default=0)
+        """How many loops deep e must live: one past the innermost loop whose index it uses."""
+        hit = self._level.get(e)
+        if hit is None:
+            if e.op == "IDX":
+                hit = self.depth[e.arg[0]] + 1
+            else:
+                hit = max((self.level(s) for s in e.srcs), default=0)
+            self._level[e] = hit
+        return hit
 
     def uses_acc(self, e: Expr) -> bool:
-        return e.op == "ACC" or any(self.uses_acc(s) for s in e.srcs)
+        hit = self._acc.get(e)
+        if hit is None:
+            hit = self._acc[e] = e.op == "ACC" or any(self.uses_acc(s) for s in e.srcs)
+        return hit
 
     def ref(self, e: Expr) -> str:
         if e.op == "IDX":
@@ -162,7 +175,7 @@ class _Renderer:
             name = self.names[e] = f"v{self.count}"
             self.count += 1
             stmt = f"{name} = {text}"
-            if self.uses_acc(e):
+            if self.uses_acc(e) or self.level(e) >= self.post_from:
                 self.post.append(stmt)
             else:
                 self.levels[self.level(e)].append(stmt)
@@ -171,10 +184,16 @@ class _Renderer:
     def render(self, fname: str, parallel: bool) -> str:
         k = self.k
         n, ng = len(k.shape), k.n_global
-        self.post: list[str] = []
+        interchange = k.reduce_expr is not None and want_interchange(k)
+        if interchange:  # the last global axis becomes the innermost loop, inside the reduce loops
+            self.depth = [a if a < ng - 1 else (n - 1 if a == ng - 1 else a - 1) for a in range(n)]
         if k.reduce_expr is not None:
             acc_dt = k.reduce_expr.dtype
             val = self.ref(k.reduce_expr)
+            if interchange:  # the epilogue runs in a loop of its own: nothing from the reduce nest is reused
+                for e in [e for e in self.names if self.level(e) >= ng]:
+                    del self.names[e]
+                self.post_from = ng
             init = render_const(reduce_identity(k.reduce_op, acc_dt), acc_dt)
 
             def update(acc: str, v: str) -> str:
@@ -183,7 +202,8 @@ class _Renderer:
                 combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
                 return code_for_op[combine](acc_dt, acc, v)
 
-        store = f"out[{self.ref(k.out_index)}] = {self.ref(k.expr)}"
+        store = self.store = f"out[{self.ref(k.out_index)}] = {self.ref(k.expr)}"
+        self.acc_dt = k.acc_dtype
         args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
         # float sums and products may be reassociated, so LLVM can vectorize the reduce loop; no other
         # fast-math flag is on (nan and inf keep their meaning)
@@ -212,6 +232,8 @@ class _Renderer:
             emit(1, [f"acc = {update('acc', 'partial[p]')}"])
             emit(0, self.post + [store])
             return "\n".join(out) + "\n"
+        if k.reduce_expr is not None and want_interchange(k):
+            return self._render_interchanged(out, emit, val, init, update, parallel)
         for depth in range(n + 1):
             emit(depth, self.levels[depth])
             if depth == ng and k.reduce_expr is not None:
@@ -225,6 +247,54 @@ class _Renderer:
         else:
             emit(n, self.post + [store])
         return "\n".join(out) + "\n"
+
+
+    def _render_interchanged(self, out, emit, val, init, update, parallel) -> str:
+        """Reduce loops outside, the last global axis (unit stride in memory) innermost over a row of
+        accumulators, then the epilogue in a loop of its own."""
+        k = self.k
+        n, ng = len(k.shape), k.n_global
+        g = ng - 1
+        for depth in range(n):   # depth < g: outer global axes; g..n-2: reduce axes; n-1: axis g
+            axis = depth if depth < g else (depth + 1 if depth < n - 1 else g)
+            emit(depth, self.levels[depth])
+            if depth == g:
+                emit(depth, [f"accs = np.empty({k.shape[g]}, {np_type(self.acc_dt)})", f"accs[:] = {init}"])
+            rng = "prange" if (depth == 0 and parallel and g > 0) else "range"
+            emit(depth, [f"for i{axis} in {rng}({k.shape[axis]}):"])
+        emit(n, self.levels[n])
+        emit(n, [f"accs[i{g}] = {update(f'accs[i{g}]', val)}"])
+        emit(g, [f"for i{g} in range({k.shape[g]}):"])
+        emit(g + 1, [f"acc = accs[i{g}]"] + self.post + [self.store])
+        return "\n".join(out) + "\n"
+
+
+def want_interchange(kernel: Kernel) -> bool:
+    """Put the reduce loops outside the last global axis when that axis walks memory with unit stride
+    and the innermost reduce axis does not (sums over a leading axis, conv and pooling backward...)."""
+    k = kernel
+    if k.n_global == 0 or k.shape[k.n_global - 1] < 8 or not k.reduce_shape:
+        return False
+    g, r = k.n_global - 1, len(k.shape) - 1
+    unit_g = unit_r = 0
+    for load in _loads(k.reduce_expr):
+        aff = _affine(load.srcs[0], len(k.shape))
+        if aff is None:
+            continue
+        unit_g += abs(aff[1][g]) == 1
+        unit_r += abs(aff[1][r]) == 1
+    return unit_g > 0 and unit_r == 0
+
+
+def _loads(e: Expr, seen: set | None = None) -> list[Expr]:
+    seen = set() if seen is None else seen
+    if e in seen:
+        return []
+    seen.add(e)
+    out = [e] if e.op == "LOAD" else []
+    for s in e.srcs:
+        out += _loads(s, seen)
+    return out
 
 
 def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = None) -> str:

@@ -64,7 +64,7 @@ class BatchNorm:
         if track_running_stats:
             self.running_mean = _buffer(np.zeros(num_features, np.float32))
             self.running_var = _buffer(np.ones(num_features, np.float32))
-            self.num_batches_tracked = _buffer(np.zeros(1, np.int64))
+            self.num_batches_tracked = _buffer(np.zeros((), np.int64))
 
     def __call__(self, x: Tensor) -> Tensor:
         axes = tuple(i for i in range(x.ndim) if i != 1)

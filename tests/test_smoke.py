@@ -1,7 +1,7 @@
 import numpy as np
 
-from tgrad import Tensor
 from tests.helpers import helper_test_op
+from tgrad import Tensor
 
 
 def test_seed_snippet(device):

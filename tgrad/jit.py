@@ -18,6 +18,8 @@ Rules (each broken rule that can be detected raises a JitError that says what to
   frozen at capture. A function that launches no kernel raises JitError.
 - A returned Tensor must not read a buffer that an assign() in the same call overwrote (the loss
   after opt.step()): realize it with the step, `opt.step(loss)`, or JitError.
+- A TinyJit called inside another one's function before it has captured just runs (its kernels are
+  captured by the outer one); once captured it replays, inside the outer capture too.
 - JIT=0 in the environment turns TinyJit into a plain call. On the NUMPY reference device (which has
   no kernels) the function always runs normally.
 """
@@ -62,8 +64,26 @@ def _rebuild(value: Any, it) -> Any:
     return next(it) if isinstance(value, Tensor) else value
 
 
-def _stale_leaves(t: Tensor, written: set[int]) -> bool:
-    """Whether the unrealized graph of t reads a BUFFER node whose buffer was written in this call."""
+class _Log(list):
+    """The CAPTURE list. It also notes, per written buffer, the node counter at the write: a BUFFER node
+    made before that (a smaller id) holds the buffer's old value, which an assign() overwrote."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: dict[int, int] = {}
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.written[id(item[1])] = next(g.Node._ids)
+
+    def extend(self, items) -> None:
+        super().extend(items)
+        self.written.update(items.written)  # items is another _Log: keep the times of its writes
+
+
+def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
+    """Whether the unrealized graph of t reads a buffer through a node made before an assign() in this
+    call overwrote that buffer."""
     stack, seen = [t.node], set()
     while stack:
         n = stack.pop()
@@ -71,7 +91,7 @@ def _stale_leaves(t: Tensor, written: set[int]) -> bool:
             continue
         seen.add(n)
         if n.op is Op.BUFFER:
-            if id(n.buffer) in written:
+            if written.get(id(n.buffer), -1) > n.arg:
                 return True
             continue
         if n.realized:
@@ -131,25 +151,19 @@ class TinyJit:
         )
         if any(t.device == "NUMPY" for t in tensors) or (not tensors and dev_mod.default_device() == "NUMPY"):
             return self.fn(*args, **kwargs)
-        # realized, contiguous buffers for every Tensor argument (outside any capture)
-        outer, dev_mod.CAPTURE = dev_mod.CAPTURE, None
-        try:
-            fixed = [t if t.node.realized else _copy(t) for t in tensors]
-            if fixed:
-                Tensor.realize(*fixed)
-        finally:
-            dev_mod.CAPTURE = outer
+        outer = dev_mod.CAPTURE  # set when this call runs inside another TinyJit's function
+        if outer is not None and self.cnt < 2:
+            return self.fn(*args, **kwargs)  # its kernels become part of the outer capture
+        # realized, contiguous buffers for every Tensor argument
+        fixed = [t if t.node.realized else _copy(t) for t in tensors]
+        if fixed:
+            Tensor.realize(*fixed)
         bufs = [t.node.buffer for t in fixed]
         if self.cnt >= 2:
             self._check_inputs(fixed, others)
             return self._replay(bufs)
-        if self.cnt == 1 and outer is not None:
-            raise JitError(
-                "a TinyJit function was first captured inside another TinyJit's capture; jit the outer "
-                "function only"
-            )
         capture = self.cnt == 1
-        log: list = []
+        log = _Log()
         saved = (tensor_mod._to_numpy, Tensor._rng)
         tensor_mod._to_numpy, Tensor._rng = _no_numpy, _NoHostRandom()
         dev_mod.CAPTURE = log
@@ -157,9 +171,9 @@ class TinyJit:
             args, kwargs = _rebuild((args, kwargs), iter(fixed))
             ret = self.fn(*args, **kwargs)
             outs = [v for v in _flatten(ret) if isinstance(v, Tensor)]
-            written = {id(out) for _, out, _ in log}
+            trivial = not log and all(t.node.base.realized for t in outs)
             for i, t in enumerate(outs):
-                if _stale_leaves(t, written):
+                if _stale_leaves(t, log.written):
                     raise JitError(
                         f"returned tensor {i} ({t.shape}) reads a buffer that an assign() in this call "
                         "already overwrote (e.g. the loss after opt.step()): realize it together with the "
@@ -179,7 +193,7 @@ class TinyJit:
             self._first_other = ret_others
             self.cnt = 1
             return ret
-        if not log:
+        if trivial:
             raise JitError(
                 "TinyJit captured no kernels: the function must compute something with Tensors "
                 "(and return or assign it); jitting it has no use"
@@ -190,7 +204,7 @@ class TinyJit:
                 f"({self._first_other!r} -> {ret_others!r}); replays would return the captured ones. "
                 "Return them as Tensors or compute them outside"
             )
-        self.captured = log
+        self.captured = list(log)
         self._in_ids = {id(b): i for i, b in enumerate(bufs)}
         self._in_sig = [(t.shape, t.dtype, t.device) for t in fixed]
         self._out_ids = {id(c.node.buffer): i for i, c in enumerate(copies)}
@@ -221,11 +235,8 @@ class TinyJit:
 
     def _replay(self, bufs: list) -> Any:
         remap = {k: bufs[i] for k, i in self._in_ids.items()}
-        outs = []
         for (shape, dtype, device), key in zip(self._out_meta, self._out_ids):
-            buf = dev_mod.get_device(device).alloc(max(1, g.prod(shape)), dtype)
-            remap[key] = buf
-            outs.append(Tensor(g.Node.from_buffer(buf, shape, dtype, device)))
+            remap[key] = dev_mod.get_device(device).alloc(max(1, g.prod(shape)), dtype)
         outer = dev_mod.CAPTURE
         for prg, out, inputs in self.captured:
             out = remap.get(id(out), out)
@@ -236,6 +247,10 @@ class TinyJit:
         dev_mod.Stats.kernels_run += len(self.captured)
         if dev_mod.DEBUG >= 1:
             print(f"TinyJit: replayed {len(self.captured)} kernels", file=sys.stderr)
+        outs = [  # made after the kernels ran (see _Log)
+            Tensor(g.Node.from_buffer(remap[key], shape, dtype, device))
+            for (shape, dtype, device), key in zip(self._out_meta, self._out_ids)
+        ]
         return _rebuild(self._ret, iter(outs))
 
 

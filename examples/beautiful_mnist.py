@@ -1,7 +1,10 @@
-"""Train a conv net (or an MLP) with Adam and a TinyJit training step, tinygrad's beautiful_mnist style.
+"""Train an MLP (or a conv net) with Adam and a TinyJit training step, tinygrad's beautiful_mnist style.
 
     python examples/beautiful_mnist.py                 # MNIST if TGRAD_DATA holds it, else sklearn digits
-    python examples/beautiful_mnist.py --model mlp --steps 300
+    python examples/beautiful_mnist.py --model cnn --steps 100
+
+The conv net is correct but slow on the CPU device for now (its pooled-window kernels run at well under
+1 GFLOP/s), so the MLP is the default.
 
 Prints the test accuracy, the wall time and the kernels one training step runs.
 """
@@ -79,7 +82,7 @@ def progress(steps: int):
         return range(steps)
 
 
-def train(model_name: str = "cnn", steps: int = 200, batch_size: int = 128, lr: float = 3e-3,
+def train(model_name: str = "mlp", steps: int = 200, batch_size: int = 128, lr: float = 3e-3,
           dataset: str = "auto", seed: int = 0, quiet: bool = False) -> dict:
     t_start = time.perf_counter()
     Tensor.manual_seed(seed)
@@ -133,7 +136,7 @@ def train(model_name: str = "cnn", steps: int = 200, batch_size: int = 128, lr: 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=3e-3)

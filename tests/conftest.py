@@ -4,6 +4,7 @@ Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (
 DEVICE if set, else CPU and NUMPY). A device that cannot start is skipped with the reason, unless
 TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
 """
+
 import os
 
 import pytest
@@ -25,6 +26,7 @@ _open_errors: dict[str, str] = {}
 
 def open_or_skip(name: str) -> None:
     from tgrad.device import get_device
+
     if name not in _open_errors:
         try:
             get_device(name)

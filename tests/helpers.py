@@ -1,4 +1,5 @@
 """helper_test_op: run the same function in PyTorch (CPU) and tgrad and compare values and gradients."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,12 +27,26 @@ def compare(name, tg: np.ndarray, tt: np.ndarray, atol: float, rtol: float) -> N
     if tt.dtype == np.bool_ or tt.dtype.kind in "iu":
         np.testing.assert_array_equal(tg, tt, err_msg=name)
     else:
-        np.testing.assert_allclose(tg.astype(np.float64), tt.astype(np.float64), atol=atol, rtol=rtol,
-                                   err_msg=name, equal_nan=True)
+        np.testing.assert_allclose(
+            tg.astype(np.float64), tt.astype(np.float64), atol=atol, rtol=rtol, err_msg=name, equal_nan=True
+        )
 
 
-def helper_test_op(shapes, torch_fxn, tgrad_fxn=None, atol=1e-5, rtol=1e-4, grad_atol=1e-4, grad_rtol=1e-3,
-                   forward_only=False, vals=None, low=-2.0, high=2.0, dtype=np.float32, seed=0):
+def helper_test_op(
+    shapes,
+    torch_fxn,
+    tgrad_fxn=None,
+    atol=1e-5,
+    rtol=1e-4,
+    grad_atol=1e-4,
+    grad_rtol=1e-3,
+    forward_only=False,
+    vals=None,
+    low=-2.0,
+    high=2.0,
+    dtype=np.float32,
+    seed=0,
+):
     """torch_fxn and tgrad_fxn take the same number of tensors; values and (unless forward_only or the
     inputs are not float) the gradients of sum(out * random) are compared."""
     tgrad_fxn = tgrad_fxn or torch_fxn

@@ -143,11 +143,43 @@ class CPUDevice(Device):
     def compile(self, kernel) -> Program:
         from tgrad import emit_numba
 
+        plan = emit_numba.blas_plan(kernel)
+        if plan is None:
+            fn, source = self._build(kernel)
+        elif plan.epilogue is not None:
+            fn, source = self._build(plan.epilogue)
+            source = f"# {kernel.name}: the reduce is a BLAS matmul (see emit_numba.blas_plan)\n{source}"
+        else:
+            fn, source = None, f"# {kernel.name}: a BLAS matmul (see emit_numba.blas_plan)\n"
+        widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            args = [b.data.astype(np.float32) if w else b.data for b, w in zip((out, *inputs), widen)]
+            try:
+                if plan is None:
+                    fn(*args)
+                elif fn is None:
+                    args[0][:] = emit_numba.run_blas(plan, kernel, args[1:])
+                else:
+                    fn(*args, emit_numba.run_blas(plan, kernel, args[1:]))
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+            if widen[0]:
+                out.data[:] = args[0]
+
+        return Program(kernel.name, source, run, self.name)
+
+    def _build(self, kernel):
+        """The njit function of one kernel (from the disk cache when it is there) and its source."""
+        from tgrad import emit_numba
+
         fname = kernel.name
-        body = emit_numba.render(kernel, fname)
         cdir = cache_dir()
         header = emit_numba.HEADER.replace("CACHE", str(cdir is not None))
-        source = header + "\n\n" + body.replace("cache=CACHE", f"cache={cdir is not None}")
+        body = emit_numba.render(kernel, fname).replace("cache=CACHE", f"cache={cdir is not None}")
+        source = header + "\n\n" + body
         digest = hashlib.sha256(source.encode()).hexdigest()[:20]
         try:
             if cdir is not None:
@@ -158,30 +190,21 @@ class CPUDevice(Device):
                     tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
                     tmp.write_text(source)
                     os.replace(tmp, path)
-                module = _load_module(path, f"tgrad_kernel_{digest}")
-                fn = getattr(module, fname)
+                fn = getattr(_load_module(path, f"tgrad_kernel_{digest}"), fname)
             else:
                 scope: dict = {}
                 exec(compile(source, f"<tgrad kernel {fname}>", "exec"), scope)
                 fn = scope[fname]
+            # compile now (or load from numba's disk cache) so build errors and build time show here
+            import numba
+
+            storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *kernel.in_dtypes)]
+            fn.compile(tuple(numba.types.Array(numba.from_dtype(d.np), 1, "C") for d in storage))
         except Exception as e:
-            raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
-        storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *kernel.in_dtypes)]
-        widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
-
-        def run(out: Buffer, *inputs: Buffer) -> None:
-            args = [b.data.astype(np.float32) if w else b.data for b, w in zip((out, *inputs), widen)]
-            try:
-                fn(*args)
-            except Exception as e:
-                raise KernelError(
-                    f"kernel {fname} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
-                ) from e
-            if widen[0]:
-                out.data[:] = args[0]
-
-        del storage
-        return Program(fname, source, run, self.name)
+            raise KernelError(
+                f"kernel {fname} failed to build: {type(e).__name__}: {e}\n{numbered(source)}"
+            ) from e
+        return fn, source
 
 
 _devices: dict[str, Device] = {}
@@ -294,7 +317,8 @@ def run_schedule(items) -> None:
                 flops = prod(k.shape)
                 print(
                     f"  {dev.name:6s} {k.name:30s} {str(k.shape):24s} {dt * 1e3:9.3f} ms "
-                    f"{flops / dt / 1e9 if dt else 0:8.2f} GFLOP/s {nbytes / dt / 1e9 if dt else 0:8.2f} GB/s",
+                    f"{flops / dt / 1e9 if dt else 0:8.2f} GFLOP/s "
+                    f"{nbytes / dt / 1e9 if dt else 0:8.2f} GB/s",
                     file=sys.stderr,
                 )
         it.out.buffer = out

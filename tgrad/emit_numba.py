@@ -11,11 +11,15 @@ out, and a CAST to float16 inside a kernel rounds with `_f16`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 from tgrad.dtype import DType, dtypes
-from tgrad.fuse import Expr, Kernel, reduce_identity
+from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_true, linear_terms, reduce_identity
 
-PARALLEL_MIN_WORK = 1 << 15  # iterations (global x reduce) below which threads cost more than they save
+SPLIT = 64                    # chunks a full reduction is split into for threads
+PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
 
 HEADER = """import math
 import numpy as np
@@ -171,14 +175,14 @@ class _Renderer:
         if k.reduce_expr is not None:
             acc_dt = k.reduce_expr.dtype
             val = self.ref(k.reduce_expr)
-            if acc_dt == dtypes.bool:
-                update = {"SUM": f"acc or {val}", "PROD": f"acc and {val}", "MAX": f"acc or {val}"}[
-                    k.reduce_op
-                ]
-            else:
+            init = render_const(reduce_identity(k.reduce_op, acc_dt), acc_dt)
+
+            def update(acc: str, v: str) -> str:
+                if acc_dt == dtypes.bool:
+                    return f"{acc} and {v}" if k.reduce_op == "PROD" else f"{acc} or {v}"
                 combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
-                update = code_for_op[combine](acc_dt, "acc", val)
-            init = f"acc = {render_const(reduce_identity(k.reduce_op, acc_dt), acc_dt)}"
+                return code_for_op[combine](acc_dt, acc, v)
+
         store = f"out[{self.ref(k.out_index)}] = {self.ref(k.expr)}"
         args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
         out = [f"@njit(cache=CACHE, error_model='numpy', parallel={parallel})", f"def {fname}({args}):"]
@@ -186,15 +190,32 @@ class _Renderer:
         def emit(depth: int, stmts: list[str]) -> None:
             out.extend("    " * (depth + 1) + s for s in stmts)
 
+        if k.reduce_expr is not None and ng == 0 and parallel:
+            # a full reduction: SPLIT threads each reduce a chunk of the outermost axis, then one combines
+            chunks = min(SPLIT, k.shape[0])
+            size = -(-k.shape[0] // chunks)
+            emit(0, self.levels[0])
+            emit(0, [f"partial = np.empty({chunks}, {np_type(acc_dt)})", f"for p in prange({chunks}):"])
+            emit(1, [f"acc = {init}", f"for i0 in range(p * {size}, min({k.shape[0]}, (p + 1) * {size})):"])
+            for depth in range(1, n + 1):
+                emit(depth + 1, self.levels[depth])
+                if depth < n:
+                    emit(depth + 1, [f"for i{depth} in range({k.shape[depth]}):"])
+            emit(n + 1, [f"acc = {update('acc', val)}"])
+            emit(1, ["partial[p] = acc"])
+            emit(0, [f"acc = {init}", f"for p in range({chunks}):"])
+            emit(1, [f"acc = {update('acc', 'partial[p]')}"])
+            emit(0, self.post + [store])
+            return "\n".join(out) + "\n"
         for depth in range(n + 1):
             emit(depth, self.levels[depth])
             if depth == ng and k.reduce_expr is not None:
-                emit(depth, [init])
+                emit(depth, [f"acc = {init}"])
             if depth < n:
                 rng = "prange" if (depth == 0 and parallel) else "range"
                 emit(depth, [f"for i{depth} in {rng}({k.shape[depth]}):"])
         if k.reduce_expr is not None:
-            emit(n, [f"acc = {update}"])
+            emit(n, [f"acc = {update('acc', val)}"])
             emit(ng, self.post + [store])
         else:
             emit(n, self.post + [store])
@@ -209,6 +230,132 @@ def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = Non
 
 
 def want_parallel(kernel: Kernel) -> bool:
-    if not kernel.global_shape or kernel.global_shape[0] < 2:
+    """Threads for kernels of at least PARALLEL_MIN_WORK iterations whose outer axis can be split."""
+    if not kernel.shape or kernel.shape[0] < 2:
         return False
     return math.prod(kernel.shape) >= PARALLEL_MIN_WORK
+
+
+# ---------------------------------------------------------------------------------------------------
+# matmul-shaped kernels go to BLAS (numpy.matmul on strided views); the fused epilogue stays generated
+
+BLAS_MIN_WORK = 1 << 16  # multiply-adds below which the generated loop beats a BLAS call
+
+
+@dataclass(frozen=True)
+class Operand:
+    input: int  # which kernel input
+    offset: int
+    strides: tuple[int, ...]  # element stride per kernel axis (global axes, then the reduce axis)
+
+
+@dataclass(frozen=True)
+class BlasPlan:
+    """sum_r A[g, r] * B[g, r] as a batched matmul: global axes split into batch (both operands),
+    M (A only) and N (B only)."""
+
+    a: Operand
+    b: Operand
+    batch: tuple[int, ...]
+    m: tuple[int, ...]
+    n: tuple[int, ...]
+    epilogue: Kernel | None  # the stored value computed from the matmul result, or None if it is ACC
+
+
+def _affine(index: Expr, naxes: int) -> tuple[int, tuple[int, ...]] | None:
+    strides = [0] * naxes
+    offset = 0
+    for coef, atom in linear_terms(index):
+        if atom is None:
+            offset += coef
+        elif atom.op == "IDX":
+            strides[atom.arg[0]] += coef
+        else:
+            return None
+    return offset, tuple(strides)
+
+
+def _operand(e: Expr, naxes: int, dtype: DType) -> Operand | None:
+    if e.op != "LOAD" or not is_true(e.srcs[1]) or e.dtype != dtype:
+        return None
+    aff = _affine(e.srcs[0], naxes)
+    return None if aff is None else Operand(e.arg, aff[0], aff[1])
+
+
+def _replace_acc(e: Expr, load: Expr) -> Expr:
+    if e.op == "ACC":
+        return load
+    if not e.srcs:
+        return e
+    return Expr(e.op, tuple(_replace_acc(s, load) for s in e.srcs), e.arg, e.dtype)
+
+
+def blas_plan(kernel: Kernel) -> BlasPlan | None:
+    k = kernel
+    if k.reduce_op != "SUM" or len(k.reduce_shape) != 1 or k.reduce_expr.op != "MUL":
+        return None
+    dtype = k.reduce_expr.dtype
+    if dtype not in (dtypes.float32, dtypes.float64) or math.prod(k.shape) < BLAS_MIN_WORK:
+        return None
+    naxes = len(k.shape)
+    a, b = (_operand(s, naxes, dtype) for s in k.reduce_expr.srcs)
+    if a is None or b is None or a.strides[-1] == 0 or b.strides[-1] == 0:
+        return None
+    batch, m, n = [], [], []
+    for axis in range(k.n_global):
+        sa, sb = a.strides[axis], b.strides[axis]
+        if sa and sb:
+            batch.append(axis)
+        elif sa:
+            m.append(axis)
+        elif sb:
+            n.append(axis)
+        else:
+            return None
+    if not m and n:  # keep A the operand with the M axes
+        a, b, m, n = b, a, n, m
+    epilogue = None
+    row_major = const(0, IDX_DT)
+    acc = 1
+    for axis in reversed(range(k.n_global)):
+        row_major = iadd(row_major, imul(Expr("IDX", (), (axis, k.shape[axis]), IDX_DT), acc))
+        acc *= k.shape[axis]
+    if not (k.expr.op == "ACC" and k.out_index == row_major):
+        load = Expr("LOAD", (row_major, const(True, dtypes.bool)), len(k.in_dtypes), dtype)
+        epilogue = Kernel(
+            name=k.name + "_epilogue",
+            shape=k.global_shape,
+            n_global=k.n_global,
+            reduce_op=None,
+            reduce_expr=None,
+            expr=_replace_acc(k.expr, load),
+            out_index=k.out_index,
+            out_dtype=k.out_dtype,
+            in_dtypes=(*k.in_dtypes, dtype),
+        )
+    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue)
+
+
+def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:
+    item = array.itemsize
+    return np.ndarray(
+        tuple(sizes[a] for a in axes),
+        array.dtype,
+        buffer=array,
+        offset=op.offset * item,
+        strides=tuple(op.strides[a] * item for a in axes),
+    )
+
+
+def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray]) -> np.ndarray:
+    """The reduce result of a matmul-shaped kernel, row-major over its global axes."""
+    shape = kernel.shape
+    r = len(shape) - 1
+    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
+    a = _view(arrays[plan.a.input], plan.a, [*plan.batch, *plan.m, r], shape)
+    b = _view(arrays[plan.b.input], plan.b, [*plan.batch, r, *plan.n], shape)
+    a = a.reshape(size(plan.batch), size(plan.m), shape[r])
+    b = b.reshape(size(plan.batch), shape[r], size(plan.n))
+    c = np.matmul(a, b).reshape(tuple(shape[x] for x in (*plan.batch, *plan.m, *plan.n)))
+    order = [*plan.batch, *plan.m, *plan.n]
+    return np.ascontiguousarray(c.transpose([order.index(x) for x in range(kernel.n_global)])).reshape(-1)

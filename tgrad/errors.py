@@ -2,7 +2,29 @@
 
 
 class TgradError(Exception):
-    """Base class of every error tgrad raises on purpose."""
+    """Base class of every error tgrad raises on purpose; the message ends with the user's line."""
+
+    def __init__(self, message: str):
+        where = user_frame()
+        super().__init__(f"{message}\n  (at {where})" if where else message)
+
+
+def user_frame() -> str:
+    """file:line: code of the innermost frame outside the tgrad package (the user's line)."""
+    import linecache
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        path = name if name.startswith("<") else os.path.abspath(name)
+        if not path.startswith(package + os.sep):
+            code = linecache.getline(path, frame.f_lineno).strip()
+            return f"{path}:{frame.f_lineno}: {code}"
+        frame = frame.f_back
+    return ""
 
 
 class ShapeError(TgradError, ValueError):

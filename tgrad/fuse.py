@@ -115,14 +115,14 @@ def _bounds(e: Expr) -> tuple[float, float]:
 # index arithmetic with the simplifications that make views cheap
 
 
-def _terms(e: Expr) -> list[tuple[int, Expr | None]]:
+def linear_terms(e: Expr) -> list[tuple[int, Expr | None]]:
     """e as a sum of coef*atom terms (atom None for the constant term)."""
     if e.op == "ADD":
-        return _terms(e.srcs[0]) + _terms(e.srcs[1])
+        return linear_terms(e.srcs[0]) + linear_terms(e.srcs[1])
     if e.op == "CONST":
         return [(e.arg, None)]
     if e.op == "MUL" and is_const(e.srcs[1]):
-        return [(c * e.srcs[1].arg, a) for c, a in _terms(e.srcs[0])]
+        return [(c * e.srcs[1].arg, a) for c, a in linear_terms(e.srcs[0])]
     return [(1, e)]
 
 
@@ -143,17 +143,17 @@ def _from_terms(terms: list[tuple[int, Expr | None]]) -> Expr:
 
 
 def iadd(a: Expr, b: Expr) -> Expr:
-    return _from_terms(_terms(a) + _terms(b))
+    return _from_terms(linear_terms(a) + linear_terms(b))
 
 
 def imul(a: Expr, c: int) -> Expr:
-    return _from_terms([(k * c, t) for k, t in _terms(a)])
+    return _from_terms([(k * c, t) for k, t in linear_terms(a)])
 
 
 def idiv(a: Expr, c: int) -> Expr:
     if c == 1:
         return a
-    terms = _terms(a)
+    terms = linear_terms(a)
     whole = [(k // c, t) for k, t in terms if k % c == 0]
     rest = [(k, t) for k, t in terms if k % c != 0]
     rest_e = _from_terms(rest)
@@ -170,7 +170,7 @@ def imod(a: Expr, c: int) -> Expr:
         return const(0, IDX_DT)
     if a.vmin < 0:
         return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
-    rest = _from_terms([(k, t) for k, t in _terms(a) if k % c != 0])
+    rest = _from_terms([(k, t) for k, t in linear_terms(a) if k % c != 0])
     if rest.vmin >= 0 and rest.vmax < c:
         return rest
     return Expr("MOD", (rest, const(c, IDX_DT)), None, IDX_DT)
@@ -299,20 +299,54 @@ def _walk(roots: list[Node]) -> list[Node]:
     return order
 
 
-def _body(root: Node, realize: set[Node]) -> list[Node]:
-    """Nodes computed inside root's kernel (root included)."""
-    out, seen, stack = [], set(), [root]
+def _body(root: Node, realize: set[Node]) -> dict[Node, bool]:
+    """Nodes computed inside root's kernel (root included), each with whether some path from the root
+    to it goes through a movement op."""
+    out: dict[Node, bool] = {}
+    stack = [(root, False)]
     while stack:
-        node = stack.pop()
-        if node in seen:
+        node, moved = stack.pop()
+        if node in out and (out[node] or not moved):
             continue
-        seen.add(node)
-        out.append(node)
+        out[node] = moved
         srcs = node.srcs[1:] if node.op is Op.ASSIGN else node.srcs
+        # a reshape keeps the row-major order, so a reduce under reshapes still lines up with the output
+        moved = moved or (node.op in MOVEMENT and node.op is not Op.RESHAPE)
         for s in srcs:
             if not s.realized and s not in realize and s.op is not Op.CONST:
-                stack.append(s)
+                stack.append((s, moved))
     return out
+
+
+def _top_reduces(root: Node, realize: set[Node]) -> set[Node]:
+    """The reduces of root's kernel that are not under another reduce."""
+    out, seen, stack = set(), set(), [root]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Op.REDUCE:
+            out.add(n)
+            continue
+        srcs = n.srcs[1:] if n.op is Op.ASSIGN else n.srcs
+        stack.extend(s for s in srcs if not s.realized and s not in realize)
+    return out
+
+
+def _has_fusable_reduce(node: Node) -> bool:
+    """Is there a REDUCE under node reached through elementwise ops and reshapes only?"""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n.realized:
+            continue
+        seen.add(n)
+        if n.op is Op.REDUCE:
+            return True
+        if n.op in ALU or n.op is Op.RESHAPE or n.op is Op.DETACH:
+            stack.extend(n.srcs)
+    return False
 
 
 def kernel_roots(outputs: list[Node]) -> list[Node]:
@@ -322,32 +356,40 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
         if not base.realized and base not in roots:
             roots.append(base)
     nodes = _walk(roots)
-    users: dict[Node, list[Node]] = defaultdict(list)
+    forced = set(roots) | {n for n in nodes if n.op is Op.ASSIGN}
+    realize = set(forced)
+    # a value that goes through a movement op (other than reshape) after a reduce is realized where the
+    # movement starts, so the reduce's elementwise epilogue is computed once, in the reduce's kernel
     for n in nodes:
-        for s in n.srcs:
-            users[s].append(n)
-    realize = set(roots)
-    for n in nodes:
-        if n.op is Op.REDUCE and any(u.op in MOVEMENT for u in users[n]):
-            realize.add(n)
-        if n.op is Op.ASSIGN:
-            realize.add(n)
+        if n.op in MOVEMENT and n.op is not Op.RESHAPE:
+            x = n.srcs[0]
+            while x.op is Op.RESHAPE:
+                x = x.srcs[0]
+            if not x.realized and _has_fusable_reduce(x):
+                realize.add(x)
     while True:
         seen_in: dict[Node, int] = defaultdict(int)
         grow = set()
         for r in realize:
-            reduces = [n for n in _body(r, realize) if n.op is Op.REDUCE]
+            body = _body(r, realize)
+            reduces = [n for n in body if n.op is Op.REDUCE]
             for n in reduces:
                 seen_in[n] += 1
-            if r.op is Op.REDUCE:
-                grow.update(n for n in reduces if n is not r)
-            elif len(reduces) > 1:
-                grow.update(reduces)
+            # a reduce seen through a movement op (expand-after-reduce...) is its own kernel
+            grow.update(n for n in reduces if body[n] and n is not r)
+            top = _top_reduces(r, realize)
+            if len(top) > 1:  # two independent reduces: both become kernels, r combines them
+                grow.update(top)
+            else:  # one kernel holds one reduce: those under it become kernels
+                grow.update(n for n in reduces if n not in top)
         grow.update(n for n, k in seen_in.items() if k > 1)
         grow -= realize
         if not grow:
             break
         realize |= grow
+    # an epilogue realized for its reduce's sake is pointless once that reduce became its own kernel:
+    # it is recomputed (elementwise) where it is used instead
+    realize -= {n for n in realize - forced if not any(b.op is Op.REDUCE for b in _body(n, realize))}
     # order: sources first (the _walk order is topological)
     return [n for n in nodes if n in realize]
 
@@ -403,9 +445,12 @@ class _Lowerer:
             srcs = tuple(self.lower(s, path, idx) for s in node.srcs)
             return Expr(node.op.name, srcs, node.dtype if node.op is Op.CAST else None, node.dtype)
         if node.op is Op.REDUCE:
+            assert all(m.op is Op.RESHAPE for m in path), "a fused reduce is only reached through reshapes"
             return Expr("ACC", (), None, node.dtype)
         if node.op is Op.ASSIGN:
             return self.lower(node.srcs[1], path, idx)
+        if node.op is Op.DETACH:
+            return self.lower(node.srcs[0], path, idx)
         raise NotImplementedError(f"cannot lower {node.op}")
 
 
@@ -414,10 +459,15 @@ def _zero(dtype: DType):
 
 
 def _find_reduce(root: Node, realize: set[Node]) -> Node | None:
-    for n in _body(root, realize):
-        if n.op is Op.REDUCE:
-            return n
-    return None
+    return next((n for n in _body(root, realize) if n.op is Op.REDUCE), None)
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
 
 
 def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
@@ -436,11 +486,19 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
     out_idx = tuple(const(0, IDX_DT) if a in axes else full_idx[a] for a in range(len(full)))
     lw = _Lowerer(root, realize)
     reduce_expr = lw.lower(red.srcs[0], (), tuple(full_idx)) if red is not None else None
-    expr = lw.lower(root, (), out_idx)
+    # the output is stored row-major; the root may be a reshape of the reduce's (keepdim) shape
     out_index = const(0, IDX_DT)
-    for i, st in zip(out_idx, strides_for(out_shape)):
+    for i, st in zip(out_idx, strides_for(red.shape if red is not None else out_shape)):
         if st:
             out_index = iadd(out_index, imul(i, st))
+    if red is not None and root.shape != red.shape:
+        root_idx = tuple(
+            imod(idx_div(out_index, st), s) if s != 1 else const(0, IDX_DT)
+            for s, st in zip(root.shape, _row_major(root.shape))
+        )
+    else:
+        root_idx = out_idx
+    expr = lw.lower(root, (), root_idx)
     kind = "r" if red is not None else "E"
     name = kind + "_" + "_".join(str(s) for s in kshape) if kshape else kind
     kernel = Kernel(

@@ -55,6 +55,8 @@ class Op(Enum):
     FLIP = "FLIP"
     # write the value (src 1) into the buffer of the target (src 0)
     ASSIGN = "ASSIGN"
+    # identity whose gradient is zero (Tensor.detach); fusion looks through it
+    DETACH = "DETACH"
 
     def __repr__(self) -> str:
         return self.name
@@ -122,7 +124,7 @@ class Node:
     def base(self) -> Node:
         """The node under a chain of movement ops."""
         node = self
-        while node.op in MOVEMENT:
+        while node.op in MOVEMENT or node.op is Op.DETACH:
             node = node.srcs[0]
         return node
 

@@ -101,6 +101,8 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
         out = np.array(node.arg, dtype=node.dtype.np)
     elif node.op in MOVEMENT:
         out = _movement(node.op, node.arg, evaluate(node.srcs[0], memo))
+    elif node.op is Op.DETACH:
+        out = evaluate(node.srcs[0], memo)
     else:
         srcs = [evaluate(s, memo) for s in node.srcs]
         with np.errstate(all="ignore"):
@@ -147,4 +149,6 @@ def evaluate_views(node: Node, get_array: Callable[[Node], np.ndarray]) -> np.nd
         return get_array(node).reshape(node.shape)
     if node.op in MOVEMENT:
         return _movement(node.op, node.arg, evaluate_views(node.srcs[0], get_array))
+    if node.op is Op.DETACH:
+        return evaluate_views(node.srcs[0], get_array)
     raise ValueError(f"{node} is not realized")

@@ -19,7 +19,8 @@ from tgrad.errors import AutogradError, DeviceError, DTypeError, ShapeError
 from tgrad.graph import Node, Op
 
 Scalar = int | float | bool
-_grad_leaves: weakref.WeakSet = weakref.WeakSet()  # tensors created or marked with requires_grad=True
+# tensors created or marked with requires_grad=True, by id (Tensor.__eq__ is elementwise: no WeakSet)
+_grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
@@ -147,7 +148,7 @@ class Tensor(metaclass=_NoGradMeta):
                 self.realize()
                 if self.node.op is not Op.BUFFER:
                     self.node = _fresh_buffer(self.node)
-            _grad_leaves.add(self)
+            _grad_leaves[id(self)] = self
 
     def requires_grad_(self, value: bool = True) -> Tensor:
         self.requires_grad = value
@@ -184,8 +185,10 @@ class Tensor(metaclass=_NoGradMeta):
         return self
 
     def _drop_history(self) -> None:
-        # a realized tensor that no gradient flows through keeps only its buffer, so graphs free
-        if not self.requires_grad and self.node.op is not Op.BUFFER and self.node.realized:
+        # a realized leaf, or a realized tensor no gradient flows through, keeps only its buffer, so the
+        # graph that computed it (and that graph's buffers) can be freed
+        is_leaf = not self.requires_grad or _grad_leaves.get(id(self)) is self
+        if is_leaf and self.node.op is not Op.BUFFER and self.node.realized:
             self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
 
     def numpy(self) -> np.ndarray:
@@ -211,7 +214,8 @@ class Tensor(metaclass=_NoGradMeta):
         return out
 
     def detach(self) -> Tensor:
-        return Tensor(self.node)
+        """The same value, with no gradient flowing back through it."""
+        return Tensor(Node(Op.DETACH, (self.node,), None, self.shape, self.dtype, self.device))
 
     def clone(self) -> Tensor:
         return self._from(self.node)
@@ -251,7 +255,7 @@ class Tensor(metaclass=_NoGradMeta):
             raise AutogradError(
                 "backward(): nothing in this graph requires a gradient; create leaves with requires_grad=True"
             )
-        leaves = [t for t in list(_grad_leaves) if t.requires_grad]
+        leaves = [t for t in list(_grad_leaves.values()) if t.requires_grad]
         targets = {t.node for t in leaves}
         grads = autodiff.gradients(self.node, gradient.cast(self.dtype).node, targets)
         for t in leaves:
@@ -945,12 +949,11 @@ class Tensor(metaclass=_NoGradMeta):
 
     def argmax(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
-        return self.detach()._arg_first_max(axis, keepdim)
+        return self._arg_first_max(axis, keepdim)
 
     def argmin(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
-        x = self.detach()
-        return (-x if x.dtype.is_float else ~x)._arg_first_max(axis, keepdim)
+        return (-self if self.dtype.is_float else ~self)._arg_first_max(axis, keepdim)
 
     def any(self, axis=None, keepdim: bool = False) -> Tensor:
         return self.bool()._reduce("MAX", axis, keepdim, "any")
@@ -961,19 +964,20 @@ class Tensor(metaclass=_NoGradMeta):
     def softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        e = (x - x.max(axis, keepdim=True)).exp()
+        # the result does not depend on the shift, so no gradient flows through the max
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        m = x - x.max(axis, keepdim=True)
+        m = x - x.max(axis, keepdim=True).detach()
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        m = x.max(axis, keepdim=True)
+        m = x.max(axis, keepdim=True).detach()
         out = (x - m).exp().sum(axis, keepdim=True).log() + m
         return (
             out
@@ -1254,7 +1258,7 @@ class Tensor(metaclass=_NoGradMeta):
         return x
 
     def _take(self, axis: int, index: Tensor) -> Tensor:
-        """x.take along one axis with an integer tensor: out.shape = x.shape[:a] + index.shape + x.shape[a+1:]."""
+        """Take along one axis with an integer tensor: shape[:a] + index.shape + shape[a+1:]."""
         if index.dtype.is_float:
             raise DTypeError(f"tensor indices must be integers, got {index.dtype.name}")
         n = self.shape[axis]

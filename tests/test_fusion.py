@@ -1,0 +1,118 @@
+"""Fusion rules, pinned by kernel counts (CPU device: the scheduler is shared by every compiled device)."""
+
+import numpy as np
+import pytest
+
+from tgrad import Tensor
+from tgrad.device import Stats
+from tgrad.fuse import schedule
+
+
+def kernels(*tensors: Tensor) -> list:
+    return schedule([t.node for t in tensors])
+
+
+def count_run(*tensors: Tensor) -> int:
+    before = Stats.kernels_run
+    Tensor.realize(*tensors)
+    return Stats.kernels_run - before
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    monkeypatch.setenv("DEVICE", "CPU")
+
+
+def test_elementwise_reduce_is_one_kernel(cpu):
+    a, b, c = (Tensor.rand(16, 16) for _ in range(3))
+    out = (a * b + c).relu().sum()
+    items = kernels(out)
+    assert len(items) == 1 and items[0].kernel.reduce_op == "SUM"
+    np.testing.assert_allclose(out.item(), np.maximum(a.numpy() * b.numpy() + c.numpy(), 0).sum(), rtol=1e-5)
+
+
+def test_matmul_is_one_kernel(cpu):
+    a, b = Tensor.rand(8, 16), Tensor.rand(16, 4)
+    assert len(kernels(a @ b)) == 1
+    assert len(kernels((a @ b).relu() + 1)) == 1  # epilogue fuses
+
+
+def test_softmax_at_most_three_kernels(cpu):
+    x = Tensor.rand(4, 32)
+    assert len(kernels(x.softmax(-1))) <= 3
+    np.testing.assert_allclose(x.softmax(-1).numpy().sum(-1), np.ones(4), rtol=1e-5)
+
+
+def test_elementwise_chain_one_kernel(cpu):
+    a, b = Tensor.rand(10), Tensor.rand(10)
+    assert len(kernels(((a + b) * a).exp().sqrt() - b)) == 1
+    w = Tensor.rand(10)
+    assert len(kernels(a * (1 - w) + b * w)) == 1
+
+
+def test_views_are_free(cpu):
+    x = Tensor.rand(4, 6).realize()
+    for view in (
+        x.reshape(6, 4),
+        x.permute(1, 0),
+        x.reshape(4, 1, 6).expand(4, 3, 6),
+        x[1:3],
+        x.T.reshape(-1),
+    ):
+        assert count_run(view) == 0
+    np.testing.assert_array_equal(x.T.numpy(), x.numpy().T)
+
+
+def test_reduce_computed_once(cpu):
+    x = Tensor.rand(8, 8)
+    s = x.sum(1)
+    items = kernels(s * 2, s + 1)
+    assert sum(1 for it in items if it.kernel.reduce_op is not None) == 1
+
+
+def test_expand_after_reduce_realizes(cpu):
+    x = Tensor.rand(4, 8)
+    out = x - x.mean(1, keepdim=True)
+    assert len(kernels(out)) == 2
+    np.testing.assert_allclose(out.numpy(), x.numpy() - x.numpy().mean(1, keepdims=True), atol=1e-6)
+
+
+def test_training_step_kernel_count(cpu):
+    Tensor.manual_seed(0)
+    w1 = Tensor.rand(8, 16, requires_grad=True)
+    w2 = Tensor.rand(16, 4, requires_grad=True)
+    x = Tensor.rand(5, 8)
+    y = Tensor([0, 1, 2, 3, 0])
+    loss = (x @ w1).relu().matmul(w2).cross_entropy(y)
+    loss.backward()
+    n = len(kernels(loss, w1.grad, w2.grad))
+    # forward: 2 matmuls, max, sum(exp), loss sum over classes, sum of losses, count of targets;
+    # backward: softmax-grad sum, 2 weight-grad matmuls, 1 input-grad matmul; the loss division
+    assert n == 12, n
+    Tensor.realize(loss, w1.grad, w2.grad)
+
+
+def test_cpu_matmul_goes_to_blas_with_fused_epilogue(cpu):
+    from tgrad import emit_numba
+
+    a, b = Tensor.rand(64, 48), Tensor.rand(48, 80)
+    (item,) = kernels((a @ b).relu() * 2)
+    plan = emit_numba.blas_plan(item.kernel)
+    assert plan is not None and plan.epilogue is not None
+    np.testing.assert_allclose(((a @ b).relu() * 2).numpy(), np.maximum(a.numpy() @ b.numpy(), 0) * 2, rtol=1e-5)
+    # strided and flipped operands, batched
+    x, y = Tensor.rand(3, 40, 64), Tensor.rand(64, 3, 50)
+    out = x[:, ::-1] @ y.permute(1, 0, 2)
+    assert emit_numba.blas_plan(kernels(out)[0].kernel) is not None
+    ref = x.numpy()[:, ::-1] @ y.numpy().transpose(1, 0, 2)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_large_full_reduction_is_split_across_threads(cpu):
+    from tgrad import emit_numba
+
+    x = Tensor.rand(1 << 20)
+    (item,) = kernels((x * 2).sum())
+    assert "prange" in emit_numba.render(item.kernel)
+    np.testing.assert_allclose((x * 2).sum().item(), (x.numpy().astype(np.float64) * 2).sum(), rtol=1e-4)
+    np.testing.assert_allclose(x.max().item(), x.numpy().max())

@@ -1,0 +1,172 @@
+"""Random graphs (hypothesis): every device against the NUMPY reference and PyTorch, forward and backward.
+
+TGRAD_FUZZ_EXAMPLES sets the budget (CI: a small fixed-seed run; nightly: 10000).
+"""
+
+import os
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from tgrad import Tensor
+
+EXAMPLES = int(os.environ.get("TGRAD_FUZZ_EXAMPLES", "25"))
+
+UNARY = [
+    ("exp", lambda t: (t * 0.5).exp()),
+    ("relu", lambda t: t.relu()),
+    ("neg", lambda t: -t),
+    ("sigmoid", lambda t: t.sigmoid()),
+    ("abs", lambda t: t.abs()),
+    ("sqrtabs", lambda t: (t.abs() + 1).sqrt()),
+    ("tanh", lambda t: t.tanh()),
+    ("square", lambda t: t * t),
+    ("sin", lambda t: t.sin()),
+]
+BINARY = [
+    ("add", lambda a, b: a + b),
+    ("mul", lambda a, b: a * b),
+    ("sub", lambda a, b: a - b),
+    ("max", lambda a, b: a.maximum(b)),
+]
+
+
+def _pick(draw, options):
+    return options[draw(st.integers(0, len(options) - 1))]
+
+
+@st.composite
+def graphs(draw):
+    """A program: a list of steps over a stack of tensors, applied the same way in tgrad and torch."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 5)) for _ in range(ndim))
+    steps = []
+    cur = shape
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(
+            st.sampled_from(
+                [
+                    "unary",
+                    "binary",
+                    "reduce",
+                    "permute",
+                    "flip",
+                    "pad",
+                    "shrink",
+                    "reshape",
+                    "expand",
+                    "matmul",
+                ]
+            )
+        )
+        if kind == "unary":
+            steps.append(("unary", _pick(draw, UNARY)[0]))
+        elif kind == "binary":
+            steps.append(("binary", _pick(draw, BINARY)[0]))
+        elif kind == "reduce" and len(cur) > 1:
+            ax = draw(st.integers(0, len(cur) - 1))
+            op = draw(st.sampled_from(["sum", "max", "mean"]))
+            keep = draw(st.booleans())
+            steps.append(("reduce", op, ax, keep))
+            cur = cur[:ax] + ((1,) if keep else ()) + cur[ax + 1 :]
+        elif kind == "permute" and len(cur) > 1:
+            order = tuple(draw(st.permutations(range(len(cur)))))
+            steps.append(("permute", order))
+            cur = tuple(cur[i] for i in order)
+        elif kind == "flip":
+            steps.append(("flip", draw(st.integers(0, len(cur) - 1))))
+        elif kind == "pad":
+            ax = draw(st.integers(0, len(cur) - 1))
+            lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+            steps.append(("pad", ax, lo, hi))
+            cur = cur[:ax] + (cur[ax] + lo + hi,) + cur[ax + 1 :]
+        elif kind == "shrink":
+            ax = draw(st.integers(0, len(cur) - 1))
+            if cur[ax] > 1:
+                b = draw(st.integers(0, cur[ax] - 1))
+                e = draw(st.integers(b + 1, cur[ax]))
+                steps.append(("shrink", ax, b, e))
+                cur = cur[:ax] + (e - b,) + cur[ax + 1 :]
+        elif kind == "reshape":
+            n = int(np.prod(cur))
+            steps.append(("reshape", (n,)))
+            cur = (n,)
+        elif kind == "expand":
+            steps.append(("expand", 3))
+            cur = (3,) + cur
+        elif kind == "matmul" and len(cur) >= 1:
+            k = draw(st.integers(1, 4))
+            steps.append(("matmul", k))
+            cur = cur[:-1] + (k,)
+    return shape, steps
+
+
+def run(steps, x, other, lib):
+    """Apply steps to x; `other` supplies second operands (same shape as the current value)."""
+    t = x
+    for step in steps:
+        kind = step[0]
+        if kind == "unary":
+            t = dict(UNARY)[step[1]](t)
+        elif kind == "binary":
+            t = dict(BINARY)[step[1]](t, other(t.shape))
+        elif kind == "reduce":
+            _, op, ax, keep = step
+            if op == "sum":
+                t = t.sum(ax, keepdim=keep)
+            elif op == "mean":
+                t = t.mean(ax, keepdim=keep)
+            else:
+                t = t.amax(ax, keepdim=keep) if lib == "torch" else t.max(ax, keepdim=keep)
+        elif kind == "permute":
+            t = t.permute(*step[1])
+        elif kind == "flip":
+            t = t.flip((step[1],)) if lib == "torch" else t.flip(step[1])
+        elif kind == "pad":
+            _, ax, lo, hi = step
+            pad = [(0, 0)] * t.ndim
+            pad[ax] = (lo, hi)
+            flat = [v for p in reversed(pad) for v in p]
+            t = torch.nn.functional.pad(t, flat) if lib == "torch" else t.pad(tuple(pad))
+        elif kind == "shrink":
+            _, ax, b, e = step
+            idx = [slice(None)] * t.ndim
+            idx[ax] = slice(b, e)
+            t = t[tuple(idx)]
+        elif kind == "reshape":
+            t = t.reshape(step[1])
+        elif kind == "expand":
+            t = t.unsqueeze(0).expand(step[1], *t.shape)
+        elif kind == "matmul":
+            t = t @ other((t.shape[-1], step[1]))
+    return t
+
+
+def operand_source(lib, seed_, device=None):
+    rng = np.random.default_rng(seed_)
+
+    def other(shape):
+        arr = rng.uniform(-1, 1, size=tuple(shape)).astype(np.float32)
+        return torch.tensor(arr) if lib == "torch" else Tensor(arr, device=device)
+
+    return other
+
+
+@seed(1234)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(graphs())
+def test_random_graph(device, graph):
+    shape, steps = graph
+    x = np.random.default_rng(0).uniform(-1.5, 1.5, size=shape).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    xg = Tensor(x, requires_grad=True)
+    out_t = run(steps, xt, operand_source("torch", 1), "torch")
+    out_g = run(steps, xg, operand_source("tgrad", 1), "tgrad")
+    np.testing.assert_allclose(out_g.numpy(), out_t.detach().numpy(), atol=1e-4, rtol=1e-3)
+    ref = run(steps, Tensor(x, device="NUMPY"), operand_source("tgrad", 1, "NUMPY"), "tgrad")
+    np.testing.assert_allclose(out_g.numpy(), ref.numpy(), atol=1e-4, rtol=1e-3)
+    out_t.sum().backward()
+    out_g.sum().backward()
+    np.testing.assert_allclose(xg.grad.numpy(), xt.grad.numpy(), atol=1e-3, rtol=1e-3)

@@ -189,3 +189,19 @@ def test_reset_recaptures_for_new_shapes():
     b = RNG.standard_normal((5, 2)).astype(np.float32)
     for _ in range(3):
         np.testing.assert_allclose(f(Tensor(b)).numpy(), b.sum(0), rtol=1e-5)
+
+
+def test_error_gradient_accumulated_across_calls():
+    w = Tensor(np.ones((4, 2), np.float32), requires_grad=True)
+    opt = Adam([w], lr=0.1)
+
+    @TinyJit
+    def step(x):
+        loss = (x @ w).square().mean()  # no opt.zero_grad(): w.grad keeps growing across calls
+        loss.backward()
+        opt.step(loss)
+        return loss
+
+    step(Tensor(A))
+    with pytest.raises(JitError, match="zero_grad"):
+        step(Tensor(A))

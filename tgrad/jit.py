@@ -16,6 +16,8 @@ Rules (each broken rule that can be detected raises a JitError that says what to
   numbers (Tensor.rand/randint/dropout draw on the host and would be frozen: draw outside and pass them
   in). Tensors made from host data inside the function are frozen at capture. Python control flow is
   frozen at capture. A function that launches no kernel raises JitError.
+- Gradients must be zeroed inside the function (opt.zero_grad()): a gradient that adds onto the
+  previous call's gradient would add the same frozen buffer on every replay, so it raises JitError.
 - A returned Tensor must not read a buffer that an assign() in the same call overwrote (the loss
   after opt.step()): realize it with the step, `opt.step(loss)`, or JitError.
 - A TinyJit called inside another one's function before it has captured just runs (its kernels are
@@ -100,6 +102,22 @@ def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
     return False
 
 
+def _reads(node: g.Node, ids: set[int]) -> bool:
+    """Whether computing node reads one of the buffers in ids."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.realized:
+            if id(n.buffer) in ids:
+                return True
+            continue
+        stack.extend(n.srcs)
+    return False
+
+
 class _NoHostRandom:
     def __getattr__(self, name: str):
         raise JitError(
@@ -134,6 +152,7 @@ class TinyJit:
         self._ret: Any = None
         self._frozen: tuple = ()
         self._first_other: Any = None
+        self._first_log: list = []  # call 1's launches, kept until the capture to spot leaked values
 
     @property
     def kernel_names(self) -> list[str]:
@@ -190,7 +209,7 @@ class TinyJit:
         ret = _rebuild(ret, iter(copies))
         ret_others = [v for v in _flatten(ret) if not isinstance(v, Tensor)]
         if not capture:
-            self._first_other = ret_others
+            self._first_other, self._first_log = ret_others, list(log)
             self.cnt = 1
             return ret
         if trivial:
@@ -204,6 +223,7 @@ class TinyJit:
                 f"({self._first_other!r} -> {ret_others!r}); replays would return the captured ones. "
                 "Return them as Tensors or compute them outside"
             )
+        self._check_leaks(log)
         self.captured = list(log)
         self._in_ids = {id(b): i for i, b in enumerate(bufs)}
         self._in_sig = [(t.shape, t.dtype, t.device) for t in fixed]
@@ -213,6 +233,23 @@ class TinyJit:
         if dev_mod.DEBUG >= 1:
             print(f"TinyJit: captured {len(log)} kernels: {' '.join(self.kernel_names)}", file=sys.stderr)
         return ret
+
+    def _check_leaks(self, log: list) -> None:
+        """Gradients that add onto values from call 1 (no zero_grad() inside the function) would add the
+        same frozen call-1 buffer on every replay."""
+        first = {id(out) for _, out, _ in self._first_log}
+        self._first_log = []
+        now = {id(out) for _, out, _ in log}
+        leaked = {id(b) for _, _, ins in log for b in ins if id(b) in first and id(b) not in now}
+        if not leaked:
+            return
+        for t in list(tensor_mod._grad_leaves.values()):
+            if t.grad is not None and _reads(t.grad.node, leaked):
+                raise JitError(
+                    f"TinyJit: the gradient of a parameter of shape {t.shape} adds onto a gradient from the "
+                    "previous call, which replays would freeze; call opt.zero_grad() inside the function "
+                    "(accumulate over micro-batches inside one call instead)"
+                )
 
     def _check_inputs(self, fixed: list[Tensor], others: tuple) -> None:
         sig = [(t.shape, t.dtype, t.device) for t in fixed]

@@ -11,17 +11,8 @@ import math
 
 import numpy as np
 
-from tgrad import graph as g
 from tgrad.errors import AutogradError
-from tgrad.graph import Op
 from tgrad.tensor import Tensor
-
-
-def _in_place(t: Tensor) -> None:
-    """Make a realized tensor's node a plain buffer again, so the next assign() writes into that buffer
-    (a realized ASSIGN node on a requires_grad tensor would otherwise be replaced by a new buffer)."""
-    if t.node.op is not Op.BUFFER and t.node.realized:
-        t.node = g.Node.from_buffer(t.node.buffer, t.shape, t.dtype, t.device)
 
 
 def _state(t: Tensor, value: float = 0.0) -> Tensor:
@@ -38,9 +29,7 @@ class Optimizer:
         self.buffers = [t for t in params if not t.requires_grad]
         if not self.params:
             raise AutogradError("no parameter requires a gradient; create them with requires_grad=True")
-        for t in self.params + self.buffers:
-            t.realize()
-            _in_place(t)
+        Tensor.realize(*self.params, *self.buffers)
         # lr is a tensor so that changing it (opt.lr.assign(...)) also works under TinyJit
         self.lr = Tensor([lr], device=self.params[0].device)
 
@@ -65,8 +54,6 @@ class Optimizer:
         parameter buffer is overwritten."""
         tensors = self.schedule_step()
         Tensor.realize(*also, *tensors)
-        for t in tensors:
-            _in_place(t)
 
     def _step(self) -> list[Tensor]:
         raise NotImplementedError

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from tgrad.errors import ShapeError, TgradError
-from tgrad.nn.optim import _in_place
 from tgrad.tensor import Tensor
 
 
@@ -76,7 +75,6 @@ def load_state_dict(obj: Any, state: dict[str, Any], strict: bool = True) -> Non
         if tuple(value.shape) != t.shape:
             raise ShapeError(f"load_state_dict: {key} has shape {tuple(value.shape)}, model has {t.shape}")
         t.assign(Tensor(value.astype(t.dtype.np), device=t.device)).realize()
-        _in_place(t)
 
 
 def _to_numpy(value: Any) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Device selection for the suite.
 
-Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (comma separated; default:
-DEVICE if set, else CPU and NUMPY). A device that cannot start is skipped with the reason, unless
-TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
+Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (comma separated;
+default: DEVICE if set, else every device tgrad has). A device that cannot start is skipped with the
+reason, unless TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
 """
 
 import os
@@ -11,9 +11,11 @@ import pytest
 
 from tgrad.errors import DeviceError
 
+ALL = "CPU,NUMPY,WEBGPU"
+
 
 def _devices() -> list[str]:
-    names = os.environ.get("TGRAD_TEST_DEVICES") or os.environ.get("DEVICE") or "CPU,NUMPY"
+    names = os.environ.get("TGRAD_TEST_DEVICES") or os.environ.get("DEVICE") or ALL
     return [n.strip().upper() for n in names.split(",") if n.strip()]
 
 

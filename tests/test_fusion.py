@@ -99,7 +99,9 @@ def test_cpu_matmul_goes_to_blas_with_fused_epilogue(cpu):
     (item,) = kernels((a @ b).relu() * 2)
     plan = emit_numba.blas_plan(item.kernel)
     assert plan is not None and plan.epilogue is not None
-    np.testing.assert_allclose(((a @ b).relu() * 2).numpy(), np.maximum(a.numpy() @ b.numpy(), 0) * 2, rtol=1e-5)
+    np.testing.assert_allclose(
+        ((a @ b).relu() * 2).numpy(), np.maximum(a.numpy() @ b.numpy(), 0) * 2, rtol=1e-5
+    )
     # strided and flipped operands, batched
     x, y = Tensor.rand(3, 40, 64), Tensor.rand(64, 3, 50)
     out = x[:, ::-1] @ y.permute(1, 0, 2)
@@ -116,3 +118,17 @@ def test_large_full_reduction_is_split_across_threads(cpu):
     assert "prange" in emit_numba.render(item.kernel)
     np.testing.assert_allclose((x * 2).sum().item(), (x.numpy().astype(np.float64) * 2).sum(), rtol=1e-4)
     np.testing.assert_allclose(x.max().item(), x.numpy().max())
+
+
+def test_expensive_work_is_not_recomputed_under_a_big_expand(cpu):
+    from tgrad import emit_numba
+
+    q, k, v = Tensor.rand(64, 32), Tensor.rand(64, 32), Tensor.rand(64, 64)
+    att = (q @ k.T).softmax(-1) @ v
+    items = kernels(att)
+    # q@k, max, sum(exp), softmax (realized once), then a plain matmul that BLAS can take
+    assert len(items) == 5
+    assert emit_numba.blas_plan(items[-1].kernel) is not None
+    s = q.numpy() @ k.numpy().T
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(att.numpy(), (e / e.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)

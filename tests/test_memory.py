@@ -1,4 +1,5 @@
 """Buffers are freed when no tensor refers to them (counted by tgrad.device.Stats)."""
+
 import gc
 
 from tgrad import Tensor

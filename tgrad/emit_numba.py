@@ -18,7 +18,7 @@ import numpy as np
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_true, linear_terms, reduce_identity
 
-SPLIT = 64                    # chunks a full reduction is split into for threads
+SPLIT = 64  # chunks a full reduction is split into for threads
 PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
 
 HEADER = """import math

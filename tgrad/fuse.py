@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgrad.dtype import DType, dtypes
-from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, strides_for
+from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, prod, strides_for
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
@@ -334,19 +334,22 @@ def _top_reduces(root: Node, realize: set[Node]) -> set[Node]:
     return out
 
 
-def _has_fusable_reduce(node: Node) -> bool:
-    """Is there a REDUCE under node reached through elementwise ops and reshapes only?"""
-    stack, seen = [node], set()
+EXPENSIVE = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.IDIV, Op.MOD}
+RECOMPUTE_LIMIT = 1 << 16  # elements an expand may recompute expensive elementwise work for
+
+
+def _elementwise_closure(node: Node) -> list[Node]:
+    """Nodes under node reached through elementwise ops and reshapes only (reduces included, not passed)."""
+    out, stack, seen = [], [node], set()
     while stack:
         n = stack.pop()
         if n in seen or n.realized:
             continue
         seen.add(n)
-        if n.op is Op.REDUCE:
-            return True
+        out.append(n)
         if n.op in ALU or n.op is Op.RESHAPE or n.op is Op.DETACH:
             stack.extend(n.srcs)
-    return False
+    return out
 
 
 def kernel_roots(outputs: list[Node]) -> list[Node]:
@@ -360,12 +363,24 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
     realize = set(forced)
     # a value that goes through a movement op (other than reshape) after a reduce is realized where the
     # movement starts, so the reduce's elementwise epilogue is computed once, in the reduce's kernel
+    # and expensive elementwise work (exp, log, division...) is not recomputed for every element of a
+    # big expand (softmax(x) @ v computes the softmax once, then the matmul)
     for n in nodes:
         if n.op in MOVEMENT and n.op is not Op.RESHAPE:
             x = n.srcs[0]
             while x.op is Op.RESHAPE:
                 x = x.srcs[0]
-            if not x.realized and _has_fusable_reduce(x):
+            if x.realized or x.op is Op.CONST:
+                continue
+            closure = _elementwise_closure(x)
+            if (
+                n.op is Op.EXPAND
+                and prod(n.shape) >= RECOMPUTE_LIMIT
+                and any(c.op in EXPENSIVE for c in closure)
+            ):
+                forced.add(x)
+                realize.add(x)
+            elif any(c.op is Op.REDUCE for c in closure):
                 realize.add(x)
     while True:
         seen_in: dict[Node, int] = defaultdict(int)

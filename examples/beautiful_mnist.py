@@ -3,8 +3,9 @@
     python examples/beautiful_mnist.py                 # MNIST if TGRAD_DATA holds it, else sklearn digits
     python examples/beautiful_mnist.py --model cnn --steps 100
 
-The conv net is correct but slow on the CPU device for now (its pooled-window kernels run at well under
-1 GFLOP/s), so the MLP is the default.
+The conv net reaches about 98.6% on digits in 100 steps, but its pooled-window kernels are slow on the
+CPU device for now (about 0.25 s per step on 2 cores, one minute from a cold cache), so the MLP is the
+default (98% in 200 steps, about 13 s from a cold cache).
 
 Prints the test accuracy, the wall time and the kernels one training step runs.
 """

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test loads Mesa's; see report)
 
 from tgrad import Tensor
 from tgrad.device import Stats

@@ -1323,6 +1323,114 @@ class Tensor(metaclass=_NoGradMeta):
         return out + bias if bias is not None else out
 
     # ----------------------------------------------------------------------------------------------
+    # ---- nn ops (conv, pool, norm, attention)
+
+    def _pool(self, kernel: tuple[int, ...], stride, dilation) -> Tensor:
+        """Sliding windows over the last len(kernel) axes as views only (tinygrad's trick):
+        (..., *in) -> (..., *out, *kernel). No data is copied; the windows index the input."""
+        nk = len(kernel)
+        if self.ndim < nk:
+            raise ShapeError(f"pool: a {nk}-d window needs at least {nk} dims, got shape {self.shape}")
+        s_, d_ = _tuple(stride, nk), _tuple(dilation, nk)
+        pre, i_ = self.shape[:-nk], self.shape[-nk:]
+        o_ = [(i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(i_, d_, kernel, s_)]
+        if any(o <= 0 for o in o_):
+            raise ShapeError(f"pool: window {kernel} (dilation {d_}) is larger than the input {i_}")
+        # repeat each axis e times so that a row of length k*(i+d) holds every shifted window
+        e_ = [math.ceil(k * (i + d) / i) for k, i, d in zip(kernel, i_, d_)]
+        x = self.reshape(*pre, *[v for i in i_ for v in (1, i)])
+        x = x.expand(*pre, *[v for e, i in zip(e_, i_) for v in (e, i)])
+        x = x.reshape(*pre, *[e * i for e, i in zip(e_, i_)])
+        x = x.shrink([None] * len(pre) + [(0, k * (i + d)) for k, i, d in zip(kernel, i_, d_)])
+        x = x.reshape(*pre, *[v for k, i, d in zip(kernel, i_, d_) for v in (k, i + d)])
+        x = x.shrink([None] * len(pre) + [p for k, o, s in zip(kernel, o_, s_) for p in ((0, k), (0, o * s))])
+        x = x.reshape(*pre, *[v for k, o, s in zip(kernel, o_, s_) for v in (k, o, s)])
+        x = x.shrink([None] * len(pre) + [p for k, o in zip(kernel, o_) for p in ((0, k), (0, o), (0, 1))])
+        x = x.reshape(*pre, *[v for k, o in zip(kernel, o_) for v in (k, o)])
+        n = len(pre)
+        return x.permute(*range(n), *[n + 2 * j + 1 for j in range(nk)], *[n + 2 * j for j in range(nk)])
+
+    def _pad_spatial(self, padding, nk: int, value: float = 0.0) -> Tensor:
+        p = _tuple(padding, nk)
+        return self.pad(((0, 0),) * (self.ndim - nk) + tuple((q, q) for q in p), value)
+
+    def conv2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+               groups: int = 1) -> Tensor:
+        """PyTorch's F.conv2d: x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw), int or pair args."""
+        if self.ndim != 4 or weight.ndim != 4:
+            raise ShapeError(f"conv2d: needs 4-d input and weight, got {self.shape} and {weight.shape}")
+        (bs, cin_all), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        if cin_all != groups * cin or cout % groups:
+            raise ShapeError(
+                f"conv2d: input has {cin_all} channels but weight {weight.shape} with groups={groups} "
+                f"expects {groups * cin} (and out channels divisible by groups)"
+            )
+        x = self._pad_spatial(padding, 2)._pool(hw, stride, dilation)  # (bs, cin_all, oy, ox, kh, kw)
+        oyx, rcout = x.shape[2:4], cout // groups
+        x = x.reshape(bs, groups, 1, cin, *oyx, *hw).expand(bs, groups, rcout, cin, *oyx, *hw)
+        x = x.permute(0, 1, 2, 4, 5, 3, 6, 7)  # (bs, groups, rcout, oy, ox, cin, kh, kw)
+        w = weight.reshape(1, groups, rcout, 1, 1, cin, *hw)
+        out = (x * w).sum((5, 6, 7)).reshape(bs, cout, *oyx)
+        return out if bias is None else out + bias.reshape(1, cout, 1, 1)
+
+    def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1) -> Tensor:
+        """PyTorch's F.max_pool2d (stride defaults to kernel_size; padding counts as -inf)."""
+        k = _tuple(kernel_size, 2)
+        x = self._pad_spatial(padding, 2, -math.inf) if padding else self
+        return x._pool(k, stride if stride is not None else k, dilation).max((-2, -1))
+
+    def avg_pool2d(self, kernel_size=2, stride=None, padding=0, count_include_pad: bool = True) -> Tensor:
+        """PyTorch's F.avg_pool2d (stride defaults to kernel_size)."""
+        k = _tuple(kernel_size, 2)
+        s = stride if stride is not None else k
+        total = self._pad_spatial(padding, 2)._pool(k, s, 1).sum((-2, -1))
+        if count_include_pad or not padding:
+            return total / (k[0] * k[1])
+        ones = Tensor.ones(*self.shape[-2:], dtype=self.dtype, device=self.device)
+        return total / ones._pad_spatial(padding, 2)._pool(k, s, 1).sum((-2, -1))
+
+    def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
+                  axis: int = 1) -> Tensor:
+        """(x - mean) * invstd * weight + bias, with the 1-d statistics laid along `axis` (tinygrad's)."""
+        ax = _normalize_axis(axis, self.ndim, "batchnorm")
+        shape = tuple(s if i == ax else 1 for i, s in enumerate(self.shape))
+        x = self - mean.reshape(shape)
+        if weight is not None:
+            x = x * weight.reshape(shape)
+        x = x * (invstd.reshape(shape) if invstd.ndim == 1 else invstd)
+        return x + bias.reshape(shape) if bias is not None else x
+
+    def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
+        """Normalise to mean 0, variance 1 over `axis` (no affine part; nn.LayerNorm adds it)."""
+        y = self - self.mean(axis, keepdim=True)
+        return y * (y * y).mean(axis, keepdim=True).add(eps).rsqrt()
+
+    def dropout(self, p: float = 0.5) -> Tensor:
+        """Zero each element with probability p and scale the rest by 1/(1-p), only when Tensor.training."""
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+        if not Tensor.training or p == 0:
+            return self
+        if p == 1:
+            return self * 0
+        keep = Tensor.rand(*self.shape, device=self.device) >= p
+        return keep.where(self, 0) * (1 / (1 - p))
+
+    def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                     is_causal: bool = False) -> Tensor:
+        """PyTorch's F.scaled_dot_product_attention: softmax(q @ k^T / sqrt(d) + mask) @ v."""
+        qk = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
+        if is_causal:
+            if attn_mask is not None:
+                raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+            n, m = qk.shape[-2:]
+            rows = Tensor.arange(n, device=self.device).reshape(n, 1)
+            attn_mask = rows >= Tensor.arange(m, device=self.device).reshape(1, m)
+        if attn_mask is not None:
+            qk = attn_mask.where(qk, -math.inf) if attn_mask.dtype == dtypes.bool else qk + attn_mask
+        return qk.softmax(-1).matmul(value)
+
+    # ----------------------------------------------------------------------------------------------
     # losses
 
     def cross_entropy(
@@ -1371,6 +1479,14 @@ class Tensor(metaclass=_NoGradMeta):
     def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean") -> Tensor:
         loss = self.relu() - self * y + ((-self.abs()).exp() + 1).log()
         return _reduce_loss(loss, reduction)
+
+
+def _tuple(value, n: int) -> tuple[int, ...]:
+    """An int or a sequence of n ints as a tuple of n ints (kernel sizes, strides, padding)."""
+    out = tuple(value) if isinstance(value, (tuple, list)) else (value,) * n
+    if len(out) != n:
+        raise ShapeError(f"expected an int or {n} values, got {value!r}")
+    return tuple(int(v) for v in out)
 
 
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:

@@ -1,0 +1,151 @@
+"""Train an MLP (or a conv net) with Adam and a TinyJit training step, tinygrad's beautiful_mnist style.
+
+    python examples/beautiful_mnist.py                 # MNIST if TGRAD_DATA holds it, else sklearn digits
+    python examples/beautiful_mnist.py --model cnn --steps 100
+
+The conv net reaches about 98.6% on digits in 100 steps, but its pooled-window kernels are slow on the
+CPU device for now (about 0.25 s per step on 2 cores, one minute from a cold cache), so the MLP is the
+default (98% in 200 steps, about 13 s from a cold cache).
+
+Prints the test accuracy, the wall time and the kernels one training step runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from tgrad import Tensor  # noqa: E402
+from tgrad.datasets import DatasetError, digits, mnist  # noqa: E402
+from tgrad.device import Stats  # noqa: E402
+from tgrad.jit import TinyJit  # noqa: E402
+from tgrad.nn import BatchNorm2d, Conv2d, Linear  # noqa: E402
+from tgrad.nn.optim import Adam  # noqa: E402
+from tgrad.nn.state import get_parameters  # noqa: E402
+
+
+class ConvNet:
+    """28x28 MNIST: tinygrad's 5x5/3x3 layers; 8x8 digits: 3x3 convs with padding, fewer channels."""
+
+    def __init__(self, size: int):
+        if size == 28:
+            self.layers = [Conv2d(1, 32, 5), Tensor.relu, Conv2d(32, 32, 5), Tensor.relu, BatchNorm2d(32),
+                           Tensor.max_pool2d, Conv2d(32, 64, 3), Tensor.relu, Conv2d(64, 64, 3), Tensor.relu,
+                           BatchNorm2d(64), Tensor.max_pool2d, lambda x: x.flatten(1), Linear(576, 10)]
+        else:
+            self.layers = [Conv2d(1, 16, 3, padding=1), Tensor.relu, Conv2d(16, 16, 3, padding=1),
+                           Tensor.relu, BatchNorm2d(16), Tensor.max_pool2d, Conv2d(16, 32, 3, padding=1),
+                           Tensor.relu, BatchNorm2d(32), Tensor.max_pool2d, lambda x: x.flatten(1),
+                           Linear(128, 10)]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class MLP:
+    def __init__(self, size: int, hidden: int = 128):
+        self.l1, self.l2 = Linear(size * size, hidden), Linear(hidden, 10)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.l2(self.l1(x.flatten(1)).relu())
+
+
+def load(dataset: str):
+    """(X_train, Y_train, X_test, Y_test) as numpy arrays scaled to [0, 1], and the data set's name."""
+    if dataset in ("auto", "mnist"):
+        try:
+            data, name, scale = mnist(), "mnist", 255.0
+        except DatasetError:
+            if dataset == "mnist":
+                raise
+            data, name, scale = digits(), "digits", 16.0
+    else:
+        data, name, scale = digits(), "digits", 16.0
+    x_train, y_train, x_test, y_test = (t.numpy() for t in data)
+    return x_train / scale, y_train, x_test / scale, y_test, name
+
+
+def progress(steps: int):
+    try:
+        from tqdm import trange
+
+        return trange(steps)
+    except ImportError:
+        return range(steps)
+
+
+def train(model_name: str = "mlp", steps: int = 200, batch_size: int = 128, lr: float = 3e-3,
+          dataset: str = "auto", seed: int = 0, quiet: bool = False) -> dict:
+    t_start = time.perf_counter()
+    Tensor.manual_seed(seed)
+    x_train, y_train, x_test, y_test, name = load(dataset)
+    size = x_train.shape[-1]
+    model = ConvNet(size) if model_name == "cnn" else MLP(size)
+    opt = Adam(get_parameters(model), lr=lr)
+
+    @TinyJit
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = model(x).cross_entropy(y)
+        loss.backward()
+        opt.step(loss)  # realize the loss with the update, before the parameters are overwritten
+        return loss
+
+    rng = np.random.default_rng(seed)
+    Tensor.training = True
+    bar, loss, kernels_per_step = progress(steps), None, 0
+    t_train = time.perf_counter()
+    try:
+        for i in bar:
+            idx = rng.integers(0, len(x_train), batch_size)
+            before = Stats.kernels_run
+            loss = train_step(Tensor(x_train[idx]), Tensor(y_train[idx]))
+            kernels_per_step = Stats.kernels_run - before
+            if hasattr(bar, "set_description") and (i % 10 == 0 or i == steps - 1):
+                bar.set_description(f"loss {loss.item():6.3f}")
+            elif not quiet and not hasattr(bar, "set_description") and (i % 50 == 0 or i == steps - 1):
+                rate = (i + 1) / (time.perf_counter() - t_train)
+                print(f"step {i:4d}  loss {loss.item():6.3f}  {rate:6.1f} steps/s", flush=True)
+    finally:
+        Tensor.training = False
+    train_time = time.perf_counter() - t_train
+    pred = model(Tensor(x_test)).argmax(1).numpy()
+    acc = float((pred == y_test).mean())
+    names = collections.Counter(train_step.kernel_names)
+    result = {
+        "dataset": name, "model": model_name, "steps": steps, "accuracy": acc,
+        "final_loss": loss.item() if loss is not None else float("nan"), "train_s": train_time,
+        "total_s": time.perf_counter() - t_start, "kernels_per_step": kernels_per_step,
+        "kernel_names": names,
+    }
+    if not quiet:
+        kinds = ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(names.items()))
+        print(f"one jitted training step runs {kernels_per_step} kernels: {kinds}")
+        print(f"{name} {model_name}: test accuracy {acc * 100:.2f}% after {steps} steps, "
+              f"training {train_time:.1f} s, total {result['total_s']:.1f} s")
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--dataset", choices=["auto", "mnist", "digits"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    train(a.model, a.steps, a.batch_size, a.lr, a.dataset, a.seed)
+
+
+if __name__ == "__main__":
+    main()

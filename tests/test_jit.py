@@ -1,0 +1,208 @@
+"""TinyJit: replays match PyTorch on a training step, outputs stay valid, misuse raises JitError."""
+import numpy as np
+import pytest
+import torch
+import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test loads Mesa's; see report)
+
+from tgrad import Tensor
+from tgrad.device import Stats
+from tgrad.errors import JitError
+from tgrad.jit import TinyJit
+from tgrad.nn import Linear
+from tgrad.nn.optim import Adam
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((64, 5)).astype(np.float32)
+Y = RNG.integers(0, 3, 64).astype(np.int32)
+A = RNG.standard_normal((3, 4)).astype(np.float32)
+
+
+def test_training_step_matches_torch_for_50_steps():
+    Tensor.manual_seed(0)
+    l1, l2 = Linear(5, 7), Linear(7, 3)
+    params = [l1.weight, l1.bias, l2.weight, l2.bias]
+    t1, t2 = torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)
+    with torch.no_grad():
+        for a, b in zip(params, [t1.weight, t1.bias, t2.weight, t2.bias]):
+            b[...] = torch.tensor(a.numpy())
+    opt = Adam(params, lr=0.01)
+    topt = torch.optim.Adam([t1.weight, t1.bias, t2.weight, t2.bias], lr=0.01)
+    calls = []
+
+    @TinyJit
+    def step(x, y):
+        calls.append(1)
+        opt.zero_grad()
+        loss = l2(l1(x).relu()).cross_entropy(y)
+        loss.backward()
+        opt.step(loss)
+        return loss
+
+    xs, ys = Tensor(X), Tensor(Y)
+    losses = []
+    for i in range(50):
+        lo = (i * 8) % 64
+        losses.append(step(xs[lo : lo + 8], ys[lo : lo + 8]))  # view inputs are copied to buffers
+        topt.zero_grad()
+        tl = torch.nn.functional.cross_entropy(t2(t1(torch.tensor(X[lo : lo + 8])).relu()),
+                                               torch.tensor(Y[lo : lo + 8]).long())
+        tl.backward()
+        topt.step()
+        np.testing.assert_allclose(losses[-1].item(), tl.item(), rtol=1e-4, atol=1e-5)
+    assert len(calls) == 2  # the Python function ran for call 1 and the capture only
+    # earlier returned losses still hold their own values
+    assert len({round(float(v.item()), 7) for v in losses}) > 40
+    np.testing.assert_allclose(l1.weight.numpy(), t1.weight.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+def test_replay_uses_new_inputs_and_keeps_old_outputs():
+    f = TinyJit(lambda a, b: (a @ b).relu() * 2)
+    outs, refs = [], []
+    for _ in range(4):
+        b = RNG.standard_normal((4, 2)).astype(np.float32)
+        outs.append(f(Tensor(A), Tensor(b)))
+        refs.append(np.maximum(A @ b, 0) * 2)
+    assert f.cnt == 2 and len(f.captured) >= 1
+    for out, ref in zip(outs, refs):
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_replay_runs_the_captured_kernels_only():
+    f = TinyJit(lambda a: (a + 1).sum())
+    for _ in range(2):
+        f(Tensor(A))
+    before = Stats.kernels_run
+    out = f(Tensor(A * 3))
+    assert Stats.kernels_run - before == len(f.captured)
+    np.testing.assert_allclose(out.item(), (A * 3 + 1).sum(), rtol=1e-5)
+
+
+def test_nested_structures_and_constants_returned():
+    f = TinyJit(lambda a: {"double": a * 2, "pair": (a + 1, "tag")})
+    for i in range(3):
+        out = f(Tensor(A + i))
+        np.testing.assert_allclose(out["double"].numpy(), (A + i) * 2)
+        np.testing.assert_allclose(out["pair"][0].numpy(), A + i + 1)
+        assert out["pair"][1] == "tag"
+
+
+def test_jit_disabled_by_env(monkeypatch):
+    monkeypatch.setenv("JIT", "0")
+    calls = []
+
+    @TinyJit
+    def f(a):
+        calls.append(1)
+        return a * 2
+
+    for _ in range(3):
+        f(Tensor(A))
+    assert len(calls) == 3 and f.cnt == 0
+
+
+def test_jit_on_every_device(device):
+    f = TinyJit(lambda a, b: a * b + 1)
+    for i in range(3):
+        np.testing.assert_allclose(f(Tensor(A), Tensor(A + i)).numpy(), A * (A + i) + 1, rtol=1e-6)
+
+
+def _captured(fn):
+    f = TinyJit(fn)
+    f(Tensor(A))
+    f(Tensor(A))
+    return f
+
+
+def test_error_input_shape_or_dtype_changes():
+    f = _captured(lambda a: a * 2)
+    with pytest.raises(JitError, match=r"argument 0 is \(4, 3\) float32 .* was \(3, 4\) float32"):
+        f(Tensor(A.T.copy()))
+    with pytest.raises(JitError, match="int32"):
+        f(Tensor(A.astype(np.int32)))
+    with pytest.raises(JitError, match="captured with 1 Tensor arguments, called with 2"):
+        f(Tensor(A), Tensor(A))
+
+
+def test_error_non_tensor_argument_changes():
+    f = TinyJit(lambda a, k: a * k)
+    f(Tensor(A), 2)
+    f(Tensor(A), 2)
+    np.testing.assert_allclose(f(Tensor(A), 2).numpy(), A * 2)
+    with pytest.raises(JitError, match="non-Tensor arguments changed"):
+        f(Tensor(A), 3)
+
+
+def test_error_non_tensor_output_changes():
+    counter = iter(range(10))
+    f = TinyJit(lambda a: (a * 2, next(counter)))
+    f(Tensor(A))
+    with pytest.raises(JitError, match=r"non-Tensor return values changed .*\[0\] -> \[1\]"):
+        f(Tensor(A))
+
+
+def test_error_no_kernels():
+    f = TinyJit(lambda a: a)
+    f(Tensor(A))
+    with pytest.raises(JitError, match="captured no kernels"):
+        f(Tensor(A))
+
+
+def test_error_numpy_inside():
+    f = TinyJit(lambda a: (a * 2).numpy())
+    with pytest.raises(JitError, match=r"\.numpy\(\)"):
+        f(Tensor(A))
+    np.testing.assert_allclose(Tensor(A).numpy(), A)  # .numpy() works again outside
+
+
+def test_error_host_random_inside():
+    f = TinyJit(lambda a: a * Tensor.rand(3, 4))
+    with pytest.raises(JitError, match="random"):
+        f(Tensor(A))
+    assert Tensor.rand(2).shape == (2,)
+
+
+def test_error_loss_read_after_step():
+    w = Tensor(np.ones((4, 2), np.float32), requires_grad=True)
+    opt = Adam([w], lr=0.1)
+
+    @TinyJit
+    def step(x):
+        opt.zero_grad()
+        loss = (x @ w).sum()  # its gradient does not need its value: it is still lazy after the step
+        loss.backward()
+        opt.step()  # so returning it would read the updated w
+        return loss
+
+    with pytest.raises(JitError, match="already overwrote"):
+        step(Tensor(A))
+
+
+def test_nested_jit_inner_is_captured_by_outer():
+    inner = TinyJit(lambda a: a + 1)
+    outer = TinyJit(lambda a: inner(a) * 3)
+    for i in range(4):
+        np.testing.assert_allclose(outer(Tensor(A + i)).numpy(), (A + i + 1) * 3, rtol=1e-6)
+
+
+def test_reset_recaptures_for_new_shapes():
+    f = _captured(lambda a: a.sum(0))
+    f.reset()
+    b = RNG.standard_normal((5, 2)).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_allclose(f(Tensor(b)).numpy(), b.sum(0), rtol=1e-5)
+
+
+def test_error_gradient_accumulated_across_calls():
+    w = Tensor(np.ones((4, 2), np.float32), requires_grad=True)
+    opt = Adam([w], lr=0.1)
+
+    @TinyJit
+    def step(x):
+        loss = (x @ w).square().mean()  # no opt.zero_grad(): w.grad keeps growing across calls
+        loss.backward()
+        opt.step(loss)
+        return loss
+
+    step(Tensor(A))
+    with pytest.raises(JitError, match="zero_grad"):
+        step(Tensor(A))

@@ -1,0 +1,136 @@
+"""Optimizers: 20-step trajectories against torch.optim, LAMB against a numpy reference, kernel counts."""
+import numpy as np
+import pytest
+import torch
+import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test loads Mesa's; see report)
+
+from tgrad import Tensor
+from tgrad.device import Stats
+from tgrad.errors import AutogradError
+from tgrad.nn import BatchNorm, Linear
+from tgrad.nn.optim import LAMB, SGD, Adam, AdamW
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((8, 5)).astype(np.float32)
+Y = RNG.integers(0, 3, 8).astype(np.int32)
+
+
+class Model:
+    def __init__(self):
+        Tensor.manual_seed(0)
+        self.l1, self.l2 = Linear(5, 7), Linear(7, 3)
+
+    def params(self):
+        return [self.l1.weight, self.l1.bias, self.l2.weight, self.l2.bias]
+
+    def __call__(self, x):
+        return self.l2(self.l1(x).relu())
+
+
+def _torch_twin(m: Model):
+    t1, t2 = torch.nn.Linear(5, 7), torch.nn.Linear(7, 3)
+    with torch.no_grad():
+        for a, b in ((m.l1, t1), (m.l2, t2)):
+            b.weight[...] = torch.tensor(a.weight.numpy())
+            b.bias[...] = torch.tensor(a.bias.numpy())
+    return torch.nn.Sequential(t1, torch.nn.ReLU(), t2)
+
+
+CASES = {
+    "sgd": (lambda p: SGD(p, lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1)),
+    "sgd_momentum_wd": (lambda p: SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+                        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01)),
+    "sgd_nesterov": (lambda p: SGD(p, lr=0.05, momentum=0.8, nesterov=True),
+                     lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True)),
+    "adam": (lambda p: Adam(p, lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
+    "adam_l2": (lambda p: Adam(p, lr=0.01, weight_decay=0.1),
+                lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1)),
+    "adamw": (lambda p: AdamW(p, lr=0.01, weight_decay=0.1),
+              lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_trajectory_matches_torch(name):
+    make_g, make_t = CASES[name]
+    model = Model()
+    tmodel = _torch_twin(model)
+    opt, topt = make_g(model.params()), make_t(tmodel.parameters())
+    x, y, xt, yt = Tensor(X), Tensor(Y), torch.tensor(X), torch.tensor(Y).long()
+    for _ in range(20):
+        opt.zero_grad()
+        loss = model(x).cross_entropy(y)
+        loss.backward()
+        opt.step(loss)
+        topt.zero_grad()
+        tloss = torch.nn.functional.cross_entropy(tmodel(xt), yt)
+        tloss.backward()
+        topt.step()
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4, atol=1e-5)
+    for a, b in zip(model.params(), tmodel.parameters()):
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+def test_lamb_matches_numpy_reference():
+    w0 = RNG.standard_normal((4, 3)).astype(np.float32)
+    target = RNG.standard_normal((4, 3)).astype(np.float32)
+    w = Tensor(w0.copy(), requires_grad=True)
+    opt = LAMB([w], lr=0.05, weight_decay=0.01)
+    ref, m, v = w0.astype(np.float64), np.zeros((4, 3)), np.zeros((4, 3))
+    b1, b2, eps = 0.9, 0.999, 1e-6
+    for t in range(1, 11):
+        opt.zero_grad()
+        ((w - Tensor(target)) ** 2).sum().backward()
+        opt.step()
+        g = 2 * (ref - target)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        up = (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps) + 0.01 * ref
+        ref = ref - 0.05 * (np.linalg.norm(ref) / np.linalg.norm(up)) * up
+        np.testing.assert_allclose(w.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_adam_step_kernel_count():
+    # one Adam step on one parameter: step counter, m, v and the parameter itself (the gradient 2*w fuses)
+    w = Tensor(RNG.standard_normal((4, 4)).astype(np.float32), requires_grad=True)
+    opt = Adam([w], lr=0.01)
+    (w * w).sum().backward()
+    before = Stats.kernels_run
+    opt.step()
+    assert Stats.kernels_run - before == 4
+
+
+def test_step_writes_parameters_in_place():
+    w = Tensor(np.ones((3,), np.float32), requires_grad=True)
+    opt = SGD([w], lr=0.5)
+    buf = w.node.buffer
+    for _ in range(3):
+        opt.zero_grad()
+        (w * w).sum().backward()
+        opt.step()
+        assert w.node.buffer is buf
+    np.testing.assert_allclose(w.numpy(), np.zeros(3))  # 1 - 0.5 * 2 * 1 = 0, then stays 0
+
+
+def test_step_realizes_running_stats():
+    bn = BatchNorm(3)
+    opt = SGD([bn.weight, bn.bias, bn.running_mean, bn.running_var], lr=0.1)
+    x = RNG.standard_normal((6, 3)).astype(np.float32) + 2
+    Tensor.training = True
+    try:
+        opt.zero_grad()
+        bn(Tensor(x)).sum().backward()
+        opt.step()
+    finally:
+        Tensor.training = False
+    np.testing.assert_allclose(bn.running_mean.numpy(), 0.1 * x.mean(0), rtol=1e-5)
+
+
+def test_optimizer_errors():
+    w = Tensor.ones(3, requires_grad=True)
+    opt = Adam([w])
+    with pytest.raises(AutogradError, match="no gradient"):
+        opt.step()
+    with pytest.raises(ValueError, match="empty"):
+        SGD([])
+    with pytest.raises(AutogradError, match="requires a gradient"):
+        SGD([Tensor.ones(3)])

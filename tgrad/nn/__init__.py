@@ -1,0 +1,138 @@
+"""Layers as plain classes with __call__ (tinygrad style): parameters are Tensor attributes, found by
+tgrad.nn.state.get_parameters. Initialisation follows PyTorch's defaults."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tgrad.errors import ShapeError
+from tgrad.tensor import Tensor, _tuple
+
+
+def _uniform(shape: tuple[int, ...], bound: float) -> Tensor:
+    return Tensor.uniform(*shape, low=-bound, high=bound, requires_grad=True)
+
+
+def _buffer(value: np.ndarray) -> Tensor:
+    """A state tensor (running statistics) with a buffer of its own, so assign() writes in place."""
+    return Tensor(value)
+
+
+class Linear:
+    """y = x @ weight.T + bias; weight (out_features, in_features), PyTorch's kaiming-uniform init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        bound = 1 / math.sqrt(in_features)
+        self.weight = _uniform((out_features, in_features), bound)
+        self.bias = _uniform((out_features,), bound) if bias else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.linear(self.weight, self.bias)
+
+
+class Conv2d:
+    """PyTorch's nn.Conv2d: weight (out, in/groups, kh, kw)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True):
+        if in_channels % groups or out_channels % groups:
+            raise ShapeError(f"Conv2d: channels {in_channels}->{out_channels} and groups={groups} differ")
+        self.kernel_size = _tuple(kernel_size, 2)
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
+        bound = 1 / math.sqrt(fan_in)
+        self.weight = _uniform((out_channels, in_channels // groups, *self.kernel_size), bound)
+        self.bias = _uniform((out_channels,), bound) if bias else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class BatchNorm:
+    """Batch normalisation over axis 1 of (N, C, ...) inputs. In training (Tensor.training) it uses the
+    batch's statistics and updates running_mean / running_var (momentum, unbiased variance) with
+    assign(); in eval it uses the running statistics. An optimizer given these tensors (get_parameters
+    returns them) realizes the updates in its step()."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True,
+                 track_running_stats: bool = True, momentum: float = 0.1):
+        self.eps, self.momentum, self.track_running_stats = eps, momentum, track_running_stats
+        self.weight = Tensor.ones(num_features, requires_grad=True) if affine else None
+        self.bias = Tensor.zeros(num_features, requires_grad=True) if affine else None
+        if track_running_stats:
+            self.running_mean = _buffer(np.zeros(num_features, np.float32))
+            self.running_var = _buffer(np.ones(num_features, np.float32))
+            self.num_batches_tracked = _buffer(np.zeros((), np.int64))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        axes = tuple(i for i in range(x.ndim) if i != 1)
+        if Tensor.training or not self.track_running_stats:
+            mean = x.mean(axes)
+            centered = x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))
+            var = (centered * centered).mean(axes)
+            if Tensor.training and self.track_running_stats:
+                n = x.numel() / x.shape[1]
+                with Tensor.no_grad:
+                    m = self.momentum
+                    self.running_mean.assign(self.running_mean * (1 - m) + mean.detach() * m)
+                    unbiased = var.detach() * (n / max(n - 1, 1))
+                    self.running_var.assign(self.running_var * (1 - m) + unbiased * m)
+                    self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        else:
+            mean, var = self.running_mean, self.running_var
+        return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
+
+
+BatchNorm2d = BatchNorm
+BatchNorm1d = BatchNorm
+
+
+class LayerNorm:
+    """Normalise over the last len(normalized_shape) axes, then scale and shift (PyTorch's nn.LayerNorm)."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True):
+        self.shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.weight = Tensor.ones(*self.shape, requires_grad=True) if elementwise_affine else None
+        self.bias = Tensor.zeros(*self.shape, requires_grad=True) if elementwise_affine else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.shape[-len(self.shape):] != self.shape:
+            raise ShapeError(f"LayerNorm: input {x.shape} does not end in {self.shape}")
+        y = x.layernorm(tuple(range(-len(self.shape), 0)), self.eps)
+        return y if self.weight is None else y * self.weight + self.bias
+
+
+class GroupNorm:
+    """PyTorch's nn.GroupNorm: channels (axis 1) split into num_groups groups, each normalised."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+        if num_channels % num_groups:
+            raise ShapeError(f"GroupNorm: {num_channels} channels do not split into {num_groups} groups")
+        self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+        self.weight = Tensor.ones(num_channels, requires_grad=True) if affine else None
+        self.bias = Tensor.zeros(num_channels, requires_grad=True) if affine else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
+        if self.weight is None:
+            return y
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        return y * self.weight.reshape(shape) + self.bias.reshape(shape)
+
+
+class Embedding:
+    """Rows of weight (vocab_size, embed_size) picked by integer indices; weight ~ N(0, 1) like PyTorch."""
+
+    def __init__(self, vocab_size: int, embed_size: int):
+        self.vocab_size, self.embed_size = vocab_size, embed_size
+        self.weight = Tensor.randn(vocab_size, embed_size, requires_grad=True)
+
+    def __call__(self, idx: Tensor) -> Tensor:
+        return self.weight[idx]
+
+
+__all__ = ["Linear", "Conv2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
+           "Embedding"]

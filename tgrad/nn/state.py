@@ -1,0 +1,102 @@
+"""Finding a model's tensors by walking its attributes, state dicts, and safetensors files."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tgrad.errors import ShapeError, TgradError
+from tgrad.tensor import Tensor
+
+
+class StateDictError(TgradError, KeyError):
+    """load_state_dict: keys missing, unexpected or of the wrong shape."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes
+        return str(self.args[0])
+
+
+def get_state_dict(obj: Any, prefix: str = "", seen: set | None = None) -> dict[str, Tensor]:
+    """Every Tensor reachable through attributes, lists, tuples and dicts, keyed like PyTorch
+    ('layers.0.weight'). Each tensor appears once, under the first name found."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, Tensor):
+        if id(obj) in seen:
+            return {}
+        seen.add(id(obj))
+        return {prefix.rstrip("."): obj}
+    if id(obj) in seen:
+        return {}
+    out: dict[str, Tensor] = OrderedDict()
+    if isinstance(obj, (list, tuple)):
+        seen.add(id(obj))
+        for i, v in enumerate(obj):
+            out.update(get_state_dict(v, f"{prefix}{i}.", seen))
+    elif isinstance(obj, dict):
+        seen.add(id(obj))
+        for k, v in obj.items():
+            out.update(get_state_dict(v, f"{prefix}{k}.", seen))
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        seen.add(id(obj))
+        for k, v in vars(obj).items():
+            if not k.startswith("_"):
+                out.update(get_state_dict(v, f"{prefix}{k}.", seen))
+    return out
+
+
+def get_parameters(obj: Any) -> list[Tensor]:
+    """The tensors of get_state_dict(obj) as a list (running statistics included, as in tinygrad)."""
+    return list(get_state_dict(obj).values())
+
+
+def load_state_dict(obj: Any, state: dict[str, Any], strict: bool = True) -> None:
+    """Copy values into obj's tensors (in place, with assign). Values may be Tensors, numpy arrays or
+    torch tensors. With strict, missing or unexpected keys raise a StateDictError naming them; a wrong
+    shape always raises a ShapeError naming the key."""
+    own = get_state_dict(obj)
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {', '.join(unexpected)}")
+        raise StateDictError(
+            "load_state_dict: " + "; ".join(parts) + " (pass strict=False to load the keys that match)"
+        )
+    for key, t in own.items():
+        if key not in state:
+            continue
+        value = _to_numpy(state[key])
+        if tuple(value.shape) != t.shape:
+            raise ShapeError(f"load_state_dict: {key} has shape {tuple(value.shape)}, model has {t.shape}")
+        t.assign(Tensor(value.astype(t.dtype.np), device=t.device)).realize()
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, Tensor):
+        return value.numpy()
+    if hasattr(value, "detach"):  # a torch tensor
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def safe_save(state: dict[str, Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors to a .safetensors file (readable by safetensors.torch.load_file and tinygrad)."""
+    from safetensors.numpy import save_file
+
+    save_file({k: np.array(_to_numpy(v), order="C") for k, v in state.items()}, str(path), metadata)
+
+
+def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
+    """Read a .safetensors file into a dict of Tensors (file order kept)."""
+    from safetensors.numpy import load_file
+
+    return {k: Tensor(v, device=device) for k, v in load_file(str(path)).items()}
+
+
+__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "StateDictError"]

@@ -16,7 +16,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from tgrad.dtype import DType, dtypes
-from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_true, linear_terms, reduce_identity
+from tgrad.fuse import (
+    IDX_DT,
+    Expr,
+    Kernel,
+    StatementPlacer,
+    const,
+    iadd,
+    imul,
+    is_true,
+    linear_terms,
+    reduce_identity,
+)
 
 SPLIT = 64  # chunks a full reduction is split into for threads
 PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
@@ -125,34 +136,12 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
     return f"{np_type(dtype)}({text})"
 
 
-class _Renderer:
+class _Renderer(StatementPlacer):
     def __init__(self, kernel: Kernel):
+        super().__init__([a + 1 for a in range(len(kernel.shape))], len(kernel.shape) + 1)
         self.k = kernel
         self.names: dict[Expr, str] = {}
-        self.levels: list[list[str]] = [[] for _ in range(len(kernel.shape) + 1)]
         self.count = 0
-        self.depth = list(range(len(kernel.shape)))   # loop depth of each axis
-        self.post: list[str] = []
-        self.post_from = len(kernel.shape) + 1         # statements this deep (or using acc) go to post
-        self._level: dict[Expr, int] = {}
-        self._acc: dict[Expr, bool] = {}
-
-    def level(self, e: Expr) -> int:
-        """How many loops deep e must live: one past the innermost loop whose index it uses."""
-        hit = self._level.get(e)
-        if hit is None:
-            if e.op == "IDX":
-                hit = self.depth[e.arg[0]] + 1
-            else:
-                hit = max((self.level(s) for s in e.srcs), default=0)
-            self._level[e] = hit
-        return hit
-
-    def uses_acc(self, e: Expr) -> bool:
-        hit = self._acc.get(e)
-        if hit is None:
-            hit = self._acc[e] = e.op == "ACC" or any(self.uses_acc(s) for s in e.srcs)
-        return hit
 
     def ref(self, e: Expr) -> str:
         if e.op == "IDX":
@@ -174,11 +163,7 @@ class _Renderer:
                 text = code_for_op[e.op](e.dtype, *srcs)
             name = self.names[e] = f"v{self.count}"
             self.count += 1
-            stmt = f"{name} = {text}"
-            if self.uses_acc(e) or self.level(e) >= self.post_from:
-                self.post.append(stmt)
-            else:
-                self.levels[self.level(e)].append(stmt)
+            self.place(e, f"{name} = {text}")
         return name
 
     def render(self, fname: str, parallel: bool) -> str:
@@ -186,7 +171,7 @@ class _Renderer:
         n, ng = len(k.shape), k.n_global
         interchange = k.reduce_expr is not None and want_interchange(k)
         if interchange:  # the last global axis becomes the innermost loop, inside the reduce loops
-            self.depth = [a if a < ng - 1 else (n - 1 if a == ng - 1 else a - 1) for a in range(n)]
+            self.axis_level = [1 + (a if a < ng - 1 else (n - 1 if a == ng - 1 else a - 1)) for a in range(n)]
         if k.reduce_expr is not None:
             acc_dt = k.reduce_expr.dtype
             val = self.ref(k.reduce_expr)
@@ -248,14 +233,13 @@ class _Renderer:
             emit(n, self.post + [store])
         return "\n".join(out) + "\n"
 
-
     def _render_interchanged(self, out, emit, val, init, update, parallel) -> str:
         """Reduce loops outside, the last global axis (unit stride in memory) innermost over a row of
         accumulators, then the epilogue in a loop of its own."""
         k = self.k
         n, ng = len(k.shape), k.n_global
         g = ng - 1
-        for depth in range(n):   # depth < g: outer global axes; g..n-2: reduce axes; n-1: axis g
+        for depth in range(n):  # depth < g: outer global axes; g..n-2: reduce axes; n-1: axis g
             axis = depth if depth < g else (depth + 1 if depth < n - 1 else g)
             emit(depth, self.levels[depth])
             if depth == g:

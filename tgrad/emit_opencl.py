@@ -38,7 +38,7 @@ import numpy as np
 from tgrad.device import Buffer, Device, Program, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
-from tgrad.fuse import IDX_DT, Expr, Kernel, const, reduce_identity
+from tgrad.fuse import IDX_DT, Expr, Kernel, StatementPlacer, const, reduce_identity
 
 LOCAL_SIZE = 128  # work-items per work-group for element-wise kernels
 GROUP_REDUCE_MIN = 256  # reduce length from which one work-group cooperates on each output...
@@ -253,17 +253,16 @@ code_for_op = {
 }
 
 
-class _Renderer:
+class _Renderer(StatementPlacer):
     def __init__(self, kernel: Kernel, dialect: Dialect, group: int, tiles: tuple[int, ...] = ()):
         self.k, self.d, self.group = kernel, dialect, group
         self.shape = [s // UPCAST if j in tiles else s for j, s in enumerate(kernel.shape)]
         self.variants = self.tile_variants(tiles)
         self.names: dict[Expr, str] = {}
-        self.post: list[str] = []
         ng, n = kernel.n_global, len(kernel.shape)
         # scope level of each axis' index: 0 for global axes, reduce axes nest (or share one strided loop)
-        self.axis_level = [0] * ng + ([1] * (n - ng) if group else list(range(1, n - ng + 1)))
-        self.levels: list[list[str]] = [[] for _ in range(max(self.axis_level, default=0) + 1)]
+        axis_level = [0] * ng + ([1] * (n - ng) if group else list(range(1, n - ng + 1)))
+        super().__init__(axis_level, max(axis_level, default=0) + 1)
         self.count = 0
         self.big = math.prod(kernel.shape) > INT32_MAX
 
@@ -360,14 +359,6 @@ class _Renderer:
             return f"vload_half({idx}, {buf})"
         return f"{buf}[{idx}]"
 
-    def level(self, e: Expr) -> int:
-        if e.op == "IDX":
-            return self.axis_level[e.arg[0]]
-        return max((self.level(s) for s in e.srcs), default=0)
-
-    def uses_acc(self, e: Expr) -> bool:
-        return e.op == "ACC" or any(self.uses_acc(s) for s in e.srcs)
-
     def ref(self, e: Expr) -> str:
         if e.op == "IDX":
             return f"i{e.arg[0]}"
@@ -391,11 +382,7 @@ class _Renderer:
             text = self.alu(e, srcs)
         name = self.names[e] = f"v{self.count}"
         self.count += 1
-        stmt = f"{ctype} {name} = {text};"
-        if self.uses_acc(e):
-            self.post.append(stmt)
-        else:
-            self.levels[self.level(e)].append(stmt)
+        self.place(e, f"{ctype} {name} = {text};")
         return name
 
     def combine(self, a: str, b: str) -> str:

@@ -41,7 +41,7 @@ import numpy as np
 from tgrad.device import Buffer, Device, Program
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
-from tgrad.fuse import Expr, Kernel, is_const, reduce_identity
+from tgrad.fuse import Expr, Kernel, StatementPlacer, is_const, reduce_identity
 
 WORKGROUP = 64
 TREE_WORKGROUP = 256
@@ -356,21 +356,12 @@ def _split(names: list[str], shape: tuple[int, ...], flat: str) -> list[str]:
     return out
 
 
-class _Renderer:
+class _Renderer(StatementPlacer):
     def __init__(self, kernel: Kernel, target: Target):
+        super().__init__([a + 1 for a in range(len(kernel.shape))], len(kernel.shape) + 1)
         self.k, self.t = kernel, target
         self.names: dict[tuple[Expr, bool], str] = {}
-        self.levels: list[list[str]] = [[] for _ in range(len(kernel.shape) + 1)]
-        self.post: list[str] = []
         self.count = 0
-
-    def level(self, e: Expr) -> int:
-        if e.op == "IDX":
-            return e.arg[0] + 1
-        return max((self.level(s) for s in e.srcs), default=0)
-
-    def uses_acc(self, e: Expr) -> bool:
-        return e.op == "ACC" or any(self.uses_acc(s) for s in e.srcs)
 
     def ref(self, e: Expr, idx: bool = False) -> str:
         """The rendered value of e; idx: e is part of an index (int64 renders as i32 there)."""
@@ -410,11 +401,7 @@ class _Renderer:
                 text = f"{F64_MATH[e.op]}({srcs[0]})"
         name = self.names[(e, idx)] = f"v{self.count}"
         self.count += 1
-        stmt = f"let {name} = {text};"
-        if self.uses_acc(e):
-            self.post.append(stmt)
-        else:
-            self.levels[self.level(e)].append(stmt)
+        self.place(e, f"let {name} = {text};")
         return name
 
     def combine(self, a: str, b: str) -> str:

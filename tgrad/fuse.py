@@ -255,6 +255,42 @@ class Kernel:
         return self.reduce_expr.dtype if self.reduce_expr is not None else self.out_dtype
 
 
+class StatementPlacer:
+    """For emitters: where each Expr's statement goes in a kernel's loop nest. levels[L] holds the
+    statements that live inside the first L loops (one past the innermost loop whose index they use);
+    post holds those that use the reduce result (and those at post_from or deeper), after the reduce."""
+
+    def __init__(self, axis_level: list[int], nlevels: int):
+        self.axis_level = axis_level              # level of each kernel axis' index
+        self.levels: list[list[str]] = [[] for _ in range(nlevels)]
+        self.post: list[str] = []
+        self.post_from = nlevels
+        self._level: dict[Expr, int] = {}
+        self._acc: dict[Expr, bool] = {}
+
+    def level(self, e: Expr) -> int:
+        hit = self._level.get(e)
+        if hit is None:
+            if e.op == "IDX":
+                hit = self.axis_level[e.arg[0]]
+            else:
+                hit = max((self.level(s) for s in e.srcs), default=0)
+            self._level[e] = hit
+        return hit
+
+    def uses_acc(self, e: Expr) -> bool:
+        hit = self._acc.get(e)
+        if hit is None:
+            hit = self._acc[e] = e.op == "ACC" or any(self.uses_acc(s) for s in e.srcs)
+        return hit
+
+    def place(self, e: Expr, stmt: str) -> None:
+        if self.uses_acc(e) or self.level(e) >= self.post_from:
+            self.post.append(stmt)
+        else:
+            self.levels[self.level(e)].append(stmt)
+
+
 @dataclass
 class ScheduleItem:
     kernel: Kernel

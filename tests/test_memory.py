@@ -33,3 +33,29 @@ def test_training_loop_buffer_count_is_flat(device):
         del loss
         counts.append(live())
     assert counts[-1] == counts[3], counts
+
+
+def test_thousand_jitted_steps_keep_live_buffers_flat():
+    from tgrad.jit import TinyJit
+    from tgrad.nn import Linear
+    from tgrad.nn.optim import Adam
+
+    Tensor.manual_seed(0)
+    layer = Linear(8, 4)
+    opt = Adam([layer.weight, layer.bias], lr=0.01)
+
+    @TinyJit
+    def step(x, y):
+        opt.zero_grad()
+        loss = layer(x).cross_entropy(y)
+        loss.backward()
+        opt.step(loss)
+        return loss
+
+    x, y = Tensor.rand(16, 8).realize(), Tensor([0, 1, 2, 3] * 4).realize()
+    counts = []
+    for i in range(1000):
+        step(x, y)
+        if i in (10, 999):
+            counts.append(live())
+    assert counts[0] == counts[1], counts

@@ -144,3 +144,13 @@ def test_cpu_reduce_over_leading_axis_interchanges_loops(cpu):
         np.testing.assert_allclose((x.sum(axis) * 2 + 1).numpy(), x.numpy().sum(axis) * 2 + 1, rtol=1e-5)
     assert not emit_numba.want_interchange(kernels(x.sum(2))[0].kernel)
     np.testing.assert_allclose(x.max(0).numpy(), x.numpy().max(0))
+
+
+def test_empty_tensors_lower_without_index_math(cpu):
+    # found by the fuzzer: a (0, 0) tensor, exp, then a mean over axis 0 divided by zero in index math
+    x = Tensor.rand(0, 0, requires_grad=True)
+    out = x.exp().mean(0)
+    assert out.shape == (0,) and out.numpy().shape == (0,)
+    out.sum().backward()
+    assert x.grad.numpy().shape == (0, 0)
+    assert (Tensor.rand(0, 3).pad(((1, 1), None)) + 2).numpy().tolist() == [[2.0] * 3] * 2

@@ -204,6 +204,8 @@ def land(a: Expr, b: Expr) -> Expr:
 
 def view_index(st: ShapeTracker, idx: list[Expr]) -> tuple[Expr, Expr]:
     """(offset into the buffer, validity) of the element at `idx` of a tracked view."""
+    if any(s == 0 for v in st.views for s in v.shape):  # an empty view: nothing is ever loaded
+        return const(0, IDX_DT), const(False, dtypes.bool)
     valid = const(True, dtypes.bool)
     offset = None
     for view in reversed(st.views):
@@ -544,7 +546,7 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
             out_index = iadd(out_index, imul(i, st))
     if red is not None and root.shape != red.shape:
         root_idx = tuple(
-            imod(idx_div(out_index, st), s) if s != 1 else const(0, IDX_DT)
+            imod(idx_div(out_index, st), s) if s > 1 else const(0, IDX_DT)
             for s, st in zip(root.shape, _row_major(root.shape))
         )
     else:

@@ -154,3 +154,15 @@ def test_empty_tensors_lower_without_index_math(cpu):
     out.sum().backward()
     assert x.grad.numpy().shape == (0, 0)
     assert (Tensor.rand(0, 3).pad(((1, 1), None)) + 2).numpy().tolist() == [[2.0] * 3] * 2
+
+
+def test_cpu_matmul_with_computed_operand_uses_a_prologue_and_blas(cpu):
+    from tgrad import emit_numba
+
+    x = Tensor.rand(64, 96) - 0.5
+    w = Tensor.rand(96, 48)
+    out = (x.relu() * 2) @ w.exp()  # both operands computed inside the reduce
+    (item,) = kernels(out)
+    plan = emit_numba.blas_plan(item.kernel)
+    assert plan is not None and len(plan.prologues) == 2
+    np.testing.assert_allclose(out.numpy(), (np.maximum(x.numpy(), 0) * 2) @ np.exp(w.numpy()), rtol=1e-4)

@@ -144,6 +144,7 @@ class CPUDevice(Device):
         from tgrad import emit_numba
 
         plan = emit_numba.blas_plan(kernel)
+        prologues = [self._build(p)[0] for p in plan.prologues] if plan is not None else []
         if plan is None:
             fn, source = self._build(kernel)
         elif plan.epilogue is not None:
@@ -158,10 +159,16 @@ class CPUDevice(Device):
             try:
                 if plan is None:
                     fn(*args)
-                elif fn is None:
-                    args[0][:] = emit_numba.run_blas(plan, kernel, args[1:])
                 else:
-                    fn(*args, emit_numba.run_blas(plan, kernel, args[1:]))
+                    operands = list(args[1:])
+                    for pk, pfn in zip(plan.prologues, prologues):
+                        operands.append(np.empty(prod(pk.shape), emit_numba.storage_dtype(pk.out_dtype).np))
+                        pfn(operands[-1], *args[1:])
+                    acc = emit_numba.run_blas(plan, kernel, operands)
+                    if fn is None:
+                        args[0][:] = acc
+                    else:
+                        fn(*args, acc)
             except Exception as e:
                 raise KernelError(
                     f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"

@@ -319,6 +319,7 @@ class BlasPlan:
     m: tuple[int, ...]
     n: tuple[int, ...]
     epilogue: Kernel | None  # the stored value computed from the matmul result, or None if it is ACC
+    prologues: tuple[Kernel, ...] = ()  # operands that are computed (e.g. relu'(x) * g) are made first
 
 
 def _affine(index: Expr, naxes: int) -> tuple[int, tuple[int, ...]] | None:
@@ -357,7 +358,39 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
     if dtype not in (dtypes.float32, dtypes.float64) or math.prod(k.shape) < BLAS_MIN_WORK:
         return None
     naxes = len(k.shape)
-    a, b = (_operand(s, naxes, dtype) for s in k.reduce_expr.srcs)
+    prologues: list[Kernel] = []
+
+    def operand(e: Expr) -> Operand | None:
+        op = _operand(e, naxes, dtype)
+        if op is None and e.dtype == dtype and "ACC" not in _ops(e):
+            # a computed operand: a prologue kernel writes it row-major over the axes it uses
+            axes = sorted(_axes(e))
+            sizes = [k.shape[a] for a in axes]
+            remap = {a: Expr("IDX", (), (pos, k.shape[a]), IDX_DT) for pos, a in enumerate(axes)}
+            strides, acc = [0] * naxes, 1
+            for a in reversed(axes):
+                strides[a] = acc
+                acc *= k.shape[a]
+            index = const(0, IDX_DT)
+            for a in axes:
+                index = iadd(index, imul(remap[a], strides[a]))
+            prologues.append(
+                Kernel(
+                    name=f"{k.name}_operand{len(prologues)}",
+                    shape=tuple(sizes),
+                    n_global=len(sizes),
+                    reduce_op=None,
+                    reduce_expr=None,
+                    expr=_remap_idx(e, remap),
+                    out_index=index,
+                    out_dtype=dtype,
+                    in_dtypes=k.in_dtypes,
+                )
+            )
+            op = Operand(len(k.in_dtypes) + len(prologues) - 1, 0, tuple(strides))
+        return op
+
+    a, b = (operand(s) for s in k.reduce_expr.srcs)
     if a is None or b is None or a.strides[-1] == 0 or b.strides[-1] == 0:
         return None
     batch, m, n = [], [], []
@@ -392,7 +425,44 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             out_dtype=k.out_dtype,
             in_dtypes=(*k.in_dtypes, dtype),
         )
-    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue)
+    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues))
+
+
+def _ops(e: Expr, seen: set | None = None) -> set[str]:
+    seen = set() if seen is None else seen
+    if e in seen:
+        return set()
+    seen.add(e)
+    out = {e.op}
+    for s in e.srcs:
+        out |= _ops(s, seen)
+    return out
+
+
+def _axes(e: Expr, seen: set | None = None) -> set[int]:
+    """The kernel axes whose index e uses."""
+    seen = set() if seen is None else seen
+    if e in seen:
+        return set()
+    seen.add(e)
+    out = {e.arg[0]} if e.op == "IDX" else set()
+    for s in e.srcs:
+        out |= _axes(s, seen)
+    return out
+
+
+def _remap_idx(e: Expr, remap: dict[int, Expr], memo: dict | None = None) -> Expr:
+    memo = {} if memo is None else memo
+    hit = memo.get(e)
+    if hit is None:
+        if e.op == "IDX":
+            hit = remap[e.arg[0]]
+        elif not e.srcs:
+            hit = e
+        else:
+            hit = Expr(e.op, tuple(_remap_idx(s, remap, memo) for s in e.srcs), e.arg, e.dtype)
+        memo[e] = hit
+    return hit
 
 
 def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:

@@ -718,3 +718,14 @@ def test_error_names_user_line(device):
     with pytest.raises(ShapeError) as info:
         Tensor.ones(3, 4) + Tensor.ones(5)  # the line the error points at
     assert "test_ops.py" in str(info.value) and "the line the error points at" in str(info.value)
+
+
+def test_assign_others_read_the_old_value(device):
+    start = np.array([1.0, 2.0], np.float32)
+    p = Tensor(start).realize()
+    old = Tensor(p.node)  # a tensor still holding the value before the assign
+    p.assign(p * 2)
+    q = old + 1
+    Tensor.realize(p, q)
+    np.testing.assert_array_equal(p.numpy(), start * 2)
+    np.testing.assert_array_equal(q.numpy(), start + 1)

@@ -131,7 +131,8 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
 def realize(nodes: list[Node]) -> None:
     from tgrad.device import Buffer
 
-    memo: dict = {}
+    # an ASSIGN overwrites its target's buffer: everything else in this realize reads the old value
+    memo: dict = {t: t.buffer.data.reshape(t.shape).copy() for t in _assign_targets(nodes)}
     for node in nodes:
         base = node.base
         if base.realized:
@@ -141,6 +142,19 @@ def realize(nodes: list[Node]) -> None:
             base.buffer = base.srcs[0].buffer
         else:
             base.buffer = Buffer("NUMPY", value.size, base.dtype, value.copy())
+
+
+def _assign_targets(nodes: list[Node]) -> set[Node]:
+    targets, seen, stack = set(), set(), [n.base for n in nodes]
+    while stack:
+        n = stack.pop()
+        if n in seen or n.realized:
+            continue
+        seen.add(n)
+        if n.op is Op.ASSIGN:
+            targets.add(n.srcs[0])
+        stack.extend(n.srcs)
+    return targets
 
 
 def evaluate_views(node: Node, get_array: Callable[[Node], np.ndarray]) -> np.ndarray:

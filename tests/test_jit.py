@@ -1,4 +1,5 @@
 """TinyJit: replays match PyTorch on a training step, outputs stay valid, misuse raises JitError."""
+
 import numpy as np
 import pytest
 import torch
@@ -44,8 +45,9 @@ def test_training_step_matches_torch_for_50_steps():
         lo = (i * 8) % 64
         losses.append(step(xs[lo : lo + 8], ys[lo : lo + 8]))  # view inputs are copied to buffers
         topt.zero_grad()
-        tl = torch.nn.functional.cross_entropy(t2(t1(torch.tensor(X[lo : lo + 8])).relu()),
-                                               torch.tensor(Y[lo : lo + 8]).long())
+        tl = torch.nn.functional.cross_entropy(
+            t2(t1(torch.tensor(X[lo : lo + 8])).relu()), torch.tensor(Y[lo : lo + 8]).long()
+        )
         tl.backward()
         topt.step()
         np.testing.assert_allclose(losses[-1].item(), tl.item(), rtol=1e-4, atol=1e-5)
@@ -113,25 +115,6 @@ def _captured(fn):
     return f
 
 
-def test_error_input_shape_or_dtype_changes():
-    f = _captured(lambda a: a * 2)
-    with pytest.raises(JitError, match=r"argument 0 is \(4, 3\) float32 .* was \(3, 4\) float32"):
-        f(Tensor(A.T.copy()))
-    with pytest.raises(JitError, match="int32"):
-        f(Tensor(A.astype(np.int32)))
-    with pytest.raises(JitError, match="captured with 1 Tensor arguments, called with 2"):
-        f(Tensor(A), Tensor(A))
-
-
-def test_error_non_tensor_argument_changes():
-    f = TinyJit(lambda a, k: a * k)
-    f(Tensor(A), 2)
-    f(Tensor(A), 2)
-    np.testing.assert_allclose(f(Tensor(A), 2).numpy(), A * 2)
-    with pytest.raises(JitError, match="non-Tensor arguments changed"):
-        f(Tensor(A), 3)
-
-
 def test_error_non_tensor_output_changes():
     counter = iter(range(10))
     f = TinyJit(lambda a: (a * 2, next(counter)))
@@ -152,13 +135,6 @@ def test_error_numpy_inside():
     with pytest.raises(JitError, match=r"\.numpy\(\)"):
         f(Tensor(A))
     np.testing.assert_allclose(Tensor(A).numpy(), A)  # .numpy() works again outside
-
-
-def test_error_host_random_inside():
-    f = TinyJit(lambda a: a * Tensor.rand(3, 4))
-    with pytest.raises(JitError, match="random"):
-        f(Tensor(A))
-    assert Tensor.rand(2).shape == (2,)
 
 
 def test_error_loss_read_after_step():
@@ -190,19 +166,3 @@ def test_reset_recaptures_for_new_shapes():
     b = RNG.standard_normal((5, 2)).astype(np.float32)
     for _ in range(3):
         np.testing.assert_allclose(f(Tensor(b)).numpy(), b.sum(0), rtol=1e-5)
-
-
-def test_error_gradient_accumulated_across_calls():
-    w = Tensor(np.ones((4, 2), np.float32), requires_grad=True)
-    opt = Adam([w], lr=0.1)
-
-    @TinyJit
-    def step(x):
-        loss = (x @ w).square().mean()  # no opt.zero_grad(): w.grad keeps growing across calls
-        loss.backward()
-        opt.step(loss)
-        return loss
-
-    step(Tensor(A))
-    with pytest.raises(JitError, match="zero_grad"):
-        step(Tensor(A))

@@ -90,13 +90,26 @@ def test_lamb_matches_numpy_reference():
 
 
 def test_adam_step_kernel_count():
-    # one Adam step on one parameter: step counter, m, v and the parameter itself (the gradient 2*w fuses)
-    w = Tensor(RNG.standard_normal((4, 4)).astype(np.float32), requires_grad=True)
+    # one Adam step on one parameter: the gradient 2*w (kept: it stays readable after the step), the step
+    # counter, m, v and the parameter itself
+    w0 = RNG.standard_normal((4, 4)).astype(np.float32)
+    w = Tensor(w0, requires_grad=True)
     opt = Adam([w], lr=0.01)
     (w * w).sum().backward()
     before = Stats.kernels_run
     opt.step()
-    assert Stats.kernels_run - before == 4
+    assert Stats.kernels_run - before == 5
+
+
+def test_gradients_stay_readable_after_the_step(device):
+    # the gradient reads the parameter's old value; the step overwrites the parameter in place
+    w0 = RNG.standard_normal((4, 4)).astype(np.float32)
+    w = Tensor(w0, requires_grad=True)
+    opt = SGD([w], lr=0.5)
+    (w * w).sum().backward()
+    opt.step()
+    np.testing.assert_allclose(w.grad.numpy(), 2 * w0, rtol=1e-6)
+    np.testing.assert_allclose(w.numpy(), w0 - 0.5 * 2 * w0, rtol=1e-6)
 
 
 def test_step_writes_parameters_in_place():

@@ -39,7 +39,8 @@ def cache_dir() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tgrad"
 
 
-# TinyJit sets this to a list to record every kernel launch as (program, out buffer, input buffers)
+# TinyJit sets this to its log while it runs a function: every kernel launch is recorded with
+# CAPTURE.launch(program, out buffer, input buffers, fresh=whether out was allocated for it, node)
 CAPTURE: list | None = None
 
 
@@ -314,7 +315,7 @@ def run_schedule(items) -> None:
             prg(out, *inputs)
             Stats.kernels_run += 1
             if CAPTURE is not None:
-                CAPTURE.append((prg, out, inputs))
+                CAPTURE.launch(prg, out, inputs, fresh=it.target is None, node=it.out)
             if DEBUG >= 2:
                 dev.synchronize()
                 dt = time.perf_counter() - t0

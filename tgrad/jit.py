@@ -1,38 +1,50 @@
-"""TinyJit: run a function of Tensors once, capture the kernels of its second call, replay them after.
+"""TinyJit: run a function of Tensors normally, capture the kernels of a later call, replay them after.
 
-Rules (each broken rule that can be detected raises a JitError that says what to do):
-- Call 1 runs the function normally. Call 2 runs it again and records every kernel launch (program,
-  output buffer, input buffers). Calls 3+ do not run the Python function: they replay the recorded
-  programs with the buffers of the new Tensor arguments substituted for those of call 2.
-- Tensor arguments are realized (and copied to a contiguous buffer if they are views) before the call;
-  on replay they must have the same count, shapes, dtypes and devices as at capture.
-- Non-Tensor arguments are frozen at capture: passing a different value later raises JitError.
-  Non-Tensor return values are frozen too: if they differ between call 1 and call 2, JitError.
-- Returned Tensors are copied into fresh buffers on every call, so a tensor returned by call N keeps
-  its value after call N+1.
+Rules (README "TinyJit rules"; each broken rule that can be detected raises a JitError that says what
+to do):
+- Calls are grouped by signature: the shapes, dtypes and devices of the Tensor arguments, which of
+  them are the same tensor, and the values of the non-Tensor arguments (ints, floats, strings, None by
+  value; other objects by identity). Per signature, the first call runs the function normally, the
+  second runs it and records every kernel launch, later calls replay the recorded kernels without
+  running the Python function. Up to `max_captures` signatures (8) are kept: a smaller last batch gets
+  its own capture; more signatures than that raise JitError (pass values that change every call as
+  Tensors).
+- Tensor arguments are realized into buffers of their own first (a view or an unrealized tensor is
+  computed into one, in place on the caller's Tensor, so assign() to an argument writes back).
+- Returned Tensors are realized into fresh buffers on every call (copied when they are a buffer that
+  outlives the call, such as an argument or a parameter), so a tensor from call N keeps its value.
 - State changed with assign() (parameters, optimizer state, BatchNorm running statistics) is written
-  in place, so it keeps updating across replays.
-- Inside the function: no .numpy()/.item()/.tolist() (the value would be read once), no host random
-  numbers (Tensor.rand/randint/dropout draw on the host and would be frozen: draw outside and pass them
-  in). Tensors made from host data inside the function are frozen at capture. Python control flow is
-  frozen at capture. A function that launches no kernel raises JitError.
-- Gradients must be zeroed inside the function (opt.zero_grad()): a gradient that adds onto the
-  previous call's gradient would add the same frozen buffer on every replay, so it raises JitError.
+  in place, so it keeps updating across replays. State kept by rebinding a Python attribute to a
+  computed tensor (self.h = self.h * 0.9 + x) would be frozen: JitError, use assign().
+- Gradients are part of the state: a parameter's .grad before the call is an input of the replay, its
+  .grad after the call an output. So zero_grad() inside or outside the function, and gradients that
+  accumulate over several jitted micro-steps, give the same numbers as without the jit.
+- Random tensors (Tensor.rand/randn/randint/uniform/normal, dropout) drawn inside the function are
+  drawn again, from Tensor's generator, on every replay: the same numbers as without the jit, and
+  reproducible under Tensor.manual_seed.
+- Inside the function: no .numpy()/.item()/.tolist()/bool() (the value would be read once: Python
+  control flow on tensor values cannot be replayed). Tensors made from host data are frozen at
+  capture: if their contents differ between the first two calls, JitError. A function that launches
+  no kernel raises JitError; so does a non-Tensor return value that changes between the first calls.
 - A returned Tensor must not read a buffer that an assign() in the same call overwrote (the loss
   after opt.step()): realize it with the step, `opt.step(loss)`, or JitError.
-- A TinyJit called inside another one's function before it has captured just runs (its kernels are
-  captured by the outer one); once captured it replays, inside the outer capture too.
-- JIT=0 in the environment turns TinyJit into a plain call. On the NUMPY reference device (which has
-  no kernels) the function always runs normally.
+- A TinyJit called inside another one's function runs plainly; the outer one captures its kernels.
+  A TinyJit method has one cache per instance.
+- JIT=0 in the environment turns TinyJit into a plain call. DEBUG=1 prints each capture and replay
+  with its counts. On the NUMPY reference device (which has no kernels) the function always runs.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from tgrad import device as dev_mod
 from tgrad import graph as g
@@ -66,21 +78,76 @@ def _rebuild(value: Any, it) -> Any:
     return next(it) if isinstance(value, Tensor) else value
 
 
+def _arg_key(v: Any) -> tuple:
+    """How a non-Tensor argument enters the signature: plain values by value, objects by identity."""
+    if v is None or isinstance(v, (bool, int, str, bytes)):
+        return (type(v).__name__, v)
+    if isinstance(v, (float, complex)):
+        return (type(v).__name__, repr(v))  # repr: nan equals nan
+    if isinstance(v, np.ndarray):
+        raise JitError(
+            "a TinyJit function got a numpy array argument: its contents would be frozen at capture. "
+            "Pass Tensor(array) instead"
+        )
+    return (type(v).__name__, id(v))  # the variant keeps the object alive, so the id stays its own
+
+
+def _bare(t: Tensor) -> Tensor:
+    """Make t (in place: the caller's Tensor) a new BUFFER node over a contiguous buffer of its own.
+
+    A new node, even over the same buffer, so that the graph built on it in this call is new: the graph
+    is hash-consed, and a node realized by an earlier call would otherwise be reused, not recaptured."""
+    if t.requires_grad and tensor_mod._grad_leaves.get(id(t)) is not t:
+        raise JitError(
+            f"a Tensor argument of shape {t.shape} carries a gradient history from outside the TinyJit "
+            "function; replays cannot recompute it. Compute it inside the function, or pass .detach()"
+        )
+    buf = t.node.buffer if t.node.realized else _copy(t).realize().node.buffer
+    t.node = g.Node.from_buffer(buf, t.shape, t.dtype, t.device)
+    return t
+
+
+def _reaches(node: g.Node, ids: set[int]) -> bool:
+    """Whether the graph of node reads one of the buffers in ids."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            if n.op is Op.BUFFER and id(n.buffer) in ids:
+                return True
+            stack.extend(n.srcs)
+    return False
+
+
+def _realize(*tensors: Tensor | None) -> None:
+    tensors = [t for t in tensors if t is not None]
+    if tensors:
+        Tensor.realize(*tensors)
+
+
+def _digest(arr: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).hexdigest()
+
+
 class _Log(list):
-    """The CAPTURE list. It also notes, per written buffer, the node counter at the write: a BUFFER node
-    made before that (a smaller id) holds the buffer's old value, which an assign() overwrote."""
+    """The CAPTURE list of launches (program, out buffer, input buffers). It also notes, per written
+    buffer, the node counter at the write (a BUFFER node made before that holds the buffer's old value,
+    which an assign() overwrote), and which buffers were allocated in this call (`fresh`)."""
 
     def __init__(self):
         super().__init__()
         self.written: dict[int, int] = {}
+        self.fresh: dict[int, g.Node] = {}  # id(buffer allocated in this call) -> the node computed into it
 
-    def append(self, item) -> None:
-        super().append(item)
-        self.written[id(item[1])] = next(g.Node._ids)
+    def launch(self, prg, out, inputs, fresh: bool, node: g.Node) -> None:
+        self.append((prg, out, inputs))
+        self.written[id(out)] = next(g.Node._ids)
+        if fresh:
+            self.fresh[id(out)] = node
 
-    def extend(self, items) -> None:
-        super().extend(items)
-        self.written.update(items.written)  # items is another _Log: keep the times of its writes
+    def reads(self) -> set[int]:
+        return {id(b) for _, _, ins in self for b in ins}
 
 
 def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
@@ -102,95 +169,151 @@ def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
     return False
 
 
-def _reads(node: g.Node, ids: set[int]) -> bool:
-    """Whether computing node reads one of the buffers in ids."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.realized:
-            if id(n.buffer) in ids:
-                return True
-            continue
-        stack.extend(n.srcs)
-    return False
-
-
-class _NoHostRandom:
-    def __getattr__(self, name: str):
-        raise JitError(
-            "a TinyJit function drew host random numbers (Tensor.rand/randn/randint/dropout): they would "
-            "be frozen at capture. Draw them outside the function and pass them in as Tensor arguments"
-        )
-
-
 def _no_numpy(node):
     raise JitError(
-        ".numpy()/.item()/.tolist() inside a TinyJit function reads the value once and replays would not "
-        "run it: return the tensor and read it outside the function"
+        ".numpy()/.item()/.tolist()/bool() inside a TinyJit function reads a value once, and replays would "
+        "not run the Python code that uses it (control flow on tensor values is frozen): return the tensor "
+        "and read it outside the function, or use Tensor.where for data-dependent choices"
     )
 
 
-class TinyJit:
-    """Decorate a function of Tensors: call 1 runs it, call 2 captures its kernels, later calls replay."""
+def _meta(t: Tensor) -> tuple:
+    return (t.shape, t.dtype, t.device)
 
-    def __init__(self, fn: Callable):
-        self.fn = fn
+
+class _Variant:
+    """The capture for one call signature."""
+
+    def __init__(self, keep: list):
+        self.keep = keep  # non-Tensor arguments: kept alive so that their ids stay theirs
+        self.cnt = 0  # 0: never run, 1: ran once (the next call captures), 2: captured
+        self.captured: list[tuple] = []  # (program, out buffer, input buffers), in launch order
+        self.in_ids: dict[int, int] = {}  # id(argument buffer at capture) -> argument position
+        self.fresh: list[tuple] = []  # (id(buffer at capture), (shape, dtype, device)): new each replay
+        self.out_ids: list[int] = []  # id(buffer at capture) per returned Tensor
+        self.grad_ins: list[tuple] = []  # (leaf ref, id(its .grad buffer before the call at capture))
+        self.grad_outs: list[tuple] = []  # (leaf ref, id(its .grad buffer after) or None for no grad)
+        self.needs: list[tuple] = []  # (leaf ref, grad meta before the call or None): when this replays
+        self.randoms: list[tuple] = []  # (id(buffer at capture), draw, dtype, device) in draw order
+        self.ret: Any = None
+        self.first_other: Any = None
+        self.first_fresh: dict[int, g.Node] = {}  # call 1's new buffers, to spot values kept across calls
+        self.first_inputs: list = []  # call 1's argument and random buffers
+        self.first_hosts: list[tuple] = []  # call 1's tensors from host data: (shape, digest)
+
+    def matches(self) -> bool:
+        """Whether the gradients of the parameters are in the state this capture assumed."""
+        for ref, meta in self.needs:
+            leaf = ref()
+            if leaf is None:
+                return False
+            now = None if leaf.grad is None else _meta(leaf.grad)
+            if now != meta:
+                return False
+        return True
+
+
+class TinyJit:
+    """Decorate a function of Tensors: per call signature, call 1 runs it, call 2 captures its kernels,
+    later calls replay them (see the module docstring for the rules)."""
+
+    def __init__(self, fn: Callable, max_captures: int = 8):
+        self.fn, self.max_captures = fn, max_captures
+        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.reset()
         functools.update_wrapper(self, fn)
 
     def reset(self) -> None:
-        """Forget the capture: the next call runs normally again."""
-        self.cnt = 0
-        self.captured: list[tuple] = []  # (program, out buffer, input buffers), in launch order
-        self._in_ids: dict[int, int] = {}  # id(buffer at capture) -> position of the Tensor argument
-        self._in_sig: list[tuple] = []
-        self._out_ids: dict[int, int] = {}  # id(output copy buffer at capture) -> output number
-        self._out_meta: list[tuple] = []  # (shape, dtype, device) per returned Tensor
-        self._ret: Any = None
-        self._frozen: tuple = ()
-        self._first_other: Any = None
-        self._first_log: list = []  # call 1's launches, kept until the capture to spot leaked values
+        """Forget every capture: the next call runs normally again."""
+        self._variants: dict[tuple, list[_Variant]] = {}
+        self._last: _Variant | None = None
+        self.captures = 0  # signatures captured
+        self.replays = 0  # calls answered by a replay
+
+    # the state of the variant used last (tests and DEBUG read these)
+    @property
+    def cnt(self) -> int:
+        return self._last.cnt if self._last else 0
+
+    @property
+    def captured(self) -> list[tuple]:
+        return self._last.captured if self._last else []
 
     @property
     def kernel_names(self) -> list[str]:
         return [prg.name for prg, _, _ in self.captured]
 
-    def __get__(self, obj, objtype=None):  # works as a method decorator too
-        return self if obj is None else functools.partial(self.__call__, obj)
+    def __get__(self, obj, objtype=None):  # a method decorator: one TinyJit (one cache) per instance
+        if obj is None:
+            return self
+        try:
+            jit = self._bound.get(obj)
+            if jit is None:
+                jit = self._bound[obj] = TinyJit(self.fn.__get__(obj, objtype), self.max_captures)
+            return jit
+        except TypeError:  # not weak-referenceable or unhashable: the instance joins the signature
+            return functools.partial(self.__call__, obj)
 
     def __call__(self, *args, **kwargs):
         if os.environ.get("JIT", "1") == "0":
             return self.fn(*args, **kwargs)
-        tensors = [v for v in _flatten((args, kwargs)) if isinstance(v, Tensor)]
-        others = tuple(
-            (type(v).__name__, repr(v)) for v in _flatten((args, kwargs)) if not isinstance(v, Tensor)
-        )
-        if any(t.device == "NUMPY" for t in tensors) or (not tensors and dev_mod.default_device() == "NUMPY"):
+        flat = _flatten((args, kwargs))
+        tensors = [v for v in flat if isinstance(v, Tensor)]
+        keep = [v for v in flat if not isinstance(v, Tensor)]
+        others = tuple(_arg_key(v) for v in keep)
+        if dev_mod.CAPTURE is not None:  # inside another TinyJit's function: that one captures us
             return self.fn(*args, **kwargs)
-        outer = dev_mod.CAPTURE  # set when this call runs inside another TinyJit's function
-        if outer is not None and self.cnt < 2:
-            return self.fn(*args, **kwargs)  # its kernels become part of the outer capture
-        # realized, contiguous buffers for every Tensor argument
-        fixed = [t if t.node.realized else _copy(t) for t in tensors]
-        if fixed:
-            Tensor.realize(*fixed)
-        bufs = [t.node.buffer for t in fixed]
-        if self.cnt >= 2:
-            self._check_inputs(fixed, others)
-            return self._replay(bufs)
-        capture = self.cnt == 1
-        log = _Log()
-        saved = (tensor_mod._to_numpy, Tensor._rng)
-        tensor_mod._to_numpy, Tensor._rng = _no_numpy, _NoHostRandom()
+        for t in tensors:
+            _bare(t)
+        bufs = [t.node.buffer for t in tensors]
+        first = {}
+        alias = tuple(first.setdefault(id(b), i) for i, b in enumerate(bufs))
+        key = (tuple(_meta(t) for t in tensors), alias, others)
+        v = self._find(key, keep)
+        self._last = v
+        if v.cnt >= 2:
+            return self._replay(v, bufs)
+        # NUMPY has no kernels to capture: it runs the function every time, under the same rules
+        numpy = any(t.device == "NUMPY" for t in tensors) or (
+            not tensors and dev_mod.default_device() == "NUMPY"
+        )
+        return self._run(v, args, kwargs, bufs, plain=numpy)
+
+    def _find(self, key: tuple, keep: list) -> _Variant:
+        variants = self._variants.setdefault(key, [])
+        for v in variants:  # a capture whose gradient state matches, else one still warming up
+            if v.cnt >= 2 and v.matches():
+                return v
+        for v in variants:
+            if v.cnt < 2:
+                return v
+        if sum(len(vs) for vs in self._variants.values()) >= self.max_captures:
+            raise JitError(
+                f"TinyJit({getattr(self.fn, '__name__', 'fn')}) was called with more than "
+                f"{self.max_captures} "
+                "different signatures (Tensor argument shapes/dtypes/devices, non-Tensor argument values, "
+                "gradient state); each one is captured separately. Pass values that change on every call "
+                "as Tensors; for a smaller last batch use drop_last=True (or pad it); or raise max_captures"
+            )
+        v = _Variant(keep)
+        variants.append(v)
+        return v
+
+    def _run(self, v: _Variant, args, kwargs, bufs: list, plain: bool = False) -> Any:
+        """Run the function, for the first time (v.cnt 0) or capturing (v.cnt 1); plain: just run it."""
+        capture = v.cnt == 1
+        leaves = [t for t in list(tensor_mod._grad_leaves.values()) if t.requires_grad]
+        for t in leaves:
+            if t.grad is not None:
+                _bare(t.grad)
+        pre = {id(t): t.grad for t in leaves}
+        log, randoms, hosts = _Log(), [], []
+        saved = (tensor_mod._to_numpy, tensor_mod.RANDOM_LOG, tensor_mod.HOST_LOG)
+        tensor_mod._to_numpy, tensor_mod.RANDOM_LOG, tensor_mod.HOST_LOG = _no_numpy, randoms, hosts
         dev_mod.CAPTURE = log
         try:
-            args, kwargs = _rebuild((args, kwargs), iter(fixed))
             ret = self.fn(*args, **kwargs)
-            outs = [v for v in _flatten(ret) if isinstance(v, Tensor)]
-            trivial = not log and all(t.node.base.realized for t in outs)
+            outs = [t for t in _flatten(ret) if isinstance(t, Tensor)]
             for i, t in enumerate(outs):
                 if _stale_leaves(t, log.written):
                     raise JitError(
@@ -198,97 +321,138 @@ class TinyJit:
                         "already overwrote (e.g. the loss after opt.step()): realize it together with the "
                         "update, opt.step(loss), or call loss.realize() before opt.step()"
                     )
-            copies = [_copy(t) for t in outs]
-            if copies:
-                Tensor.realize(*copies)
+            touched = [t for t in leaves if t.grad is not pre[id(t)]]
+            _realize(*outs, *[t.grad for t in touched])
+            launched = len(log)  # the function's own work, before copies of returned buffers
+            # a value that outlives the call (an argument, a parameter, ...) is returned as a copy
+            outs = [t if self._is_fresh(t, log) else _copy(t) for t in outs]
+            for t in touched:
+                if t.grad is not None and not self._is_fresh(t.grad, log):
+                    t.grad = _copy(t.grad)
+            _realize(*outs, *[t.grad for t in touched])
+            # what leaves the call carries no graph (replays have none either)
+            outs = [Tensor(g.Node.from_buffer(t.node.buffer, *_meta(t))) for t in outs]
+            for t in touched:
+                if t.grad is not None:
+                    t.grad = Tensor(g.Node.from_buffer(t.grad.node.buffer, *_meta(t.grad)))
         finally:
-            tensor_mod._to_numpy, Tensor._rng = saved
-            dev_mod.CAPTURE = outer
-        if outer is not None:
-            outer.extend(log)
-        ret = _rebuild(ret, iter(copies))
-        ret_others = [v for v in _flatten(ret) if not isinstance(v, Tensor)]
-        if not capture:
-            self._first_other, self._first_log = ret_others, list(log)
-            self.cnt = 1
+            tensor_mod._to_numpy, tensor_mod.RANDOM_LOG, tensor_mod.HOST_LOG = saved
+            dev_mod.CAPTURE = None
+        ret = _rebuild(ret, iter(outs))
+        ret_others = [x for x in _flatten(ret) if not isinstance(x, Tensor)]
+        random_ids = {id(b) for b, *_ in randoms}
+        host_sig = [(a.shape, _digest(a)) for b, a in hosts if id(b) not in random_ids]
+        if plain:
             return ret
-        if trivial:
+        if not capture:
+            v.first_other, v.first_fresh, v.first_hosts, v.cnt = ret_others, log.fresh, host_sig, 1
+            v.first_inputs = bufs + [b for b, *_ in randoms]
+            return ret
+        if not launched:
             raise JitError(
                 "TinyJit captured no kernels: the function must compute something with Tensors "
                 "(and return or assign it); jitting it has no use"
             )
-        if ret_others != self._first_other:
+        if ret_others != v.first_other:
             raise JitError(
                 f"TinyJit: the function's non-Tensor return values changed between calls "
-                f"({self._first_other!r} -> {ret_others!r}); replays would return the captured ones. "
+                f"({v.first_other!r} -> {ret_others!r}); replays would return the captured ones. "
                 "Return them as Tensors or compute them outside"
             )
-        self._check_leaks(log)
-        self.captured = list(log)
-        self._in_ids = {id(b): i for i, b in enumerate(bufs)}
-        self._in_sig = [(t.shape, t.dtype, t.device) for t in fixed]
-        self._out_ids = {id(c.node.buffer): i for i, c in enumerate(copies)}
-        self._out_meta = [(c.shape, c.dtype, c.device) for c in copies]
-        self._ret, self._frozen, self.cnt = ret, others, 2
+        if host_sig != v.first_hosts:
+            raise JitError(
+                "TinyJit: a Tensor made from host data (Tensor(list or numpy array)) inside the function "
+                "had different contents in the first two calls; replays would keep the captured ones. "
+                "Pass it as a Tensor argument"
+            )
+        self._record(v, log, bufs, pre, touched, outs, randoms)
+        v.ret = ret
+        self.captures += 1
         if dev_mod.DEBUG >= 1:
-            print(f"TinyJit: captured {len(log)} kernels: {' '.join(self.kernel_names)}", file=sys.stderr)
+            print(
+                f"TinyJit {getattr(self.fn, '__name__', 'fn')}: capture {self.captures} "
+                f"({len(log)} kernels: {' '.join(self.kernel_names)})",
+                file=sys.stderr,
+            )
         return ret
 
-    def _check_leaks(self, log: list) -> None:
-        """Gradients that add onto values from call 1 (no zero_grad() inside the function) would add the
-        same frozen call-1 buffer on every replay."""
-        first = {id(out) for _, out, _ in self._first_log}
-        self._first_log = []
-        now = {id(out) for _, out, _ in log}
-        leaked = {id(b) for _, _, ins in log for b in ins if id(b) in first and id(b) not in now}
-        if not leaked:
-            return
+    @staticmethod
+    def _is_fresh(t: Tensor, log: _Log) -> bool:
+        """Whether t is a whole buffer that a kernel of this call wrote into a new allocation."""
+        n = t.node
+        return n.realized and n.op is not Op.ASSIGN and id(n.buffer) in log.fresh
+
+    def _record(
+        self, v: _Variant, log: _Log, bufs: list, pre: dict, touched: list, outs: list, randoms: list
+    ) -> None:
+        reads = log.reads()
+        v.in_ids = {id(b): i for i, b in enumerate(bufs)}
+        leaves = {id(t): t for t in touched}
         for t in list(tensor_mod._grad_leaves.values()):
-            if t.grad is not None and _reads(t.grad.node, leaked):
-                raise JitError(
-                    f"TinyJit: the gradient of a parameter of shape {t.shape} adds onto a gradient from the "
-                    "previous call, which replays would freeze; call opt.zero_grad() inside the function "
-                    "(accumulate over micro-batches inside one call instead)"
-                )
-
-    def _check_inputs(self, fixed: list[Tensor], others: tuple) -> None:
-        sig = [(t.shape, t.dtype, t.device) for t in fixed]
-        if len(sig) != len(self._in_sig):
-            raise JitError(
-                f"TinyJit: captured with {len(self._in_sig)} Tensor arguments, called with {len(sig)}"
-            )
-        for i, (now, then) in enumerate(zip(sig, self._in_sig)):
-            if now != then:
-                raise JitError(
-                    f"TinyJit: Tensor argument {i} is {now[0]} {now[1].name} on {now[2]} but was "
-                    f"{then[0]} {then[1].name} on {then[2]} at capture; make a new TinyJit (or call reset()) "
-                    "for each input shape, dtype and device"
-                )
-        if others != self._frozen:
-            raise JitError(
-                f"TinyJit: non-Tensor arguments changed since capture ({self._frozen} -> {others}); they are "
-                "frozen into the captured kernels. Pass changing values as Tensors, or call reset()"
-            )
-
-    def _replay(self, bufs: list) -> Any:
-        remap = {k: bufs[i] for k, i in self._in_ids.items()}
-        for (shape, dtype, device), key in zip(self._out_meta, self._out_ids):
-            remap[key] = dev_mod.get_device(device).alloc(max(1, g.prod(shape)), dtype)
-        outer = dev_mod.CAPTURE
-        for prg, out, inputs in self.captured:
-            out = remap.get(id(out), out)
-            inputs = [remap.get(id(b), b) for b in inputs]
-            prg(out, *inputs)
-            if outer is not None:
-                outer.append((prg, out, inputs))
-        dev_mod.Stats.kernels_run += len(self.captured)
-        if dev_mod.DEBUG >= 1:
-            print(f"TinyJit: replayed {len(self.captured)} kernels", file=sys.stderr)
-        outs = [  # made after the kernels ran (see _Log)
-            Tensor(g.Node.from_buffer(remap[key], shape, dtype, device))
-            for (shape, dtype, device), key in zip(self._out_meta, self._out_ids)
+            g0 = pre.get(id(t))
+            if g0 is not None and id(g0.node.buffer) in reads:
+                v.grad_ins.append((weakref.ref(t), id(g0.node.buffer)))
+                v.needs.append((weakref.ref(t), _meta(g0)))
+            elif id(t) in leaves and id(t) in pre and g0 is None:
+                v.needs.append((weakref.ref(t), None))  # it had no gradient: replays assume none
+        v.grad_outs = [
+            (weakref.ref(t), None if t.grad is None else (id(t.grad.node.buffer), _meta(t.grad)))
+            for t in touched
         ]
-        return _rebuild(self._ret, iter(outs))
+        escaping = [t.node.buffer for t in outs] + [t.grad.node.buffer for t in touched if t.grad is not None]
+        seen = set()
+        for b in escaping:
+            if id(b) not in seen:
+                seen.add(id(b))
+                v.fresh.append((id(b), b.size, b.dtype, b.device))
+        v.out_ids = [id(t.node.buffer) for t in outs]
+        v.randoms = [(id(b), draw, dt, device) for b, draw, dt, device in randoms]
+        # a kernel that reads a value that call 1 computed from its arguments (or random numbers), and that
+        # this call does not update in place, reads a tensor that Python kept across calls: replays would
+        # read call 1's value forever
+        known = set(v.in_ids) | {k for _, k in v.grad_ins}
+        first_in = {id(b) for b in v.first_inputs}
+        for k in reads:
+            n = v.first_fresh.get(k)
+            if k not in known and k not in log.written and n is not None and _reaches(n, first_in):
+                raise JitError(
+                    f"TinyJit: the function reads a tensor {n.shape} that its previous call computed from "
+                    "its arguments and that Python kept (e.g. self.h = self.h * 0.9 + x); replays would "
+                    "read that old value forever. Keep such state in a realized tensor updated in place "
+                    "with assign(): self.h.assign(self.h * 0.9 + x)"
+                )
+        v.first_fresh, v.first_inputs, v.captured, v.cnt = {}, [], list(log), 2
+
+    def _replay(self, v: _Variant, bufs: list) -> Any:
+        remap = {k: bufs[i] for k, i in v.in_ids.items()}
+        for ref, k in v.grad_ins:
+            remap[k] = _bare(ref().grad).node.buffer
+        for k, draw, dt, device in v.randoms:  # the same draws, in the same order, as running it
+            arr = np.ascontiguousarray(draw(Tensor._rng).astype(dt.np))
+            remap[k] = dev_mod.get_device(device).from_numpy(arr)
+        for k, size, dtype, device in v.fresh:
+            remap[k] = dev_mod.get_device(device).alloc(max(1, size), dtype)
+        for prg, out, inputs in v.captured:
+            prg(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])
+        dev_mod.Stats.kernels_run += len(v.captured)
+        self.replays += 1
+        if dev_mod.DEBUG >= 1:
+            print(
+                f"TinyJit {getattr(self.fn, '__name__', 'fn')}: replay {self.replays} "
+                f"({len(v.captured)} kernels, {len(v.randoms)} random inputs)",
+                file=sys.stderr,
+            )
+
+        def wrap(k: int, meta: tuple) -> Tensor:  # nodes made after the kernels ran (see _Log)
+            return Tensor(g.Node.from_buffer(remap[k], *meta))
+
+        for ref, out in v.grad_outs:
+            leaf = ref()
+            if leaf is not None:
+                leaf.grad = None if out is None else wrap(*out)
+        returned = [t for t in _flatten(v.ret) if isinstance(t, Tensor)]
+        outs = [wrap(k, _meta(t)) for k, t in zip(v.out_ids, returned)]
+        return _rebuild(v.ret, iter(outs))
 
 
 __all__ = ["TinyJit"]

@@ -118,6 +118,7 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
                 out = _reduce(node.arg[0], srcs[0], node.arg[1], node.dtype)
             elif node.op is Op.ASSIGN:
                 node.srcs[0].buffer.data[:] = srcs[1].reshape(-1)
+                node.buffer = node.srcs[0].buffer  # done: a later realize must not write it again
                 out = srcs[1]
             else:
                 raise NotImplementedError(f"NUMPY device: no rule for {node.op}")

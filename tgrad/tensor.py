@@ -21,6 +21,10 @@ from tgrad.graph import Node, Op
 Scalar = int | float | bool
 # tensors created or marked with requires_grad=True, by id (Tensor.__eq__ is elementwise: no WeakSet)
 _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# TinyJit sets these to lists while it runs a function: random tensors drawn (buffer, draw, dtype, device)
+# and tensors made from host data (buffer, array)
+RANDOM_LOG: list | None = None
+HOST_LOG: list | None = None
 
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
@@ -365,38 +369,39 @@ class Tensor(metaclass=_NoGradMeta):
         Tensor._rng = np.random.default_rng(seed)
 
     @staticmethod
-    def _random(array: np.ndarray, dtype, device, requires_grad) -> Tensor:
-        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
-        return Tensor(array.astype(dt.np), device=device, dtype=dt, requires_grad=requires_grad)
+    def _random(draw, dtype, device, requires_grad=None, default=None) -> Tensor:
+        """A tensor of host random numbers: draw(rng) -> ndarray, with Tensor._rng (see manual_seed).
+        Every random constructor comes through here, so that TinyJit can draw again on each replay."""
+        dt = dtypes.from_any(dtype) if dtype is not None else (default or dtypes.default_float)
+        t = Tensor(draw(Tensor._rng).astype(dt.np), device=device, dtype=dt, requires_grad=requires_grad)
+        if RANDOM_LOG is not None and not t.requires_grad:
+            RANDOM_LOG.append((t.node.buffer, draw, dt, t.device))
+        return t
 
     @staticmethod
     def rand(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
-        return Tensor._random(Tensor._rng.random(Tensor._shape_arg(shape)), dtype, device, requires_grad)
+        shape = Tensor._shape_arg(shape)
+        return Tensor._random(lambda rng: rng.random(shape), dtype, device, requires_grad)
 
     @staticmethod
     def randn(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
-        return Tensor._random(
-            Tensor._rng.standard_normal(Tensor._shape_arg(shape)), dtype, device, requires_grad
-        )
+        shape = Tensor._shape_arg(shape)
+        return Tensor._random(lambda rng: rng.standard_normal(shape), dtype, device, requires_grad)
 
     @staticmethod
     def randint(*shape, low=0, high=10, dtype=None, device=None) -> Tensor:
-        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.int32
-        return Tensor(
-            Tensor._rng.integers(low, high, Tensor._shape_arg(shape)).astype(dt.np), device=device, dtype=dt
-        )
+        shape = Tensor._shape_arg(shape)
+        return Tensor._random(lambda rng: rng.integers(low, high, shape), dtype, device, default=dtypes.int32)
 
     @staticmethod
     def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
-        return Tensor._random(
-            Tensor._rng.uniform(low, high, Tensor._shape_arg(shape)), dtype, device, requires_grad
-        )
+        shape = Tensor._shape_arg(shape)
+        return Tensor._random(lambda rng: rng.uniform(low, high, shape), dtype, device, requires_grad)
 
     @staticmethod
     def normal(*shape, mean=0.0, std=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
-        return Tensor._random(
-            Tensor._rng.normal(mean, std, Tensor._shape_arg(shape)), dtype, device, requires_grad
-        )
+        shape = Tensor._shape_arg(shape)
+        return Tensor._random(lambda rng: rng.normal(mean, std, shape), dtype, device, requires_grad)
 
     @staticmethod
     def kaiming_uniform(*shape, a: float = 0.01, **kw) -> Tensor:
@@ -1515,6 +1520,8 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
         arr = arr.astype(dtype.np)
     dt = dtypes.from_any(arr.dtype)
     buf = get_device(device).from_numpy(np.ascontiguousarray(arr))
+    if HOST_LOG is not None:
+        HOST_LOG.append((buf, arr))
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
 
 

@@ -50,10 +50,12 @@ class Optimizer:
         return self.params + self.buffers + state
 
     def step(self, *also: Tensor) -> None:
-        """Apply one update. Tensors in `also` (e.g. the loss) are realized in the same call, before any
-        parameter buffer is overwritten."""
+        """Apply one update. Tensors in `also` (e.g. the loss) and the gradients are realized in the same
+        call, before any parameter buffer is overwritten."""
         tensors = self.schedule_step()
-        Tensor.realize(*also, *tensors)
+        # the gradients too: they read the parameters' old values, which the update overwrites, so
+        # computing them later (reading p.grad after the step) would see the new ones
+        Tensor.realize(*also, *tensors, *[t.grad for t in self.params])
 
     def _step(self) -> list[Tensor]:
         raise NotImplementedError

@@ -404,7 +404,7 @@ class TinyJit:
         for b in escaping:
             if id(b) not in seen:
                 seen.add(id(b))
-                v.fresh.append((id(b), b.size, b.dtype, b.device))
+                v.fresh.append((id(b), b.size, b.dtype, dev_mod.get_device(b.device)))
         v.out_ids = [id(t.node.buffer) for t in outs]
         v.randoms = [(id(b), draw, dt, device) for b, draw, dt, device in randoms]
         # a kernel that reads a value that call 1 computed from its arguments (or random numbers), and that
@@ -430,8 +430,8 @@ class TinyJit:
         for k, draw, dt, device in v.randoms:  # the same draws, in the same order, as running it
             arr = np.ascontiguousarray(draw(Tensor._rng).astype(dt.np))
             remap[k] = dev_mod.get_device(device).from_numpy(arr)
-        for k, size, dtype, device in v.fresh:
-            remap[k] = dev_mod.get_device(device).alloc(max(1, size), dtype)
+        for k, size, dtype, dev in v.fresh:
+            remap[k] = dev.alloc(max(1, size), dtype)
         for prg, out, inputs in v.captured:
             prg(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])
         dev_mod.Stats.kernels_run += len(v.captured)

@@ -89,6 +89,11 @@ class Tensor(metaclass=_NoGradMeta):
         dtype: DType | str | None = None,
         requires_grad: bool | None = None,
     ):
+        if isinstance(data, Node) and device is None and dtype is None:  # the common case: an op's result
+            self.node, self.grad, self._requires_grad = data, None, None
+            if requires_grad is not None:
+                self.requires_grad = requires_grad
+            return
         device = Device_.canonicalize(device)
         dtype = dtypes.from_any(dtype) if dtype is not None else None
         if isinstance(data, Node):

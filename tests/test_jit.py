@@ -166,3 +166,18 @@ def test_reset_recaptures_for_new_shapes():
     b = RNG.standard_normal((5, 2)).astype(np.float32)
     for _ in range(3):
         np.testing.assert_allclose(f(Tensor(b)).numpy(), b.sum(0), rtol=1e-5)
+
+
+def test_jit_overhead_bench_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "bench/jit_overhead.py", "--n", "16", "--calls", "3"],
+        capture_output=True, text=True, cwd=root, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 6 and all(float(r.split("|")[2]) > 0 for r in rows), proc.stdout

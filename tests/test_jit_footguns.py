@@ -109,14 +109,15 @@ def test_control_flow_on_tensor_values_is_an_error(device):
 
 
 def test_host_data_that_changes_between_calls_is_an_error(device):
-    values = iter([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]])
-    f = TinyJit(lambda a: a * Tensor(next(values)))
-    f(Tensor(A))
+    counter = iter(range(100))
+    f = TinyJit(lambda a: a * Tensor([float(next(counter))] * 4))
     if not jitted(device):  # NUMPY runs the function every time: nothing is frozen
-        close(f(Tensor(A)), A * np.array([5, 6, 7, 8], np.float32))
+        for i in range(5):
+            close(f(Tensor(A)), A * i)
         return
-    with pytest.raises(JitError, match=r"host data .* different contents.*Tensor argument"):
-        f(Tensor(A))
+    with pytest.raises(JitError, match=r"differed in the contents of a Tensor made from host data"):
+        for i in range(5):
+            close(f(Tensor(A)), A * i)  # right while it runs the function; an error instead of freezing
 
 
 def test_host_data_that_stays_the_same_is_a_constant(device):
@@ -136,11 +137,13 @@ def test_state_kept_by_rebinding_a_python_attribute_is_an_error(device):
             return self.h
 
     e = Ema()
-    e.update(Tensor(A))
     if not jitted(device):
-        return  # runs every time: rebinding works
-    with pytest.raises(JitError, match=r"assign\(\)"):
-        e.update(Tensor(B))
+        for _ in range(4):
+            e.update(Tensor(A))  # runs every time: rebinding works
+        return
+    with pytest.raises(JitError, match=r"Python kept .* assign\(\)"):
+        for _ in range(4):
+            e.update(Tensor(A))
 
 
 def test_state_updated_with_assign_works(device):
@@ -160,6 +163,91 @@ def test_state_updated_with_assign_works(device):
         out = e.update(Tensor(x))
     close(out, ref, rtol=1e-5)
     close(e.h, ref, rtol=1e-5)
+
+
+def test_a_python_value_that_changes_every_call_is_an_error(device):
+    mult = 1.0
+
+    @TinyJit
+    def f(a):
+        return a * mult  # a closure variable: frozen into the kernel at capture
+
+    if not jitted(device):
+        return
+    with pytest.raises(JitError, match=r"differed in the kernels they ran .* closure variable"):
+        for i in range(6):
+            mult = float(i + 1)
+            close(f(Tensor(A)), A * mult)  # right while it runs the function; an error instead of freezing
+
+
+def test_lazy_initialization_in_the_first_call(device):
+    class Counter:
+        def __init__(self):
+            self.total = None
+
+        @TinyJit
+        def add(self, x):
+            if self.total is None:  # made on the first call, updated in place after
+                self.total = (x * 0).realize()
+            self.total.assign(self.total + x)
+            return self.total.sum()
+
+    c, ref = Counter(), np.zeros((3, 4), np.float32)
+    for i in range(6):
+        x = A + i
+        ref = ref + x
+        close(c.add(Tensor(x)), ref.sum(), rtol=1e-5)
+    close(c.total, ref, rtol=1e-5)
+
+
+def test_a_branch_on_a_non_tensor_argument(device):
+    f = TinyJit(lambda x, square: x * x if square else x * 2)
+    for square in [True, False] * 4:
+        close(f(Tensor(A), square), A * A if square else A * 2)
+
+
+def test_a_closure_tensor_assigned_outside(device):
+    x = Tensor(np.zeros(4, np.float32))
+    f = TinyJit(lambda a: a + x * 2)
+    for i in range(5):
+        x.assign(Tensor(np.full(4, i, np.float32)))  # not realized: the jit runs it first
+        close(f(Tensor(np.ones(4, np.float32))), np.full(4, 1 + 2 * i, np.float32))
+
+
+def test_keyword_and_positional_arguments_mix(device):
+    f = TinyJit(lambda first, second: first / second)
+    a, b = Tensor(A), Tensor(np.abs(B) + 1)
+    ref = A / (np.abs(B) + 1)
+    for _ in range(3):
+        close(f(a, b), ref)
+        close(f(second=b, first=a), ref)
+        close(f(a, second=b), ref)
+        close(f(first=a, second=b), ref)
+
+
+def test_output_fed_back_as_the_next_input(device):
+    @TinyJit
+    def step(x):
+        y = (x + 1).realize()
+        return y * 2
+
+    x = step(Tensor(np.array([10.0], np.float32)))
+    x = step(Tensor(np.array([20.0], np.float32)))
+    for ref in (86.0, 174.0, 350.0):
+        x = step(x)
+        close(x, [ref])
+    y = Tensor(np.array([100.0], np.float32))  # a new "session" starts from a new tensor
+    for ref in (202.0, 406.0, 814.0):
+        y = step(y)
+        close(y, [ref])
+
+
+def test_views_with_different_offsets_and_constant_arguments(device):
+    f = TinyJit(lambda a, k: a * k + 1)
+    base = Tensor(RNG.standard_normal((6, 6)).astype(np.float32))
+    b = base.numpy()
+    for i in range(4):
+        close(f(base[:, i : i + 2], Tensor(2.0)), b[:, i : i + 2] * 2 + 1)
 
 
 # ---- aliasing between arguments ---------------------------------------------------------------------
@@ -298,7 +386,7 @@ def test_gradients_accumulate_across_jitted_micro_steps(device):
             loss = micro(Tensor(x))
             tloss = ((torch.tensor(x) @ tw + tb) ** 2).mean()
             tloss.backward()
-            close(loss, tloss.item(), rtol=1e-5)
+            close(loss, tloss.item(), rtol=1e-4, atol=1e-6)
             close(w.grad, tw.grad.numpy(), rtol=1e-4, atol=1e-5)
         opt.step()
         topt.step()
@@ -332,7 +420,7 @@ def test_zero_grad_inside_or_outside_the_jit(device, where):
         tloss = (torch.tensor(x) @ tw).square().mean()
         tloss.backward()
         topt.step()
-        close(loss, tloss.item(), rtol=1e-5)
+        close(loss, tloss.item(), rtol=1e-4, atol=1e-6)
         close(w.grad, tw.grad.numpy(), rtol=1e-4, atol=2e-5)  # the gradient of this call, readable after
     close(w, tw.detach().numpy(), rtol=1e-4, atol=1e-5)
 
@@ -396,7 +484,7 @@ def test_a_smaller_last_batch_gets_its_own_capture(device):
             tloss = (torch.tensor(x) @ tw).relu().sum()
             tloss.backward()
             topt.step()
-            close(loss, tloss.item(), rtol=1e-5, atol=1e-5)
+            close(loss, tloss.item(), rtol=1e-4, atol=1e-5)
     close(w, tw.detach().numpy(), rtol=1e-4, atol=1e-5)
     if jitted(device):
         assert step.captures == 2

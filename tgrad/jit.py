@@ -2,13 +2,16 @@
 
 Rules (README "TinyJit rules"; each broken rule that can be detected raises a JitError that says what
 to do):
-- Calls are grouped by signature: the shapes, dtypes and devices of the Tensor arguments, which of
-  them are the same tensor, and the values of the non-Tensor arguments (ints, floats, strings, None by
-  value; other objects by identity). Per signature, the first call runs the function normally, the
-  second runs it and records every kernel launch, later calls replay the recorded kernels without
-  running the Python function. Up to `max_captures` signatures (8) are kept: a smaller last batch gets
-  its own capture; more signatures than that raise JitError (pass values that change every call as
-  Tensors).
+- Calls are grouped by signature: the arguments by parameter name, the shapes, dtypes and devices of
+  the Tensor arguments, which of them are the same tensor, and the values of the non-Tensor arguments
+  (ints, floats, strings, None by value; other objects by identity). Per signature, the first call runs
+  the function normally, the second runs it and records every kernel launch, later calls replay the
+  recorded kernels without running the Python function. If the second call differs from the first
+  (other kernels, other host data, other non-Tensor return values), recording waits for two calls in a
+  row that agree; MAX_UNSTABLE differing calls in a row raise JitError (a Python value read inside the
+  function keeps changing: pass it as an argument). Up to `max_captures` signatures (8) are kept: a
+  smaller last batch gets its own capture; more signatures than that raise JitError (pass values that
+  change every call as Tensors).
 - Tensor arguments are realized into buffers of their own first (a view or an unrealized tensor is
   computed into one, in place on the caller's Tensor, so assign() to an argument writes back).
 - Returned Tensors are realized into fresh buffers on every call (copied when they are a buffer that
@@ -24,8 +27,8 @@ to do):
   reproducible under Tensor.manual_seed.
 - Inside the function: no .numpy()/.item()/.tolist()/bool() (the value would be read once: Python
   control flow on tensor values cannot be replayed). Tensors made from host data are frozen at
-  capture: if their contents differ between the first two calls, JitError. A function that launches
-  no kernel raises JitError; so does a non-Tensor return value that changes between the first calls.
+  capture. A function that launches no kernel raises JitError. assign()s made outside the function and
+  not realized yet are realized before the call (and those the function leaves pending, at its end).
 - A returned Tensor must not read a buffer that an assign() in the same call overwrote (the loss
   after opt.step()): realize it with the step, `opt.step(loss)`, or JitError.
 - A TinyJit called inside another one's function runs plainly; the outer one captures its kernels.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import sys
 import weakref
@@ -53,6 +57,8 @@ from tgrad.dtype import dtypes
 from tgrad.errors import JitError
 from tgrad.graph import Op
 from tgrad.tensor import Tensor
+
+MAX_UNSTABLE = 3  # calls in a row that differ from the previous one before JitError
 
 
 def _copy(t: Tensor) -> Tensor:
@@ -76,6 +82,15 @@ def _rebuild(value: Any, it) -> Any:
     if isinstance(value, dict):
         return {k: _rebuild(v, it) for k, v in value.items()}
     return next(it) if isinstance(value, Tensor) else value
+
+
+def _structure(value: Any) -> Any:
+    """The shape of an argument tree: containers and where the Tensors are (values are keyed apart)."""
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_structure(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _structure(v)) for k, v in value.items()))
+    return "T" if isinstance(value, Tensor) else "."
 
 
 def _arg_key(v: Any) -> tuple:
@@ -200,6 +215,8 @@ class _Variant:
         self.first_fresh: dict[int, g.Node] = {}  # call 1's new buffers, to spot values kept across calls
         self.first_inputs: list = []  # call 1's argument and random buffers
         self.first_hosts: list[tuple] = []  # call 1's tensors from host data: (shape, digest)
+        self.first_progs: list[tuple] = []  # call 1's kernels: (name, source)
+        self.unstable = 0  # calls in a row that differed from the one before
 
     def matches(self) -> bool:
         """Whether the gradients of the parameters are in the state this capture assumed."""
@@ -219,6 +236,10 @@ class TinyJit:
 
     def __init__(self, fn: Callable, max_captures: int = 8):
         self.fn, self.max_captures = fn, max_captures
+        try:
+            self._sig: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self._sig = None
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.reset()
         functools.update_wrapper(self, fn)
@@ -257,18 +278,22 @@ class TinyJit:
     def __call__(self, *args, **kwargs):
         if os.environ.get("JIT", "1") == "0":
             return self.fn(*args, **kwargs)
-        flat = _flatten((args, kwargs))
+        names, values = self._arguments(args, kwargs)
+        flat = _flatten(values)
         tensors = [v for v in flat if isinstance(v, Tensor)]
         keep = [v for v in flat if not isinstance(v, Tensor)]
         others = tuple(_arg_key(v) for v in keep)
         if dev_mod.CAPTURE is not None:  # inside another TinyJit's function: that one captures us
             return self.fn(*args, **kwargs)
+        pending = tensor_mod.pending_assigns()  # assign()s made outside and not run yet: run them first
+        if pending:
+            Tensor.realize(*pending)
         for t in tensors:
             _bare(t)
         bufs = [t.node.buffer for t in tensors]
         first = {}
         alias = tuple(first.setdefault(id(b), i) for i, b in enumerate(bufs))
-        key = (tuple(_meta(t) for t in tensors), alias, others)
+        key = (names, _structure(values), tuple(_meta(t) for t in tensors), alias, others)
         v = self._find(key, keep)
         self._last = v
         if v.cnt >= 2:
@@ -278,6 +303,23 @@ class TinyJit:
             not tensors and dev_mod.default_device() == "NUMPY"
         )
         return self._run(v, args, kwargs, bufs, plain=numpy)
+
+    def _arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, list]:
+        """Argument names and values in the function's parameter order, however they were passed."""
+        if self._sig is not None:
+            try:
+                bound = self._sig.bind(*args, **kwargs)
+            except TypeError:
+                pass
+            else:
+                values = []
+                for name, value in bound.arguments.items():
+                    kind = self._sig.parameters[name].kind
+                    values.append(
+                        dict(sorted(value.items())) if kind is inspect.Parameter.VAR_KEYWORD else value
+                    )
+                return tuple(bound.arguments), values
+        return ("*", *sorted(kwargs)), [list(args), *[kwargs[k] for k in sorted(kwargs)]]
 
     def _find(self, key: tuple, keep: list) -> _Variant:
         variants = self._variants.setdefault(key, [])
@@ -322,7 +364,8 @@ class TinyJit:
                         "update, opt.step(loss), or call loss.realize() before opt.step()"
                     )
             touched = [t for t in leaves if t.grad is not pre[id(t)]]
-            _realize(*outs, *[t.grad for t in touched])
+            # state updates the function left pending run now, with the outputs and the gradients
+            _realize(*outs, *[t.grad for t in touched], *tensor_mod.pending_assigns())
             launched = len(log)  # the function's own work, before copies of returned buffers
             # a value that outlives the call (an argument, a parameter, ...) is returned as a copy
             outs = [t if self._is_fresh(t, log) else _copy(t) for t in outs]
@@ -339,31 +382,28 @@ class TinyJit:
             tensor_mod._to_numpy, tensor_mod.RANDOM_LOG, tensor_mod.HOST_LOG = saved
             dev_mod.CAPTURE = None
         ret = _rebuild(ret, iter(outs))
+        if plain:
+            return ret
         ret_others = [x for x in _flatten(ret) if not isinstance(x, Tensor)]
         random_ids = {id(b) for b, *_ in randoms}
         host_sig = [(a.shape, _digest(a)) for b, a in hosts if id(b) not in random_ids]
-        if plain:
-            return ret
-        if not capture:
-            v.first_other, v.first_fresh, v.first_hosts, v.cnt = ret_others, log.fresh, host_sig, 1
-            v.first_inputs = bufs + [b for b, *_ in randoms]
+        progs = [(prg.name, prg.source) for prg, _, _ in log]
+        changed = self._changed(v, ret_others, host_sig, progs) if capture else None
+        if changed:
+            v.unstable += 1
+            if v.unstable >= MAX_UNSTABLE:
+                raise JitError(
+                    f"TinyJit: {v.unstable + 1} calls in a row with the same arguments differed in "
+                    f"{changed}; replays would freeze one of them"
+                )
+        if not capture or changed:  # run normally; the next call with these arguments tries to capture
+            v.first_other, v.first_hosts, v.first_progs, v.cnt = ret_others, host_sig, progs, 1
+            v.first_fresh, v.first_inputs = log.fresh, bufs + [b for b, *_ in randoms]
             return ret
         if not launched:
             raise JitError(
                 "TinyJit captured no kernels: the function must compute something with Tensors "
                 "(and return or assign it); jitting it has no use"
-            )
-        if ret_others != v.first_other:
-            raise JitError(
-                f"TinyJit: the function's non-Tensor return values changed between calls "
-                f"({v.first_other!r} -> {ret_others!r}); replays would return the captured ones. "
-                "Return them as Tensors or compute them outside"
-            )
-        if host_sig != v.first_hosts:
-            raise JitError(
-                "TinyJit: a Tensor made from host data (Tensor(list or numpy array)) inside the function "
-                "had different contents in the first two calls; replays would keep the captured ones. "
-                "Pass it as a Tensor argument"
             )
         self._record(v, log, bufs, pre, touched, outs, randoms)
         v.ret = ret
@@ -375,6 +415,33 @@ class TinyJit:
                 file=sys.stderr,
             )
         return ret
+
+    @staticmethod
+    def _changed(v: _Variant, ret_others: list, host_sig: list, progs: list) -> str | None:
+        """What differs from the previous call with the same arguments (None: nothing, it can be captured)."""
+        if ret_others != v.first_other:
+            return (
+                f"their non-Tensor return values ({v.first_other!r} -> {ret_others!r}): return them as "
+                "Tensors or compute them outside"
+            )
+        if host_sig != v.first_hosts:
+            return (
+                "the contents of a Tensor made from host data (Tensor(list or numpy array)) inside the "
+                "function: pass it as a Tensor argument"
+            )
+        if progs != v.first_progs:
+            i = next(
+                (i for i, (a, b) in enumerate(zip(progs, v.first_progs)) if a != b),
+                min(len(progs), len(v.first_progs)),
+            )
+            was = v.first_progs[i][0] if i < len(v.first_progs) else "nothing"
+            now = progs[i][0] if i < len(progs) else "nothing"
+            return (
+                f"the kernels they ran (kernel {i}: {was} -> {now}): a Python value the function reads (a "
+                "global, a closure variable, an attribute) changes between calls; pass it as an argument "
+                "(a Tensor if it changes often)"
+            )
+        return None
 
     @staticmethod
     def _is_fresh(t: Tensor, log: _Log) -> bool:

@@ -25,6 +25,15 @@ _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 # and tensors made from host data (buffer, array)
 RANDOM_LOG: list | None = None
 HOST_LOG: list | None = None
+# tensors with an assign() not realized yet (TinyJit realizes them before and after a jitted call)
+PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def pending_assigns() -> list[Tensor]:
+    """Take the tensors whose assign() has not run yet."""
+    out = [t for t in list(PENDING_ASSIGNS.values()) if t.node.op is Op.ASSIGN and not t.node.realized]
+    PENDING_ASSIGNS.clear()
+    return out
 
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
@@ -243,6 +252,7 @@ class Tensor(metaclass=_NoGradMeta):
         x = x.cast(self.dtype)
         if self.node.op is Op.BUFFER and x.node is not self.node:
             self.node = Node(Op.ASSIGN, (self.node, x.node), None, self.shape, self.dtype, self.device)
+            PENDING_ASSIGNS[id(self)] = self
         else:
             self.node = x.node
         return self

@@ -10,8 +10,10 @@ out, and a CAST to float16 inside a kernel rounds with `_f16`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,34 +34,13 @@ from tgrad.fuse import (
 SPLIT = 64  # chunks a full reduction is split into for threads
 PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
 
-HEADER = """import math
-import numpy as np
+# the helpers kernels call live in tgrad/numba_rt.py; a digest of that file is part of every kernel's
+# source, so kernels cached on disk are rebuilt when the runtime changes
+_RT_DIGEST = hashlib.sha256((Path(__file__).parent / "numba_rt.py").read_bytes()).hexdigest()[:12]
+HEADER = f"""import numpy as np
 from numba import njit, prange
 
-
-@njit(cache=CACHE, inline="always")
-def _idiv(a, b):
-    if b == 0:
-        return a - a
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
-
-
-@njit(cache=CACHE, inline="always")
-def _fmax(a, b):
-    return a if (a > b or a != a) else b
-
-
-@njit(cache=CACHE)
-def _f16(x):
-    if not math.isfinite(x) or x == 0:
-        return x
-    ax = abs(x)
-    if ax >= 65520.0:
-        return x * np.float32(np.inf)
-    e = math.frexp(ax)[1] - 1
-    q = 2.0 ** max(e - 10, -24)
-    return np.float32(np.round(np.float64(x) / q) * q)
+from tgrad.numba_rt import _exp2f, _f16, _idiv, _maximum  # runtime {_RT_DIGEST}
 """
 
 NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32"}
@@ -108,7 +89,7 @@ code_for_op = {
     "MAX": lambda dt, a, b: (
         f"({a} or {b})"
         if dt == dtypes.bool
-        else _wrap(dt, f"_fmax({a}, {b})" if dt.is_float else f"max({a}, {b})")
+        else _wrap(dt, f"_maximum({a}, {b})" if dt.is_float else f"max({a}, {b})")
     ),
     "CMPLT": lambda dt, a, b: f"({a} < {b})",
     "CMPNE": lambda dt, a, b: f"({a} != {b})",
@@ -116,7 +97,7 @@ code_for_op = {
     "OR": lambda dt, a, b: f"({a} | {b})",
     "XOR": lambda dt, a, b: f"({a} ^ {b})",
     "WHERE": lambda dt, c, a, b: f"({a} if {c} else {b})",
-    "EXP2": lambda dt, a: _wrap(dt, f"np.exp2({a})"),
+    "EXP2": lambda dt, a: _wrap(dt, f"np.exp2({a})" if dt == dtypes.float64 else f"_exp2f({a})"),
     "LOG2": lambda dt, a: _wrap(dt, f"np.log2({a})"),
     "SIN": lambda dt, a: _wrap(dt, f"np.sin({a})"),
     "SQRT": lambda dt, a: _wrap(dt, f"np.sqrt({a})"),
@@ -134,6 +115,13 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
     if dtype.is_int and src.dtype.is_float:
         return f"{np_type(dtype)}(np.int64({text}))" if dtype.itemsize < 8 else f"{np_type(dtype)}({text})"
     return f"{np_type(dtype)}({text})"
+
+
+def _index(text: str) -> str:
+    """An array index as uint64: indexes of valid loads and stores are never negative, and without the
+    cast Numba wraps negative indexes around, a select per element that turns the loads of a `prange`
+    body (whose bounds LLVM cannot prove positive) into gathers."""
+    return text if text.isdigit() else f"np.uint64({text})"
 
 
 class _Renderer(StatementPlacer):
@@ -154,7 +142,7 @@ class _Renderer(StatementPlacer):
         if name is None:
             srcs = [self.ref(s) for s in e.srcs]
             if e.op == "LOAD":
-                text = f"in{e.arg}[{srcs[0]}]"
+                text = f"in{e.arg}[{_index(srcs[0])}]"
                 if srcs[1] != "True":
                     text = f"({text} if {srcs[1]} else {render_const(0, e.dtype)})"
             elif e.op == "CAST":
@@ -187,7 +175,7 @@ class _Renderer(StatementPlacer):
                 combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
                 return code_for_op[combine](acc_dt, acc, v)
 
-        store = self.store = f"out[{self.ref(k.out_index)}] = {self.ref(k.expr)}"
+        store = self.store = f"out[{_index(self.ref(k.out_index))}] = {self.ref(k.expr)}"
         self.acc_dt = k.acc_dtype
         args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
         # float sums and products may be reassociated, so LLVM can vectorize the reduce loop; no other

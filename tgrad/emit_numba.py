@@ -125,9 +125,10 @@ def _index(text: str) -> str:
 
 
 class _Renderer(StatementPlacer):
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, length: str | None = None):
         super().__init__([a + 1 for a in range(len(kernel.shape))], len(kernel.shape) + 1)
         self.k = kernel
+        self.length = length  # the loop bound of a 1-D kernel, when it is an argument rather than a number
         self.names: dict[Expr, str] = {}
         self.count = 0
 
@@ -177,7 +178,8 @@ class _Renderer(StatementPlacer):
 
         store = self.store = f"out[{_index(self.ref(k.out_index))}] = {self.ref(k.expr)}"
         self.acc_dt = k.acc_dtype
-        args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
+        names = ["out"] + [f"in{i}" for i in range(len(k.in_dtypes))] + (["n"] if self.length else [])
+        args = ", ".join(names)
         # float sums and products may be reassociated, so LLVM can vectorize the reduce loop; no other
         # fast-math flag is on (nan and inf keep their meaning)
         reassoc = k.reduce_op in ("SUM", "PROD") and k.acc_dtype.is_float
@@ -213,7 +215,7 @@ class _Renderer(StatementPlacer):
                 emit(depth, [f"acc = {init}"])
             if depth < n:
                 rng = "prange" if (depth == 0 and parallel) else "range"
-                emit(depth, [f"for i{depth} in {rng}({k.shape[depth]}):"])
+                emit(depth, [f"for i{depth} in {rng}({self.length or k.shape[depth]}):"])
         if k.reduce_expr is not None:
             emit(n, [f"acc = {update('acc', val)}"])
             emit(ng, self.post + [store])
@@ -270,10 +272,68 @@ def _loads(e: Expr, seen: set | None = None) -> list[Expr]:
 
 
 def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = None) -> str:
-    """Python source (without the header) of one kernel as an njit function."""
+    """Python source (without the header) of one kernel as an njit function. A kernel that `flatten`
+    turns 1-D takes its length as a last argument `n`, so its source does not depend on its shape."""
     if parallel is None:
         parallel = want_parallel(kernel)
-    return _Renderer(kernel).render(fname or kernel.name, parallel)
+    flat = flatten(kernel)
+    if flat is not None:
+        return _Renderer(flat, length="n").render(fname or function_name(kernel), parallel)
+    return _Renderer(kernel).render(fname or function_name(kernel), parallel)
+
+
+def function_name(kernel: Kernel) -> str:
+    """The name of the kernel's function in its source: shape-free for kernels `flatten` applies to."""
+    return "E_n" if flatten(kernel) is not None else kernel.name
+
+
+def flatten(kernel: Kernel) -> Kernel | None:
+    """An elementwise kernel whose store and loads all walk its iteration space row-major (or read one
+    fixed element) as the same kernel over one axis. Such kernels differ only in their length (an Adam
+    update of each parameter, the same activation on each layer), so one compiled function serves all."""
+    k = kernel
+    if k.reduce_expr is not None or not k.shape:
+        return None
+    naxes, size = len(k.shape), math.prod(k.shape)
+    row_major = [0] * naxes
+    acc = 1
+    for axis in reversed(range(naxes)):
+        row_major[axis] = acc
+        acc *= k.shape[axis]
+    flat_idx = Expr("IDX", (), (0, size), IDX_DT)
+    memo: dict[Expr, Expr | None] = {}
+
+    def index(e: Expr) -> Expr | None:
+        aff = _affine(e, naxes)
+        if aff is None:
+            return None
+        if aff[0] == 0 and all(st == rm or n == 1 for st, rm, n in zip(aff[1], row_major, k.shape)):
+            return flat_idx
+        return const(aff[0], IDX_DT) if not any(aff[1]) else None
+
+    def walk(e: Expr) -> Expr | None:
+        if e in memo:
+            return memo[e]
+        if e.op == "IDX":
+            out = None  # an index used as a value (arange, masks...): keep the shape
+        elif e.op == "LOAD":
+            idx = index(e.srcs[0]) if is_true(e.srcs[1]) else None
+            out = None if idx is None else Expr("LOAD", (idx, e.srcs[1]), e.arg, e.dtype)
+        elif not e.srcs:
+            out = e
+        else:
+            srcs = [walk(s) for s in e.srcs]
+            out = None if any(s is None for s in srcs) else Expr(e.op, tuple(srcs), e.arg, e.dtype)
+        memo[e] = out
+        return out
+
+    expr = walk(k.expr)
+    if expr is None or index(k.out_index) is not flat_idx:
+        return None
+    return Kernel(
+        name=k.name, shape=(size,), n_global=1, reduce_op=None, reduce_expr=None, expr=expr,
+        out_index=flat_idx, out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
+    )
 
 
 def want_parallel(kernel: Kernel) -> bool:

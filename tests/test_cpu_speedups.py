@@ -88,3 +88,25 @@ def test_relu_and_maximum_with_nan_and_inf():
     y = np.roll(x, 3)
     out = Tensor(x, device="CPU").maximum(Tensor(y, device="CPU")).numpy()
     np.testing.assert_array_equal(out, torch.maximum(torch.from_numpy(x), torch.from_numpy(y)).numpy())
+
+
+def test_same_elementwise_body_at_different_shapes_compiles_once():
+    from tgrad.device import get_device
+
+    dev = get_device("CPU")
+    shapes = [(3, 5), (7,), (2, 3, 4)]
+    before = len(dev.functions)
+    for shape in shapes:
+        a = np.random.default_rng(3).random(shape, F32)
+        b = np.random.default_rng(4).random(shape, F32)
+        out = (Tensor(a, device="CPU") * 0.25 + Tensor(b, device="CPU").sqrt()).numpy()
+        np.testing.assert_allclose(out, a * 0.25 + np.sqrt(b), rtol=1e-6)
+    assert len(dev.functions) - before <= 1
+
+
+def test_flattening_keeps_views_and_slices():
+    x = np.arange(24, dtype=F32).reshape(4, 6)
+    t = Tensor(x, device="CPU")
+    np.testing.assert_array_equal((t.permute(1, 0) + 1).numpy(), x.T + 1)
+    np.testing.assert_array_equal((t[1:3, 2:5] * 2).numpy(), x[1:3, 2:5] * 2)
+    np.testing.assert_array_equal((t + Tensor(x[0], device="CPU")).numpy(), x + x[0])

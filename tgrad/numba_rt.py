@@ -40,6 +40,20 @@ def _maximum(typingctx, a, b):
 
 
 @intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma): half the instructions of a multiply and an add."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lty = context.get_value_type(sig.args[0])
+        fn = builder.module.declare_intrinsic("llvm.fma", [lty], ir.FunctionType(lty, [lty, lty, lty]))
+        return builder.call(fn, args)
+
+    return a(a, b, c), codegen
+
+
+@intrinsic
 def _pow2i(typingctx, k):
     """float32 2**k for an integer k in [-126, 127], built from its exponent bits."""
     if not isinstance(k, types.Integer):
@@ -57,20 +71,21 @@ def _pow2i(typingctx, k):
 @njit(inline="always", error_model="numpy")
 def _exp2f(x):
     """float32 2**x without a libm call, so loops over it vectorize. 2**x = 2**k * 2**f with k = round(x)
-    and f in [-0.5, 0.5]; 2**f is a degree-6 minimax polynomial (0.26 ulp), and 2**k is applied in two
-    halves so results down to the smallest denormal round once and overflow gives inf. Within 1.3 ulp
-    of the correctly rounded value over every float32 (numpy's float32 exp2 is within 2.9)."""
+    and f in [-0.5, 0.5]; 2**f is a degree-6 minimax polynomial (0.26 ulp) evaluated with fused
+    multiply-adds, and 2**k is applied in two halves so results down to the smallest denormal round once
+    and overflow gives inf. Measured against the exact value: under 0.95 ulp on every third float32 of
+    the range where 2**x is finite and nonzero (numpy's float32 exp2: 2.8 ulp); tests allow 2."""
     xc = x if x > np.float32(-160.0) else np.float32(-160.0)  # below -150 the result rounds to 0
     xc = xc if xc < np.float32(130.0) else np.float32(130.0)  # above 128 it is inf
     k = np.floor(xc + np.float32(0.5))
     f = xc - k
     p = np.float32(0.00015345810970757157)
-    p = p * f + np.float32(0.0013399930903688073)
-    p = p * f + np.float32(0.009618489071726799)
-    p = p * f + np.float32(0.05550328642129898)
-    p = p * f + np.float32(0.24022646248340607)
-    p = p * f + np.float32(0.6931471824645996)
-    p = p * f + np.float32(1.0)
+    p = _fma(p, f, np.float32(0.0013399930903688073))
+    p = _fma(p, f, np.float32(0.009618489071726799))
+    p = _fma(p, f, np.float32(0.05550328642129898))
+    p = _fma(p, f, np.float32(0.24022646248340607))
+    p = _fma(p, f, np.float32(0.6931471824645996))
+    p = _fma(p, f, np.float32(1.0))
     ki = np.int32(k)
     half = ki >> np.int32(1)
     r = p * _pow2i(half) * _pow2i(ki - half)

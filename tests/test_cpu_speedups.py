@@ -110,3 +110,29 @@ def test_flattening_keeps_views_and_slices():
     np.testing.assert_array_equal((t.permute(1, 0) + 1).numpy(), x.T + 1)
     np.testing.assert_array_equal((t[1:3, 2:5] * 2).numpy(), x[1:3, 2:5] * 2)
     np.testing.assert_array_equal((t + Tensor(x[0], device="CPU")).numpy(), x + x[0])
+
+
+def test_inputs_a_kernel_does_not_read_are_left_out_of_its_source():
+    from tgrad import dtypes, emit_numba
+    from tgrad.device import Buffer, get_device
+    from tgrad.fuse import Expr, Kernel, schedule
+
+    a = Tensor(np.arange(6, dtype=F32), device="CPU").realize()
+    kernel = schedule([(a * 2).node])[-1].kernel
+
+    def shift(e: Expr) -> Expr:  # the same kernel, reading its buffer as input 2 of 3
+        srcs = tuple(shift(s) for s in e.srcs)
+        return Expr(e.op, srcs, e.arg + 2 if e.op == "LOAD" else e.arg, e.dtype)
+
+    wider = Kernel(
+        name=kernel.name, shape=kernel.shape, n_global=kernel.n_global, reduce_op=None, reduce_expr=None,
+        expr=shift(kernel.expr), out_index=kernel.out_index, out_dtype=kernel.out_dtype,
+        in_dtypes=(dtypes.int32, dtypes.float64, *kernel.in_dtypes),
+    )
+    assert emit_numba.used_inputs(wider) == (2,)
+    assert emit_numba.render(wider) == emit_numba.render(kernel)
+    dev = get_device("CPU")
+    out = dev.alloc(6, dtypes.float32)
+    unused = [dev.alloc(1, dtypes.int32), dev.alloc(1, dtypes.float64)]
+    dev.compile(wider)(out, *unused, Buffer("CPU", 6, dtypes.float32, np.arange(6, dtype=F32)))
+    np.testing.assert_array_equal(out.data, np.arange(6, dtype=F32) * 2)

@@ -241,9 +241,13 @@ class CPUDevice(Device):
         fn = self.functions.get(digest)
         if fn is None:
             fn = self.functions[digest] = self._load(kernel, fname, source, digest)
-        if emit_numba.flatten(kernel) is not None:  # the length is the last argument
-            size = prod(kernel.shape)
-            return (lambda *args: fn(*args, size)), source
+        used = emit_numba.used_inputs(kernel)
+        # a flat kernel takes its length last
+        extra = (prod(kernel.shape),) if emit_numba.flatten(kernel) is not None else ()
+        if used != tuple(range(len(kernel.in_dtypes))):  # the source takes only the inputs it reads
+            return (lambda out, *ins: fn(out, *[ins[i] for i in used], *extra)), source
+        if extra:
+            return (lambda *args: fn(*args, *extra)), source
         return fn, source
 
     def _load(self, kernel, fname: str, source: str, digest: str):
@@ -267,7 +271,8 @@ class CPUDevice(Device):
             # compile now (or load from numba's disk cache) so build errors and build time show here
             import numba
 
-            storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *kernel.in_dtypes)]
+            ins = [kernel.in_dtypes[i] for i in emit_numba.used_inputs(kernel)]
+            storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *ins)]
             sig = [numba.types.Array(numba.from_dtype(d.np), 1, "C") for d in storage]
             if emit_numba.flatten(kernel) is not None:
                 sig.append(numba.types.int64)

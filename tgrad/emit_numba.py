@@ -276,10 +276,43 @@ def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = Non
     turns 1-D takes its length as a last argument `n`, so its source does not depend on its shape."""
     if parallel is None:
         parallel = want_parallel(kernel)
-    flat = flatten(kernel)
+    compacted = compact(kernel)
+    flat = flatten(compacted)
     if flat is not None:
         return _Renderer(flat, length="n").render(fname or function_name(kernel), parallel)
-    return _Renderer(kernel).render(fname or function_name(kernel), parallel)
+    return _Renderer(compacted).render(fname or function_name(kernel), parallel)
+
+
+def used_inputs(kernel: Kernel) -> tuple[int, ...]:
+    """The inputs the kernel loads from, in order (a kernel may be handed buffers it does not read)."""
+    k = kernel
+    exprs = [k.expr, k.out_index] + ([k.reduce_expr] if k.reduce_expr is not None else [])
+    seen: set = set()
+    return tuple(sorted({e.arg for x in exprs for e in _loads(x, seen)}))
+
+
+def compact(kernel: Kernel) -> Kernel:
+    """The kernel with only the inputs it reads, renumbered in order: its source then does not depend on
+    buffers it ignores (the runtime passes only `used_inputs`)."""
+    k = kernel
+    used = used_inputs(k)
+    if used == tuple(range(len(k.in_dtypes))):
+        return k
+    number = {old: new for new, old in enumerate(used)}
+    memo: dict[Expr, Expr] = {}
+
+    def walk(e: Expr) -> Expr:
+        hit = memo.get(e)
+        if hit is None:
+            srcs = tuple(walk(s) for s in e.srcs)
+            hit = memo[e] = Expr(e.op, srcs, number[e.arg] if e.op == "LOAD" else e.arg, e.dtype)
+        return hit
+
+    return Kernel(
+        name=k.name, shape=k.shape, n_global=k.n_global, reduce_op=k.reduce_op,
+        reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
+        out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=tuple(k.in_dtypes[i] for i in used),
+    )
 
 
 def function_name(kernel: Kernel) -> str:

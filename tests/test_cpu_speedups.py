@@ -136,3 +136,13 @@ def test_inputs_a_kernel_does_not_read_are_left_out_of_its_source():
     unused = [dev.alloc(1, dtypes.int32), dev.alloc(1, dtypes.float64)]
     dev.compile(wider)(out, *unused, Buffer("CPU", 6, dtypes.float32, np.arange(6, dtype=F32)))
     np.testing.assert_array_equal(out.data, np.arange(6, dtype=F32) * 2)
+
+
+def test_one_source_for_two_dtypes_compiles_for_each():
+    for dtype in (np.float32, np.int32, np.float64):
+        x = np.arange(7, dtype=dtype)
+        out = Tensor(x, device="CPU").contiguous().numpy()  # a copy kernel: the same source for every dtype
+        np.testing.assert_array_equal(out, x)
+        assert out.dtype == dtype
+    y = np.arange(12, dtype=np.int32).reshape(3, 4)
+    np.testing.assert_array_equal((Tensor(y, device="CPU") * 3).numpy(), y * 3)

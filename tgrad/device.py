@@ -142,7 +142,7 @@ def _numba_opt_level(level: int):
 
     with global_compiler_lock:
         saved = config.OPT
-        config.OPT = config._OptLevel(str(level))
+        config.OPT = config._OptLevel(str(level)) if hasattr(config, "_OptLevel") else level
         try:
             yield
         finally:
@@ -156,8 +156,9 @@ def page_aligned(size: int, dtype) -> np.ndarray:
     """np.empty(size, dtype), starting on a page boundary when it is bigger than a page. A kernel that
     reads one array and writes another streams both; when the output starts a little after the input
     modulo 4 KiB (the usual case for two equal-size numpy allocations) each store looks to the CPU like
-    it may feed a later load ("4K aliasing") and the loop runs up to 4x slower (softmax's last kernel:
-    18 ms instead of 5). With every large buffer page-aligned, the offset is 0 and nothing stalls."""
+    it may feed a later load ("4K aliasing") and the loop runs up to 5x slower (softmax's last kernel:
+    18 ms instead of 3.6, one thread). With every large buffer page-aligned, the offset is 0 and nothing
+    stalls."""
     dtype = np.dtype(dtype)
     nbytes = size * dtype.itemsize
     if nbytes <= PAGE:
@@ -174,7 +175,7 @@ class CPUDevice(Device):
 
     def __init__(self):
         super().__init__()
-        self.functions: dict[str, object] = {}  # source digest -> njit function
+        self.functions: dict[tuple, object] = {}  # (source digest, dtypes) -> njit function
         try:
             import numba  # noqa: F401
         except ImportError as e:
@@ -238,10 +239,12 @@ class CPUDevice(Device):
         body = emit_numba.render(kernel, fname).replace("cache=CACHE", f"cache={cdir is not None}")
         source = header + "\n\n" + body
         digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-        fn = self.functions.get(digest)
-        if fn is None:
-            fn = self.functions[digest] = self._load(kernel, fname, source, digest)
         used = emit_numba.used_inputs(kernel)
+        # the same source can serve buffers of other dtypes (a copy): one compiled function per signature
+        key = (digest, kernel.out_dtype, *(kernel.in_dtypes[i] for i in used))
+        fn = self.functions.get(key)
+        if fn is None:
+            fn = self.functions[key] = self._load(kernel, fname, source, digest)
         # a flat kernel takes its length last
         extra = (prod(kernel.shape),) if emit_numba.flatten(kernel) is not None else ()
         if used != tuple(range(len(kernel.in_dtypes))):  # the source takes only the inputs it reads

@@ -6,6 +6,7 @@ owns Buffers. `run_schedule` runs fused kernels in order; `realize` is the entry
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -129,6 +130,45 @@ def _load_module(path: Path, name: str):
     return module
 
 
+# LLVM optimization level of kernel compiles: at 1 they still vectorize and ran as fast as at Numba's
+# default 3 in bench/ (elementwise, softmax, reductions), and compile about 20% faster
+KERNEL_OPT = 1
+
+
+@contextlib.contextmanager
+def _numba_opt_level(level: int):
+    """Numba's NUMBA_OPT for the compiles inside, under its compiler lock so no other compile sees it."""
+    from numba.core import config
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        saved = config.OPT
+        config.OPT = config._OptLevel(str(level)) if hasattr(config, "_OptLevel") else level
+        try:
+            yield
+        finally:
+            config.OPT = saved
+
+
+PAGE = 4096
+
+
+def page_aligned(size: int, dtype) -> np.ndarray:
+    """np.empty(size, dtype), starting on a page boundary when it is bigger than a page. A kernel that
+    reads one array and writes another streams both; when the output starts a little after the input
+    modulo 4 KiB (the usual case for two equal-size numpy allocations) each store looks to the CPU like
+    it may feed a later load ("4K aliasing") and the loop runs up to 5x slower (softmax's last kernel:
+    18 ms instead of 3.6, one thread). With every large buffer page-aligned, the offset is 0 and nothing
+    stalls."""
+    dtype = np.dtype(dtype)
+    nbytes = size * dtype.itemsize
+    if nbytes <= PAGE:
+        return np.empty(size, dtype)
+    raw = np.empty(nbytes + PAGE, np.uint8)
+    start = -raw.ctypes.data % PAGE
+    return raw[start : start + nbytes].view(dtype)
+
+
 class CPUDevice(Device):
     """Kernels rendered by emit_numba and compiled with numba.njit."""
 
@@ -136,10 +176,20 @@ class CPUDevice(Device):
 
     def __init__(self):
         super().__init__()
+        self.functions: dict[tuple, object] = {}  # (source digest, dtypes) -> njit function
         try:
             import numba  # noqa: F401
         except ImportError as e:
             raise DeviceError("the CPU device needs numba: pip install numba") from e
+
+    def alloc(self, size: int, dtype: DType) -> Buffer:
+        return Buffer(self.name, size, dtype, page_aligned(size, dtype.np))
+
+    def from_numpy(self, array: np.ndarray) -> Buffer:
+        flat = np.ascontiguousarray(array).reshape(-1)
+        data = page_aligned(flat.size, flat.dtype)
+        data[:] = flat
+        return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), data)
 
     def compile(self, kernel) -> Program:
         from tgrad import emit_numba
@@ -180,15 +230,34 @@ class CPUDevice(Device):
         return Program(kernel.name, source, run, self.name)
 
     def _build(self, kernel):
-        """The njit function of one kernel (from the disk cache when it is there) and its source."""
+        """The njit function of one kernel (from the disk cache when it is there) and its source.
+        Kernels with the same source (flattened elementwise kernels of different lengths) share one."""
         from tgrad import emit_numba
 
-        fname = kernel.name
+        fname = emit_numba.function_name(kernel)
         cdir = cache_dir()
         header = emit_numba.HEADER.replace("CACHE", str(cdir is not None))
         body = emit_numba.render(kernel, fname).replace("cache=CACHE", f"cache={cdir is not None}")
         source = header + "\n\n" + body
         digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+        used = emit_numba.used_inputs(kernel)
+        # the same source can serve buffers of other dtypes (a copy): one compiled function per signature
+        key = (digest, kernel.out_dtype, *(kernel.in_dtypes[i] for i in used))
+        fn = self.functions.get(key)
+        if fn is None:
+            fn = self.functions[key] = self._load(kernel, fname, source, digest)
+        # a flat kernel takes its length last
+        extra = (prod(kernel.shape),) if emit_numba.flatten(kernel) is not None else ()
+        if used != tuple(range(len(kernel.in_dtypes))):  # the source takes only the inputs it reads
+            return (lambda out, *ins: fn(out, *[ins[i] for i in used], *extra)), source
+        if extra:
+            return (lambda *args: fn(*args, *extra)), source
+        return fn, source
+
+    def _load(self, kernel, fname: str, source: str, digest: str):
+        from tgrad import emit_numba
+
+        cdir = cache_dir()
         try:
             if cdir is not None:
                 folder = cdir / "numba"
@@ -206,13 +275,18 @@ class CPUDevice(Device):
             # compile now (or load from numba's disk cache) so build errors and build time show here
             import numba
 
-            storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *kernel.in_dtypes)]
-            fn.compile(tuple(numba.types.Array(numba.from_dtype(d.np), 1, "C") for d in storage))
+            ins = [kernel.in_dtypes[i] for i in emit_numba.used_inputs(kernel)]
+            storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *ins)]
+            sig = [numba.types.Array(numba.from_dtype(d.np), 1, "C") for d in storage]
+            if emit_numba.flatten(kernel) is not None:
+                sig.append(numba.types.int64)
+            with _numba_opt_level(KERNEL_OPT):
+                fn.compile(tuple(sig))
         except Exception as e:
             raise KernelError(
-                f"kernel {fname} failed to build: {type(e).__name__}: {e}\n{numbered(source)}"
+                f"kernel {kernel.name} failed to build: {type(e).__name__}: {e}\n{numbered(source)}"
             ) from e
-        return fn, source
+        return fn
 
 
 _devices: dict[str, Device] = {}

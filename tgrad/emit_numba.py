@@ -10,8 +10,10 @@ out, and a CAST to float16 inside a kernel rounds with `_f16`.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -32,34 +34,13 @@ from tgrad.fuse import (
 SPLIT = 64  # chunks a full reduction is split into for threads
 PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
 
-HEADER = """import math
-import numpy as np
+# the helpers kernels call live in tgrad/numba_rt.py; a digest of that file is part of every kernel's
+# source, so kernels cached on disk are rebuilt when the runtime changes
+_RT_DIGEST = hashlib.sha256((Path(__file__).parent / "numba_rt.py").read_bytes()).hexdigest()[:12]
+HEADER = f"""import numpy as np
 from numba import njit, prange
 
-
-@njit(cache=CACHE, inline="always")
-def _idiv(a, b):
-    if b == 0:
-        return a - a
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
-
-
-@njit(cache=CACHE, inline="always")
-def _fmax(a, b):
-    return a if (a > b or a != a) else b
-
-
-@njit(cache=CACHE)
-def _f16(x):
-    if not math.isfinite(x) or x == 0:
-        return x
-    ax = abs(x)
-    if ax >= 65520.0:
-        return x * np.float32(np.inf)
-    e = math.frexp(ax)[1] - 1
-    q = 2.0 ** max(e - 10, -24)
-    return np.float32(np.round(np.float64(x) / q) * q)
+from tgrad.numba_rt import _exp2f, _f16, _idiv, _maximum  # runtime {_RT_DIGEST}
 """
 
 NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32"}
@@ -108,7 +89,7 @@ code_for_op = {
     "MAX": lambda dt, a, b: (
         f"({a} or {b})"
         if dt == dtypes.bool
-        else _wrap(dt, f"_fmax({a}, {b})" if dt.is_float else f"max({a}, {b})")
+        else _wrap(dt, f"_maximum({a}, {b})" if dt.is_float else f"max({a}, {b})")
     ),
     "CMPLT": lambda dt, a, b: f"({a} < {b})",
     "CMPNE": lambda dt, a, b: f"({a} != {b})",
@@ -116,7 +97,7 @@ code_for_op = {
     "OR": lambda dt, a, b: f"({a} | {b})",
     "XOR": lambda dt, a, b: f"({a} ^ {b})",
     "WHERE": lambda dt, c, a, b: f"({a} if {c} else {b})",
-    "EXP2": lambda dt, a: _wrap(dt, f"np.exp2({a})"),
+    "EXP2": lambda dt, a: _wrap(dt, f"np.exp2({a})" if dt == dtypes.float64 else f"_exp2f({a})"),
     "LOG2": lambda dt, a: _wrap(dt, f"np.log2({a})"),
     "SIN": lambda dt, a: _wrap(dt, f"np.sin({a})"),
     "SQRT": lambda dt, a: _wrap(dt, f"np.sqrt({a})"),
@@ -136,10 +117,18 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
     return f"{np_type(dtype)}({text})"
 
 
+def _index(text: str) -> str:
+    """An array index as uint64: indexes of valid loads and stores are never negative, and without the
+    cast Numba wraps negative indexes around, a select per element that turns the loads of a `prange`
+    body (whose bounds LLVM cannot prove positive) into gathers."""
+    return text if text.isdigit() else f"np.uint64({text})"
+
+
 class _Renderer(StatementPlacer):
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, length: str | None = None):
         super().__init__([a + 1 for a in range(len(kernel.shape))], len(kernel.shape) + 1)
         self.k = kernel
+        self.length = length  # the loop bound of a 1-D kernel, when it is an argument rather than a number
         self.names: dict[Expr, str] = {}
         self.count = 0
 
@@ -154,7 +143,7 @@ class _Renderer(StatementPlacer):
         if name is None:
             srcs = [self.ref(s) for s in e.srcs]
             if e.op == "LOAD":
-                text = f"in{e.arg}[{srcs[0]}]"
+                text = f"in{e.arg}[{_index(srcs[0])}]"
                 if srcs[1] != "True":
                     text = f"({text} if {srcs[1]} else {render_const(0, e.dtype)})"
             elif e.op == "CAST":
@@ -187,9 +176,10 @@ class _Renderer(StatementPlacer):
                 combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
                 return code_for_op[combine](acc_dt, acc, v)
 
-        store = self.store = f"out[{self.ref(k.out_index)}] = {self.ref(k.expr)}"
+        store = self.store = f"out[{_index(self.ref(k.out_index))}] = {self.ref(k.expr)}"
         self.acc_dt = k.acc_dtype
-        args = ", ".join(["out"] + [f"in{i}" for i in range(len(k.in_dtypes))])
+        names = ["out"] + [f"in{i}" for i in range(len(k.in_dtypes))] + (["n"] if self.length else [])
+        args = ", ".join(names)
         # float sums and products may be reassociated, so LLVM can vectorize the reduce loop; no other
         # fast-math flag is on (nan and inf keep their meaning)
         reassoc = k.reduce_op in ("SUM", "PROD") and k.acc_dtype.is_float
@@ -225,7 +215,7 @@ class _Renderer(StatementPlacer):
                 emit(depth, [f"acc = {init}"])
             if depth < n:
                 rng = "prange" if (depth == 0 and parallel) else "range"
-                emit(depth, [f"for i{depth} in {rng}({k.shape[depth]}):"])
+                emit(depth, [f"for i{depth} in {rng}({self.length or k.shape[depth]}):"])
         if k.reduce_expr is not None:
             emit(n, [f"acc = {update('acc', val)}"])
             emit(ng, self.post + [store])
@@ -282,10 +272,101 @@ def _loads(e: Expr, seen: set | None = None) -> list[Expr]:
 
 
 def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = None) -> str:
-    """Python source (without the header) of one kernel as an njit function."""
+    """Python source (without the header) of one kernel as an njit function. A kernel that `flatten`
+    turns 1-D takes its length as a last argument `n`, so its source does not depend on its shape."""
     if parallel is None:
         parallel = want_parallel(kernel)
-    return _Renderer(kernel).render(fname or kernel.name, parallel)
+    compacted = compact(kernel)
+    flat = flatten(compacted)
+    if flat is not None:
+        return _Renderer(flat, length="n").render(fname or function_name(kernel), parallel)
+    return _Renderer(compacted).render(fname or function_name(kernel), parallel)
+
+
+def used_inputs(kernel: Kernel) -> tuple[int, ...]:
+    """The inputs the kernel loads from, in order (a kernel may be handed buffers it does not read)."""
+    k = kernel
+    exprs = [k.expr, k.out_index] + ([k.reduce_expr] if k.reduce_expr is not None else [])
+    seen: set = set()
+    return tuple(sorted({e.arg for x in exprs for e in _loads(x, seen)}))
+
+
+def compact(kernel: Kernel) -> Kernel:
+    """The kernel with only the inputs it reads, renumbered in order: its source then does not depend on
+    buffers it ignores (the runtime passes only `used_inputs`)."""
+    k = kernel
+    used = used_inputs(k)
+    if used == tuple(range(len(k.in_dtypes))):
+        return k
+    number = {old: new for new, old in enumerate(used)}
+    memo: dict[Expr, Expr] = {}
+
+    def walk(e: Expr) -> Expr:
+        hit = memo.get(e)
+        if hit is None:
+            srcs = tuple(walk(s) for s in e.srcs)
+            hit = memo[e] = Expr(e.op, srcs, number[e.arg] if e.op == "LOAD" else e.arg, e.dtype)
+        return hit
+
+    return Kernel(
+        name=k.name, shape=k.shape, n_global=k.n_global, reduce_op=k.reduce_op,
+        reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
+        out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=tuple(k.in_dtypes[i] for i in used),
+    )
+
+
+def function_name(kernel: Kernel) -> str:
+    """The name of the kernel's function in its source: shape-free for kernels `flatten` applies to."""
+    return "E_n" if flatten(kernel) is not None else kernel.name
+
+
+def flatten(kernel: Kernel) -> Kernel | None:
+    """An elementwise kernel whose store and loads all walk its iteration space row-major (or read one
+    fixed element) as the same kernel over one axis. Such kernels differ only in their length (an Adam
+    update of each parameter, the same activation on each layer), so one compiled function serves all."""
+    k = kernel
+    if k.reduce_expr is not None or not k.shape:
+        return None
+    naxes, size = len(k.shape), math.prod(k.shape)
+    row_major = [0] * naxes
+    acc = 1
+    for axis in reversed(range(naxes)):
+        row_major[axis] = acc
+        acc *= k.shape[axis]
+    flat_idx = Expr("IDX", (), (0, size), IDX_DT)
+    memo: dict[Expr, Expr | None] = {}
+
+    def index(e: Expr) -> Expr | None:
+        aff = _affine(e, naxes)
+        if aff is None:
+            return None
+        if aff[0] == 0 and all(st == rm or n == 1 for st, rm, n in zip(aff[1], row_major, k.shape)):
+            return flat_idx
+        return const(aff[0], IDX_DT) if not any(aff[1]) else None
+
+    def walk(e: Expr) -> Expr | None:
+        if e in memo:
+            return memo[e]
+        if e.op == "IDX":
+            out = None  # an index used as a value (arange, masks...): keep the shape
+        elif e.op == "LOAD":
+            idx = index(e.srcs[0]) if is_true(e.srcs[1]) else None
+            out = None if idx is None else Expr("LOAD", (idx, e.srcs[1]), e.arg, e.dtype)
+        elif not e.srcs:
+            out = e
+        else:
+            srcs = [walk(s) for s in e.srcs]
+            out = None if any(s is None for s in srcs) else Expr(e.op, tuple(srcs), e.arg, e.dtype)
+        memo[e] = out
+        return out
+
+    expr = walk(k.expr)
+    if expr is None or index(k.out_index) is not flat_idx:
+        return None
+    return Kernel(
+        name=k.name, shape=(size,), n_global=1, reduce_op=None, reduce_expr=None, expr=expr,
+        out_index=flat_idx, out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
+    )
 
 
 def want_parallel(kernel: Kernel) -> bool:

@@ -1,0 +1,148 @@
+"""The CPU emitter's fast paths keep the results of the plain ones (compared with numpy and PyTorch).
+
+float32 exp2 is an inline polynomial (tgrad/numba_rt.py `_exp2f`) instead of a libm call, float max is
+LLVM's `maximum` so max-reductions vectorize, and indexes are unsigned so `prange` bodies vectorize.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tgrad import Tensor
+
+F32 = np.float32
+EDGES = np.array(
+    [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 0.49999997, 0.50000006, 1e-30, -1e-30, 1e-45, -1e-45,  # tiny, denormal
+     127.0, 127.5, 127.99999, 128.0, 128.00002, 129.0, 1e30, 3.4028235e38,  # to overflow
+     -125.0, -126.0, -126.5, -127.0, -140.0, -148.9, -149.0, -149.5, -149.99998, -150.0, -150.5, -151.0,
+     -1e30, -3.4028235e38, math.inf, -math.inf, math.nan],
+    F32,
+)
+
+
+def _exp2_cpu(x: np.ndarray) -> np.ndarray:
+    return Tensor(x, device="CPU").exp2().numpy()
+
+
+def _ulps(out: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Distance from the exact 2**x in units of the float32 spacing of the correctly rounded result."""
+    exact = np.exp2(x.astype(np.float64))
+    rounded = exact.astype(F32)
+    return np.abs(out.astype(np.float64) - exact) / np.spacing(np.abs(rounded)).astype(np.float64)
+
+
+def test_exp2_edge_values_match_numpy():
+    out = _exp2_cpu(EDGES)
+    with np.errstate(over="ignore"):
+        exact = np.exp2(EDGES.astype(np.float64)).astype(F32)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(EDGES))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(exact))
+    np.testing.assert_array_equal(out == 0, exact == 0)  # underflow to zero exactly where it should
+    assert (_ulps(out, EDGES)[np.isfinite(exact)] <= 1.5).all()
+    ref = torch.exp2(torch.from_numpy(EDGES)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=3e-7, atol=0)
+
+
+def test_exp2_float32_range_within_two_ulp():
+    # every 97th float32 of the range where exp2 is finite and nonzero (incl. denormal results), and a
+    # random sample of all bit patterns
+    lo, hi = np.array([-151.0, 128.5], F32).view(np.uint32)
+    neg = np.arange(np.uint32(0x80000000), lo, 97, dtype=np.uint32)
+    pos = np.arange(0, hi, 97, dtype=np.uint32)
+    bits = np.random.default_rng(0).integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([neg, pos, bits]).view(F32)
+    out = _exp2_cpu(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = np.exp2(x)
+        finite = np.isfinite(ref) & (np.exp2(x.astype(np.float64)).astype(F32) != 0)
+        assert _ulps(out, x)[finite].max() <= 2
+    special = ~finite
+    np.testing.assert_array_equal(out[special], np.exp2(x.astype(np.float64)).astype(F32)[special])
+
+
+@pytest.mark.parametrize("shape", [(4, 1000), (300, 7), (1, 4097)])
+def test_softmax_matches_torch(shape):
+    x = (np.random.default_rng(1).random(shape, F32) - 0.5) * 40
+    out = Tensor(x, device="CPU").softmax(1).numpy()
+    ref = torch.softmax(torch.from_numpy(x), 1).numpy()
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-7)
+
+
+def test_row_max_vectorized_keeps_nan_and_signed_zero_rules():
+    x = np.random.default_rng(2).standard_normal((64, 515)).astype(F32)
+    x[3, 100] = np.nan
+    x[5, :] = -np.inf
+    x[7, :] = -0.0
+    x[7, 9] = 0.0
+    out = Tensor(x, device="CPU").max(1).numpy()
+    ref = torch.from_numpy(x).amax(1).numpy()
+    np.testing.assert_array_equal(out, ref)
+    assert not np.signbit(out[7])
+
+
+def test_relu_and_maximum_with_nan_and_inf():
+    x = np.array([-1.0, 0.0, -0.0, 2.0, np.nan, np.inf, -np.inf] * 300, F32)
+    np.testing.assert_array_equal(Tensor(x, device="CPU").relu().numpy(), torch.from_numpy(x).relu().numpy())
+    y = np.roll(x, 3)
+    out = Tensor(x, device="CPU").maximum(Tensor(y, device="CPU")).numpy()
+    np.testing.assert_array_equal(out, torch.maximum(torch.from_numpy(x), torch.from_numpy(y)).numpy())
+
+
+def test_same_elementwise_body_at_different_shapes_compiles_once():
+    from tgrad.device import get_device
+
+    dev = get_device("CPU")
+    shapes = [(3, 5), (7,), (2, 3, 4)]
+    before = len(dev.functions)
+    for shape in shapes:
+        a = np.random.default_rng(3).random(shape, F32)
+        b = np.random.default_rng(4).random(shape, F32)
+        out = (Tensor(a, device="CPU") * 0.25 + Tensor(b, device="CPU").sqrt()).numpy()
+        np.testing.assert_allclose(out, a * 0.25 + np.sqrt(b), rtol=1e-6)
+    assert len(dev.functions) - before <= 1
+
+
+def test_flattening_keeps_views_and_slices():
+    x = np.arange(24, dtype=F32).reshape(4, 6)
+    t = Tensor(x, device="CPU")
+    np.testing.assert_array_equal((t.permute(1, 0) + 1).numpy(), x.T + 1)
+    np.testing.assert_array_equal((t[1:3, 2:5] * 2).numpy(), x[1:3, 2:5] * 2)
+    np.testing.assert_array_equal((t + Tensor(x[0], device="CPU")).numpy(), x + x[0])
+
+
+def test_inputs_a_kernel_does_not_read_are_left_out_of_its_source():
+    from tgrad import dtypes, emit_numba
+    from tgrad.device import Buffer, get_device
+    from tgrad.fuse import Expr, Kernel, schedule
+
+    a = Tensor(np.arange(6, dtype=F32), device="CPU").realize()
+    kernel = schedule([(a * 2).node])[-1].kernel
+
+    def shift(e: Expr) -> Expr:  # the same kernel, reading its buffer as input 2 of 3
+        srcs = tuple(shift(s) for s in e.srcs)
+        return Expr(e.op, srcs, e.arg + 2 if e.op == "LOAD" else e.arg, e.dtype)
+
+    wider = Kernel(
+        name=kernel.name, shape=kernel.shape, n_global=kernel.n_global, reduce_op=None, reduce_expr=None,
+        expr=shift(kernel.expr), out_index=kernel.out_index, out_dtype=kernel.out_dtype,
+        in_dtypes=(dtypes.int32, dtypes.float64, *kernel.in_dtypes),
+    )
+    assert emit_numba.used_inputs(wider) == (2,)
+    assert emit_numba.render(wider) == emit_numba.render(kernel)
+    dev = get_device("CPU")
+    out = dev.alloc(6, dtypes.float32)
+    unused = [dev.alloc(1, dtypes.int32), dev.alloc(1, dtypes.float64)]
+    dev.compile(wider)(out, *unused, Buffer("CPU", 6, dtypes.float32, np.arange(6, dtype=F32)))
+    np.testing.assert_array_equal(out.data, np.arange(6, dtype=F32) * 2)
+
+
+def test_one_source_for_two_dtypes_compiles_for_each():
+    for dtype in (np.float32, np.int32, np.float64):
+        x = np.arange(7, dtype=dtype)
+        out = Tensor(x, device="CPU").contiguous().numpy()  # a copy kernel: the same source for every dtype
+        np.testing.assert_array_equal(out, x)
+        assert out.dtype == dtype
+    y = np.arange(12, dtype=np.int32).reshape(3, 4)
+    np.testing.assert_array_equal((Tensor(y, device="CPU") * 3).numpy(), y * 3)

@@ -675,6 +675,14 @@ class WebGPUDevice(Device):
         )
 
         def run(out: Buffer, *inputs: Buffer) -> None:
+            try:
+                launch(out, *inputs)
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+
+        def launch(out: Buffer, *inputs: Buffer) -> None:
             encoder = self.device.create_command_encoder()
             handles = []
             for b in inputs:

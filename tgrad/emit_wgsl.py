@@ -389,7 +389,9 @@ class _Renderer(StatementPlacer):
         if e.op == "LOAD":
             j, valid = self.ref(e.srcs[0], True), self.ref(e.srcs[1], True)
             text = _load(e.dtype, f"in{e.arg}", j)
-            if valid != "true":
+            if valid == "false":  # never read (a view of nothing): WGSL rejects a constant index < 0
+                text = render_const(0, e.dtype, ty)
+            elif valid != "true":
                 text = f"select({render_const(0, e.dtype, ty)}, {text}, {valid})"
         elif e.op == "CAST":
             s = e.srcs[0]
@@ -403,6 +405,10 @@ class _Renderer(StatementPlacer):
                 x = srcs[1] if e.op == "MUL" and is_const(e.srcs[0], 0) else srcs[0]
                 zero, nan = render_const(0, e.dtype, ty), render_const(math.nan, e.dtype, ty)
                 text = f"select({zero}, {nan}, !finite{operand_ty[1:]}({x}))"
+            elif operand_ty in ("f32", "f64") and e.op in ("ADD", "SUB", "MUL") and any(
+                s.op == "CONST" and s.arg != s.arg for s in e.srcs
+            ):  # x + nan, x * nan are nan; Mesa folds 0 * nan to 0 (the mean of an empty axis)
+                text = render_const(math.nan, e.dtype, ty)
             if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
                 text = f"f16round({text})"
             elif e.dtype == dtypes.float64 and e.op in F64_MATH:

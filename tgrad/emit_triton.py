@@ -689,7 +689,8 @@ class TritonDevice(Device):
         except ImportError as e:
             raise DeviceError(
                 f"the {self.name} device needs triton and torch ({e.name or e} is missing): "
-                "pip install triton torch (or tgrad[triton])"
+                "pip install triton torch, or the extra tgrad[triton] "
+                "(pip install -e .[triton] in a checkout)"
             ) from e
         self.torch = torch
         if not self.interpret and not torch.cuda.is_available():

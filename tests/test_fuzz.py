@@ -226,6 +226,10 @@ REGRESSIONS = [
     # a padded view of an empty tensor: WEBGPU loaded in0[-1] under a false mask (naga rejects it)
     ((0, 2), [("permute", (1, 0)), ("reshape", (0,)), ("unary", "exp"), ("flip", 0), ("pad", 0, 1, 0),
               ("unary", "exp")]),
+    # a shrink to padding only left the mask (2, 1) (empty, but not (0, 0)); expand made it all valid
+    ((1,), [("pad", 0, 2, 0), ("shrink", 0, 0, 1), ("expand", 3), ("unary", "neg")]),
+    ((1,), [("binary", "max", (True,), 0, True), ("pad", 0, 2, 0), ("shrink", 0, 0, 1), ("expand", 3),
+            ("permute", (1, 0)), ("matmul", 3), ("expand", 3), ("reshape", (9,)), ("pad", 0, 2, 2)]),
     # the mean over an empty axis is nan: WEBGPU (Mesa) folded 0 * nan to 0
     ((2, 0), [("permute", (1, 0)), ("unary", "neg"), ("matmul", 2), ("pad", 1, 2, 1), ("unary", "square"),
               ("reduce", "mean", 0, True), ("reshape", (5,))]),

@@ -160,13 +160,14 @@ def test_jit_misuse_is_a_jit_error_with_the_user_line(device):
 # ---------------------------------------------------------------------------------------------------
 # kernels that fail to build or to run
 
-# device -> (module holding its renderer, broken source for a kernel name, source that builds and fails
-# to run: it takes fewer arguments than the launch passes, or raises)
+# device -> (module holding its renderer, broken source for a function name, source that builds and fails
+# to run because it takes fewer arguments than the launch passes, or None: the kernel's input buffer is
+# freed under it instead)
 BROKEN = {
     "CPU": (
         "tgrad.emit_numba",
         lambda name: f"def {name}(:\n",
-        lambda name: f"@njit\ndef {name}(out, in0):\n    raise ValueError('boom at run time')\n",
+        None,  # the input buffer is freed under the kernel (its array is gone)
     ),
     "CL": (
         "tgrad.emit_opencl",
@@ -176,7 +177,7 @@ BROKEN = {
     "WEBGPU": (
         "tgrad.emit_wgsl",
         lambda name: f"@compute @workgroup_size(64) fn {name}() {{ let x: f32 = undeclared_thing; }}\n",
-        None,  # a WGSL shader that builds cannot fail to launch by itself: an input buffer is destroyed
+        None,  # a WGSL shader that builds cannot fail to launch by itself: the input buffer is destroyed
     ),
     "TRITON": (
         "tgrad.emit_triton",
@@ -186,20 +187,25 @@ BROKEN = {
 }
 
 
-def _break_renderer(monkeypatch, device, make_source) -> list[str]:
-    """Replace the device's renderer with make_source(kernel name); returns the names it rendered."""
+def _break_renderer(monkeypatch, device, make_source) -> tuple[list[str], list[str]]:
+    """Replace the device's renderer with make_source(function name); returns the kernel names it was
+    asked for and the sources it gave."""
     import importlib
 
     module = importlib.import_module(BROKEN[device][0])
     names: list[str] = []
+    sources: list[str] = []
 
     def render(kernel, *args, **kwargs):
+        # the function name the runtime looks for: a str argument when it passes one, else the kernel's
+        given = [a for a in (*args, kwargs.get("fname"), kwargs.get("name")) if isinstance(a, str)]
         names.append(kernel.name)
-        return make_source(kernel.name)
+        sources.append(make_source(given[0] if given else kernel.name))
+        return sources[-1]
 
     monkeypatch.setattr(module, "render", render)
     monkeypatch.setattr(get_device(device), "programs", {})  # compile again, not from the memory cache
-    return names
+    return names, sources
 
 
 def _check_kernel_message(message: str, names: list[str], what: str, snippet: str) -> None:
@@ -217,10 +223,10 @@ def fresh_cache(monkeypatch, tmp_path):
 def test_kernel_build_failure_names_kernel_and_source(device, fresh_cache, monkeypatch):
     if device == "NUMPY":
         pytest.skip("the NUMPY device compiles no kernels")
-    names = _break_renderer(monkeypatch, device, BROKEN[device][1])
+    names, sources = _break_renderer(monkeypatch, device, BROKEN[device][1])
     x = Tensor(np.ones((7, 13), np.float32))
     message = raised(KernelError, lambda: (x * 3 + 1).realize())
-    _check_kernel_message(message, names, "build", BROKEN[device][1](names[-1]).splitlines()[-1].strip())
+    _check_kernel_message(message, names, "build", sources[-1].splitlines()[-1].strip())
 
 
 def test_kernel_run_failure_names_kernel_and_source(device, fresh_cache, monkeypatch):
@@ -228,18 +234,21 @@ def test_kernel_run_failure_names_kernel_and_source(device, fresh_cache, monkeyp
         pytest.skip("the NUMPY device compiles no kernels")
     x = Tensor(np.ones((7, 13), np.float32)).realize()
     make = BROKEN[device][2]
-    if make is None:
+    if make is None:  # use after free: the launch fails
         names: list[str] = []
         monkeypatch.setattr(get_device(device), "programs", {})
-        x.node.buffer.data.destroy()  # use after free: the launch fails validation
+        if device == "WEBGPU":
+            x.node.buffer.data.destroy()
+        else:
+            x.node.buffer.data = None
     else:
-        names = _break_renderer(monkeypatch, device, make)
+        names, sources = _break_renderer(monkeypatch, device, make)
     message = raised(KernelError, lambda: (x * 3 + 1).realize())
     if make is None:
         names.append(message.split("kernel ", 1)[1].split()[0])
-        snippet = f"fn {names[-1]}("
+        snippet = "@compute" if device == "WEBGPU" else "def "
     else:
-        snippet = make(names[-1]).splitlines()[-1].strip()
+        snippet = sources[-1].splitlines()[-1].strip()
     _check_kernel_message(message, names, "run", snippet)
 
 

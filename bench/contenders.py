@@ -60,6 +60,25 @@ class Contender:
     def compile_probe(self, phase: str, cache: Path) -> float:
         raise NotApplicable(f"{self.name} has no compile step")
 
+    def peak(self, run: Callable[[], object]) -> dict[str, float]:
+        """Peak memory of one run above what was live before it: {'peak_mib': ...} (peak_memory rows)."""
+        raise NotApplicable(f"{self.name} has no peak memory measurement")
+
+
+def traced_peak_mib(run: Callable[[], object]) -> float:
+    """Peak bytes (MiB) that tracemalloc sees allocated during one run: numpy arrays (numpy reports its
+    data buffers to tracemalloc) and Python objects; not Numba's or PyTorch's own allocators."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
 
 def run_probe(args: list[str], env_extra: dict[str, str]) -> dict:
     """Run bench/compile_probe.py in a new process and return the JSON it prints on its last line."""
@@ -107,6 +126,13 @@ class NumpyContender(Contender):
     def build_matmul(self, wl, d):
         a, b = d["a"], d["b"]
         return lambda: a @ b
+
+    def build_peak_memory(self, wl, d):
+        a, b = d["a"], d["b"]
+        return lambda: (np.exp(a * 2 + 1) * b).sum()
+
+    def peak(self, run):
+        return {"peak_mib": traced_peak_mib(run)}
 
     def build_conv(self, wl, d):
         raise NotApplicable("numpy has no conv2d or autograd")
@@ -195,6 +221,9 @@ class TorchContender(Contender):
     def build_softmax(self, wl, d):
         (x,) = self._t(d, "x")
         return lambda: x.softmax(-1)
+
+    def build_peak_memory(self, wl, d):
+        raise NotApplicable("tracemalloc does not see PyTorch's allocator")
 
     def build_reduce(self, wl, d):
         (x,) = self._t(d, "x")
@@ -461,6 +490,31 @@ class TgradContender(Contender):
     def build_softmax(self, wl, d):
         leaves = self._t(d, "x")
         return lambda: self._sync(self._fresh(*leaves)[0].softmax(-1))
+
+    def build_peak_memory(self, wl, d):
+        if self.device != "CPU":
+            raise NotApplicable("peak memory is measured on the CPU device")
+        leaves = self._t(d, "a", "b")
+
+        def run():
+            a, b = self._fresh(*leaves)
+            return self._sync(((a * 2 + 1).exp() * b).sum())
+
+        return run
+
+    def peak(self, run):
+        """Device bytes (tgrad.device.Stats high-water mark) and, as a cross-check, what tracemalloc sees
+        (host arrays the CPU device allocates outside Buffers)."""
+        import gc
+
+        from tgrad.device import Stats
+
+        gc.collect()
+        base = Stats.reset_peak()
+        result = run()
+        device_mib = (Stats.peak_live_bytes - base) / 2**20
+        del result
+        return {"peak_mib": device_mib, "host_peak_mib": traced_peak_mib(run)}
 
     def build_reduce(self, wl, d):
         leaves = self._t(d, "x")

@@ -165,6 +165,8 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
             while len(times) < args.reps and (not times or time.perf_counter() < t_end):
                 times.append(timed(run)[0])
             row["times_ms"] = times
+            if wl.kind == "peak_memory":
+                row.update(c.peak(run))
     except NotApplicable as e:
         return dict(row, status="n/a", reason=str(e))
     except Skip as e:
@@ -215,6 +217,11 @@ def table(rows: list[dict], workloads: list[str]) -> str:
                 note = r["status"].upper() + ": " + note
             if r["status"] == "ok" and r.get("first_ms") is not None and r["first_ms"] > 3 * r["ms"] + 50:
                 note = f"first run {r['first_ms']:.0f} ms"
+            if r.get("peak_mib") is not None:
+                peak = f"peak {r['peak_mib']:.1f} MiB"
+                if r.get("host_peak_mib") is not None:
+                    peak += f" device, {r['host_peak_mib']:.1f} MiB host"
+                note = peak + (f"; {note}" if note else "")
             lines.append([
                 name, r["contender"], _fmt(r.get("ms"), ".3f"), _fmt(r.get("min_ms"), ".3f"),
                 _fmt(r.get("x_numpy"), ".2f"),

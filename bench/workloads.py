@@ -20,7 +20,7 @@ MB = 1 << 20
 @dataclass
 class Workload:
     name: str
-    kind: str  # elementwise softmax reduce matmul conv mlp mlp_jit compile
+    kind: str  # elementwise softmax reduce matmul conv mlp mlp_jit peak_memory compile
     arg: object
     make: Callable[[], dict[str, np.ndarray]] = field(repr=False)
     flops: float | None = None
@@ -147,6 +147,33 @@ def mlp(jit: bool, scale: float = 1.0) -> Workload:
     )
 
 
+PEAK_COLS = 16384
+
+
+def peak_memory(scale: float = 1.0) -> Workload:
+    """A 1 GiB float32 tensor through `((a*2+1).exp()*b).sum()`: evaluated op by op (numpy) it holds
+    1 GiB intermediates; fused it needs none. The row reports peak memory above the inputs as well as time."""
+    rows = _scaled(16384, scale, 8)
+    n = rows * PEAK_COLS
+
+    def make():
+        rng = np.random.default_rng(7)
+        return {"a": _rand(rng, rows, PEAK_COLS), "b": _rand(rng, PEAK_COLS)}
+
+    def expected(d):  # in float64, a block of rows at a time: the checker must not need GiBs itself
+        a, b = d["a"], d["b"].astype(np.float64)
+        step = max(1, (16 * MB) // (8 * PEAK_COLS))
+        total = sum(float((np.exp(a[i:i + step] * 2.0 + 1.0) * b).sum()) for i in range(0, rows, step))
+        return np.float32(total)
+
+    return Workload(
+        "peak_memory", "peak_memory", (rows, PEAK_COLS), make, flops=4 * n, nbytes=4 * n,
+        expected=expected, rtol=1e-3, interp_elems=n,
+        description=f"((a*2+1).exp()*b).sum(), a {rows}x{PEAK_COLS} float32 ({4 * n / 2**30:.3g} GiB), "
+        f"b {PEAK_COLS}: peak memory above the inputs",
+    )
+
+
 def compile_time(phase: str) -> Workload:
     return Workload(
         f"compile_{phase}", "compile", phase, dict, nbytes=None,
@@ -164,6 +191,7 @@ def all_workloads(scale: float = 1.0, quick: bool = False) -> list[Workload]:
         conv(scale),
         mlp(False, scale),
         mlp(True, scale),
+        peak_memory(scale),
         compile_time("cold"),
         compile_time("warm"),
     ]

@@ -55,6 +55,16 @@ def test_quick_elementwise_rows(tmp_path):
     assert res["machine"]["thread_pools"], "threadpoolctl found no BLAS/OpenMP pool to report"
 
 
+def test_peak_memory_row_reports_a_number(tmp_path):
+    pytest.importorskip("threadpoolctl")
+    res = run_bench(tmp_path, "--only", "peak_memory", "--device", "CPU", "--baselines", "numpy")
+    rows = {r["contender"]: r for r in res["results"]}
+    for name in ("tgrad CPU", "numpy"):
+        assert rows[name]["status"] == "ok", rows[name]
+        assert rows[name]["peak_mib"] >= 0 and rows[name]["ms"] > 0
+    assert rows["tgrad CPU"]["host_peak_mib"] >= 0
+
+
 def test_show_prints_a_saved_table(tmp_path, capsys):
     from bench.suite import show_saved
 
@@ -87,6 +97,7 @@ def test_skips_say_why(tmp_path):
 def test_select_and_sizes():
     names = [w.name for w in select(all_workloads(), ["matmul", "reduce_axis2"])]
     assert names == ["reduce_axis2", "matmul_256", "matmul_1024", "matmul_2048"]
+    assert [w.name for w in select(all_workloads(), ["peak_memory"])] == ["peak_memory"]
     assert "matmul_2048" not in [w.name for w in all_workloads(quick=True)]
     assert elementwise().arg == 1 << 22 and matmul(1024).arg == 1024
     assert matmul(1024).flops == 2 * 1024**3

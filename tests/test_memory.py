@@ -12,12 +12,24 @@ def live() -> int:
 
 
 def test_temporaries_are_freed(device):
-    before = live()
+    before, before_bytes = live(), Stats.live_bytes
     x = Tensor.rand(64, 64)
     y = ((x * 2 + 1).relu() @ x).sum()
     y.item()
+    assert Stats.live_bytes >= before_bytes + 64 * 64 * 4
     del x, y
     assert live() == before
+    assert Stats.live_bytes == before_bytes
+
+
+def test_peak_live_bytes_is_a_high_water_mark(device):
+    base = Stats.reset_peak()
+    assert Stats.peak_live_bytes == base
+    x = Tensor.rand(256, 256).realize()
+    del x
+    live()
+    assert Stats.live_bytes == base
+    assert Stats.peak_live_bytes >= base + 256 * 256 * 4
 
 
 def test_training_loop_buffer_count_is_flat(device):

@@ -1,6 +1,7 @@
 """Special values follow PyTorch: 0, negatives, inf and nan through math, max/relu and division."""
 
 import math
+import operator
 
 import numpy as np
 import pytest
@@ -71,3 +72,141 @@ def test_half_sum_accumulates_in_float32(device):
     ref = torch.tensor(x).sum().numpy()
     assert out.dtype == np.float16
     np.testing.assert_allclose(out.astype(np.float32), ref.astype(np.float32), rtol=2e-3)
+
+
+EXTREME = [88.0, 89.0, 100.0, -100.0, -104.0, 1e38, -1e38, 1e-30, 3.0e38]
+
+
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "reciprocal", "exp2", "log2", "sigmoid", "tanh"])
+def test_unary_extreme_values(device, name):
+    """Overflow to inf, underflow to 0, the largest floats: as PyTorch."""
+    out = getattr(Tensor(EXTREME), name)().numpy()
+    ref = getattr(torch.tensor(EXTREME), name)().numpy()
+    compare(name, out, ref, 1e-6, 1e-5)
+
+
+def test_division_special_values(device):
+    """Every pair of 0, -0, ±1, ±inf, nan: x/y as PyTorch (inf/inf = nan, 1/-0 = -inf, ...)."""
+    vals = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan]
+    a = [x for x in vals for _ in vals]
+    b = [y for _ in vals for y in vals]
+    compare("div", (Tensor(a) / Tensor(b)).numpy(), (torch.tensor(a) / torch.tensor(b)).numpy(), 0, 0)
+    compare("div by scalar 0", (Tensor(vals) / 0).numpy(), (torch.tensor(vals) / 0).numpy(), 0, 0)
+    compare("scalar / x", (1.0 / Tensor(vals)).numpy(), (1.0 / torch.tensor(vals)).numpy(), 0, 0)
+
+
+def test_signed_zero_survives(device):
+    """-0.0 keeps its sign through neg, sqrt and multiplication (seen through 1/x = -inf)."""
+    z = [0.0, -0.0]
+    for name, fn in [("neg", lambda t: -t), ("sqrt", lambda t: t.sqrt()), ("mul", lambda t: t * 1.0)]:
+        out = fn(Tensor(z)).reciprocal().numpy()
+        ref = fn(torch.tensor(z)).reciprocal().numpy()
+        compare(name, out, ref, 0, 0)
+
+
+def test_nan_propagates_through_reductions_and_relu(device):
+    v = [[1.0, math.nan, 3.0, -2.0], [2.0, 1.0, 0.0, -5.0]]
+    t, r = Tensor(v), torch.tensor(v)
+    compare("max()", t.max().numpy(), r.max().numpy(), 0, 0)
+    compare("min(1)", t.min(1).numpy(), r.amin(1).numpy(), 0, 0)
+    compare("max(0)", t.max(0).numpy(), r.amax(0).numpy(), 0, 0)
+    compare("sum(1)", t.sum(1).numpy(), r.sum(1).numpy(), 0, 0)
+    compare("relu", t.relu().numpy(), r.relu().numpy(), 0, 0)
+    compare("relu max", t.relu().max(1).numpy(), r.relu().amax(1).numpy(), 0, 0)
+    compare("minimum", t.minimum(0.5).numpy(), r.minimum(torch.tensor(0.5)).numpy(), 0, 0)
+    compare("clip", t.clip(-1, 1).numpy(), r.clip(-1, 1).numpy(), 0, 0)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64"])
+def test_int_division_and_modulo_by_negatives(device, dtype):
+    """// and % floor like Python and PyTorch; div(rounding_mode='trunc') truncates; scalar divisors too."""
+    a = torch.tensor([7, -7, 7, -7, -1, 0, 1, 100, -100, 6, -6], dtype=getattr(torch, dtype))
+    b = torch.tensor([3, 3, -3, -3, 4, -5, -1, -7, 7, -3, 3], dtype=getattr(torch, dtype))
+    ta, tb = Tensor(a.numpy()), Tensor(b.numpy())
+    compare("floordiv", (ta // tb).numpy(), (a // b).numpy(), 0, 0)
+    compare("mod", (ta % tb).numpy(), (a % b).numpy(), 0, 0)
+    compare("trunc", ta.div(tb, rounding_mode="trunc").numpy(), a.div(b, rounding_mode="trunc").numpy(), 0, 0)
+    for s in (-3, 3, -1):
+        compare(f"// {s}", (ta // s).numpy(), (a // s).numpy(), 0, 0)
+        compare(f"% {s}", (ta % s).numpy(), (a % s).numpy(), 0, 0)
+    # Python's own ints agree
+    assert (ta // tb).numpy().tolist() == [x // y for x, y in zip(a.tolist(), b.tolist())]
+    assert (ta % tb).numpy().tolist() == [x % y for x, y in zip(a.tolist(), b.tolist())]
+
+
+def test_float_floordiv_and_mod_by_negatives(device):
+    a = torch.tensor([7.5, -7.5, 7.5, -7.5, 0.0, 1.0])
+    b = torch.tensor([2.0, 2.0, -2.0, -2.0, -3.0, -0.5])
+    ta, tb = Tensor(a.numpy()), Tensor(b.numpy())
+    compare("floordiv", (ta // tb).numpy(), (a // b).numpy(), 0, 0)
+    compare("mod", (ta % tb).numpy(), (a % b).numpy(), 1e-6, 0)
+
+
+WRAPS = [
+    # dtype, a, b: a+b, a-b, a*b overflow and wrap as numpy does
+    ("int8", [127, -128, 100, -100], [1, -1, 100, 3]),
+    ("uint8", [255, 0, 200, 16], [1, 1, 100, 16]),
+    ("int16", [32767, -32768, 300, -300], [1, -1, 300, 300]),
+    ("int32", [2**31 - 1, -(2**31), 65536, 46341], [1, -1, 65536, 46341]),
+    ("int64", [2**63 - 1, -(2**63), 2**32, 2**62], [1, -1, 2**32, 4]),
+]
+
+
+@pytest.mark.parametrize("dtype,a,b", WRAPS, ids=[w[0] for w in WRAPS])
+def test_int_overflow_wraps_as_numpy(device, dtype, a, b):
+    if device == "WEBGPU" and dtype == "int64":
+        pytest.skip("WEBGPU holds int64 as int32 and refuses values outside ±2**31 (documented)")
+    na, nb = np.array(a, dtype=dtype), np.array(b, dtype=dtype)
+    ta, tb = Tensor(na), Tensor(nb)
+    with np.errstate(over="ignore"):
+        for name, fn in [("add", operator.add), ("sub", operator.sub), ("mul", operator.mul)]:
+            out, ref = fn(ta, tb).numpy(), fn(na, nb)
+            assert out.dtype == ref.dtype, (name, out.dtype, ref.dtype)
+            np.testing.assert_array_equal(out, ref, err_msg=name)
+        if dtype != "uint8":
+            np.testing.assert_array_equal((-ta).numpy(), -na, err_msg="neg")
+
+
+def test_half_mean_and_matmul_accumulate_in_float32(device):
+    """4096 halves of 0.1 summed in float16 would stop near 256; accumulated in float32 they reach 409.5."""
+    x = np.full((2, 4096), 0.1, dtype=np.float16)
+    w = np.ones((4096, 3), dtype=np.float16)
+    want = (x.astype(np.float32) @ w.astype(np.float32)).astype(np.float16)
+    out = (Tensor(x) @ Tensor(w)).numpy()
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float32), want.astype(np.float32), rtol=2e-3)
+    mean = Tensor(x).mean(1).numpy()
+    np.testing.assert_allclose(mean.astype(np.float32), torch.tensor(x).mean(1).float().numpy(), rtol=2e-3)
+    total = Tensor(x).sum().numpy()
+    np.testing.assert_allclose(float(total), float(torch.tensor(x).sum()), rtol=2e-3)
+
+
+def test_special_results_of_constant_operands(device):
+    """Ops whose operands are all constants give IEEE results too (WGSL rejected 1.0f / 0.0f, log2(-1.0f)
+    and 3e38f * 10.0f when the shader was created: a regression test)."""
+    x = [1.0, -2.0, 0.0]
+    cases = [
+        ("x / 0", lambda t, full: t / 0),
+        ("x / -0.0", lambda t, full: t / -0.0),
+        ("log(-1)", lambda t, full: t + full(-1.0).log()),
+        ("log(0)", lambda t, full: t + full(0.0).log()),
+        ("sqrt(-1)", lambda t, full: t + full(-1.0).sqrt()),
+        ("3e38 * 10", lambda t, full: t + full(3e38) * 10),
+        ("exp(100)", lambda t, full: t * full(100.0).exp()),
+        ("exp2(200)", lambda t, full: t * full(200.0).exp2()),
+    ]
+    for name, fn in cases:
+        out = fn(Tensor(x), lambda v: Tensor.full((3,), v)).numpy()
+        ref = fn(torch.tensor(x), lambda v: torch.full((3,), v)).numpy()
+        compare(name, out, ref, 0, 0)
+
+
+def test_int_division_by_zero_follows_the_documented_rule(device):
+    """PyTorch raises for an integer x/0; tgrad defines truncating x/0 = 0 and fmod(x, 0) = x on every
+    device (README)."""
+    a = Tensor(np.array([5, -5, 0, 7], np.int32))
+    zero = Tensor(np.zeros(4, np.int32))
+    assert a.div(zero, rounding_mode="trunc").numpy().tolist() == [0, 0, 0, 0]
+    assert a.div(0, rounding_mode="trunc").numpy().tolist() == [0, 0, 0, 0]
+    assert a.fmod(zero).numpy().tolist() == [5, -5, 0, 7]
+    assert a.fmod(0).numpy().tolist() == [5, -5, 0, 7]

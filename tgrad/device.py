@@ -46,11 +46,19 @@ CAPTURE: list | None = None
 
 
 class Stats:
-    """Counters the tests and DEBUG read: kernels launched and live device bytes."""
+    """Counters the tests, DEBUG and the bench read: kernels launched, live device bytes and their
+    high-water mark since the last `reset_peak()`."""
 
     kernels_run = 0
     live_bytes = 0
     live_buffers = 0
+    peak_live_bytes = 0
+
+    @staticmethod
+    def reset_peak() -> int:
+        """Start a new high-water mark at the bytes live now (returned)."""
+        Stats.peak_live_bytes = Stats.live_bytes
+        return Stats.live_bytes
 
 
 class Buffer:
@@ -61,6 +69,7 @@ class Buffer:
         self.data = data if data is not None else np.empty(size, dtype.np)
         Stats.live_bytes += size * dtype.itemsize
         Stats.live_buffers += 1
+        Stats.peak_live_bytes = max(Stats.peak_live_bytes, Stats.live_bytes)
         weakref.finalize(self, _release, size * dtype.itemsize)
 
     def numpy(self) -> np.ndarray:

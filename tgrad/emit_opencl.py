@@ -584,8 +584,14 @@ class CLDevice(Device):
         cl, queue = self.cl, self.queue
 
         def run(out: Buffer, *inputs: Buffer) -> None:
-            knl.set_args(out.data, *[b.data for b in inputs])
-            cl.enqueue_nd_range_kernel(queue, knl, (gsize,), (lsize,))
+            try:
+                knl.set_args(out.data, *[b.data for b in inputs])
+                cl.enqueue_nd_range_kernel(queue, knl, (gsize,), (lsize,))
+            except Exception as e:
+                raise KernelError(
+                    f"OpenCL kernel {kernel.name} failed to run on {self.device.name}: "
+                    f"{type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
 
         return Program(kernel.name, source, run, self.name)
 

@@ -688,7 +688,9 @@ class TritonDevice(Device):
             triton = _import_triton()
         except ImportError as e:
             raise DeviceError(
-                f"{self.name} device: needs triton and torch ({e.name} is missing): pip install -e .[triton]"
+                f"the {self.name} device needs triton and torch ({e.name or e} is missing): "
+                "pip install triton torch, or the extra tgrad[triton] "
+                "(pip install -e .[triton] in a checkout)"
             ) from e
         self.torch = torch
         if not self.interpret and not torch.cuda.is_available():

@@ -243,6 +243,13 @@ def _idiv(dt: DType, ty: str, a: str, b: str) -> str:
     return _wrap_small(dt, f"select({a} / {b}, {render_const(0, dt, ty)}, {b} == {render_const(0, dt, ty)})")
 
 
+def _mod(dt: DType, ty: str, a: str, b: str) -> str:
+    if ty in ("f32", "f64"):
+        return f"({a} % {b})"
+    # x % 0 is x, as on every other device (WGSL gives 0)
+    return _wrap_small(dt, f"select({a} % {b}, {a}, {b} == {render_const(0, dt, ty)})")
+
+
 def _logic(sym: str, bool_sym: str):
     return lambda dt, ty, a, b: f"({a} {bool_sym if ty == 'bool' else sym} {b})"
 
@@ -253,7 +260,8 @@ code_for_op = {
     "SUB": _binary("-"),
     "MUL": _binary("*"),
     "IDIV": _idiv,
-    "MOD": lambda dt, ty, a, b: _wrap_small(dt, f"({a} % {b})"),
+    # x % 0 is x, as on every other device (WGSL gives 0)
+    "MOD": _mod,
     "MAX": _max,
     "CMPLT": lambda dt, ty, a, b: f"({a} < {b})",
     "CMPNE": lambda dt, ty, a, b: f"!({a} == {b})",
@@ -360,7 +368,7 @@ class _Renderer(StatementPlacer):
     def __init__(self, kernel: Kernel, target: Target):
         super().__init__([a + 1 for a in range(len(kernel.shape))], len(kernel.shape) + 1)
         self.k, self.t = kernel, target
-        self.names: dict[tuple[Expr, bool], str] = {}
+        self.names: dict[tuple, str] = {}
         self.count = 0
 
     def ref(self, e: Expr, idx: bool = False) -> str:
@@ -381,20 +389,26 @@ class _Renderer(StatementPlacer):
         if e.op == "LOAD":
             j, valid = self.ref(e.srcs[0], True), self.ref(e.srcs[1], True)
             text = _load(e.dtype, f"in{e.arg}", j)
-            if valid != "true":
+            if valid == "false":  # never read (a view of nothing): WGSL rejects a constant index < 0
+                text = render_const(0, e.dtype, ty)
+            elif valid != "true":
                 text = f"select({render_const(0, e.dtype, ty)}, {text}, {valid})"
         elif e.op == "CAST":
             s = e.srcs[0]
             src_ty = self.t.type(s.dtype, idx)
-            text = _cast(s.dtype, src_ty, e.dtype, ty, self.ref(s, idx))
+            text = _cast(s.dtype, src_ty, e.dtype, ty, self.operand(s, idx, [s]))
         else:
-            srcs = [self.ref(s, idx) for s in e.srcs]
+            srcs = [self.operand(s, idx, e.srcs) for s in e.srcs]
             operand_ty = self.t.type(e.srcs[-1].dtype, idx)
             text = code_for_op[e.op](e.dtype, operand_ty, *srcs)
             if operand_ty in ("f32", "f64") and _folds_to_zero(e):
                 x = srcs[1] if e.op == "MUL" and is_const(e.srcs[0], 0) else srcs[0]
                 zero, nan = render_const(0, e.dtype, ty), render_const(math.nan, e.dtype, ty)
                 text = f"select({zero}, {nan}, !finite{operand_ty[1:]}({x}))"
+            elif operand_ty in ("f32", "f64") and e.op in ("ADD", "SUB", "MUL") and any(
+                s.op == "CONST" and s.arg != s.arg for s in e.srcs
+            ):  # x + nan, x * nan are nan; Mesa folds 0 * nan to 0 (the mean of an empty axis)
+                text = render_const(math.nan, e.dtype, ty)
             if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
                 text = f"f16round({text})"
             elif e.dtype == dtypes.float64 and e.op in F64_MATH:
@@ -402,6 +416,22 @@ class _Renderer(StatementPlacer):
         name = self.names[(e, idx)] = f"v{self.count}"
         self.count += 1
         self.place(e, f"let {name} = {text};")
+        return name
+
+    def operand(self, s: Expr, idx: bool, srcs) -> str:
+        """s rendered as an operand of an op over `srcs`. When every src is a literal, WGSL evaluates
+        the op when the shader is created and rejects a result that overflows or is out of a builtin's
+        range (1.0f / 0.0f, log2(-1.0f), 3e38f * 10.0f): the literal is bound to a `let` first, which
+        makes the op a runtime one with IEEE results like every other device."""
+        text = self.ref(s, idx)
+        if s.op != "CONST" or not all(x.op == "CONST" for x in srcs):
+            return text
+        key = (s, idx, "let")
+        name = self.names.get(key)
+        if name is None:
+            name = self.names[key] = f"v{self.count}"
+            self.count += 1
+            self.place(s, f"let {name} = {text};")
         return name
 
     def combine(self, a: str, b: str) -> str:
@@ -675,6 +705,14 @@ class WebGPUDevice(Device):
         )
 
         def run(out: Buffer, *inputs: Buffer) -> None:
+            try:
+                launch(out, *inputs)
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+
+        def launch(out: Buffer, *inputs: Buffer) -> None:
             encoder = self.device.create_command_encoder()
             handles = []
             for b in inputs:

@@ -2,27 +2,31 @@
 
 
 class TgradError(Exception):
-    """Base class of every error tgrad raises on purpose; the message ends with the user's line."""
+    """Base class of every error tgrad raises on purpose; the message ends with the tgrad call the user
+    made and the user's line: "(in Tensor.reshape, at file:line: code)"."""
 
     def __init__(self, message: str):
         where = user_frame()
-        super().__init__(f"{message}\n  (at {where})" if where else message)
+        super().__init__(f"{message}\n  ({where})" if where else message)
 
 
 def user_frame() -> str:
-    """file:line: code of the innermost frame outside the tgrad package (the user's line)."""
+    """'in <tgrad function the user called>, at file:line: code' of the innermost frame outside the
+    tgrad package (the user's line); '' when every frame is inside tgrad."""
     import linecache
     import os
     import sys
 
     package = os.path.dirname(os.path.abspath(__file__))
-    frame = sys._getframe(2)
+    frame, entry = sys._getframe(2), None
     while frame is not None:
         name = frame.f_code.co_filename
         path = name if name.startswith("<") else os.path.abspath(name)
         if not path.startswith(package + os.sep):
             code = linecache.getline(path, frame.f_lineno).strip()
-            return f"{path}:{frame.f_lineno}: {code}"
+            called = f"in {getattr(entry, 'co_qualname', entry.co_name)}, " if entry is not None else ""
+            return f"{called}at {path}:{frame.f_lineno}: {code}"
+        entry = frame.f_code
         frame = frame.f_back
     return ""
 

@@ -171,6 +171,12 @@ def imod(a: Expr, c: int) -> Expr:
     if a.vmin < 0:
         return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
     rest = _from_terms([(k, t) for k, t in linear_terms(a) if k % c != 0])
+    if rest.vmin < 0:
+        # dropping multiples of c left a value that can be negative (4 - i becomes -i): C, WGSL and
+        # Triton truncate, so bring it back to >= 0 with a multiple of c (floor mod is unchanged)
+        if rest.vmin == -INF:
+            return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
+        rest = iadd(rest, const(-(rest.vmin // c) * c, IDX_DT))
     if rest.vmin >= 0 and rest.vmax < c:
         return rest
     return Expr("MOD", (rest, const(c, IDX_DT)), None, IDX_DT)

@@ -182,7 +182,7 @@ class View:
         mask = None
         if self.mask:
             mask = tuple(
-                m if s == n else ((0, n) if m != (0, 0) else (0, 0))
+                m if s == n else ((0, n) if m[0] < m[1] else (0, 0))  # an empty mask stays empty
                 for m, s, n in zip(self.mask, self.shape, shape)
             )
         return View(shape, strides, self.offset, mask)
@@ -261,7 +261,7 @@ class View:
         keep = [i for i, s in enumerate(self.shape) if s != 1]
         if tuple(self.shape[i] for i in keep) != tuple(s for s in shape if s != 1):
             return None
-        if any(self.mask[i] == (0, 0) for i, s in enumerate(self.shape) if s == 1):
+        if any(self.mask[i][0] >= self.mask[i][1] for i, s in enumerate(self.shape) if s == 1):
             return None  # a fully masked size-1 axis would be lost
         strides, mask, it = [], [], iter(keep)
         for s in shape:

@@ -166,3 +166,18 @@ def test_cpu_matmul_with_computed_operand_uses_a_prologue_and_blas(cpu):
     plan = emit_numba.blas_plan(item.kernel)
     assert plan is not None and len(plan.prologues) == 2
     np.testing.assert_allclose(out.numpy(), (np.maximum(x.numpy(), 0) * 2) @ np.exp(w.numpy()), rtol=1e-4)
+
+
+def test_cpu_plain_matmul_writes_the_output_directly(cpu):
+    from tgrad import emit_numba
+
+    rng = np.random.default_rng(3)
+    A, B = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 48)).astype(np.float32)
+    a, b = Tensor(A), Tensor(B)
+    (item,) = kernels(a @ b)
+    plan = emit_numba.blas_plan(item.kernel)
+    assert plan is not None and plan.epilogue is None  # BLAS writes the output, no copy kernel
+    np.testing.assert_allclose((a @ b).numpy(), A @ B, rtol=1e-5, atol=1e-5)
+    w = Tensor(A.copy()).realize()
+    w.assign(w @ b).realize()  # the output buffer is also an input: BLAS must not read what it writes
+    np.testing.assert_allclose(w.numpy(), A @ B, rtol=1e-5, atol=1e-5)

@@ -224,10 +224,12 @@ class CPUDevice(Device):
                     for pk, pfn in zip(plan.prologues, prologues):
                         operands.append(np.empty(prod(pk.shape), emit_numba.storage_dtype(pk.out_dtype).np))
                         pfn(operands[-1], *args[1:])
-                    acc = emit_numba.run_blas(plan, kernel, operands)
-                    if fn is None:
-                        args[0][:] = acc
+                    if fn is None:  # BLAS writes the output itself when the layout allows
+                        acc = emit_numba.run_blas(plan, kernel, operands, out=args[0])
+                        if acc is not None:
+                            args[0][:] = acc
                     else:
+                        acc = emit_numba.run_blas(plan, kernel, operands)
                         fn(*args, acc)
             except Exception as e:
                 raise KernelError(

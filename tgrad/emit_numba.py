@@ -493,7 +493,7 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
     for axis in reversed(range(k.n_global)):
         row_major = iadd(row_major, imul(Expr("IDX", (), (axis, k.shape[axis]), IDX_DT), acc))
         acc *= k.shape[axis]
-    if not (k.expr.op == "ACC" and k.out_index == row_major):
+    if not (k.expr.op == "ACC" and _same_index(k.out_index, row_major)):
         load = Expr("LOAD", (row_major, const(True, dtypes.bool)), len(k.in_dtypes), dtype)
         epilogue = Kernel(
             name=k.name + "_epilogue",
@@ -546,6 +546,18 @@ def _remap_idx(e: Expr, remap: dict[int, Expr], memo: dict | None = None) -> Exp
     return hit
 
 
+def _same_index(a: Expr, b: Expr) -> bool:
+    """Whether two index expressions are the same sum of terms (in any order)."""
+
+    def terms(e: Expr) -> dict:
+        out: dict = {}
+        for c, atom in linear_terms(e):
+            out[atom] = out.get(atom, 0) + c
+        return {atom: c for atom, c in out.items() if c}
+
+    return a == b or terms(a) == terms(b)
+
+
 def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:
     item = array.itemsize
     return np.ndarray(
@@ -557,8 +569,9 @@ def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...
     )
 
 
-def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray]) -> np.ndarray:
-    """The reduce result of a matmul-shaped kernel, row-major over its global axes."""
+def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], out: np.ndarray | None = None):
+    """The reduce result of a matmul-shaped kernel, row-major over its global axes. With `out` (the
+    kernel's flat output) and a result already in that order, BLAS writes into it and this returns None."""
     shape = kernel.shape
     r = len(shape) - 1
     size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
@@ -566,6 +579,14 @@ def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray]) -> np.nda
     b = _view(arrays[plan.b.input], plan.b, [*plan.batch, r, *plan.n], shape)
     a = a.reshape(size(plan.batch), size(plan.m), shape[r])
     b = b.reshape(size(plan.batch), shape[r], size(plan.n))
-    c = np.matmul(a, b).reshape(tuple(shape[x] for x in (*plan.batch, *plan.m, *plan.n)))
     order = [*plan.batch, *plan.m, *plan.n]
+    if (
+        out is not None
+        and order == list(range(kernel.n_global))
+        and out.dtype == np.result_type(a, b)
+        and out.flags.c_contiguous
+    ):
+        np.matmul(a, b, out=out.reshape(size(plan.batch), size(plan.m), size(plan.n)))
+        return None
+    c = np.matmul(a, b).reshape(tuple(shape[x] for x in (*plan.batch, *plan.m, *plan.n)))
     return np.ascontiguousarray(c.transpose([order.index(x) for x in range(kernel.n_global)])).reshape(-1)

@@ -5,6 +5,9 @@ function each time but keeps the same rules, so the numbers and the errors are t
 Numbers are compared with numpy or PyTorch, computed independently of tgrad.
 """
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -353,6 +356,10 @@ def test_a_jitted_method_keeps_one_cache_per_instance(device):
         close(m2(Tensor(x)), x @ w2, rtol=1e-5)
     if jitted(device):
         assert m1.__call__ is not m2.__call__ and m1.__call__.replays == 2
+    gone = weakref.ref(m1)
+    del m1
+    gc.collect()
+    assert gone() is None, "the per-instance jit cache keeps the instance alive"
 
 
 # ---- gradients -----------------------------------------------------------------------------------------

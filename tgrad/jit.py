@@ -270,10 +270,21 @@ class TinyJit:
         try:
             jit = self._bound.get(obj)
             if jit is None:
-                jit = self._bound[obj] = TinyJit(self.fn.__get__(obj, objtype), self.max_captures)
+                jit = self._bound[obj] = TinyJit(self._weak_method(obj, objtype), self.max_captures)
             return jit
         except TypeError:  # not weak-referenceable or unhashable: the instance joins the signature
             return functools.partial(self.__call__, obj)
+
+    def _weak_method(self, obj, objtype) -> Callable:
+        """self.fn bound to obj through a weak reference: the per-instance cache does not keep obj alive."""
+        ref, fn = weakref.ref(obj), self.fn
+
+        def method(*args, **kwargs):
+            return fn(ref(), *args, **kwargs)
+
+        functools.update_wrapper(method, fn)
+        method.__signature__ = inspect.signature(fn.__get__(obj, objtype))
+        return method
 
     def __call__(self, *args, **kwargs):
         if os.environ.get("JIT", "1") == "0":

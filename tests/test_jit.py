@@ -88,20 +88,6 @@ def test_nested_structures_and_constants_returned():
         assert out["pair"][1] == "tag"
 
 
-def test_jit_disabled_by_env(monkeypatch):
-    monkeypatch.setenv("JIT", "0")
-    calls = []
-
-    @TinyJit
-    def f(a):
-        calls.append(1)
-        return a * 2
-
-    for _ in range(3):
-        f(Tensor(A))
-    assert len(calls) == 3 and f.cnt == 0
-
-
 def test_jit_on_every_device(device):
     f = TinyJit(lambda a, b: a * b + 1)
     for i in range(3):

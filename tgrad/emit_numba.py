@@ -26,6 +26,7 @@ from tgrad.fuse import (
     const,
     iadd,
     imul,
+    is_const,
     is_true,
     linear_terms,
     reduce_identity,
@@ -548,14 +549,8 @@ def _remap_idx(e: Expr, remap: dict[int, Expr], memo: dict | None = None) -> Exp
 
 def _same_index(a: Expr, b: Expr) -> bool:
     """Whether two index expressions are the same sum of terms (in any order)."""
-
-    def terms(e: Expr) -> dict:
-        out: dict = {}
-        for c, atom in linear_terms(e):
-            out[atom] = out.get(atom, 0) + c
-        return {atom: c for atom, c in out.items() if c}
-
-    return a == b or terms(a) == terms(b)
+    diff = iadd(a, imul(b, -1))
+    return is_const(diff) and diff.arg == 0
 
 
 def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:

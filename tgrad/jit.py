@@ -261,6 +261,14 @@ class TinyJit:
         return self._last.captured if self._last else []
 
     @property
+    def name(self) -> str:
+        return getattr(self.fn, "__name__", "fn")
+
+    def _debug(self, message: str) -> None:
+        if dev_mod.DEBUG >= 1:
+            print(f"TinyJit {self.name}: {message}", file=sys.stderr)
+
+    @property
     def kernel_names(self) -> list[str]:
         return [prg.name for prg, _, _ in self.captured]
 
@@ -342,7 +350,7 @@ class TinyJit:
                 return v
         if sum(len(vs) for vs in self._variants.values()) >= self.max_captures:
             raise JitError(
-                f"TinyJit({getattr(self.fn, '__name__', 'fn')}) was called with more than "
+                f"TinyJit({self.name}) was called with more than "
                 f"{self.max_captures} "
                 "different signatures (Tensor argument shapes/dtypes/devices, non-Tensor argument values, "
                 "gradient state); each one is captured separately. Pass values that change on every call "
@@ -419,12 +427,7 @@ class TinyJit:
         self._record(v, log, bufs, pre, touched, outs, randoms)
         v.ret = ret
         self.captures += 1
-        if dev_mod.DEBUG >= 1:
-            print(
-                f"TinyJit {getattr(self.fn, '__name__', 'fn')}: capture {self.captures} "
-                f"({len(log)} kernels: {' '.join(self.kernel_names)})",
-                file=sys.stderr,
-            )
+        self._debug(f"capture {self.captures} ({len(log)} kernels: {' '.join(self.kernel_names)})")
         return ret
 
     @staticmethod
@@ -514,12 +517,7 @@ class TinyJit:
             prg(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])
         dev_mod.Stats.kernels_run += len(v.captured)
         self.replays += 1
-        if dev_mod.DEBUG >= 1:
-            print(
-                f"TinyJit {getattr(self.fn, '__name__', 'fn')}: replay {self.replays} "
-                f"({len(v.captured)} kernels, {len(v.randoms)} random inputs)",
-                file=sys.stderr,
-            )
+        self._debug(f"replay {self.replays} ({len(v.captured)} kernels, {len(v.randoms)} random inputs)")
 
         def wrap(k: int, meta: tuple) -> Tensor:  # nodes made after the kernels ran (see _Log)
             return Tensor(g.Node.from_buffer(remap[k], *meta))

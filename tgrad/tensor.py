@@ -98,24 +98,19 @@ class Tensor(metaclass=_NoGradMeta):
         dtype: DType | str | None = None,
         requires_grad: bool | None = None,
     ):
-        if isinstance(data, Node) and device is None and dtype is None:  # the common case: an op's result
-            self.node, self.grad, self._requires_grad = data, None, None
-            if requires_grad is not None:
-                self.requires_grad = requires_grad
-            return
-        device = Device_.canonicalize(device)
-        dtype = dtypes.from_any(dtype) if dtype is not None else None
-        if isinstance(data, Node):
+        if isinstance(data, Node):  # an op's result: no device lookup (it reads the environment)
             node = data
-        elif isinstance(data, Tensor):
-            node = data.node if device == data.device else data.to(device).node
-            if dtype is not None:
-                node = g.cast(node, dtype)
-        elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-            dt = dtype or dtypes.from_py(data)
-            node = g.const(data, dt, device)
         else:
-            node = _node_from_host(data, device, dtype)
+            device = Device_.canonicalize(device)
+            dtype = dtypes.from_any(dtype) if dtype is not None else None
+            if isinstance(data, Tensor):
+                node = data.node if device == data.device else data.to(device).node
+                if dtype is not None:
+                    node = g.cast(node, dtype)
+            elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
+                node = g.const(data, dtype or dtypes.from_py(data), device)
+            else:
+                node = _node_from_host(data, device, dtype)
         self.node: Node = node
         self.grad: Tensor | None = None
         self._requires_grad: bool | None = None

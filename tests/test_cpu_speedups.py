@@ -1,7 +1,8 @@
 """The CPU emitter's fast paths keep the results of the plain ones (compared with numpy and PyTorch).
 
 float32 exp2 is an inline polynomial (tgrad/numba_rt.py `_exp2f`) instead of a libm call, float max is
-LLVM's `maximum` so max-reductions vectorize, and indexes are unsigned so `prange` bodies vectorize.
+LLVM's `maximum` so max-reductions vectorize, and kernels index raw pointers (no wraparound of negative
+indexes) so `prange` bodies vectorize.
 """
 
 import math

@@ -7,12 +7,17 @@ owns Buffers. `run_schedule` runs fused kernels in order; `realize` is the entry
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import importlib
 import importlib.util
 import os
+import pickle
+import re
 import sys
 import time
+import types
 import weakref
 from pathlib import Path
 
@@ -131,14 +136,6 @@ class NumpyDevice(Device):
     name = "NUMPY"
 
 
-def _load_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # numba's disk cache finds functions by module name
-    spec.loader.exec_module(module)
-    return module
-
-
 # LLVM optimization level of kernel compiles: at 1 they still vectorize and ran as fast as at Numba's
 # default 3 in bench/ (elementwise, softmax, reductions), and compile about 20% faster
 KERNEL_OPT = 1
@@ -178,18 +175,117 @@ def page_aligned(size: int, dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype)
 
 
+# ---------------------------------------------------------------------------------------------------
+# CPU kernels as native functions: Numba compiles them once (no Python wrappers), tgrad keeps their
+# object code on disk and loads it with llvmlite alone, so a process with a warm cache never imports
+# Numba (for serial kernels; threaded ones need Numba's threading layer, started on demand)
+
+_RET, _EXC = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()  # Numba's return-value and exception slots
+_RET_OK = (0, -2)  # Numba's status codes for "returned" and "returned None"
+_ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weakref to the array, address of its data)
+
+
+def _address(array: np.ndarray) -> int:
+    """The data address of an array, remembered while the array lives (`.ctypes.data` costs ~1 us)."""
+    hit = _ADDRESSES.get(id(array))
+    if hit is not None and hit[0]() is array:
+        return hit[1]
+    key = id(array)
+    addr = array.ctypes.data
+    _ADDRESSES[key] = (weakref.ref(array, lambda _, key=key: _ADDRESSES.pop(key, None)), addr)
+    return addr
+
+
+@functools.cache
+def _native_key() -> str:
+    """What object code depends on besides the source: compiler versions, host CPU, optimization level."""
+    from importlib.metadata import version
+
+    import llvmlite.binding as llvm
+
+    return "|".join([version("numba"), version("llvmlite"), llvm.get_host_cpu_name(),
+                     llvm.get_host_cpu_features().flatten(), str(KERNEL_OPT), sys.platform])
+
+
+@functools.cache
+def _numba_runtime() -> None:
+    """Start what Numba-compiled code may call into: its C helpers and math symbols (registered with its
+    code generator) and its threading layer (parallel kernels)."""
+    from numba.core.registry import cpu_target
+    from numba.np.ufunc.parallel import _launch_threads
+
+    cpu_target.target_context.codegen()
+    _launch_threads()
+
+
+def _load_object(entry: dict) -> tuple[object, int] | None:
+    """Load cached object code into an execution engine of its own (so symbols of different kernels
+    never meet) and return (engine, address of the kernel's function); None if a symbol it needs cannot
+    be found, even with Numba's runtime started (the caller compiles the kernel again)."""
+    import llvmlite.binding as llvm
+
+    def missing() -> list[str]:
+        return [s for s in entry["symbols"] if not s.startswith("llvm.") and not llvm.address_of_symbol(s)]
+
+    if missing():
+        _numba_runtime()
+        if missing():
+            return None
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    machine = llvm.Target.from_default_triple().create_target_machine(jit=True)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(entry["object"]))
+    engine.finalize_object()
+    return engine, engine.get_function_address(entry["name"])
+
+
+def _declared_symbols(llvm_ir: str) -> list[str]:
+    """Functions and globals an LLVM module uses but does not define (resolved when it is loaded)."""
+    funcs = re.findall(r'^declare [^@]*@"?([^"(]+)"?\(', llvm_ir, re.M)
+    globs = re.findall(r'^@"?([^"=\s]+)"? = external ', llvm_ir, re.M)
+    return sorted(set(funcs) | set(globs))
+
+
+def _compile_native(source: str, fname: str, modname: str, storage: list[DType], n_ints: int) -> dict:
+    """Compile a kernel's source with Numba as a native function over raw pointers (then `n_ints` int64
+    arguments), without the Python and C wrappers Numba adds for calls from Python (a third of the
+    compile time). Returns the entry the disk cache keeps: function name, object code, symbols."""
+    import numba
+    from numba.core import compiler
+    from numba.core import types as nt
+    from numba.core.registry import cpu_target
+
+    module = types.ModuleType(modname)
+    sys.modules[modname] = module  # Numba looks functions' modules up by name
+    exec(compile(source, f"<tgrad kernel {fname}>", "exec"), module.__dict__)
+    pyfunc = module.__dict__[fname]
+    options = {"nopython": True, "error_model": "numpy", "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+    flags = cpu_target.options.parse_as_flags(compiler.Flags(), {**options, **pyfunc.numba_options})
+    flags.no_compile = True  # no Python-callable function object: tgrad calls the address
+    args = [nt.CPointer(numba.from_dtype(d.np)) for d in storage] + [nt.int64] * n_ints
+    with _numba_opt_level(KERNEL_OPT):
+        cpu_target.typing_context.refresh()
+        cpu_target.target_context.refresh()
+        cres = compiler.compile_extra(cpu_target.typing_context, cpu_target.target_context, pyfunc,
+                                      tuple(args), nt.void, flags, {})
+        library, name = cres.library, cres.fndesc.llvm_func_name
+        address = library.get_pointer_to_function(name)
+        obj = library.serialize_using_object_code()[2][0]
+    return {"name": name, "object": obj, "symbols": _declared_symbols(library.get_llvm_str()),
+            "library": library, "address": address}
+
+
 class CPUDevice(Device):
-    """Kernels rendered by emit_numba and compiled with numba.njit."""
+    """Kernels rendered by emit_numba, compiled by Numba to native functions, called through ctypes."""
 
     name = "CPU"
 
     def __init__(self):
         super().__init__()
-        self.functions: dict[tuple, object] = {}  # (source digest, dtypes) -> njit function
-        try:
-            import numba  # noqa: F401
-        except ImportError as e:
-            raise DeviceError("the CPU device needs numba: pip install numba") from e
+        self.functions: dict[tuple, tuple] = {}  # (source digest, dtypes) -> (ctypes function, keep-alive)
+        if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
+            raise DeviceError("the CPU device needs numba: pip install numba")
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         return Buffer(self.name, size, dtype, page_aligned(size, dtype.np))
@@ -215,8 +311,8 @@ class CPUDevice(Device):
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
 
         def run(out: Buffer, *inputs: Buffer) -> None:
-            args = [b.data.astype(np.float32) if w else b.data for b, w in zip((out, *inputs), widen)]
             try:
+                args = [b.data.astype(np.float32) if w else b.data for b, w in zip((out, *inputs), widen)]
                 if plan is None:
                     fn(*args)
                 else:
@@ -241,63 +337,79 @@ class CPUDevice(Device):
         return Program(kernel.name, source, run, self.name)
 
     def _build(self, kernel):
-        """The njit function of one kernel (from the disk cache when it is there) and its source.
-        Kernels with the same source (flattened elementwise kernels of different lengths) share one."""
+        """A callable running one kernel on numpy arrays (the output, then every input of the kernel),
+        and the kernel's source. Kernels with the same source (flattened elementwise kernels of different
+        lengths) and dtypes share one compiled function."""
         from tgrad import emit_numba
 
         fname = emit_numba.function_name(kernel)
-        cdir = cache_dir()
-        header = emit_numba.HEADER.replace("CACHE", str(cdir is not None))
-        body = emit_numba.render(kernel, fname).replace("cache=CACHE", f"cache={cdir is not None}")
-        source = header + "\n\n" + body
-        digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+        parallel = emit_numba.want_parallel(kernel)
+        source = emit_numba.HEADER + "\n\n" + emit_numba.render(kernel, fname, parallel)
         used = emit_numba.used_inputs(kernel)
-        # the same source can serve buffers of other dtypes (a copy): one compiled function per signature
-        key = (digest, kernel.out_dtype, *(kernel.in_dtypes[i] for i in used))
-        fn = self.functions.get(key)
-        if fn is None:
-            fn = self.functions[key] = self._load(kernel, fname, source, digest)
+        scratch = [(size, emit_numba.storage_dtype(dt).np) for _, size, dt in
+                   emit_numba.scratch(emit_numba.compact(kernel), parallel)]
         # a flat kernel takes its length last
         extra = (prod(kernel.shape),) if emit_numba.flatten(kernel) is not None else ()
-        if used != tuple(range(len(kernel.in_dtypes))):  # the source takes only the inputs it reads
-            return (lambda out, *ins: fn(out, *[ins[i] for i in used], *extra)), source
-        if extra:
-            return (lambda *args: fn(*args, *extra)), source
-        return fn, source
+        ins = [kernel.in_dtypes[i] for i in used]
+        storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *ins)]
+        storage += [dtypes.from_any(dt) for _, dt in scratch]
+        digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+        # the same source can serve buffers of other dtypes (a copy): one compiled function per signature
+        key = (digest, *storage, len(extra))
+        hit = self.functions.get(key)
+        if hit is None:
+            hit = self.functions[key] = self._load(kernel, fname, source, digest, storage, len(extra))
+        native, ret, exc = hit[0], ctypes.addressof(_RET), ctypes.addressof(_EXC)
+        address, pool = _address, []  # scratch arrays between launches (pop/append are atomic)
 
-    def _load(self, kernel, fname: str, source: str, digest: str):
-        from tgrad import emit_numba
+        def call(out: np.ndarray, *inputs: np.ndarray) -> None:
+            ptrs = [address(out)]
+            for i in used:
+                ptrs.append(address(inputs[i]))
+            tmp = pool.pop() if scratch and pool else [np.empty(size, dt) for size, dt in scratch]
+            for t in tmp:
+                ptrs.append(address(t))
+            status = native(ret, exc, *ptrs, *extra)
+            if scratch:
+                pool.append(tmp)
+            if status not in _RET_OK:
+                raise RuntimeError(f"the compiled function returned error status {status}")
 
+        return call, source
+
+    def _load(self, kernel, fname: str, source: str, digest: str, storage: list[DType], n_ints: int):
+        """The kernel's native function as a ctypes function (and what keeps its code alive): from the
+        disk cache when it is there, else compiled by Numba (and written to the cache)."""
         cdir = cache_dir()
-        try:
-            if cdir is not None:
-                folder = cdir / "numba"
-                folder.mkdir(parents=True, exist_ok=True)
-                path = folder / f"k_{digest}.py"
-                if not path.exists():
-                    tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
-                    tmp.write_text(source)
-                    os.replace(tmp, path)
-                fn = getattr(_load_module(path, f"tgrad_kernel_{digest}"), fname)
-            else:
-                scope: dict = {}
-                exec(compile(source, f"<tgrad kernel {fname}>", "exec"), scope)
-                fn = scope[fname]
-            # compile now (or load from numba's disk cache) so build errors and build time show here
-            import numba
-
-            ins = [kernel.in_dtypes[i] for i in emit_numba.used_inputs(kernel)]
-            storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *ins)]
-            sig = [numba.types.Array(numba.from_dtype(d.np), 1, "C") for d in storage]
-            if emit_numba.flatten(kernel) is not None:
-                sig.append(numba.types.int64)
-            with _numba_opt_level(KERNEL_OPT):
-                fn.compile(tuple(sig))
-        except Exception as e:
-            raise KernelError(
-                f"kernel {kernel.name} failed to build: {type(e).__name__}: {e}\n{numbered(source)}"
-            ) from e
-        return fn
+        path = None
+        if cdir is not None:
+            signature = ",".join(d.name for d in storage) + f"+{n_ints}"
+            name = hashlib.sha256(f"{source}\0{signature}\0{_native_key()}".encode()).hexdigest()[:32]
+            path = cdir / "cpu" / f"{name}.pkl"
+        loaded = None
+        if path is not None and path.exists():
+            try:
+                loaded = _load_object(pickle.loads(path.read_bytes()))
+            except Exception:  # a damaged or foreign cache file: compile again and overwrite it
+                loaded = None
+        if loaded is None:
+            try:
+                entry = _compile_native(source, fname, f"tgrad_kernel_{digest}", storage, n_ints)
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {kernel.name} failed to build: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                tmp.write_bytes(pickle.dumps({k: entry[k] for k in ("name", "object", "symbols")}))
+                os.replace(tmp, path)
+            loaded = entry["library"], entry["address"]
+        keep, address = loaded
+        args = [ctypes.c_void_p] * (2 + len(storage)) + [ctypes.c_int64] * n_ints
+        # called holding the GIL, like a Numba dispatcher (threaded kernels release it inside)
+        proto = ctypes.PYFUNCTYPE(ctypes.c_int32, *args)
+        return proto(address), keep
 
 
 _devices: dict[str, Device] = {}

@@ -1,5 +1,8 @@
-"""Render a Kernel as Python source for `numba.njit` (the CPU device).
+"""Render a Kernel as Python source for Numba (the CPU device).
 
+The source is a plain Python function over raw pointers (`out[i] = in0[j] * in1[j]`), marked with
+`@kernel(parallel=..., fastmath=...)`: the options Numba compiles it with (see CPUDevice in device.py,
+which compiles it as a native function without Python wrappers and keeps its object code on disk).
 The kernel becomes nested loops: the global axes outermost (the first one a `prange` when the kernel is
 big enough to be worth threads), the reduce axes inside with a scalar accumulator. Each Expr node is
 one local variable, placed at the shallowest loop level whose indices it uses, so loads that do not
@@ -39,9 +42,9 @@ PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads 
 # source, so kernels cached on disk are rebuilt when the runtime changes
 _RT_DIGEST = hashlib.sha256((Path(__file__).parent / "numba_rt.py").read_bytes()).hexdigest()[:12]
 HEADER = f"""import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from tgrad.numba_rt import _exp2f, _f16, _idiv, _maximum  # runtime {_RT_DIGEST}
+from tgrad.numba_rt import _exp2f, _f16, _idiv, _maximum, kernel  # runtime {_RT_DIGEST}
 """
 
 NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32"}
@@ -53,7 +56,19 @@ def np_type(dtype: DType) -> str:
 
 
 def storage_dtype(dtype: DType) -> DType:
-    return dtypes.float32 if dtype == dtypes.float16 else dtype
+    """The element type of a kernel's pointer: float16 buffers are widened to float32 by the runtime,
+    bool is read and written as uint8 bytes (Numba cannot store its 1-bit bool through a pointer)."""
+    return {dtypes.float16: dtypes.float32, dtypes.bool: dtypes.uint8}.get(dtype, dtype)
+
+
+def _ld(element: str, dtype: DType) -> str:
+    """A value read from memory (`in0[i]`) as the kernel's dtype."""
+    return f"({element} != 0)" if dtype == dtypes.bool else element
+
+
+def _st(value: str, dtype: DType) -> str:
+    """A value of the kernel's dtype as the element written to memory."""
+    return f"np.uint8({value})" if dtype == dtypes.bool else value
 
 
 def render_const(value, dtype: DType) -> str:
@@ -73,7 +88,11 @@ def render_const(value, dtype: DType) -> str:
 
 
 def _wrap(dtype: DType, text: str) -> str:
-    return text if dtype == dtypes.bool else f"{np_type(dtype)}({text})"
+    """The result of an op as its dtype. Numba widens small ints (int8 + int8 is int64), so those get a
+    cast; float ops on equal float types stay in that type, and int64 ops stay int64 (every op's sources
+    have its dtype), so those need none: one call less to type and lower each, a third of a kernel's
+    statements."""
+    return text if dtype.is_float or dtype in (dtypes.bool, dtypes.int64) else f"{np_type(dtype)}({text})"
 
 
 def _binary(sym: str):
@@ -118,11 +137,16 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
     return f"{np_type(dtype)}({text})"
 
 
-def _index(text: str) -> str:
-    """An array index as uint64: indexes of valid loads and stores are never negative, and without the
-    cast Numba wraps negative indexes around, a select per element that turns the loads of a `prange`
-    body (whose bounds LLVM cannot prove positive) into gathers."""
-    return text if text.isdigit() else f"np.uint64({text})"
+def scratch(kernel: Kernel, parallel: bool) -> tuple[tuple[str, int, DType], ...]:
+    """Scratch arrays a kernel's function takes after its inputs (name, length, dtype), allocated by the
+    runtime for each launch: the per-chunk partials of a threaded full reduction, or the row of
+    accumulators of an interchanged reduction. `kernel` is the compacted kernel `render` renders."""
+    k = kernel
+    if k.reduce_expr is not None and k.n_global == 0 and parallel:
+        return (("partial", min(SPLIT, k.shape[0]), k.reduce_expr.dtype),)
+    if k.reduce_expr is not None and want_interchange(k):
+        return (("accs", k.shape[k.n_global - 1], k.acc_dtype),)
+    return ()
 
 
 class _Renderer(StatementPlacer):
@@ -144,7 +168,7 @@ class _Renderer(StatementPlacer):
         if name is None:
             srcs = [self.ref(s) for s in e.srcs]
             if e.op == "LOAD":
-                text = f"in{e.arg}[{_index(srcs[0])}]"
+                text = _ld(f"in{e.arg}[{srcs[0]}]", e.dtype)
                 if srcs[1] != "True":
                     text = f"({text} if {srcs[1]} else {render_const(0, e.dtype)})"
             elif e.op == "CAST":
@@ -177,16 +201,16 @@ class _Renderer(StatementPlacer):
                 combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
                 return code_for_op[combine](acc_dt, acc, v)
 
-        store = self.store = f"out[{_index(self.ref(k.out_index))}] = {self.ref(k.expr)}"
+        store = self.store = f"out[{self.ref(k.out_index)}] = {_st(self.ref(k.expr), k.out_dtype)}"
         self.acc_dt = k.acc_dtype
-        names = ["out"] + [f"in{i}" for i in range(len(k.in_dtypes))] + (["n"] if self.length else [])
+        names = ["out"] + [f"in{i}" for i in range(len(k.in_dtypes))]
+        names += [name for name, _, _ in scratch(k, parallel)] + (["n"] if self.length else [])
         args = ", ".join(names)
         # float sums and products may be reassociated, so LLVM can vectorize the reduce loop; no other
         # fast-math flag is on (nan and inf keep their meaning)
         reassoc = k.reduce_op in ("SUM", "PROD") and k.acc_dtype.is_float
         fastmath = ", fastmath={'reassoc'}" if reassoc else ""
-        decorator = f"@njit(cache=CACHE, error_model='numpy', parallel={parallel}{fastmath})"
-        out = [decorator, f"def {fname}({args}):"]
+        out = [f"@kernel(parallel={parallel}{fastmath})", f"def {fname}({args}):"]
 
         def emit(depth: int, stmts: list[str]) -> None:
             out.extend("    " * (depth + 1) + s for s in stmts)
@@ -196,16 +220,16 @@ class _Renderer(StatementPlacer):
             chunks = min(SPLIT, k.shape[0])
             size = -(-k.shape[0] // chunks)
             emit(0, self.levels[0])
-            emit(0, [f"partial = np.empty({chunks}, {np_type(acc_dt)})", f"for p in prange({chunks}):"])
+            emit(0, [f"for p in prange({chunks}):"])
             emit(1, [f"acc = {init}", f"for i0 in range(p * {size}, min({k.shape[0]}, (p + 1) * {size})):"])
             for depth in range(1, n + 1):
                 emit(depth + 1, self.levels[depth])
                 if depth < n:
                     emit(depth + 1, [f"for i{depth} in range({k.shape[depth]}):"])
             emit(n + 1, [f"acc = {update('acc', val)}"])
-            emit(1, ["partial[p] = acc"])
+            emit(1, [f"partial[p] = {_st('acc', acc_dt)}"])
             emit(0, [f"acc = {init}", f"for p in range({chunks}):"])
-            emit(1, [f"acc = {update('acc', 'partial[p]')}"])
+            emit(1, [f"acc = {update('acc', _ld('partial[p]', acc_dt))}"])
             emit(0, self.post + [store])
             return "\n".join(out) + "\n"
         if k.reduce_expr is not None and want_interchange(k):
@@ -234,13 +258,15 @@ class _Renderer(StatementPlacer):
             axis = depth if depth < g else (depth + 1 if depth < n - 1 else g)
             emit(depth, self.levels[depth])
             if depth == g:
-                emit(depth, [f"accs = np.empty({k.shape[g]}, {np_type(self.acc_dt)})", f"accs[:] = {init}"])
+                first = _st(init, self.acc_dt)
+                emit(depth, [f"for i{g} in range({k.shape[g]}):", f"    accs[i{g}] = {first}"])
             rng = "prange" if (depth == 0 and parallel and g > 0) else "range"
             emit(depth, [f"for i{axis} in {rng}({k.shape[axis]}):"])
         emit(n, self.levels[n])
-        emit(n, [f"accs[i{g}] = {update(f'accs[i{g}]', val)}"])
+        acc = _ld(f"accs[i{g}]", self.acc_dt)
+        emit(n, [f"accs[i{g}] = {_st(update(acc, val), self.acc_dt)}"])
         emit(g, [f"for i{g} in range({k.shape[g]}):"])
-        emit(g + 1, [f"acc = accs[i{g}]"] + self.post + [self.store])
+        emit(g + 1, [f"acc = {acc}"] + self.post + [self.store])
         return "\n".join(out) + "\n"
 
 
@@ -273,7 +299,7 @@ def _loads(e: Expr, seen: set | None = None) -> list[Expr]:
 
 
 def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = None) -> str:
-    """Python source (without the header) of one kernel as an njit function. A kernel that `flatten`
+    """Python source (without the header) of one kernel as a Numba function. A kernel that `flatten`
     turns 1-D takes its length as a last argument `n`, so its source does not depend on its shape."""
     if parallel is None:
         parallel = want_parallel(kernel)

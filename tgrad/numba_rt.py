@@ -16,7 +16,18 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 
-@njit(inline="always")
+def kernel(**options):
+    """Marks a generated kernel function with the Numba options it compiles with (`parallel`,
+    `fastmath`); CPUDevice compiles it as a native function taking raw pointers (see device.py)."""
+
+    def mark(fn):
+        fn.numba_options = options
+        return fn
+
+    return mark
+
+
+@njit
 def _idiv(a, b):
     if b == 0:
         return a - a
@@ -68,7 +79,7 @@ def _pow2i(typingctx, k):
     return types.float32(k), codegen
 
 
-@njit(inline="always", error_model="numpy")
+@njit(error_model="numpy")
 def _exp2f(x):
     """float32 2**x without a libm call, so loops over it vectorize. 2**x = 2**k * 2**f with k = round(x)
     and f in [-0.5, 0.5]; 2**f is a degree-6 minimax polynomial (0.26 ulp) evaluated with fused

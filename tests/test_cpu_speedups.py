@@ -147,3 +147,20 @@ def test_one_source_for_two_dtypes_compiles_for_each():
         assert out.dtype == dtype
     y = np.arange(12, dtype=np.int32).reshape(3, 4)
     np.testing.assert_array_equal((Tensor(y, device="CPU") * 3).numpy(), y * 3)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8"])
+def test_integer_division_edges_on_cpu(dtype):
+    """The CPU's division helper is LLVM IR (numba_rt._idiv): x // 0 = 0 and x % 0 = x (as on every tgrad
+    device), and INT_MIN // -1 wraps to INT_MIN like numpy instead of trapping like a bare sdiv."""
+    info = np.iinfo(dtype)
+    a = np.array([info.min, info.max, 7, info.min, 0, 5], dtype)
+    b = np.array([1, 3, 0, 2, 0, 2], dtype)
+    if info.min < 0:
+        b = np.array([-1, -3, 0, 2, 0, -2], dtype)
+    ta, tb = Tensor(a, device="CPU"), Tensor(b, device="CPU")
+    nonzero = b != 0
+    with np.errstate(over="ignore", divide="ignore"):
+        want_div, want_mod = a // np.where(nonzero, b, 1), a % np.where(nonzero, b, 1)
+    np.testing.assert_array_equal((ta // tb).numpy(), np.where(nonzero, want_div, 0))
+    np.testing.assert_array_equal((ta % tb).numpy(), np.where(nonzero, want_mod, a))

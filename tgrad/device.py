@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -247,7 +248,7 @@ def _declared_symbols(llvm_ir: str) -> list[str]:
     return sorted(set(funcs) | set(globs))
 
 
-def _compile_native(source: str, fname: str, modname: str, storage: list[DType], n_ints: int) -> dict:
+def _compile_native(source: str, fname: str, modname: str, storage: tuple[DType, ...], n_ints: int) -> dict:
     """Compile a kernel's source with Numba as a native function over raw pointers (then `n_ints` int64
     arguments), without the Python and C wrappers Numba adds for calls from Python (a third of the
     compile time). Returns the entry the disk cache keeps: function name, object code, symbols."""
@@ -276,6 +277,33 @@ def _compile_native(source: str, fname: str, modname: str, storage: list[DType],
             "library": library, "address": address}
 
 
+def _write_entry(path: Path | None, entry: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps({k: entry[k] for k in ("name", "object", "symbols")}))
+        os.replace(tmp, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Native:
+    """One native function a CPU kernel needs: its source and how it is called and cached."""
+
+    fname: str
+    source: str
+    digest: str  # of the source
+    used: tuple[int, ...]  # the kernel inputs it reads
+    scratch: tuple[tuple[int, np.dtype], ...]  # scratch arrays it takes after the inputs
+    extra: tuple[int, ...]  # int64 arguments last (the length of a flat kernel)
+    storage: tuple[DType, ...]  # pointer element types: output, used inputs, scratch
+    path: Path | None  # its disk-cache entry
+
+    @property
+    def key(self) -> tuple:  # the same source serves buffers of other dtypes (a copy): one function each
+        return (self.digest, *self.storage, len(self.extra))
+
+
+
 class CPUDevice(Device):
     """Kernels rendered by emit_numba, compiled by Numba to native functions, called through ctypes."""
 
@@ -283,7 +311,7 @@ class CPUDevice(Device):
 
     def __init__(self):
         super().__init__()
-        self.functions: dict[tuple, tuple] = {}  # (source digest, dtypes) -> (ctypes function, keep-alive)
+        self.functions: dict[tuple, tuple] = {}  # _Native.key -> (ctypes function, what keeps it alive)
         if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
             raise DeviceError("the CPU device needs numba: pip install numba")
 
@@ -336,30 +364,38 @@ class CPUDevice(Device):
 
         return Program(kernel.name, source, run, self.name)
 
-    def _build(self, kernel):
-        """A callable running one kernel on numpy arrays (the output, then every input of the kernel),
-        and the kernel's source. Kernels with the same source (flattened elementwise kernels of different
-        lengths) and dtypes share one compiled function."""
+    def _native(self, kernel) -> _Native:
         from tgrad import emit_numba
 
         fname = emit_numba.function_name(kernel)
         parallel = emit_numba.want_parallel(kernel)
         source = emit_numba.HEADER + "\n\n" + emit_numba.render(kernel, fname, parallel)
         used = emit_numba.used_inputs(kernel)
-        scratch = [(size, emit_numba.storage_dtype(dt).np) for _, size, dt in
-                   emit_numba.scratch(emit_numba.compact(kernel), parallel)]
+        scratch = tuple((size, emit_numba.storage_dtype(dt).np) for _, size, dt in
+                        emit_numba.scratch(emit_numba.compact(kernel), parallel))
         # a flat kernel takes its length last
         extra = (prod(kernel.shape),) if emit_numba.flatten(kernel) is not None else ()
         ins = [kernel.in_dtypes[i] for i in used]
-        storage = [emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *ins)]
-        storage += [dtypes.from_any(dt) for _, dt in scratch]
+        storage = tuple(emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *ins))
+        storage += tuple(dtypes.from_any(dt) for _, dt in scratch)
+        path, cdir = None, cache_dir()
+        if cdir is not None:
+            signature = ",".join(d.name for d in storage) + f"+{len(extra)}"
+            name = hashlib.sha256(f"{source}\0{signature}\0{_native_key()}".encode()).hexdigest()[:32]
+            path = cdir / "cpu" / f"{name}.pkl"
         digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-        # the same source can serve buffers of other dtypes (a copy): one compiled function per signature
-        key = (digest, *storage, len(extra))
-        hit = self.functions.get(key)
+        return _Native(fname, source, digest, used, scratch, extra, storage, path)
+
+    def _build(self, kernel):
+        """A callable running one kernel on numpy arrays (the output, then every input of the kernel),
+        and the kernel's source. Kernels with the same source (flattened elementwise kernels of different
+        lengths) and dtypes share one compiled function."""
+        nat = self._native(kernel)
+        hit = self.functions.get(nat.key)
         if hit is None:
-            hit = self.functions[key] = self._load(kernel, fname, source, digest, storage, len(extra))
+            hit = self.functions[nat.key] = self._load(kernel, nat)
         native, ret, exc = hit[0], ctypes.addressof(_RET), ctypes.addressof(_EXC)
+        used, scratch, extra = nat.used, nat.scratch, nat.extra
         address, pool = _address, []  # scratch arrays between launches (pop/append are atomic)
 
         def call(out: np.ndarray, *inputs: np.ndarray) -> None:
@@ -375,38 +411,29 @@ class CPUDevice(Device):
             if status not in _RET_OK:
                 raise RuntimeError(f"the compiled function returned error status {status}")
 
-        return call, source
+        return call, nat.source
 
-    def _load(self, kernel, fname: str, source: str, digest: str, storage: list[DType], n_ints: int):
+    def _load(self, kernel, nat: _Native):
         """The kernel's native function as a ctypes function (and what keeps its code alive): from the
         disk cache when it is there, else compiled by Numba (and written to the cache)."""
-        cdir = cache_dir()
-        path = None
-        if cdir is not None:
-            signature = ",".join(d.name for d in storage) + f"+{n_ints}"
-            name = hashlib.sha256(f"{source}\0{signature}\0{_native_key()}".encode()).hexdigest()[:32]
-            path = cdir / "cpu" / f"{name}.pkl"
         loaded = None
-        if path is not None and path.exists():
+        if nat.path is not None and nat.path.exists():
             try:
-                loaded = _load_object(pickle.loads(path.read_bytes()))
+                loaded = _load_object(pickle.loads(nat.path.read_bytes()))
             except Exception:  # a damaged or foreign cache file: compile again and overwrite it
                 loaded = None
         if loaded is None:
             try:
-                entry = _compile_native(source, fname, f"tgrad_kernel_{digest}", storage, n_ints)
+                entry = _compile_native(nat.source, nat.fname, f"tgrad_kernel_{nat.digest}", nat.storage,
+                                        len(nat.extra))
             except Exception as e:
                 raise KernelError(
-                    f"kernel {kernel.name} failed to build: {type(e).__name__}: {e}\n{numbered(source)}"
+                    f"kernel {kernel.name} failed to build: {type(e).__name__}: {e}\n{numbered(nat.source)}"
                 ) from e
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-                tmp.write_bytes(pickle.dumps({k: entry[k] for k in ("name", "object", "symbols")}))
-                os.replace(tmp, path)
+            _write_entry(nat.path, entry)
             loaded = entry["library"], entry["address"]
         keep, address = loaded
-        args = [ctypes.c_void_p] * (2 + len(storage)) + [ctypes.c_int64] * n_ints
+        args = [ctypes.c_void_p] * (2 + len(nat.storage)) + [ctypes.c_int64] * len(nat.extra)
         # called holding the GIL, like a Numba dispatcher (threaded kernels release it inside)
         proto = ctypes.PYFUNCTYPE(ctypes.c_int32, *args)
         return proto(address), keep

@@ -164,3 +164,21 @@ def test_integer_division_edges_on_cpu(dtype):
         want_div, want_mod = a // np.where(nonzero, b, 1), a % np.where(nonzero, b, 1)
     np.testing.assert_array_equal((ta // tb).numpy(), np.where(nonzero, want_div, 0))
     np.testing.assert_array_equal((ta % tb).numpy(), np.where(nonzero, want_mod, a))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_threaded_reductions_over_each_axis(axis):
+    """Reductions big enough for threads (prange), including the interchanged ones whose row of
+    accumulators is scratch memory: each thread needs rows of its own (a shared row raced)."""
+    from tgrad import emit_numba, fuse
+
+    x = np.random.default_rng(axis).standard_normal((64, 128, 256)).astype(F32)
+    t = Tensor(x, device="CPU")
+    (item,) = fuse.schedule([t.sum(axis).node])
+    source = emit_numba.render(item.kernel)
+    assert "prange" in source, source
+    if axis < 2:
+        assert "accs[i0 * " in source, source  # interchanged, one row of accumulators per iteration
+    np.testing.assert_allclose(t.sum(axis).numpy(), x.astype(np.float64).sum(axis), rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal((t > 1.5).any(axis).numpy(), (x > 1.5).any(axis))
+    np.testing.assert_allclose(t.max(axis).numpy(), x.max(axis))

@@ -145,7 +145,9 @@ def scratch(kernel: Kernel, parallel: bool) -> tuple[tuple[str, int, DType], ...
     if k.reduce_expr is not None and k.n_global == 0 and parallel:
         return (("partial", min(SPLIT, k.shape[0]), k.reduce_expr.dtype),)
     if k.reduce_expr is not None and want_interchange(k):
-        return (("accs", k.shape[k.n_global - 1], k.acc_dtype),)
+        g = k.n_global - 1
+        rows = k.shape[0] if parallel and g > 0 else 1  # threads split axis 0: one row each iteration
+        return (("accs", rows * k.shape[g], k.acc_dtype),)
     return ()
 
 
@@ -254,17 +256,19 @@ class _Renderer(StatementPlacer):
         k = self.k
         n, ng = len(k.shape), k.n_global
         g = ng - 1
+        threaded = parallel and g > 0  # a prange over axis 0: each of its iterations has a row of its own
+        cell = f"accs[i0 * {k.shape[g]} + i{g}]" if threaded else f"accs[i{g}]"
         for depth in range(n):  # depth < g: outer global axes; g..n-2: reduce axes; n-1: axis g
             axis = depth if depth < g else (depth + 1 if depth < n - 1 else g)
             emit(depth, self.levels[depth])
             if depth == g:
                 first = _st(init, self.acc_dt)
-                emit(depth, [f"for i{g} in range({k.shape[g]}):", f"    accs[i{g}] = {first}"])
-            rng = "prange" if (depth == 0 and parallel and g > 0) else "range"
+                emit(depth, [f"for i{g} in range({k.shape[g]}):", f"    {cell} = {first}"])
+            rng = "prange" if (depth == 0 and threaded) else "range"
             emit(depth, [f"for i{axis} in {rng}({k.shape[axis]}):"])
         emit(n, self.levels[n])
-        acc = _ld(f"accs[i{g}]", self.acc_dt)
-        emit(n, [f"accs[i{g}] = {_st(update(acc, val), self.acc_dt)}"])
+        acc = _ld(cell, self.acc_dt)
+        emit(n, [f"{cell} = {_st(update(acc, val), self.acc_dt)}"])
         emit(g, [f"for i{g} in range({k.shape[g]}):"])
         emit(g + 1, [f"acc = {acc}"] + self.post + [self.store])
         return "\n".join(out) + "\n"

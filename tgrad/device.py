@@ -248,6 +248,29 @@ def _declared_symbols(llvm_ir: str) -> list[str]:
     return sorted(set(funcs) | set(globs))
 
 
+@functools.cache
+def _lean_pipeline():
+    """Numba's nopython pipeline without the passes generated kernels never need (closures, with-blocks,
+    literal unrolling, IR rewrites, inlining): straight-line loops over pointers and scalars."""
+    from numba.core import compiler, typed_passes, untyped_passes
+    from numba.core.compiler_machinery import PassManager
+
+    class LeanKernelPipeline(compiler.CompilerBase):
+        def define_pipelines(self):
+            pm = PassManager("tgrad_kernel")
+            for pass_ in (untyped_passes.TranslateByteCode, untyped_passes.FixupArgs,
+                          untyped_passes.IRProcessing, untyped_passes.ReconstructSSA,
+                          typed_passes.NopythonTypeInference, typed_passes.PreLowerStripPhis,
+                          typed_passes.NoPythonSupportedFeatureValidation, typed_passes.IRLegalization,
+                          typed_passes.AnnotateTypes, typed_passes.NativeLowering,
+                          typed_passes.NoPythonBackend):
+                pm.add_pass(pass_, pass_.__name__)
+            pm.finalize()
+            return [pm]
+
+    return LeanKernelPipeline
+
+
 def _compile_native(source: str, fname: str, modname: str, storage: tuple[DType, ...], n_ints: int) -> dict:
     """Compile a kernel's source with Numba as a native function over raw pointers (then `n_ints` int64
     arguments), without the Python and C wrappers Numba adds for calls from Python (a third of the
@@ -268,8 +291,9 @@ def _compile_native(source: str, fname: str, modname: str, storage: tuple[DType,
     with _numba_opt_level(KERNEL_OPT):
         cpu_target.typing_context.refresh()
         cpu_target.target_context.refresh()
+        pipeline = compiler.Compiler if flags.auto_parallel.enabled else _lean_pipeline()
         cres = compiler.compile_extra(cpu_target.typing_context, cpu_target.target_context, pyfunc,
-                                      tuple(args), nt.void, flags, {})
+                                      tuple(args), nt.void, flags, {}, pipeline_class=pipeline)
         library, name = cres.library, cres.fndesc.llvm_func_name
         address = library.get_pointer_to_function(name)
         obj = library.serialize_using_object_code()[2][0]

@@ -110,3 +110,98 @@ def test_bool_reductions_through_a_row_of_accumulators(reduce, monkeypatch):
     big = np.random.default_rng(2).standard_normal(1 << 21).astype(np.float32)
     got = bool(getattr(Tensor(big, device="CPU") > 4.5, reduce)().numpy())
     assert got == bool(getattr(big > 4.5, reduce)())
+
+
+# ---------------------------------------------------------------------------------------------------
+# compile workers (tgrad/compile_pool.py)
+
+GOOD = """import numpy as np
+from numba import prange
+
+from tgrad.numba_rt import kernel
+
+
+@kernel(parallel=False)
+def triple(out, in0, n):
+    for i in range(n):
+        out[i] = in0[i] * np.float32(3.0)
+"""
+
+
+def _ready_pool(workers: int = 1):
+    from tgrad import compile_pool
+
+    pool = compile_pool.CompilePool()
+    pool.start(workers)
+    with pool.cond:
+        assert pool.cond.wait_for(lambda: pool.ready == workers or pool.live < workers, timeout=120)
+    return pool
+
+
+def test_a_compile_worker_returns_object_code_the_main_process_runs():
+    pool = _ready_pool()
+    assert pool.ready == 1
+
+    def compiled_by_the_worker(key, job):
+        pool.submit([(key, job)])
+        with pool.cond:  # the worker takes it (a claim while it is still queued takes it back)
+            assert pool.cond.wait_for(lambda: key not in pool.queued, timeout=60)
+        return pool.claim(key)
+
+    good = (GOOD, "triple", "tgrad_kernel_test_good", ["float32", "float32"], 1)
+    entry = compiled_by_the_worker("good", good)
+    assert set(entry) == {"name", "object", "symbols"}
+    broken = ("def broken(:\n", "broken", "tgrad_kernel_test_broken", ["float32"], 0)
+    assert compiled_by_the_worker("broken", broken) is None  # the caller builds it and reports the error
+    engine, address = device._load_object(entry)
+    import ctypes
+
+    fn = ctypes.PYFUNCTYPE(ctypes.c_int32, *[ctypes.c_void_p] * 4, ctypes.c_int64)(address)
+    x = np.arange(10, dtype=np.float32)
+    out = np.zeros(10, np.float32)
+    slots = ctypes.addressof(device._RET), ctypes.addressof(device._EXC)
+    assert fn(*slots, out.ctypes.data, x.ctypes.data, 10) in device._RET_OK
+    np.testing.assert_array_equal(out, x * 3)
+
+
+def test_a_worker_that_cannot_start_leaves_the_jobs_to_the_main_process(monkeypatch):
+    monkeypatch.setattr(sys, "executable", str(ROOT / "no-such-python"))
+    pool = _ready_pool()
+    assert pool.live == 0 and pool.ready == 0
+    pool.submit([("good", (GOOD, "triple", "tgrad_kernel_test_good2", ["float32", "float32"], 1))])
+    assert pool.claim("good") is None  # still queued: the main process compiles it
+
+
+SCHEDULE = """
+import json, time
+import numpy as np
+from tgrad import Tensor, device
+dev = device.get_device("CPU")
+with dev.pool.cond:  # wait until the worker is ready, so it surely takes jobs (the test is not timed)
+    dev.pool.cond.wait_for(lambda: dev.pool.ready or not dev.pool.live, timeout=120)
+rng = np.random.default_rng(3)
+a = rng.standard_normal((32, 24)).astype(np.float32)
+A = Tensor(a)
+outs = [(A * 2).exp().sum(1), (A - 1).relu().max(0), (A * A).sum(), A.sqrt().abs().sum(0), (A > 0).sum(1),
+        (A + 3).log().mean(1)]
+Tensor.realize(*outs)
+print(json.dumps({"ready": dev.pool.ready, "delivered": dev.pool.delivered,
+                  "outs": [o.numpy().tolist() for o in outs]}))
+"""
+
+
+def test_compile_workers_build_part_of_a_cold_schedule(tmp_path):
+    env = {**os.environ, "TGRAD_CACHE": str(tmp_path), "DEVICE": "CPU", "PYTHONPATH": str(ROOT),
+           "TGRAD_COMPILE_WORKERS": "1"}
+    proc = subprocess.run([sys.executable, "-c", SCHEDULE], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ready"] == 1 and out["delivered"] >= 1, out
+    a = np.random.default_rng(3).standard_normal((32, 24)).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        want = [np.exp(a * 2).sum(1), np.maximum(a - 1, 0).max(0), (a * a).sum(), np.abs(np.sqrt(a)).sum(0),
+                (a > 0).sum(1), np.log(a + 3).mean(1)]
+    for got, ref in zip(out["outs"], want):
+        np.testing.assert_allclose(np.array(got, dtype=np.float64), ref, rtol=1e-5, atol=1e-5)
+    assert len(list((tmp_path / "cpu").glob("*.pkl"))) >= 6  # what the worker built is cached too

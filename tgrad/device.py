@@ -127,6 +127,9 @@ class Device:
     def compile(self, kernel) -> Program:
         raise NotImplementedError
 
+    def prepare(self, kernels: list) -> None:
+        """Called with the kernels a schedule will compile, before it runs (the CPU compiles in parallel)."""
+
     def synchronize(self) -> None:
         pass
 
@@ -301,6 +304,12 @@ def _compile_native(source: str, fname: str, modname: str, storage: tuple[DType,
             "library": library, "address": address}
 
 
+def compile_object(source: str, fname: str, modname: str, storage: list[str], n_ints: int) -> dict:
+    """What a compile worker (tgrad/compile_pool.py) returns: the disk-cache entry of one kernel."""
+    entry = _compile_native(source, fname, modname, tuple(dtypes.from_any(d) for d in storage), n_ints)
+    return {k: entry[k] for k in ("name", "object", "symbols")}
+
+
 def _write_entry(path: Path | None, entry: dict) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -326,6 +335,11 @@ class _Native:
     def key(self) -> tuple:  # the same source serves buffers of other dtypes (a copy): one function each
         return (self.digest, *self.storage, len(self.extra))
 
+    @property
+    def job(self) -> tuple:  # the arguments of compile_object
+        return (self.source, self.fname, f"tgrad_kernel_{self.digest}", [d.name for d in self.storage],
+                len(self.extra))
+
 
 
 class CPUDevice(Device):
@@ -338,6 +352,12 @@ class CPUDevice(Device):
         self.functions: dict[tuple, tuple] = {}  # _Native.key -> (ctypes function, what keeps it alive)
         if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
             raise DeviceError("the CPU device needs numba: pip install numba")
+        from tgrad import compile_pool
+
+        self.pool = compile_pool.CompilePool()  # compile workers (none started yet)
+        cdir = cache_dir()
+        if cdir is None or next((cdir / "cpu").glob("*.pkl"), None) is None:  # a cold cache: start them
+            self.pool.start(compile_pool.default_workers())  # now, their set-up overlaps the program's
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         return Buffer(self.name, size, dtype, page_aligned(size, dtype.np))
@@ -347,6 +367,24 @@ class CPUDevice(Device):
         data = page_aligned(flat.size, flat.dtype)
         data[:] = flat
         return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), data)
+
+    def prepare(self, kernels: list) -> None:
+        """Before a schedule runs: queue the native functions it needs that are neither in memory nor on
+        disk for the compile workers, which compile from the back while this process compiles from the
+        front (see compile_pool.py)."""
+        from tgrad import compile_pool, emit_numba
+
+        jobs: dict[tuple, tuple] = {}
+        for kernel in kernels:
+            plan = emit_numba.blas_plan(kernel)
+            for part in [kernel] if plan is None else [*plan.prologues, *filter(None, [plan.epilogue])]:
+                nat = self._native(part)
+                if nat.key not in self.functions and not (nat.path is not None and nat.path.exists()):
+                    jobs[nat.key] = nat.job
+        if len(jobs) >= compile_pool.MIN_JOBS_TO_START:
+            self.pool.start(compile_pool.default_workers())
+        if self.pool.live and len(jobs) >= 2:
+            self.pool.submit(list(jobs.items()))
 
     def compile(self, kernel) -> Program:
         from tgrad import emit_numba
@@ -439,13 +477,19 @@ class CPUDevice(Device):
 
     def _load(self, kernel, nat: _Native):
         """The kernel's native function as a ctypes function (and what keeps its code alive): from the
-        disk cache when it is there, else compiled by Numba (and written to the cache)."""
+        disk cache when it is there, else from a compile worker, else compiled here by Numba (and written
+        to the cache)."""
         loaded = None
         if nat.path is not None and nat.path.exists():
             try:
                 loaded = _load_object(pickle.loads(nat.path.read_bytes()))
             except Exception:  # a damaged or foreign cache file: compile again and overwrite it
                 loaded = None
+        if loaded is None:
+            entry = self.pool.claim(nat.key)
+            loaded = _load_object(entry) if entry is not None else None
+            if loaded is not None:
+                _write_entry(nat.path, entry)
         if loaded is None:
             try:
                 entry = _compile_native(nat.source, nat.fname, f"tgrad_kernel_{nat.digest}", nat.storage,
@@ -541,6 +585,13 @@ Device_ = _DeviceRegistry()
 
 def run_schedule(items) -> None:
     t_all = time.perf_counter()
+    new: dict[Device, list] = {}  # kernels to compile, by device (the CPU compiles them in parallel)
+    for it in items:
+        dev = get_device(it.out.device)
+        if it.kernel not in dev.programs and (prod(it.kernel.global_shape) > 0 or not it.kernel.shape):
+            new.setdefault(dev, []).append(it.kernel)
+    for dev, kernels in new.items():
+        dev.prepare(kernels)
     for it in items:
         dev = get_device(it.out.device)
         k = it.kernel

@@ -1,0 +1,149 @@
+"""Compile CPU kernels in helper processes while the main process compiles others.
+
+Numba compiles in Python under one lock: a process compiles one kernel at a time (~40-150 ms each, and
+~1 s of one-time set-up before the first). With a cold cache, CPUDevice starts worker processes
+(`python -m tgrad.compile_pool`; `TGRAD_COMPILE_WORKERS` of them, default one fewer than the cores,
+at most 2; 0 turns them off) when it opens, so their set-up overlaps the program's own start; with a
+warm cache it starts them only when a schedule needs several new kernels. Before a schedule runs,
+CPUDevice.prepare queues the kernels it has to compile: workers take them from the back of the queue
+while the main process compiles from the front, claiming for itself any kernel no worker has taken.
+A worker returns the kernel's object code (what the disk cache keeps) and the main process loads it
+with llvmlite. A worker that fails or dies only means the main process compiles that kernel itself,
+so errors are reported the usual way. Workers are separate interpreters started with `-m`, not
+multiprocessing, so they never import the user's `__main__`; they exit when the main process does or
+after IDLE_EXIT_S without work.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+MIN_JOBS_TO_START = 3  # with a warm cache, a worker (~1 s to start) is not worth it for one or two kernels
+IDLE_EXIT_S = 20.0  # a worker with nothing to do for this long exits (it holds ~150 MB); more start on demand
+
+
+def default_workers() -> int:
+    text = os.environ.get("TGRAD_COMPILE_WORKERS", "").strip()
+    if text:
+        return max(0, int(text))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(cores - 1, 2))
+
+
+class CompilePool:
+    """Jobs are (key, arguments of device.compile_object); a result is an entry or None (compile it here)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.queue: collections.deque = collections.deque()  # in the order the schedule needs them
+        self.queued: set = set()
+        self.running: set = set()
+        self.done: dict = {}
+        self.live = 0  # workers started and not exited
+        self.ready = 0  # workers that finished their set-up and take jobs
+        self.delivered = 0  # entries workers compiled and the main process claimed
+
+    def start(self, workers: int) -> None:
+        """Start worker processes until `workers` are live."""
+        root = str(Path(__file__).resolve().parent.parent)
+        paths = [root, *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+        with self.cond:
+            more, self.live = max(0, workers - self.live), max(self.live, workers)
+        for _ in range(more):
+            threading.Thread(target=self._serve, args=(env,), daemon=True, name="tgrad-compile").start()
+
+    def submit(self, jobs: list[tuple]) -> None:
+        with self.cond:
+            for key, args in jobs:
+                if key not in self.queued and key not in self.running and key not in self.done:
+                    self.queue.append((key, args))
+                    self.queued.add(key)
+            self.cond.notify_all()
+
+    def claim(self, key) -> dict | None:
+        """The entry a worker compiled for `key`, waiting while one compiles it; None when no worker has
+        it (it leaves the queue: the caller compiles it) or the worker failed."""
+        with self.cond:
+            if key in self.queued:
+                self.queued.discard(key)
+                self.queue = collections.deque(job for job in self.queue if job[0] != key)
+                return None
+            while key in self.running:
+                self.cond.wait()
+            entry = self.done.pop(key, None)
+            self.delivered += entry is not None
+            return entry
+
+    def _serve(self, env: dict) -> None:
+        """Start one worker process, then hand it the last queued job, one at a time, until it idles."""
+        key, proc, ready = None, None, False
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "tgrad.compile_pool"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, env=env)
+            if pickle.load(proc.stdout) != "ready":
+                raise RuntimeError("the compile worker did not start")
+            with self.cond:
+                self.ready, ready = self.ready + 1, True
+                self.cond.notify_all()
+            while True:
+                with self.cond:
+                    if not self.queue and not self.cond.wait_for(lambda: self.queue, timeout=IDLE_EXIT_S):
+                        break
+                    key, args = self.queue.pop()
+                    self.queued.discard(key)
+                    self.running.add(key)
+                pickle.dump(args, proc.stdin)
+                proc.stdin.flush()
+                entry = pickle.load(proc.stdout)
+                with self.cond:
+                    self.running.discard(key)
+                    self.done[key] = entry
+                    self.cond.notify_all()
+                key = None
+        except Exception:  # the worker could not start or died: the main process compiles its jobs
+            pass
+        finally:
+            with self.cond:
+                self.running.discard(key)
+                self.ready -= ready
+                self.live -= 1
+                self.cond.notify_all()
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def _worker() -> None:
+    """A worker process: compile jobs from stdin, write entries (None on failure) to stdout."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything printed goes to stderr, not the protocol
+    from numba.core.registry import cpu_target
+
+    from tgrad import device
+
+    cpu_target.typing_context.refresh()  # Numba's one-time set-up, before the first job
+    cpu_target.target_context.refresh()
+    pickle.dump("ready", out)
+    out.flush()
+    while True:
+        try:
+            args = pickle.load(sys.stdin.buffer)
+        except EOFError:  # the main process is gone
+            return
+        try:
+            entry = device.compile_object(*args)
+        except Exception:
+            entry = None
+        pickle.dump(entry, out)
+        out.flush()
+
+
+if __name__ == "__main__":
+    _worker()

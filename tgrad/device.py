@@ -399,9 +399,13 @@ class CPUDevice(Device):
         else:
             fn, source = None, f"# {kernel.name}: a BLAS matmul (see emit_numba.blas_plan)\n"
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
+        any_widen = any(widen)
 
         def run(out: Buffer, *inputs: Buffer) -> None:
             try:
+                if plan is None and not any_widen:  # the common case, first
+                    fn(out.data, *[b.data for b in inputs])
+                    return
                 args = [b.data.astype(np.float32) if w else b.data for b, w in zip((out, *inputs), widen)]
                 if plan is None:
                     fn(*args)
@@ -464,11 +468,11 @@ class CPUDevice(Device):
             ptrs = [address(out)]
             for i in used:
                 ptrs.append(address(inputs[i]))
-            tmp = pool.pop() if scratch and pool else [np.empty(size, dt) for size, dt in scratch]
-            for t in tmp:
-                ptrs.append(address(t))
-            status = native(ret, exc, *ptrs, *extra)
-            if scratch:
+            if not scratch:
+                status = native(ret, exc, *ptrs, *extra)
+            else:
+                tmp = pool.pop() if pool else [np.empty(size, dt) for size, dt in scratch]
+                status = native(ret, exc, *ptrs, *map(address, tmp), *extra)
                 pool.append(tmp)
             if status not in _RET_OK:
                 raise RuntimeError(f"the compiled function returned error status {status}")

@@ -205,3 +205,14 @@ def test_compile_workers_build_part_of_a_cold_schedule(tmp_path):
     for got, ref in zip(out["outs"], want):
         np.testing.assert_allclose(np.array(got, dtype=np.float64), ref, rtol=1e-5, atol=1e-5)
     assert len(list((tmp_path / "cpu").glob("*.pkl"))) >= 6  # what the worker built is cached too
+
+
+def test_a_bad_worker_count_is_a_clear_error(monkeypatch):
+    from tgrad import compile_pool
+    from tgrad.errors import DeviceError
+
+    monkeypatch.setenv("TGRAD_COMPILE_WORKERS", "two")
+    with pytest.raises(DeviceError, match=r"TGRAD_COMPILE_WORKERS='two': expected a number .*\(0 for none\)"):
+        compile_pool.default_workers()
+    monkeypatch.setenv("TGRAD_COMPILE_WORKERS", "3")
+    assert compile_pool.default_workers() == 3

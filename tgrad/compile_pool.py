@@ -31,7 +31,12 @@ IDLE_EXIT_S = 20.0  # a worker with nothing to do for this long exits (it holds 
 def default_workers() -> int:
     text = os.environ.get("TGRAD_COMPILE_WORKERS", "").strip()
     if text:
-        return max(0, int(text))
+        if not text.isdigit():
+            from tgrad.errors import DeviceError
+
+            raise DeviceError(f"TGRAD_COMPILE_WORKERS={text!r}: expected a number of compile worker "
+                              "processes (0 for none)")
+        return int(text)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(cores - 1, 2))
 

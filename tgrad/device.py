@@ -231,7 +231,9 @@ def _load_object(entry: dict) -> tuple[object, int] | None:
     def missing() -> list[str]:
         return [s for s in entry["symbols"] if not s.startswith("llvm.") and not llvm.address_of_symbol(s)]
 
-    if missing():
+    # an unresolved symbol would abort the process inside LLVM: look each one up first. Elsewhere than
+    # Linux and macOS, Numba maps the C math functions to the interpreter's C runtime itself: start it.
+    if missing() or sys.platform not in ("linux", "darwin"):
         _numba_runtime()
         if missing():
             return None
@@ -277,7 +279,8 @@ def _lean_pipeline():
 def _compile_native(source: str, fname: str, modname: str, storage: tuple[DType, ...], n_ints: int) -> dict:
     """Compile a kernel's source with Numba as a native function over raw pointers (then `n_ints` int64
     arguments), without the Python and C wrappers Numba adds for calls from Python (a third of the
-    compile time). Returns the entry the disk cache keeps: function name, object code, symbols."""
+    compile time). Returns what the disk cache keeps (function name, object code, the symbols it needs)
+    and the loaded function: its Numba code library (which keeps the code alive) and address."""
     import numba
     from numba.core import compiler
     from numba.core import types as nt

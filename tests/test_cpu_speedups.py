@@ -182,3 +182,25 @@ def test_threaded_reductions_over_each_axis(axis):
     np.testing.assert_allclose(t.sum(axis).numpy(), x.astype(np.float64).sum(axis), rtol=1e-4, atol=1e-3)
     np.testing.assert_array_equal((t > 1.5).any(axis).numpy(), (x > 1.5).any(axis))
     np.testing.assert_allclose(t.max(axis).numpy(), x.max(axis))
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups", [(1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 2)])
+def test_convolutions_run_as_blas_matmuls(stride, padding, dilation, groups):
+    """A conv's reduce over (channels, kh, kw) is one BLAS matmul: the input windows are copied out
+    (im2col; padded ones through a generated prologue kernel). Forward and both gradients vs PyTorch."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((8, 4, 20, 20)).astype(F32)
+    w = (rng.standard_normal((16, 4 // groups, 3, 3)) * 0.3).astype(F32)
+    tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
+    out = tx.conv2d(tw, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    plans = [emit_numba.blas_plan(it.kernel) for it in fuse.schedule([out.node])]
+    assert any(p is not None for p in plans), "the forward conv did not become a BLAS matmul"
+    (out.relu() * out).sum().backward()
+    rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ref = torch.nn.functional.conv2d(rx, rw, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    (ref.relu() * ref).sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)

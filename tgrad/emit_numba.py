@@ -411,19 +411,22 @@ def want_parallel(kernel: Kernel) -> bool:
 # matmul-shaped kernels go to BLAS (numpy.matmul on strided views); the fused epilogue stays generated
 
 BLAS_MIN_WORK = 1 << 16  # multiply-adds below which the generated loop beats a BLAS call
+# elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the
+# generated loop runs instead: 256 MiB of float32
+BLAS_MAX_OPERAND = 1 << 26
 
 
 @dataclass(frozen=True)
 class Operand:
     input: int  # which kernel input
     offset: int
-    strides: tuple[int, ...]  # element stride per kernel axis (global axes, then the reduce axis)
+    strides: tuple[int, ...]  # element stride per kernel axis (global axes, then the reduce axes)
 
 
 @dataclass(frozen=True)
 class BlasPlan:
     """sum_r A[g, r] * B[g, r] as a batched matmul: global axes split into batch (both operands),
-    M (A only) and N (B only)."""
+    M (A only) and N (B only); the reduce axes r (one for a matmul, three for a conv) are K."""
 
     a: Operand
     b: Operand
@@ -464,7 +467,7 @@ def _replace_acc(e: Expr, load: Expr) -> Expr:
 
 def blas_plan(kernel: Kernel) -> BlasPlan | None:
     k = kernel
-    if k.reduce_op != "SUM" or len(k.reduce_shape) != 1 or k.reduce_expr.op != "MUL":
+    if k.reduce_op != "SUM" or k.reduce_expr.op != "MUL":
         return None
     dtype = k.reduce_expr.dtype
     if dtype not in (dtypes.float32, dtypes.float64) or math.prod(k.shape) < BLAS_MIN_WORK:
@@ -503,7 +506,8 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
         return op
 
     a, b = (operand(s) for s in k.reduce_expr.srcs)
-    if a is None or b is None or a.strides[-1] == 0 or b.strides[-1] == 0:
+    ng = k.n_global
+    if a is None or b is None or not any(a.strides[ng:]) or not any(b.strides[ng:]):
         return None
     batch, m, n = [], [], []
     for axis in range(k.n_global):
@@ -518,6 +522,9 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             return None
     if not m and n:  # keep A the operand with the M axes
         a, b, m, n = b, a, n, m
+    rows = max(math.prod(k.shape[x] for x in (*batch, *side)) for side in (m, n))
+    if rows * math.prod(k.reduce_shape) > BLAS_MAX_OPERAND:
+        return None
     epilogue = None
     row_major = const(0, IDX_DT)
     acc = 1
@@ -598,12 +605,13 @@ def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], out: np.n
     """The reduce result of a matmul-shaped kernel, row-major over its global axes. With `out` (the
     kernel's flat output) and a result already in that order, BLAS writes into it and this returns None."""
     shape = kernel.shape
-    r = len(shape) - 1
+    r = list(range(kernel.n_global, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
     size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    a = _view(arrays[plan.a.input], plan.a, [*plan.batch, *plan.m, r], shape)
-    b = _view(arrays[plan.b.input], plan.b, [*plan.batch, r, *plan.n], shape)
-    a = a.reshape(size(plan.batch), size(plan.m), shape[r])
-    b = b.reshape(size(plan.batch), shape[r], size(plan.n))
+    a = _view(arrays[plan.a.input], plan.a, [*plan.batch, *plan.m, *r], shape)
+    b = _view(arrays[plan.b.input], plan.b, [*plan.batch, *r, *plan.n], shape)
+    # an operand whose axes do not merge (a conv's sliding windows) is copied here (im2col)
+    a = a.reshape(size(plan.batch), size(plan.m), size(r))
+    b = b.reshape(size(plan.batch), size(r), size(plan.n))
     order = [*plan.batch, *plan.m, *plan.n]
     if (
         out is not None

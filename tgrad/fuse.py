@@ -20,6 +20,7 @@ Fusion rules (each kernel has one output):
 from __future__ import annotations
 
 import sys
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -34,14 +35,23 @@ INF = float("inf")
 
 class Expr:
     """A node of the kernel IR. ops: IDX (arg=(axis, size)), CONST (arg=value), LOAD (arg=input number,
-    srcs=(index, valid)), ACC (the reduce result), and the ALU ops of graph.Op by name."""
+    srcs=(index, valid)), ACC (the reduce result), and the ALU ops of graph.Op by name.
 
-    __slots__ = ("op", "srcs", "arg", "dtype", "_hash")
+    Exprs are interned: building one equal to a live Expr returns that object, so equal kernels share
+    their trees and comparing them (the compiled-program caches do it on every realize) is by identity."""
 
-    def __init__(self, op: str, srcs: tuple[Expr, ...], arg: Any, dtype: DType):
-        self.op, self.srcs, self.arg, self.dtype = op, srcs, arg, dtype
-        akey = (type(arg), repr(arg)) if op == "CONST" else arg
-        self._hash = hash((op, srcs, akey, dtype))
+    __slots__ = ("op", "srcs", "arg", "dtype", "_hash", "__weakref__")
+    _live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: str, srcs: tuple[Expr, ...], arg: Any, dtype: DType):
+        key = (op, srcs, (type(arg), repr(arg)) if op == "CONST" else arg, dtype)
+        self = cls._live.get(key)
+        if self is None:
+            self = object.__new__(cls)
+            self.op, self.srcs, self.arg, self.dtype = op, srcs, arg, dtype
+            self._hash = hash(key)
+            cls._live[key] = self
+        return self
 
     def __hash__(self) -> int:
         return self._hash

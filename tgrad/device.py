@@ -377,6 +377,8 @@ class CPUDevice(Device):
         front (see compile_pool.py)."""
         from tgrad import compile_pool, emit_numba
 
+        if len(kernels) < 2 or not compile_pool.default_workers():
+            return
         jobs: dict[tuple, tuple] = {}
         for kernel in kernels:
             plan = emit_numba.blas_plan(kernel)

@@ -216,3 +216,16 @@ def test_a_bad_worker_count_is_a_clear_error(monkeypatch):
         compile_pool.default_workers()
     monkeypatch.setenv("TGRAD_COMPILE_WORKERS", "3")
     assert compile_pool.default_workers() == 3
+
+
+def test_an_unwritable_cache_warns_once_and_still_runs(tmp_path, monkeypatch):
+    """A TGRAD_CACHE that cannot be created (here: under a file, which stops root too) is not fatal."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TGRAD_CACHE", str(blocker / "cache"))
+    monkeypatch.setattr(device, "_UNWRITABLE", set())
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    src = Tensor(x, device="CPU").realize()
+    with pytest.warns(UserWarning, match=r"cannot write compiled kernels to .*Set TGRAD_CACHE to a writable"):
+        np.testing.assert_allclose(_compile_fresh(src * 5 - 1), x * 5 - 1)
+    np.testing.assert_allclose(_compile_fresh(src * 7 - 1), x * 7 - 1)  # no second warning (not an error)

@@ -19,6 +19,7 @@ import re
 import sys
 import time
 import types
+import warnings
 import weakref
 from pathlib import Path
 
@@ -314,11 +315,39 @@ def compile_object(source: str, fname: str, modname: str, storage: list[str], n_
 
 
 def _write_entry(path: Path | None, entry: dict) -> None:
-    if path is not None:
+    """Keep a compiled kernel on disk; a cache that cannot be written is warned about once, not fatal."""
+    if path is None:
+        return
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(pickle.dumps({k: entry[k] for k in ("name", "object", "symbols")}))
         os.replace(tmp, path)
+    except OSError as e:
+        if path.parent not in _UNWRITABLE:
+            _UNWRITABLE.add(path.parent)
+            warnings.warn(f"tgrad: cannot write compiled kernels to {path.parent} ({e}); kernels are "
+                          "compiled again in each process. Set TGRAD_CACHE to a writable directory (or 0 for "
+                          "none).", stacklevel=2)
+
+
+_UNWRITABLE: set = set()
+
+
+def _cached(path: Path | None) -> bool:
+    try:
+        return path is not None and path.is_file()
+    except OSError:  # an unreadable cache directory counts as empty
+        return False
+
+
+def _cold_cache() -> bool:
+    """No compiled CPU kernel on disk yet (or no disk cache): compile workers are worth starting early."""
+    cdir = cache_dir()
+    try:
+        return cdir is None or next((cdir / "cpu").glob("*.pkl"), None) is None
+    except OSError:
+        return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,9 +387,8 @@ class CPUDevice(Device):
         from tgrad import compile_pool
 
         self.pool = compile_pool.CompilePool()  # compile workers (none started yet)
-        cdir = cache_dir()
-        if cdir is None or next((cdir / "cpu").glob("*.pkl"), None) is None:  # a cold cache: start them
-            self.pool.start(compile_pool.default_workers())  # now, their set-up overlaps the program's
+        if _cold_cache():  # start them now: their set-up overlaps the program's own start
+            self.pool.start(compile_pool.default_workers())
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         return Buffer(self.name, size, dtype, page_aligned(size, dtype.np))
@@ -384,7 +412,7 @@ class CPUDevice(Device):
             plan = emit_numba.blas_plan(kernel)
             for part in [kernel] if plan is None else [*plan.prologues, *filter(None, [plan.epilogue])]:
                 nat = self._native(part)
-                if nat.key not in self.functions and not (nat.path is not None and nat.path.exists()):
+                if nat.key not in self.functions and not _cached(nat.path):
                     jobs[nat.key] = nat.job
         if len(jobs) >= compile_pool.MIN_JOBS_TO_START:
             self.pool.start(compile_pool.default_workers())
@@ -489,7 +517,7 @@ class CPUDevice(Device):
         disk cache when it is there, else from a compile worker, else compiled here by Numba (and written
         to the cache)."""
         loaded = None
-        if nat.path is not None and nat.path.exists():
+        if _cached(nat.path):
             try:
                 loaded = _load_object(pickle.loads(nat.path.read_bytes()))
             except Exception:  # a damaged or foreign cache file: compile again and overwrite it

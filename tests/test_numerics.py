@@ -210,3 +210,14 @@ def test_int_division_by_zero_follows_the_documented_rule(device):
     assert a.div(0, rounding_mode="trunc").numpy().tolist() == [0, 0, 0, 0]
     assert a.fmod(zero).numpy().tolist() == [5, -5, 0, 7]
     assert a.fmod(0).numpy().tolist() == [5, -5, 0, 7]
+
+
+@pytest.mark.parametrize("dev", ["CPU", "NUMPY"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32", "int64"])
+def test_float_to_int_casts_out_of_range_match_torch(dev, dtype):
+    """inf, nan and values outside the type convert as PyTorch and numpy do on x86: through int32 (int64
+    for int64), then wrapped, so they give INT_MIN. (WEBGPU saturates instead; see the README.)"""
+    x = np.array([np.inf, -np.inf, np.nan, 3e9, -3e9, 300.7, -1.5, 255.9, 1e20, -7.9, 0.5], np.float32)
+    want = torch.tensor(x).to(getattr(torch, dtype)).numpy()
+    got = Tensor(x, device=dev).cast(dtype).numpy()
+    np.testing.assert_array_equal(got, want)

@@ -133,7 +133,11 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
     if dtype == dtypes.float16:
         return f"_f16(np.float32({text}))"
     if dtype.is_int and src.dtype.is_float:
-        return f"{np_type(dtype)}(np.int64({text}))" if dtype.itemsize < 8 else f"{np_type(dtype)}({text})"
+        # float -> int32 (int64 for int64), then wrap to a smaller int: what numpy and PyTorch do on x86,
+        # so inf, nan and out-of-range values give their INT_MIN ("integer indefinite") too
+        if dtype.itemsize < 4:
+            return f"{np_type(dtype)}(np.int32({text}))"
+        return f"{np_type(dtype)}({text})"
     return f"{np_type(dtype)}({text})"
 
 

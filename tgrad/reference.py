@@ -27,8 +27,9 @@ def _cast(x: np.ndarray, dtype) -> np.ndarray:
     if dtype == dtypes.bool:
         return x != 0
     with np.errstate(invalid="ignore"):
-        if dtype.is_int and x.dtype.kind == "f":
-            return np.trunc(x).astype(np.int64).astype(dtype.np)
+        if dtype.is_int and x.dtype.kind == "f" and dtype.itemsize < 4:
+            # through int32, then wrapped: what numpy and PyTorch do on x86 (inf and nan give INT_MIN)
+            return np.trunc(x).astype(np.int32).astype(dtype.np)
         return x.astype(dtype.np)
 
 

@@ -1,7 +1,7 @@
 """Render a Kernel as Python source for Numba (the CPU device).
 
 The source is a plain Python function over raw pointers (`out[i] = in0[j] * in1[j]`), marked with
-`@kernel(parallel=..., fastmath=...)`: the options Numba compiles it with (see CPUDevice in device.py,
+`@kernel(parallel=...)`: the options Numba compiles it with (see CPUDevice in device.py,
 which compiles it as a native function without Python wrappers and keeps its object code on disk).
 The kernel becomes nested loops: the global axes outermost (the first one a `prange` when the kernel is
 big enough to be worth threads), the reduce axes inside with a scalar accumulator. Each Expr node is
@@ -44,7 +44,7 @@ _RT_DIGEST = hashlib.sha256((Path(__file__).parent / "numba_rt.py").read_bytes()
 HEADER = f"""import numpy as np
 from numba import prange
 
-from tgrad.numba_rt import _exp2f, _f16, _idiv, _maximum, kernel  # runtime {_RT_DIGEST}
+from tgrad.numba_rt import _acc_add, _acc_mul, _exp2f, _f16, _idiv, _maximum, kernel  # runtime {_RT_DIGEST}
 """
 
 NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32"}
@@ -204,6 +204,8 @@ class _Renderer(StatementPlacer):
             def update(acc: str, v: str) -> str:
                 if acc_dt == dtypes.bool:
                     return f"{acc} and {v}" if k.reduce_op == "PROD" else f"{acc} or {v}"
+                if acc_dt.is_float and k.reduce_op in ("SUM", "PROD"):  # reorderable: vectorizes
+                    return f"{'_acc_add' if k.reduce_op == 'SUM' else '_acc_mul'}({acc}, {v})"
                 combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
                 return code_for_op[combine](acc_dt, acc, v)
 
@@ -212,11 +214,9 @@ class _Renderer(StatementPlacer):
         names = ["out"] + [f"in{i}" for i in range(len(k.in_dtypes))]
         names += [name for name, _, _ in scratch(k, parallel)] + (["n"] if self.length else [])
         args = ", ".join(names)
-        # float sums and products may be reassociated, so LLVM can vectorize the reduce loop; no other
-        # fast-math flag is on (nan and inf keep their meaning)
-        reassoc = k.reduce_op in ("SUM", "PROD") and k.acc_dtype.is_float
-        fastmath = ", fastmath={'reassoc'}" if reassoc else ""
-        out = [f"@kernel(parallel={parallel}{fastmath})", f"def {fname}({args}):"]
+        # float sums and products accumulate through _acc_add/_acc_mul, which LLVM may reorder (so the
+        # reduce loop vectorizes); nothing else is reordered and no other fast-math flag is on
+        out = [f"@kernel(parallel={parallel})", f"def {fname}({args}):"]
 
         def emit(depth: int, stmts: list[str]) -> None:
             out.extend("    " * (depth + 1) + s for s in stmts)

@@ -17,8 +17,8 @@ from numba.extending import intrinsic
 
 
 def kernel(**options):
-    """Marks a generated kernel function with the Numba options it compiles with (`parallel`,
-    `fastmath`); CPUDevice compiles it as a native function taking raw pointers (see device.py)."""
+    """Marks a generated kernel function with the Numba options it compiles with (`parallel`);
+    CPUDevice compiles it as a native function taking raw pointers (see device.py)."""
 
     def mark(fn):
         fn.numba_options = options
@@ -48,6 +48,30 @@ def _idiv(typingctx, a, b):
         return builder.select(builder.icmp_unsigned("==", y, zero), zero, q)
 
     return a(a, b), codegen
+
+
+def _reassociable(op: str):
+    def build(typingctx, acc, v):
+        """acc (op) v with LLVM's `reassoc` flag on this one instruction: the reduce loop's accumulation
+        may be reordered (so it vectorizes), while the values summed are computed exactly as written,
+        bit for bit the same as in any other kernel that computes them (a flag on the whole function let
+        LLVM reorder those too: a max-gradient mask then compared a recomputed softmax unequal to its max)."""
+        acc, v = types.unliteral(acc), types.unliteral(v)
+        if not (isinstance(acc, types.Float) and acc == v):
+            return None
+
+        def codegen(context, builder, sig, args):
+            inst = getattr(builder, op)(*args)
+            inst.flags.append("reassoc")
+            return inst
+
+        return acc(acc, v), codegen
+
+    return intrinsic(build)
+
+
+_acc_add = _reassociable("fadd")
+_acc_mul = _reassociable("fmul")
 
 
 @intrinsic

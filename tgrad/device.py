@@ -308,10 +308,14 @@ def _compile_native(source: str, fname: str, modname: str, storage: tuple[DType,
             "library": library, "address": address}
 
 
+def _on_disk(entry: dict) -> dict:
+    """What the disk cache keeps of a compiled kernel (and what a compile worker sends back)."""
+    return {k: entry[k] for k in ("name", "object", "symbols")}
+
+
 def compile_object(source: str, fname: str, modname: str, storage: list[str], n_ints: int) -> dict:
     """What a compile worker (tgrad/compile_pool.py) returns: the disk-cache entry of one kernel."""
-    entry = _compile_native(source, fname, modname, tuple(dtypes.from_any(d) for d in storage), n_ints)
-    return {k: entry[k] for k in ("name", "object", "symbols")}
+    return _on_disk(_compile_native(source, fname, modname, tuple(map(dtypes.from_any, storage)), n_ints))
 
 
 def _write_entry(path: Path | None, entry: dict) -> None:
@@ -321,7 +325,7 @@ def _write_entry(path: Path | None, entry: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps({k: entry[k] for k in ("name", "object", "symbols")}))
+        tmp.write_bytes(pickle.dumps(_on_disk(entry)))
         os.replace(tmp, path)
     except OSError as e:
         if path.parent not in _UNWRITABLE:
@@ -371,7 +375,6 @@ class _Native:
     def job(self) -> tuple:  # the arguments of compile_object
         return (self.source, self.fname, f"tgrad_kernel_{self.digest}", [d.name for d in self.storage],
                 len(self.extra))
-
 
 
 class CPUDevice(Device):
@@ -470,20 +473,20 @@ class CPUDevice(Device):
         parallel = emit_numba.want_parallel(kernel)
         source = emit_numba.HEADER + "\n\n" + emit_numba.render(kernel, fname, parallel)
         used = emit_numba.used_inputs(kernel)
-        scratch = tuple((size, emit_numba.storage_dtype(dt).np) for _, size, dt in
-                        emit_numba.scratch(emit_numba.compact(kernel), parallel))
+        scratch = [(size, emit_numba.storage_dtype(dt))
+                   for _, size, dt in emit_numba.scratch(emit_numba.compact(kernel), parallel)]
         # a flat kernel takes its length last
         extra = (prod(kernel.shape),) if emit_numba.flatten(kernel) is not None else ()
-        ins = [kernel.in_dtypes[i] for i in used]
-        storage = tuple(emit_numba.storage_dtype(d) for d in (kernel.out_dtype, *ins))
-        storage += tuple(dtypes.from_any(dt) for _, dt in scratch)
+        ins = [emit_numba.storage_dtype(kernel.in_dtypes[i]) for i in used]
+        storage = (emit_numba.storage_dtype(kernel.out_dtype), *ins, *(d for _, d in scratch))
         path, cdir = None, cache_dir()
         if cdir is not None:
             signature = ",".join(d.name for d in storage) + f"+{len(extra)}"
             name = hashlib.sha256(f"{source}\0{signature}\0{_native_key()}".encode()).hexdigest()[:32]
             path = cdir / "cpu" / f"{name}.pkl"
         digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-        return _Native(fname, source, digest, used, scratch, extra, storage, path)
+        scratch_np = tuple((size, d.np) for size, d in scratch)
+        return _Native(fname, source, digest, used, scratch_np, extra, storage, path)
 
     def _build(self, kernel):
         """A callable running one kernel on numpy arrays (the output, then every input of the kernel),

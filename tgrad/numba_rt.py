@@ -27,6 +27,13 @@ def kernel(**options):
     return mark
 
 
+def _call_llvm(builder, name: str, *vals):
+    """Call the LLVM intrinsic `name` (llvm.maximum, llvm.fma...) overloaded on its operands' type."""
+    ty = vals[0].type
+    fn = builder.module.declare_intrinsic(name, [ty], ir.FunctionType(ty, [ty] * len(vals)))
+    return builder.call(fn, vals)
+
+
 @intrinsic
 def _idiv(typingctx, a, b):
     """Integer division truncating toward zero, x // 0 = 0 (as on every tgrad device), and no trap on
@@ -38,14 +45,15 @@ def _idiv(typingctx, a, b):
     def codegen(context, builder, sig, args):
         x, y = args
         zero, minus1 = ir.Constant(x.type, 0), ir.Constant(x.type, -1)
-        safe = builder.select(builder.icmp_unsigned("==", y, zero), ir.Constant(x.type, 1), y)
+        by_zero = builder.icmp_unsigned("==", y, zero)
+        safe = builder.select(by_zero, ir.Constant(x.type, 1), y)
         if not a.signed:
             q = builder.udiv(x, safe)
         else:
             safe = builder.select(builder.icmp_signed("==", safe, minus1), ir.Constant(x.type, 1), safe)
             q = builder.sdiv(x, safe)
             q = builder.select(builder.icmp_signed("==", y, minus1), builder.sub(zero, x), q)
-        return builder.select(builder.icmp_unsigned("==", y, zero), zero, q)
+        return builder.select(by_zero, zero, q)
 
     return a(a, b), codegen
 
@@ -82,9 +90,7 @@ def _maximum(typingctx, a, b):
         return None
 
     def codegen(context, builder, sig, args):
-        lty = context.get_value_type(sig.args[0])
-        fn = builder.module.declare_intrinsic("llvm.maximum", [lty], ir.FunctionType(lty, [lty, lty]))
-        return builder.call(fn, args)
+        return _call_llvm(builder, "llvm.maximum", *args)
 
     return a(a, b), codegen
 
@@ -109,10 +115,6 @@ def _exp2f(typingctx, x):
         f32, i32 = ir.FloatType(), ir.IntType(32)
         (v,) = args
 
-        def call(name: str, *vals):
-            fn = builder.module.declare_intrinsic(name, [f32], ir.FunctionType(f32, [f32] * len(vals)))
-            return builder.call(fn, vals)
-
         def pow2i(k):  # 2**k for k in [-126, 127] from its exponent bits
             bits = builder.shl(builder.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23))
             return builder.bitcast(bits, f32)
@@ -120,11 +122,11 @@ def _exp2f(typingctx, x):
         lo, hi = ir.Constant(f32, -160.0), ir.Constant(f32, 130.0)
         xc = builder.select(builder.fcmp_ordered(">", v, lo), v, lo)  # below -150 the result rounds to 0
         xc = builder.select(builder.fcmp_ordered("<", xc, hi), xc, hi)  # above 128 it is inf
-        k = call("llvm.floor", builder.fadd(xc, ir.Constant(f32, 0.5)))
+        k = _call_llvm(builder, "llvm.floor", builder.fadd(xc, ir.Constant(f32, 0.5)))
         f = builder.fsub(xc, k)
         p = ir.Constant(f32, _EXP2_POLY[0])
         for c in _EXP2_POLY[1:]:
-            p = call("llvm.fma", p, f, ir.Constant(f32, c))
+            p = _call_llvm(builder, "llvm.fma", p, f, ir.Constant(f32, c))
         ki = builder.fptosi(k, i32)
         half = builder.ashr(ki, ir.Constant(i32, 1))
         r = builder.fmul(builder.fmul(p, pow2i(half)), pow2i(builder.sub(ki, half)))

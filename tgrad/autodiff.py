@@ -1,36 +1,47 @@
-"""Reverse-mode autodiff over primitive nodes: one gradient rule per op, then a reverse topological walk."""
+"""Reverse-mode autodiff over primitive nodes: a table with one gradient rule per op, then a reverse
+topological walk.
+
+A rule takes the node and the gradient g of its output and returns one gradient per source (None: no
+gradient flows to that source). Ops whose gradient is zero or undefined by definition are listed in
+NON_DIFFERENTIABLE; backward() through an op in neither raises AutogradError.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+from tgrad.errors import AutogradError
 from tgrad.graph import Node, Op, alu, cast, const_like, move, reduce
+
+Rule = Callable[[Node, Node], tuple[Node | None, ...]]
+
+# ---------------------------------------------------------------------------------------------------
+# graph helpers, so that each rule reads like its formula
 
 
 def _mul(a: Node, b: Node) -> Node:
     return alu(Op.MUL, a, b)
 
 
+def _sub(a: Node, b: Node) -> Node:
+    return alu(Op.SUB, a, b)
+
+
+def _neg(x: Node) -> Node:
+    return alu(Op.NEG, x)
+
+
+def _recip(x: Node) -> Node:
+    return alu(Op.RECIP, x)
+
+
+def _cos(x: Node) -> Node:
+    return alu(Op.SIN, _sub(const_like(x, math.pi / 2), x))
+
+
 def _where(cond: Node, a: Node, b: Node) -> Node:
     return alu(Op.WHERE, cond, a, b)
-
-
-def _max_grad(node: Node, g: Node) -> tuple[Node, Node]:
-    """d max(a, b): all to the larger side, split evenly on ties (as PyTorch's maximum does)."""
-    a, b = node.srcs
-    half, one, zero = const_like(g, 0.5), const_like(g, 1.0), const_like(g, 0.0)
-    to_a = _where(alu(Op.CMPLT, b, a), one, _where(alu(Op.CMPNE, a, b), zero, half))
-    to_b = alu(Op.SUB, one, to_a)
-    return _mul(g, to_a), _mul(g, to_b)
-
-
-def _reduce_max_grad(node: Node, g: Node) -> Node:
-    """The gradient of a max reduce goes to every maximal element, shared evenly among ties."""
-    x = node.srcs[0]
-    hit = cast(_eq(x, move(node, Op.EXPAND, x.shape)), g.dtype)
-    count = reduce(hit, "SUM", node.arg[1])
-    share = alu(Op.MUL, g, alu(Op.RECIP, count))
-    return _mul(hit, move(share, Op.EXPAND, x.shape))
 
 
 def _eq(a: Node, b: Node) -> Node:
@@ -38,63 +49,156 @@ def _eq(a: Node, b: Node) -> Node:
     return alu(Op.XOR, ne, const_like(ne, True))
 
 
-def _expanded_axes_sum(g: Node, shape: tuple[int, ...]) -> Node:
+def _expand(x: Node, shape: tuple[int, ...]) -> Node:
+    return move(x, Op.EXPAND, shape)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rules too long for one line
+
+
+def _max_grad(node: Node, g: Node) -> tuple[Node, Node]:
+    """d max(a, b): all to the larger side, split evenly on ties (as PyTorch's maximum does)."""
+    a, b = node.srcs
+    half, one, zero = const_like(g, 0.5), const_like(g, 1.0), const_like(g, 0.0)
+    to_a = _where(alu(Op.CMPLT, b, a), one, _where(alu(Op.CMPNE, a, b), zero, half))
+    to_b = _sub(one, to_a)
+    return _mul(g, to_a), _mul(g, to_b)
+
+
+def _where_grad(node: Node, g: Node) -> tuple[None, Node, Node]:
+    """The condition gets none; each branch gets g where it was chosen."""
+    cond = node.srcs[0]
+    zero = const_like(g, 0)
+    return None, _where(cond, g, zero), _where(cond, zero, g)
+
+
+def _cast_grad(node: Node, g: Node) -> tuple[Node | None]:
+    """Back to the source's float dtype; nothing flows into an integer or bool source."""
+    src = node.srcs[0]
+    return (cast(g, src.dtype) if src.dtype.is_float else None,)
+
+
+def _reduce_max_grad(node: Node, g: Node) -> Node:
+    """The gradient of a max reduce goes to every maximal element, shared evenly among ties."""
+    x = node.srcs[0]
+    hit = cast(_eq(x, _expand(node, x.shape)), g.dtype)
+    count = reduce(hit, "SUM", node.arg[1])
+    share = _mul(g, _recip(count))
+    return _mul(hit, _expand(share, x.shape))
+
+
+def _reduce_prod_grad(node: Node, g: Node) -> Node:
+    """d/dx_i prod(x) = prod(x) / x_i."""
+    x = node.srcs[0]
+    return _mul(_expand(_mul(g, node), x.shape), _recip(x))
+
+
+# REDUCE's arg is (kind, axes): one rule per kind
+REDUCE_GRADIENTS: dict[str, Callable[[Node, Node], Node]] = {
+    "SUM": lambda node, g: _expand(g, node.srcs[0].shape),
+    "MAX": _reduce_max_grad,
+    "PROD": _reduce_prod_grad,
+}
+
+
+def _no_rule(what: str, node: Node, fix: str) -> AutogradError:
+    return AutogradError(
+        f"backward() reached a {what} node (shape {node.shape}, {node.dtype.name}) that has no gradient "
+        f"rule: {fix}"
+    )
+
+
+def _reduce_grad(node: Node, g: Node) -> tuple[Node]:
+    kind = node.arg[0]
+    rule = REDUCE_GRADIENTS.get(kind)
+    if rule is None:
+        raise _no_rule(f"REDUCE {kind}", node, "add one to REDUCE_GRADIENTS in tgrad/autodiff.py")
+    return (rule(node, g),)
+
+
+def _permute_grad(node: Node, g: Node) -> tuple[Node]:
+    inverse = tuple(sorted(range(len(node.arg)), key=lambda i: node.arg[i]))
+    return (move(g, Op.PERMUTE, inverse),)
+
+
+def _expand_grad(node: Node, g: Node) -> tuple[Node]:
+    """Sum g over the axes the expand broadcast (size 1 in the source, larger in g)."""
+    shape = node.srcs[0].shape
     axes = tuple(i for i, (s, n) in enumerate(zip(shape, g.shape)) if s == 1 and n != 1)
-    return reduce(g, "SUM", axes)
+    return (reduce(g, "SUM", axes),)
+
+
+def _pad_grad(node: Node, g: Node) -> tuple[Node]:
+    """Shrink the padding away again."""
+    inside = tuple((lo, lo + s) for (lo, _), s in zip(node.arg, node.srcs[0].shape))
+    return (move(g, Op.SHRINK, inside),)
+
+
+def _shrink_grad(node: Node, g: Node) -> tuple[Node]:
+    """Pad with zeros back to the source's shape."""
+    around = tuple((b, s - e) for (b, e), s in zip(node.arg, node.srcs[0].shape))
+    return (move(g, Op.PAD, around),)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the table
+
+GRADIENTS: dict[Op, Rule] = {
+    # unary
+    Op.EXP2: lambda node, g: (_mul(g, _mul(node, const_like(node, math.log(2)))),),
+    Op.LOG2: lambda node, g: (_mul(g, _recip(_mul(node.srcs[0], const_like(node, math.log(2))))),),
+    Op.SIN: lambda node, g: (_mul(g, _cos(node.srcs[0])),),
+    Op.SQRT: lambda node, g: (_mul(g, _recip(_mul(node, const_like(node, 2)))),),
+    Op.RECIP: lambda node, g: (_neg(_mul(g, _mul(node, node))),),
+    Op.NEG: lambda node, g: (_neg(g),),
+    Op.CAST: _cast_grad,
+    # binary
+    Op.ADD: lambda node, g: (g, g),
+    Op.SUB: lambda node, g: (g, _neg(g)),
+    Op.MUL: lambda node, g: (_mul(g, node.srcs[1]), _mul(g, node.srcs[0])),
+    Op.MAX: _max_grad,
+    # ternary
+    Op.WHERE: _where_grad,
+    # reduce
+    Op.REDUCE: _reduce_grad,
+    # movement
+    Op.RESHAPE: lambda node, g: (move(g, Op.RESHAPE, node.srcs[0].shape),),
+    Op.PERMUTE: _permute_grad,
+    Op.EXPAND: _expand_grad,
+    Op.PAD: _pad_grad,
+    Op.SHRINK: _shrink_grad,
+    Op.FLIP: lambda node, g: (move(g, Op.FLIP, node.arg),),
+}
+
+# ops whose gradient is zero or undefined by definition: nothing flows back through them
+NON_DIFFERENTIABLE: frozenset[Op] = frozenset(
+    {
+        Op.BUFFER,  # a leaf (no sources); its gradient is what backward() collects
+        Op.CONST,  # a leaf (no sources)
+        Op.TRUNC,  # piecewise constant
+        Op.CMPLT,  # bool result
+        Op.CMPNE,  # bool result
+        Op.IDIV,  # integer only
+        Op.MOD,  # integer only
+        Op.AND,  # bool and integer only
+        Op.OR,  # bool and integer only
+        Op.XOR,  # bool and integer only
+        Op.DETACH,  # Tensor.detach(): stops the gradient on purpose
+        Op.ASSIGN,  # a write into a buffer (optimizer updates), not part of a differentiated expression
+    }
+)
 
 
 def grad_rule(node: Node, g: Node) -> tuple[Node | None, ...]:
-    """Gradients of node's sources given the gradient g of node."""
-    op, srcs = node.op, node.srcs
-    if op is Op.ADD:
-        return g, g
-    if op is Op.SUB:
-        return g, alu(Op.NEG, g)
-    if op is Op.MUL:
-        return _mul(g, srcs[1]), _mul(g, srcs[0])
-    if op is Op.MAX:
-        return _max_grad(node, g)
-    if op is Op.WHERE:
-        zero = const_like(g, 0)
-        return None, _where(srcs[0], g, zero), _where(srcs[0], zero, g)
-    if op is Op.NEG:
-        return (alu(Op.NEG, g),)
-    if op is Op.EXP2:
-        return (_mul(g, _mul(node, const_like(node, math.log(2)))),)
-    if op is Op.LOG2:
-        return (_mul(g, alu(Op.RECIP, _mul(srcs[0], const_like(node, math.log(2))))),)
-    if op is Op.SIN:
-        cos = alu(Op.SIN, alu(Op.SUB, const_like(srcs[0], math.pi / 2), srcs[0]))
-        return (_mul(g, cos),)
-    if op is Op.SQRT:
-        return (_mul(g, alu(Op.RECIP, _mul(node, const_like(node, 2)))),)
-    if op is Op.RECIP:
-        return (alu(Op.NEG, _mul(g, _mul(node, node))),)
-    if op is Op.CAST:
-        return (cast(g, srcs[0].dtype) if srcs[0].dtype.is_float else None,)
-    if op is Op.REDUCE:
-        kind = node.arg[0]
-        if kind == "SUM":
-            return (move(g, Op.EXPAND, srcs[0].shape),)
-        if kind == "MAX":
-            return (_reduce_max_grad(node, g),)
-        if kind == "PROD":  # d/dx_i prod(x) = prod(x) / x_i
-            return (_mul(move(_mul(g, node), Op.EXPAND, srcs[0].shape), alu(Op.RECIP, srcs[0])),)
-    if op is Op.RESHAPE:
-        return (move(g, Op.RESHAPE, srcs[0].shape),)
-    if op is Op.PERMUTE:
-        inverse = tuple(sorted(range(len(node.arg)), key=lambda i: node.arg[i]))
-        return (move(g, Op.PERMUTE, inverse),)
-    if op is Op.EXPAND:
-        return (_expanded_axes_sum(g, srcs[0].shape),)
-    if op is Op.PAD:
-        return (move(g, Op.SHRINK, tuple((lo, lo + s) for (lo, _), s in zip(node.arg, srcs[0].shape))),)
-    if op is Op.SHRINK:
-        return (move(g, Op.PAD, tuple((b, s - e) for (b, e), s in zip(node.arg, srcs[0].shape))),)
-    if op is Op.FLIP:
-        return (move(g, Op.FLIP, node.arg),)
-    # TRUNC, comparisons, integer and bitwise ops: zero gradient
-    return (None,) * len(srcs)
+    """Gradients of node's sources given the gradient g of node (None: no gradient to that source)."""
+    if node.op in NON_DIFFERENTIABLE:
+        return (None,) * len(node.srcs)
+    rule = GRADIENTS.get(node.op)
+    if rule is None:
+        fix = "add one to GRADIENTS in tgrad/autodiff.py, or list the op in NON_DIFFERENTIABLE if it has none"
+        raise _no_rule(node.op.name, node, fix)
+    return rule(node, g)
 
 
 def gradients(root: Node, seed: Node, targets: set[Node]) -> dict[Node, Node]:

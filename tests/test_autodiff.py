@@ -1,0 +1,76 @@
+"""The gradient table: every primitive op has a rule or is declared non-differentiable, an op with
+neither raises AutogradError at backward() naming it, and the rules test_ops.py does not reach are
+checked against PyTorch."""
+
+import pytest
+import torch
+
+from tests.helpers import helper_test_op
+from tgrad import Tensor, autodiff
+from tgrad.errors import AutogradError
+from tgrad.graph import REDUCE_OPS, Op
+
+S = (3, 4)
+
+
+def test_every_op_has_a_rule_or_is_non_differentiable():
+    ruled, none = set(autodiff.GRADIENTS), set(autodiff.NON_DIFFERENTIABLE)
+    assert ruled | none == set(Op), f"no rule and not declared non-differentiable: {set(Op) - ruled - none}"
+    assert not ruled & none, f"both a rule and declared non-differentiable: {ruled & none}"
+
+
+def test_every_reduce_kind_has_a_rule():
+    assert set(autodiff.REDUCE_GRADIENTS) == set(REDUCE_OPS)
+
+
+def test_missing_rule_raises_naming_the_op(device, monkeypatch):
+    monkeypatch.delitem(autodiff.GRADIENTS, Op.SQRT)
+    x = Tensor([1.0, 4.0], requires_grad=True)
+    y = x.sqrt().sum()
+    with pytest.raises(AutogradError) as info:
+        y.backward()
+    message = str(info.value)
+    assert "SQRT" in message and "GRADIENTS" in message, message
+    assert "(in Tensor.backward, at " in message and "test_autodiff.py" in message, message
+
+
+def test_missing_reduce_rule_raises_naming_the_kind(device, monkeypatch):
+    monkeypatch.delitem(autodiff.REDUCE_GRADIENTS, "PROD")
+    x = Tensor([1.0, 4.0], requires_grad=True)
+    with pytest.raises(AutogradError, match="REDUCE PROD") as info:
+        x.prod().backward()
+    assert "test_autodiff.py" in str(info.value)
+
+
+def test_op_off_the_gradient_path_needs_no_rule(device, monkeypatch):
+    monkeypatch.delitem(autodiff.GRADIENTS, Op.SQRT)
+    x = Tensor([1.0, 4.0], requires_grad=True)
+    (x * Tensor([1.0, 4.0]).sqrt()).sum().backward()
+    assert x.grad.tolist() == [1.0, 2.0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# rules test_ops.py does not check backward: CAST, TRUNC, comparisons, and MAX/WHERE edge cases
+
+
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("cast half", lambda a: a.half().float() * a),
+        ("cast double", lambda a: a.double() * 2),
+        ("cast int", lambda a: a.int().float() + a * 3),  # no gradient through the int
+        ("trunc floor ceil", lambda a: a.trunc() + a.floor() * a + a.ceil() * 2),
+        ("compare", lambda a: (a < 0.5).float() * a + (a != a).float()),
+    ],
+)
+def test_zero_and_cast_gradients(device, name, fn):
+    helper_test_op([S], fn)
+
+
+def test_where_condition_from_the_input(device):
+    helper_test_op([S], lambda a: torch.where(a > 0, a * 2, -a), lambda a: (a > 0).where(a * 2, -a))
+
+
+def test_maximum_ties_split_evenly(device):
+    vals = [[1.0, 2.0, -3.0, 0.5], [1.0, 0.0, -3.0, 0.5]]
+    helper_test_op(None, torch.maximum, lambda a, b: a.maximum(b), vals=vals)

@@ -442,12 +442,12 @@ class TgradContender(Contender):
     def open(self) -> None:
         try:
             import tgrad
-            from tgrad.device import get_device
+            from tgrad.device import get_runtime
         except ImportError as e:
             raise Unavailable(f"tgrad does not import: {e}") from e
         self.tgrad = tgrad
         try:
-            self.dev = get_device(self.device)
+            self.dev = get_runtime(self.device)
         except Exception as e:
             raise Unavailable(f"{type(e).__name__}: {e}") from e
         from tgrad.graph import Node

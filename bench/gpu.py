@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from tgrad import Tensor
-from tgrad.device import get_device
+from tgrad.device import get_runtime
 
 
 def best_of(fn, sync, repeats: int) -> float:
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--device", default="CUDA")
     parser.add_argument("--small", action="store_true", help="tiny sizes (interpreter smoke run)")
     args = parser.parse_args()
-    dev = get_device(args.device)
+    dev = get_runtime(args.device)
     tdev = dev.torch_device
     sync = dev.synchronize
     n, m = (4096, 256) if args.small else (1 << 24, 4096)

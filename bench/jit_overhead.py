@@ -23,12 +23,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from tgrad import Tensor  # noqa: E402
-from tgrad.device import get_device  # noqa: E402
+from tgrad.device import get_runtime  # noqa: E402
 from tgrad.jit import TinyJit  # noqa: E402
 
 
 def per_call_us(fn, args, calls: int, device: str) -> float:
-    dev = get_device(device)
+    dev = get_runtime(device)
     for _ in range(5):
         fn(*args)
     times = []

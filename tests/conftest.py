@@ -27,9 +27,12 @@ try:
 except ImportError:
     pass
 
+from tgrad.device import DEVICES, VARIANT_OF
 from tgrad.errors import DeviceError
 
-ALL = "CPU,NUMPY,WEBGPU,CL,TRITON"
+# every device, except those that here would only run another device's code again (CUDA and AMD are
+# TRITON without a GPU, QCOM is CL without an Adreno)
+ALL = ",".join(d for d in DEVICES if d not in VARIANT_OF)
 
 
 def _devices() -> list[str]:
@@ -45,11 +48,11 @@ _open_errors: dict[str, str] = {}
 
 
 def open_or_skip(name: str) -> None:
-    from tgrad.device import get_device
+    from tgrad.device import get_runtime
 
     if name not in _open_errors:
         try:
-            get_device(name)
+            get_runtime(name)
             _open_errors[name] = ""
         except (DeviceError, ImportError, OSError, RuntimeError) as e:
             _open_errors[name] = f"{type(e).__name__}: {e}"

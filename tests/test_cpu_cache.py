@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tgrad import Tensor, device, fuse
+from tgrad import Tensor, fuse
+from tgrad.runtime import cpu as device
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,10 +76,10 @@ def test_a_warm_cache_runs_without_numba(tmp_path):
 
 
 def _compile_fresh(tensor: Tensor):
-    """Compile the tensor's kernel on a new CPUDevice (its in-memory cache empty) and run it."""
+    """Compile the tensor's kernel on a new CPU runtime (its in-memory cache empty) and run it."""
     (item,) = fuse.schedule([tensor.node])
-    dev = device.CPUDevice()
-    program = dev.compile(item.kernel)
+    dev = device.CPURuntime()
+    program = dev.runner(item.kernel)
     out = dev.alloc(int(np.prod(tensor.shape)), tensor.dtype)
     program(out, *[s.buffer for s in item.inputs])
     return out.data.reshape(tensor.shape)
@@ -113,12 +114,12 @@ def test_bool_reductions_through_a_row_of_accumulators(reduce, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------
-# compile workers (tgrad/compile_pool.py)
+# compile workers (tgrad/runtime/cpu_pool.py)
 
 GOOD = """import numpy as np
 from numba import prange
 
-from tgrad.numba_rt import kernel
+from tgrad.runtime.numba_rt import kernel
 
 
 @kernel(parallel=False)
@@ -129,7 +130,7 @@ def triple(out, in0, n):
 
 
 def _ready_pool(workers: int = 1):
-    from tgrad import compile_pool
+    from tgrad.runtime import cpu_pool as compile_pool
 
     pool = compile_pool.CompilePool()
     pool.start(workers)
@@ -175,8 +176,9 @@ def test_a_worker_that_cannot_start_leaves_the_jobs_to_the_main_process(monkeypa
 SCHEDULE = """
 import json, time
 import numpy as np
-from tgrad import Tensor, device
-dev = device.get_device("CPU")
+from tgrad import Tensor
+from tgrad.device import get_runtime
+dev = get_runtime("CPU")
 with dev.pool.cond:  # wait until the worker is ready, so it surely takes jobs (the test is not timed)
     dev.pool.cond.wait_for(lambda: dev.pool.ready or not dev.pool.live, timeout=120)
 rng = np.random.default_rng(3)
@@ -208,8 +210,8 @@ def test_compile_workers_build_part_of_a_cold_schedule(tmp_path):
 
 
 def test_a_bad_worker_count_is_a_clear_error(monkeypatch):
-    from tgrad import compile_pool
     from tgrad.errors import DeviceError
+    from tgrad.runtime import cpu_pool as compile_pool
 
     monkeypatch.setenv("TGRAD_COMPILE_WORKERS", "two")
     with pytest.raises(DeviceError, match=r"TGRAD_COMPILE_WORKERS='two': expected a number .*\(0 for none\)"):

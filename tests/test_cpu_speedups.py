@@ -1,6 +1,6 @@
 """The CPU emitter's fast paths keep the results of the plain ones (compared with numpy and PyTorch).
 
-float32 exp2 is an inline polynomial (tgrad/numba_rt.py `_exp2f`) instead of a libm call, float max is
+float32 exp2 is an inline polynomial (tgrad/runtime/numba_rt.py `_exp2f`) instead of a libm call, float max is
 LLVM's `maximum` so max-reductions vectorize, and kernels index raw pointers (no wraparound of negative
 indexes) so `prange` bodies vectorize.
 """
@@ -92,9 +92,9 @@ def test_relu_and_maximum_with_nan_and_inf():
 
 
 def test_same_elementwise_body_at_different_shapes_compiles_once():
-    from tgrad.device import get_device
+    from tgrad.device import get_runtime
 
-    dev = get_device("CPU")
+    dev = get_runtime("CPU")
     shapes = [(3, 5), (7,), (2, 3, 4)]
     before = len(dev.functions)
     for shape in shapes:
@@ -115,7 +115,7 @@ def test_flattening_keeps_views_and_slices():
 
 def test_inputs_a_kernel_does_not_read_are_left_out_of_its_source():
     from tgrad import dtypes, emit_numba
-    from tgrad.device import Buffer, get_device
+    from tgrad.device import Buffer, get_runtime
     from tgrad.fuse import Expr, Kernel, schedule
 
     a = Tensor(np.arange(6, dtype=F32), device="CPU").realize()
@@ -131,11 +131,11 @@ def test_inputs_a_kernel_does_not_read_are_left_out_of_its_source():
         in_dtypes=(dtypes.int32, dtypes.float64, *kernel.in_dtypes),
     )
     assert emit_numba.used_inputs(wider) == (2,)
-    assert emit_numba.render(wider) == emit_numba.render(kernel)
-    dev = get_device("CPU")
+    assert emit_numba.render(wider).source == emit_numba.render(kernel).source
+    dev = get_runtime("CPU")
     out = dev.alloc(6, dtypes.float32)
     unused = [dev.alloc(1, dtypes.int32), dev.alloc(1, dtypes.float64)]
-    dev.compile(wider)(out, *unused, Buffer("CPU", 6, dtypes.float32, np.arange(6, dtype=F32)))
+    dev.runner(wider)(out, *unused, Buffer("CPU", 6, dtypes.float32, np.arange(6, dtype=F32)))
     np.testing.assert_array_equal(out.data, np.arange(6, dtype=F32) * 2)
 
 
@@ -175,7 +175,7 @@ def test_threaded_reductions_over_each_axis(axis):
     x = np.random.default_rng(axis).standard_normal((64, 128, 256)).astype(F32)
     t = Tensor(x, device="CPU")
     (item,) = fuse.schedule([t.sum(axis).node])
-    source = emit_numba.render(item.kernel)
+    source = emit_numba.render(item.kernel).source
     assert "prange" in source, source
     if axis < 2:
         assert "accs[i0 * " in source, source  # interchanged, one row of accumulators per iteration

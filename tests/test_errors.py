@@ -3,14 +3,15 @@ the tgrad call ("in Tensor.reshape") and ends with the user's line (the frame ou
 that fail to build or run name themselves and show their numbered source. Tested by message, on every
 device."""
 
+import dataclasses
 import sys
 
 import numpy as np
 import pytest
 
 import tgrad.device as tdev
-from tgrad import Tensor, emit_numba
-from tgrad.device import get_device
+from tgrad import Tensor
+from tgrad.device import get_runtime
 from tgrad.errors import AutogradError, DeviceError, DTypeError, JitError, KernelError, ShapeError, TgradError
 
 HERE = "test_errors.py"
@@ -94,7 +95,7 @@ MISSING = [
 
 @pytest.mark.parametrize("name,module,pip,extra", MISSING)
 def test_missing_package_says_what_to_install(monkeypatch, name, module, pip, extra):
-    monkeypatch.setattr(tdev, "_devices", {})  # open the device afresh
+    monkeypatch.setattr(tdev, "_runtimes", {})  # open the device afresh
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now fails like a missing package
     message = raised(DeviceError, lambda: Tensor([1.0], device=name))
     assert f"the {name} device needs" in message and module in message and pip in message, message
@@ -105,7 +106,7 @@ def test_missing_package_says_what_to_install(monkeypatch, name, module, pip, ex
 
 def test_no_opencl_platform_names_a_driver(monkeypatch):
     cl = pytest.importorskip("pyopencl")
-    monkeypatch.setattr(tdev, "_devices", {})
+    monkeypatch.setattr(tdev, "_runtimes", {})
     monkeypatch.setattr(cl, "get_platforms", lambda: [])
     message = raised(DeviceError, lambda: Tensor([1.0], device="CL"))
     assert "no OpenCL platform found" in message and "pocl-opencl-icd" in message
@@ -114,7 +115,7 @@ def test_no_opencl_platform_names_a_driver(monkeypatch):
 
 def test_no_webgpu_adapter_names_a_driver(monkeypatch):
     wgpu = pytest.importorskip("wgpu")
-    monkeypatch.setattr(tdev, "_devices", {})
+    monkeypatch.setattr(tdev, "_runtimes", {})
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
     message = raised(DeviceError, lambda: Tensor([1.0], device="WEBGPU"))
     assert "no WebGPU adapter found" in message and "mesa-vulkan-drivers" in message
@@ -124,7 +125,7 @@ def test_no_webgpu_adapter_names_a_driver(monkeypatch):
 def test_triton_without_a_gpu_says_to_interpret(monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
-    monkeypatch.setattr(tdev, "_devices", {})
+    monkeypatch.setattr(tdev, "_runtimes", {})
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     message = raised(DeviceError, lambda: Tensor([1.0], device="TRITON"))
@@ -157,51 +158,45 @@ def test_jit_misuse_is_a_jit_error_with_the_user_line(device):
 # ---------------------------------------------------------------------------------------------------
 # kernels that fail to build or to run
 
-# device -> (module holding its renderer, broken source for a function name, source that builds and fails
-# to run because it takes fewer arguments than the launch passes, or None: the kernel's input buffer is
-# freed under it instead)
+# device -> (broken source for a function name, source that builds and fails to run because it takes
+# fewer arguments than the launch passes, or None: the kernel's input buffer is freed under it instead)
 BROKEN = {
     "CPU": (
-        "tgrad.emit_numba",
         lambda name: f"def {name}(:\n",
         None,  # the input buffer is freed under the kernel (its array is gone)
     ),
     "CL": (
-        "tgrad.emit_opencl",
         lambda name: f"__kernel void {name}(__global float* out) {{ out[0] = undeclared_thing; }}\n",
         lambda name: f"__kernel void {name}(__global float* out) {{ out[0] = 1.0f; }}\n",
     ),
     "WEBGPU": (
-        "tgrad.emit_wgsl",
         lambda name: f"@compute @workgroup_size(64) fn {name}() {{ let x: f32 = undeclared_thing; }}\n",
         None,  # a WGSL shader that builds cannot fail to launch by itself: the input buffer is destroyed
     ),
     "TRITON": (
-        "tgrad.emit_triton",
-        lambda name: f"@triton.jit\ndef {name}(:\n",
-        lambda name: f"@triton.jit\ndef {name}(out_ptr):\n    tl.store(out_ptr, 1.0)\n",
+        lambda name: f"import triton\n\n@triton.jit\ndef {name}(:\n",
+        lambda name: f"import triton\nimport triton.language as tl\n\n@triton.jit\ndef {name}(out_ptr):\n"
+        "    tl.store(out_ptr, 1.0)\n",
     ),
 }
 
 
 def _break_renderer(monkeypatch, device, make_source) -> tuple[list[str], list[str]]:
-    """Replace the device's renderer with make_source(function name); returns the kernel names it was
-    asked for and the sources it gave."""
-    import importlib
-
-    module = importlib.import_module(BROKEN[device][0])
+    """Make the device's emitter return make_source(entry point name) as each Program's source; returns
+    the kernel names it was asked for and the sources it gave."""
+    runtime = get_runtime(device)
+    render = runtime.render
     names: list[str] = []
     sources: list[str] = []
 
-    def render(kernel, *args, **kwargs):
-        # the function name the runtime looks for: a str argument when it passes one, else the kernel's
-        given = [a for a in (*args, kwargs.get("fname"), kwargs.get("name")) if isinstance(a, str)]
+    def broken(kernel):
+        program = render(kernel)
         names.append(kernel.name)
-        sources.append(make_source(given[0] if given else kernel.name))
-        return sources[-1]
+        sources.append(make_source(program.name))
+        return dataclasses.replace(program, source=sources[-1])
 
-    monkeypatch.setattr(module, "render", render)
-    monkeypatch.setattr(get_device(device), "programs", {})  # compile again, not from the memory cache
+    monkeypatch.setattr(runtime, "render", broken)
+    monkeypatch.setattr(runtime, "runners", {})  # compile again, not from the memory cache
     return names, sources
 
 
@@ -220,7 +215,7 @@ def fresh_cache(monkeypatch, tmp_path):
 def test_kernel_build_failure_names_kernel_and_source(device, fresh_cache, monkeypatch):
     if device == "NUMPY":
         pytest.skip("the NUMPY device compiles no kernels")
-    names, sources = _break_renderer(monkeypatch, device, BROKEN[device][1])
+    names, sources = _break_renderer(monkeypatch, device, BROKEN[device][0])
     x = Tensor(np.ones((7, 13), np.float32))
     message = raised(KernelError, lambda: (x * 3 + 1).realize())
     _check_kernel_message(message, names, "build", sources[-1].splitlines()[-1].strip())
@@ -230,10 +225,10 @@ def test_kernel_run_failure_names_kernel_and_source(device, fresh_cache, monkeyp
     if device == "NUMPY":
         pytest.skip("the NUMPY device compiles no kernels")
     x = Tensor(np.ones((7, 13), np.float32)).realize()
-    make = BROKEN[device][2]
+    make = BROKEN[device][1]
     if make is None:  # use after free: the launch fails
         names: list[str] = []
-        monkeypatch.setattr(get_device(device), "programs", {})
+        monkeypatch.setattr(get_runtime(device), "runners", {})
         if device == "WEBGPU":
             x.node.buffer.data.destroy()
         else:
@@ -250,8 +245,7 @@ def test_kernel_run_failure_names_kernel_and_source(device, fresh_cache, monkeyp
 
 
 def test_cpu_kernel_build_failure_keeps_the_compiler_message(fresh_cache, monkeypatch):
-    monkeypatch.setattr(emit_numba, "render", lambda kernel, fname=None, parallel=None: "def broken(:\n")
-    monkeypatch.setattr(get_device("CPU"), "programs", {})
+    _break_renderer(monkeypatch, "CPU", lambda name: f"def {name}(:\n")
     x = Tensor(np.ones((7, 13), np.float32), device="CPU")
     message = raised(KernelError, lambda: (x * 3 + 1).realize())
-    assert "SyntaxError" in message and "def broken(:" in message
+    assert "SyntaxError" in message and "def E_n(:" in message

@@ -92,7 +92,7 @@ def test_float64_is_a_clear_error():
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="on macOS the Metal runtime may open")
 def test_metal_device_needs_macos():
-    from tgrad.emit_opencl import MetalDevice
+    from tgrad.runtime.metal import MetalRuntime
 
     with pytest.raises(DeviceError, match="needs macOS"):
-        MetalDevice()
+        MetalRuntime()

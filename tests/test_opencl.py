@@ -34,9 +34,9 @@ def one_kernel(fn, *arrays):
 def cl(monkeypatch):
     open_or_skip("CL")
     monkeypatch.setenv("DEVICE", "CL")
-    from tgrad.device import get_device
+    from tgrad.device import get_runtime
 
-    return get_device("CL")
+    return get_runtime("CL")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,11 +199,11 @@ def test_debug4_prints_opencl_source():
 
 def test_no_platform_is_a_clear_error(monkeypatch):
     cl = pytest.importorskip("pyopencl")
-    from tgrad.emit_opencl import CLDevice
+    from tgrad.runtime.opencl import CLRuntime
 
     monkeypatch.setattr(cl, "get_platforms", lambda: [])
     with pytest.raises(DeviceError, match="install pocl-opencl-icd or a GPU driver"):
-        CLDevice()
+        CLRuntime()
 
 
 def test_build_error_shows_name_source_and_log(cl):
@@ -219,22 +219,22 @@ def test_float64_without_fp64_is_a_clear_error(cl, monkeypatch):
     monkeypatch.setattr(cl, "exts", cl.exts - {"cl_khr_fp64"})
     k = one_kernel(lambda a: a * 2, np.ones(3, np.float64))
     with pytest.raises(DTypeError, match="cl_khr_fp64"):
-        cl.compile(k)
+        cl.runner(k)
     with pytest.raises(DTypeError, match="cl_khr_fp64"):
         cl.alloc(3, dtypes.float64)
 
 
 def test_binary_disk_cache(cl, monkeypatch, tmp_path):
-    from tgrad.emit_opencl import CLDevice
+    from tgrad.runtime.opencl import CLRuntime
 
     monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))
     k = one_kernel(lambda a: a * 5 - 1, np.ones(4, np.float32))
-    first = CLDevice()
-    first.compile(k)
+    first = CLRuntime()
+    first.runner(k)
     binaries = list((tmp_path / "opencl").glob("*.bin"))
     assert len(binaries) == 1
-    second = CLDevice()  # a fresh process would look the same: nothing built in memory
-    prg = second.compile(k)
+    second = CLRuntime()  # a fresh process would look the same: nothing built in memory
+    prg = second.runner(k)
     out = second.alloc(4, dtypes.float32)
     prg(out, second.from_numpy(np.arange(4, dtype=np.float32)))
     np.testing.assert_array_equal(second.to_numpy(out), np.arange(4, dtype=np.float32) * 5 - 1)
@@ -243,16 +243,16 @@ def test_binary_disk_cache(cl, monkeypatch, tmp_path):
 def test_qcom_needs_adreno_or_fallback(monkeypatch):
     pytest.importorskip("pyopencl")
     open_or_skip("CL")
-    from tgrad.emit_opencl import QCOMDevice
+    from tgrad.runtime.opencl import QCOMRuntime
 
     monkeypatch.delenv("QCOM_FALLBACK", raising=False)
     try:
-        QCOMDevice()
+        QCOMRuntime()
     except DeviceError as e:
         assert "Adreno" in str(e) and "QCOM_FALLBACK=1" in str(e)
     monkeypatch.setenv("QCOM_FALLBACK", "1")
-    dev = QCOMDevice()
+    dev = QCOMRuntime()
     k = one_kernel(lambda a: (a * 2).half(), np.arange(5, dtype=np.float32))
     out = dev.alloc(5, dtypes.float16)
-    dev.compile(k)(out, dev.from_numpy(np.arange(5, dtype=np.float32)))
+    dev.runner(k)(out, dev.from_numpy(np.arange(5, dtype=np.float32)))
     np.testing.assert_array_equal(dev.to_numpy(out), np.arange(5, dtype=np.float16) * 2)

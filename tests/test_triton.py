@@ -14,6 +14,8 @@ from tgrad import Tensor, dtypes
 from tgrad import emit_triton as et
 from tgrad.errors import DeviceError, KernelError, TgradError
 from tgrad.fuse import Expr, Kernel, const, schedule
+from tgrad.runtime import triton as triton_rt
+from tgrad.runtime import triton_aot
 
 
 def T(array, dtype=None) -> Tensor:
@@ -34,18 +36,18 @@ A537 = RNG.uniform(-3, 3, (5, 37)).astype(np.float32)
 
 def test_render_elementwise_masks_ragged_edge():
     k = kernels((T(A57) * 2 + 1).relu())[0]
-    src = et.render(k, blocks=et.Blocks(16, 1))
+    src = et.render(k, blocks=et.Blocks(16, 1)).source
     assert "tl.program_id(0)" in src and "tl.arange(0, 16)" in src
     assert "g_ok = g < 35" in src and "mask=g_ok" in src
     even = kernels(T(np.ones((4, 8), np.float32)) * 2)[0]
-    assert "g_ok" not in et.render(even, blocks=et.Blocks(32, 1))
+    assert "g_ok" not in et.render(even, blocks=et.Blocks(32, 1)).source
 
 
 def test_render_reduce_loops_over_long_axis():
     k = kernels(T(np.ones((3, 100), np.float32)).sum(1))[0]
-    looped = et.render(k, blocks=et.Blocks(4, 32))
+    looped = et.render(k, blocks=et.Blocks(4, 32)).source
     assert "for r0 in range(0, 100, 32):" in looped and "tl.sum(acc, axis=1" in looped and "r_ok" in looped
-    assert "for r0" not in et.render(k, blocks=et.Blocks(4, 128))
+    assert "for r0" not in et.render(k, blocks=et.Blocks(4, 128)).source
 
 
 def test_choose_blocks_rule():
@@ -65,7 +67,7 @@ def test_choose_blocks_rule():
 def test_int64_indexing_when_int32_overflows():
     huge = Tensor.ones(1, device="NUMPY").expand(65536, 65536) * 2  # 2**32 elements: only rendered
     k = kernels(huge)[0]
-    assert et.index_bits(k) == 64 and "tl.program_id(0).to(tl.int64)" in et.render(k)
+    assert et.index_bits(k) == 64 and "tl.program_id(0).to(tl.int64)" in et.render(k).source
     assert et.index_bits(kernels(T(A57) * 2)[0]) == 32
 
 
@@ -93,7 +95,7 @@ def tdev():
         mp.setenv("TRITON_INTERPRET", "1")  # Triton reads it when it is first imported
     pytest.importorskip("triton")
     try:
-        yield et.TritonDevice()
+        yield triton_rt.TritonRuntime()
     except DeviceError as e:
         pytest.skip(str(e))
     finally:
@@ -110,7 +112,8 @@ def run(dev, t: Tensor, blocks=None) -> np.ndarray:
                 bufs[n] = dev.from_numpy(n.buffer.data)
             inputs.append(bufs[n])
         out = dev.alloc(math.prod(it.out.shape), it.out.dtype)
-        dev.compile(it.kernel, blocks)(out, *inputs)
+        program = et.render(it.kernel, blocks, interpret=dev.interpret)
+        dev.compile(program, it.kernel)(out, *inputs)
         bufs[it.out] = out
     return dev.to_numpy(bufs[t.node.base]).reshape(t.shape)
 
@@ -223,8 +226,8 @@ def test_ragged_elementwise_small_blocks(tdev):
 def test_matmul(tdev):
     a, b = A537[:, :20], RNG.uniform(-1, 1, (20, 9)).astype(np.float32)
     k = kernels(T(a) @ T(b))[0]
-    assert "tl.dot(" in et.render(k, blocks=et.choose_blocks(k, noopt=False))
-    assert "tl.dot(" not in et.render(k, blocks=et.choose_blocks(k, noopt=True))
+    assert "tl.dot(" in et.render(k, blocks=et.choose_blocks(k, noopt=False)).source
+    assert "tl.dot(" not in et.render(k, blocks=et.choose_blocks(k, noopt=True)).source
     np.testing.assert_allclose(run(tdev, T(a) @ T(b)), a @ b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run(tdev, T(a) @ T(b), SMALL), a @ b, rtol=1e-5, atol=1e-5)
     dot = et.Blocks(16, 16, 4, 16)  # tiles smaller than the matrices: several programs, a K loop
@@ -246,7 +249,7 @@ def test_no_gpu_without_interpreter_names_the_fix(monkeypatch):
         pytest.skip("a GPU is present")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(DeviceError) as err:
-        et.CUDADevice()
+        triton_rt.CUDARuntime()
     assert str(err.value).startswith(
         "CUDA device: no GPU found; set TRITON_INTERPRET=1 to run Triton kernels on the CPU"
     )
@@ -255,7 +258,7 @@ def test_no_gpu_without_interpreter_names_the_fix(monkeypatch):
 def test_missing_triton_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)
     with pytest.raises(DeviceError, match=r"pip install -e \.\[triton\]"):
-        et.AMDDevice()
+        triton_rt.AMDRuntime()
 
 
 def test_triton_opens_after_webgpu_loaded_llvm():
@@ -265,9 +268,9 @@ def test_triton_opens_after_webgpu_loaded_llvm():
     script = (
         "import numpy as np\n"
         "from tgrad import Tensor\n"
-        "from tgrad.device import get_device\n"
+        "from tgrad.device import get_runtime\n"
         "try:\n"
-        "    get_device('WEBGPU')\n"
+        "    get_runtime('WEBGPU')\n"
         "except Exception:\n"
         "    raise SystemExit(3)\n"
         "print((Tensor(np.arange(4.0, dtype=np.float32), device='WEBGPU') * 2).numpy().tolist())\n"
@@ -285,7 +288,7 @@ def test_triton_opens_after_webgpu_loaded_llvm():
 def test_bad_target_names_the_format():
     pytest.importorskip("triton")
     with pytest.raises(TgradError, match="cuda:<sm number> or hip:<gfx arch>"):
-        et.parse_target("sm_90")
+        triton_aot.parse_target("sm_90")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -308,6 +311,6 @@ def test_kernels_compile_for_nvidia_and_amd_targets():
     for t in outs:
         for k in kernels(t):
             for target in ("cuda:80", "cuda:90", "hip:gfx942"):
-                info = et.compile_for_target(k, target)
+                info = triton_aot.compile_for_target(k, target)
                 assert info.binary_bytes > 0 and info.asm_bytes > 0, (k.name, target)
                 assert info.registers is not None and info.registers > 0, (k.name, target)

@@ -23,7 +23,7 @@ def one_kernel(t: Tensor):
 @pytest.fixture
 def webgpu():
     open_or_skip("WEBGPU")
-    return tgrad.device.get_device("WEBGPU")
+    return tgrad.device.get_runtime("WEBGPU")
 
 
 # --- rendering (no adapter needed) ---------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_tree_reduction_long_axis(webgpu):
 def test_split_dispatch_runs_every_element(webgpu, monkeypatch):
     dev = type(webgpu)()  # a fresh device (no cached programs) that may launch only 3 workgroups per dim
     dev.limits["max-compute-workgroups-per-dimension"] = 3
-    monkeypatch.setitem(tgrad.device._devices, "WEBGPU", dev)
+    monkeypatch.setitem(tgrad.device._runtimes, "WEBGPU", dev)
     x = np.arange(64 * 7 + 5, dtype=np.float32)
     np.testing.assert_array_equal((Tensor(x, device="WEBGPU") * 2).numpy(), x * 2)
 
@@ -181,11 +181,11 @@ def test_debug4_prints_wgsl(webgpu, monkeypatch, capsys):
 
 def test_no_adapter_names_the_package(monkeypatch):
     wgpu = pytest.importorskip("wgpu")
-    from tgrad.emit_wgsl import WebGPUDevice
+    from tgrad.runtime.webgpu import WebGPURuntime
 
     monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
     with pytest.raises(DeviceError, match="mesa-vulkan-drivers"):
-        WebGPUDevice()
+        WebGPURuntime()
 
 
 def test_nan_inf_survive_zero_folding(webgpu):
@@ -199,8 +199,8 @@ def test_nan_inf_survive_zero_folding(webgpu):
 def test_missing_wgpu_names_the_pip_package(monkeypatch):
     import sys
 
-    from tgrad.emit_wgsl import WebGPUDevice
+    from tgrad.runtime.webgpu import WebGPURuntime
 
     monkeypatch.setitem(sys.modules, "wgpu", None)  # makes `import wgpu` raise ImportError
     with pytest.raises(DeviceError, match="pip install wgpu"):
-        WebGPUDevice()
+        WebGPURuntime()

@@ -1,6 +1,6 @@
 """tgrad: a small, fast tensor library with autograd; lazy graphs fused into kernels for many devices."""
 
-from tgrad.device import Device_ as Device
+from tgrad.device import Device
 from tgrad.dtype import DType, dtypes
 from tgrad.tensor import Tensor
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tgrad.errors import DTypeError
+
 
 @dataclass(frozen=True, eq=True)
 class DType:
@@ -64,8 +66,6 @@ class dtypes:
         for dt in dtypes.all:
             if dt.name == name:
                 return dt
-        from tgrad.errors import DTypeError
-
         raise DTypeError(f"unsupported dtype {x!r}; tgrad supports {', '.join(d.name for d in dtypes.all)}")
 
     @staticmethod

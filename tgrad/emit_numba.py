@@ -1,8 +1,8 @@
 """Render a Kernel as Python source for Numba (the CPU device).
 
 The source is a plain Python function over raw pointers (`out[i] = in0[j] * in1[j]`), marked with
-`@kernel(parallel=...)`: the options Numba compiles it with (see CPUDevice in device.py,
-which compiles it as a native function without Python wrappers and keeps its object code on disk).
+`@kernel(parallel=...)`: the options Numba compiles it with (tgrad/runtime/cpu.py compiles it as a
+native function without Python wrappers and keeps its object code on disk).
 The kernel becomes nested loops: the global axes outermost (the first one a `prange` when the kernel is
 big enough to be worth threads), the reduce axes inside with a scalar accumulator. Each Expr node is
 one local variable, placed at the shallowest loop level whose indices it uses, so loads that do not
@@ -18,8 +18,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import (
     IDX_DT,
@@ -34,17 +32,22 @@ from tgrad.fuse import (
     linear_terms,
     reduce_identity,
 )
+from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
 PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
 
-# the helpers kernels call live in tgrad/numba_rt.py; a digest of that file is part of every kernel's
-# source, so kernels cached on disk are rebuilt when the runtime changes
-_RT_DIGEST = hashlib.sha256((Path(__file__).parent / "numba_rt.py").read_bytes()).hexdigest()[:12]
+# the helpers kernels call live in tgrad/runtime/numba_rt.py; a digest of that file is part of every
+# kernel's source, so kernels cached on disk are rebuilt when the helpers change (the file is read, not
+# imported: rendering needs no Numba)
+_RT_PATH = Path(__file__).parent / "runtime" / "numba_rt.py"
+_RT_DIGEST = hashlib.sha256(_RT_PATH.read_bytes()).hexdigest()[:12]
 HEADER = f"""import numpy as np
 from numba import prange
 
-from tgrad.numba_rt import _acc_add, _acc_mul, _exp2f, _f16, _idiv, _maximum, kernel  # runtime {_RT_DIGEST}
+from tgrad.runtime.numba_rt import (  # runtime {_RT_DIGEST}
+    _acc_add, _acc_mul, _exp2f, _f16, _idiv, _maximum, kernel,
+)
 """
 
 NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32"}
@@ -306,16 +309,43 @@ def _loads(e: Expr, seen: set | None = None) -> list[Expr]:
     return out
 
 
-def render(kernel: Kernel, fname: str | None = None, parallel: bool | None = None) -> str:
-    """Python source (without the header) of one kernel as a Numba function. A kernel that `flatten`
-    turns 1-D takes its length as a last argument `n`, so its source does not depend on its shape."""
+def render(kernel: Kernel) -> Program:
+    """The kernel as a CPU Program. A matmul-shaped kernel (see `blas_plan`) becomes a BLAS call: its
+    launch facts hold the plan (`blas`) and the generated functions around it (`prologues` computing
+    computed operands, `epilogue` the stored value from the matmul result, or None when BLAS writes the
+    output itself). Any other kernel is one generated function (`render_loops`)."""
+    plan = blas_plan(kernel)
+    if plan is None:
+        return render_loops(kernel)
+    prologues = tuple(render_loops(p) for p in plan.prologues)
+    epilogue = None if plan.epilogue is None else render_loops(plan.epilogue)
+    what = "the reduce is a BLAS matmul" if epilogue is not None else "a BLAS matmul"
+    source = f"# {kernel.name}: {what} (see emit_numba.blas_plan)\n" + (epilogue.source if epilogue else "")
+    launch = {"blas": plan, "prologues": prologues, "epilogue": epilogue}
+    return Program(kernel.name, source, launch=launch)
+
+
+def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
+    """One kernel as one Numba function over raw pointers (source with HEADER), and how it is called:
+    `reads` the inputs it loads (the runtime passes only those), then `scratch` arrays, then `args`: the
+    length of a kernel that `flatten` made 1-D (so its source does not depend on its shape). Launch facts:
+    `storage`, the pointers' element types (output, inputs read, scratch); `parallel`, whether it runs
+    threads (by `want_parallel` unless given)."""
     if parallel is None:
         parallel = want_parallel(kernel)
-    compacted = compact(kernel)
+    reads = used_inputs(kernel)
+    compacted = compact(kernel, reads)
     flat = flatten(compacted)
     if flat is not None:
-        return _Renderer(flat, length="n").render(fname or function_name(kernel), parallel)
-    return _Renderer(compacted).render(fname or function_name(kernel), parallel)
+        fname, body = "E_n", _Renderer(flat, length="n").render("E_n", parallel)
+    else:
+        fname, body = kernel.name, _Renderer(compacted).render(kernel.name, parallel)
+    temps = tuple((size, storage_dtype(dt)) for _, size, dt in scratch(compacted, parallel))
+    ins = tuple(storage_dtype(kernel.in_dtypes[i]) for i in reads)
+    storage = (storage_dtype(kernel.out_dtype), *ins, *(dt for _, dt in temps))
+    args = (math.prod(kernel.shape),) if flat is not None else ()
+    return Program(fname, HEADER + "\n\n" + body, reads=reads, scratch=temps, args=args,
+                   launch={"storage": storage, "parallel": parallel})
 
 
 def used_inputs(kernel: Kernel) -> tuple[int, ...]:
@@ -326,11 +356,11 @@ def used_inputs(kernel: Kernel) -> tuple[int, ...]:
     return tuple(sorted({e.arg for x in exprs for e in _loads(x, seen)}))
 
 
-def compact(kernel: Kernel) -> Kernel:
-    """The kernel with only the inputs it reads, renumbered in order: its source then does not depend on
-    buffers it ignores (the runtime passes only `used_inputs`)."""
+def compact(kernel: Kernel, used: tuple[int, ...] | None = None) -> Kernel:
+    """The kernel with only the inputs it reads (`used_inputs`), renumbered in order: its source then does
+    not depend on buffers it ignores (the runtime passes only those)."""
     k = kernel
-    used = used_inputs(k)
+    used = used_inputs(k) if used is None else used
     if used == tuple(range(len(k.in_dtypes))):
         return k
     number = {old: new for new, old in enumerate(used)}
@@ -348,11 +378,6 @@ def compact(kernel: Kernel) -> Kernel:
         reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
         out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=tuple(k.in_dtypes[i] for i in used),
     )
-
-
-def function_name(kernel: Kernel) -> str:
-    """The name of the kernel's function in its source: shape-free for kernels `flatten` applies to."""
-    return "E_n" if flatten(kernel) is not None else kernel.name
 
 
 def flatten(kernel: Kernel) -> Kernel | None:
@@ -592,38 +617,3 @@ def _same_index(a: Expr, b: Expr) -> bool:
     """Whether two index expressions are the same sum of terms (in any order)."""
     diff = iadd(a, imul(b, -1))
     return is_const(diff) and diff.arg == 0
-
-
-def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:
-    item = array.itemsize
-    return np.ndarray(
-        tuple(sizes[a] for a in axes),
-        array.dtype,
-        buffer=array,
-        offset=op.offset * item,
-        strides=tuple(op.strides[a] * item for a in axes),
-    )
-
-
-def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], out: np.ndarray | None = None):
-    """The reduce result of a matmul-shaped kernel, row-major over its global axes. With `out` (the
-    kernel's flat output) and a result already in that order, BLAS writes into it and this returns None."""
-    shape = kernel.shape
-    r = list(range(kernel.n_global, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
-    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    a = _view(arrays[plan.a.input], plan.a, [*plan.batch, *plan.m, *r], shape)
-    b = _view(arrays[plan.b.input], plan.b, [*plan.batch, *r, *plan.n], shape)
-    # an operand whose axes do not merge (a conv's sliding windows) is copied here (im2col)
-    a = a.reshape(size(plan.batch), size(plan.m), size(r))
-    b = b.reshape(size(plan.batch), size(r), size(plan.n))
-    order = [*plan.batch, *plan.m, *plan.n]
-    if (
-        out is not None
-        and order == list(range(kernel.n_global))
-        and out.dtype == np.result_type(a, b)
-        and out.flags.c_contiguous
-    ):
-        np.matmul(a, b, out=out.reshape(size(plan.batch), size(plan.m), size(plan.n)))
-        return None
-    c = np.matmul(a, b).reshape(tuple(shape[x] for x in (*plan.batch, *plan.m, *plan.n)))
-    return np.ascontiguousarray(c.transpose([order.index(x) for x in range(kernel.n_global)])).reshape(-1)

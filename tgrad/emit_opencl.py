@@ -1,4 +1,4 @@
-"""Render a Kernel as C-style GPU source (OpenCL C, Metal Shading Language) and run it (CL, QCOM, METAL).
+"""Render a Kernel as C-style GPU source: OpenCL C (the CL and QCOM devices) and Metal Shading Language.
 
 One renderer, one small `Dialect` table per language (like tinygrad's renderer/cstyle.py): the kernel
 prefix, buffer qualifiers, how thread ids are read, the barrier, type names and half/double support.
@@ -27,18 +27,16 @@ compute in native `half`; half sums accumulate in float. bool buffers are stored
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tgrad.device import Buffer, Device, Program, cache_dir
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
+from tgrad.errors import DeviceError, DTypeError, KernelError
 from tgrad.fuse import IDX_DT, Expr, Kernel, StatementPlacer, const, reduce_identity
+from tgrad.program import Program
 
 LOCAL_SIZE = 128  # work-items per work-group for element-wise kernels
 GROUP_REDUCE_MIN = 256  # reduce length from which one work-group cooperates on each output...
@@ -125,7 +123,7 @@ inline float f16r(float x) {
 #endif"""
 
 
-def _kernel_dtypes(kernel: Kernel) -> set[DType]:
+def kernel_dtypes(kernel: Kernel) -> set[DType]:
     seen: set[int] = set()
     found = {kernel.out_dtype, *kernel.in_dtypes}
     stack = [e for e in (kernel.expr, kernel.reduce_expr, kernel.out_index) if e is not None]
@@ -451,7 +449,7 @@ class _Renderer(StatementPlacer):
         used_ids = ("grp", "lid") if self.group else ("gid",)
         params += [d.id_params[i] for i in used_ids if i in d.id_params]
         head = [d.header] if d.header else []
-        dts = _kernel_dtypes(k)
+        dts = kernel_dtypes(k)
         if d.extension_pragmas and dtypes.float64 in dts:
             head.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
         if d.extension_pragmas and d.native_half and dtypes.float16 in dts:
@@ -496,259 +494,8 @@ def _substitute(e: Expr, mapping: dict[int, Expr], acc: Expr, memo: dict) -> Exp
     return hit
 
 
-# ---------------------------------------------------------------------------------------------------
-# OpenCL runtime (pyopencl)
-
-
-class CLBuffer(Buffer):
-    """A device allocation; `.data` is the pyopencl Buffer (bool is stored as uint8)."""
-
-    def numpy(self) -> np.ndarray:
-        from tgrad.device import get_device
-
-        return get_device(self.device).to_numpy(self)
-
-
-def _import_pyopencl():
-    try:
-        import pyopencl as cl
-    except ImportError as e:
-        raise DeviceError("the CL device needs pyopencl: pip install pyopencl (or tgrad[opencl])") from e
-    return cl
-
-
-class CLDevice(Device):
-    """OpenCL through pyopencl: the first GPU found, else the first device of any kind (PoCL: a CPU)."""
-
-    name = "CL"
-    dialect = OPENCL
-
-    def __init__(self):
-        super().__init__()
-        cl = self.cl = _import_pyopencl()
-        self.device = self.pick_device(cl)
-        self.ctx = cl.Context([self.device])
-        self.queue = cl.CommandQueue(self.ctx)
-        self.exts = set(self.device.extensions.split())
-        self.max_local = int(self.device.max_work_group_size)
-        if self.dialect.native_half and "cl_khr_fp16" not in self.exts:
-            self.dialect = replace(self.dialect, native_half=False)
-        self.built: dict[str, object] = {}  # source hash -> cl.Kernel (one per program, reused)
-        self.id = f"{self.device.platform.name}|{self.device.name}|{self.device.driver_version}"
-
-    def pick_device(self, cl):
-        try:
-            platforms = cl.get_platforms()
-        except cl.Error:
-            platforms = []
-        found = [d for p in platforms for d in p.get_devices()]
-        if not found:
-            raise DeviceError("no OpenCL platform found: install pocl-opencl-icd or a GPU driver")
-        gpus = [d for d in found if d.type & cl.device_type.GPU]
-        return (gpus or found)[0]
-
-    def alloc(self, size: int, dtype: DType) -> Buffer:
-        if dtype == dtypes.float64 and "cl_khr_fp64" not in self.exts:
-            raise DTypeError(f"OpenCL device {self.device.name} has no float64 (cl_khr_fp64); use float32")
-        mem = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(1, size * dtype.itemsize))
-        return CLBuffer(self.name, size, dtype, mem)
-
-    def from_numpy(self, array: np.ndarray) -> Buffer:
-        flat = np.ascontiguousarray(array).reshape(-1)
-        buf = self.alloc(flat.size, dtypes.from_any(flat.dtype))
-        if flat.size:
-            host = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
-            self.cl.enqueue_copy(self.queue, buf.data, host)
-        return buf
-
-    def to_numpy(self, buf: Buffer) -> np.ndarray:
-        if not isinstance(buf.data, self.cl.Buffer):
-            return buf.data
-        host = np.empty(buf.size, np.uint8 if buf.dtype == dtypes.bool else buf.dtype.np)
-        if buf.size:
-            self.cl.enqueue_copy(self.queue, host, buf.data)
-        return host.view(np.bool_) if buf.dtype == dtypes.bool else host
-
-    def synchronize(self) -> None:
-        self.queue.finish()
-
-    def compile(self, kernel: Kernel) -> Program:
-        if dtypes.float64 in _kernel_dtypes(kernel) and "cl_khr_fp64" not in self.exts:
-            raise DTypeError(
-                f"kernel {kernel.name} uses float64 but OpenCL device {self.device.name} has no "
-                "cl_khr_fp64; use float32"
-            )
-        source = render(kernel, self.dialect)
-        knl = self.build(kernel.name, source)
-        gsize, lsize = launch_sizes(kernel, self.max_local)
-        cl, queue = self.cl, self.queue
-
-        def run(out: Buffer, *inputs: Buffer) -> None:
-            try:
-                knl.set_args(out.data, *[b.data for b in inputs])
-                cl.enqueue_nd_range_kernel(queue, knl, (gsize,), (lsize,))
-            except Exception as e:
-                raise KernelError(
-                    f"OpenCL kernel {kernel.name} failed to run on {self.device.name}: "
-                    f"{type(e).__name__}: {e}\n{numbered(source)}"
-                ) from e
-
-        return Program(kernel.name, source, run, self.name)
-
-    def build(self, name: str, source: str):
-        cl = self.cl
-        digest = hashlib.sha256((self.id + "\n" + source).encode()).hexdigest()[:24]
-        knl = self.built.get(digest)
-        if knl is not None:
-            return knl
-        folder = cache_dir()
-        path = folder / "opencl" / f"{digest}.bin" if folder is not None else None
-        prg = None
-        if path is not None and path.exists():
-            try:
-                prg = cl.Program(self.ctx, [self.device], [path.read_bytes()]).build()
-            except cl.Error:
-                prg = None  # a stale or foreign binary: build from source below
-        if prg is None:
-            prg = cl.Program(self.ctx, source)
-            try:  # cache_dir=False: tgrad keeps its own cache of binaries
-                prg.build(options=["-cl-std=CL1.2"], cache_dir=False)
-            except cl.Error as e:
-                log = self.build_log(prg) or str(e)
-                raise KernelError(
-                    f"OpenCL kernel {name} failed to build on {self.device.name}:\n{numbered(source)}\n"
-                    f"--- driver log ---\n{log.strip()}"
-                ) from e
-            if path is not None:
-                self.save_binary(prg, path)
-        knl = self.built[digest] = cl.Kernel(prg, name)
-        return knl
-
-    def build_log(self, prg) -> str:
-        try:
-            return prg.get_build_info(self.device, self.cl.program_build_info.LOG)
-        except self.cl.Error:
-            return ""
-
-    def save_binary(self, prg, path) -> None:
-        try:
-            binary = prg.get_info(self.cl.program_info.BINARIES)[0]
-        except self.cl.Error:
-            return  # this driver does not hand out binaries
-        if binary:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(bytes(binary))
-            os.replace(tmp, path)
-
-
-class QCOMDevice(CLDevice):
-    """Qualcomm Adreno through its OpenCL driver: the QCOM dialect (native half where cl_khr_fp16 exists).
-
-    With no Adreno device, QCOM_FALLBACK=1 runs the dialect on whatever OpenCL device there is."""
-
-    name = "QCOM"
-    dialect = QCOM
-
-    def pick_device(self, cl):
-        dev = super().pick_device(cl)
-        found = [d for p in cl.get_platforms() for d in p.get_devices()]
-        adreno = [d for d in found if "qualcomm" in (d.vendor + d.name).lower() or "adreno" in d.name.lower()]
-        if adreno:
-            return adreno[0]
-        if os.environ.get("QCOM_FALLBACK") == "1":
-            return dev
-        raise DeviceError(
-            f"no Qualcomm Adreno OpenCL device (found: {', '.join(d.name for d in found)}); "
-            "set QCOM_FALLBACK=1 to run the QCOM dialect on it anyway"
-        )
-
-
-# ---------------------------------------------------------------------------------------------------
-# Metal runtime (PyObjC, macOS only)
-
-
-class MetalDevice(Device):
-    """Apple GPUs through PyObjC's Metal bindings (pip install pyobjc-framework-Metal); macOS only.
-
-    Written for macOS but not run in tgrad's CI (no Mac there): the rendered source is tested instead."""
-
-    name = "METAL"
-
-    def __init__(self):
-        super().__init__()
-        if sys.platform != "darwin":
-            raise DeviceError(
-                "the METAL device needs macOS with a Metal GPU; here use CL or CPU "
-                "(tgrad.emit_opencl.render(kernel, METAL) still renders Metal source)"
-            )
-        try:
-            import Metal
-        except ImportError as e:
-            raise DeviceError("the METAL device needs PyObjC: pip install pyobjc-framework-Metal") from e
-        self.mtl = Metal
-        self.dev = Metal.MTLCreateSystemDefaultDevice()
-        if self.dev is None:
-            raise DeviceError("no Metal GPU found")
-        self.queue = self.dev.newCommandQueue()
-        self.pending: list = []
-
-    def alloc(self, size: int, dtype: DType) -> Buffer:
-        if dtype == dtypes.float64:
-            raise DTypeError("Metal has no float64; use float32")
-        mem = self.dev.newBufferWithLength_options_(max(1, size * dtype.itemsize), 0)  # shared storage
-        return Buffer(self.name, size, dtype, mem)
-
-    def _view(self, buf: Buffer) -> np.ndarray:
-        mem = buf.data.contents().as_buffer(max(1, buf.size * buf.dtype.itemsize))
-        host = np.frombuffer(mem, np.uint8 if buf.dtype == dtypes.bool else buf.dtype.np, count=buf.size)
-        return host.view(np.bool_) if buf.dtype == dtypes.bool else host
-
-    def from_numpy(self, array: np.ndarray) -> Buffer:
-        flat = np.ascontiguousarray(array).reshape(-1)
-        buf = self.alloc(flat.size, dtypes.from_any(flat.dtype))
-        self._view(buf)[:] = flat
-        return buf
-
-    def to_numpy(self, buf: Buffer) -> np.ndarray:
-        if isinstance(buf.data, np.ndarray):
-            return buf.data
-        self.synchronize()
-        return self._view(buf).copy()
-
-    def synchronize(self) -> None:
-        for cmd in self.pending:
-            cmd.waitUntilCompleted()
-        self.pending.clear()
-
-    def compile(self, kernel: Kernel) -> Program:
-        source = render(kernel, METAL)
-        options = self.mtl.MTLCompileOptions.new()
-        options.setFastMathEnabled_(False)  # keep nan/inf semantics (MAX propagates nan)
-        lib, err = self.dev.newLibraryWithSource_options_error_(source, options, None)
-        if lib is None:
-            raise KernelError(
-                f"Metal kernel {kernel.name} failed to build:\n{numbered(source)}\n--- log ---\n{err}"
-            )
-        fn = lib.newFunctionWithName_(kernel.name)
-        pipeline, err = self.dev.newComputePipelineStateWithFunction_error_(fn, None)
-        if pipeline is None:
-            raise KernelError(f"Metal kernel {kernel.name}: pipeline failed: {err}")
-        gsize, lsize = launch_sizes(kernel, int(pipeline.maxTotalThreadsPerThreadgroup()))
-        mtl = self.mtl
-
-        def run(out: Buffer, *inputs: Buffer) -> None:
-            cmd = self.queue.commandBuffer()
-            enc = cmd.computeCommandEncoder()
-            enc.setComputePipelineState_(pipeline)
-            for i, b in enumerate((out, *inputs)):
-                enc.setBuffer_offset_atIndex_(b.data, 0, i)
-            enc.dispatchThreadgroups_threadsPerThreadgroup_(
-                mtl.MTLSizeMake(gsize // lsize, 1, 1), mtl.MTLSizeMake(lsize, 1, 1)
-            )
-            enc.endEncoding()
-            cmd.commit()
-            self.pending.append(cmd)
-
-        return Program(kernel.name, source, run, self.name)
-
+def program(kernel: Kernel, dialect: Dialect = OPENCL, max_local: int = 1024) -> Program:
+    """The kernel as a Program in a C-style dialect: its source and 1-D launch (global and local size, for
+    a device whose work-groups hold at most `max_local` items)."""
+    global_size, local_size = launch_sizes(kernel, max_local)
+    return Program(kernel.name, render(kernel, dialect), (global_size,), (local_size,))

@@ -1,4 +1,4 @@
-"""Render a Kernel as a `@triton.jit` function, and the CUDA / AMD / TRITON devices that run it.
+"""Render a Kernel as a `@triton.jit` function (the CUDA / AMD / TRITON devices: tgrad/runtime/triton.py).
 
 The iteration space is flattened into two numbers: `g`, the position in the global (parallel) axes, and
 `r`, the position in the reduce axes. Each program handles a block of BLOCK_G consecutive values of `g`;
@@ -31,21 +31,14 @@ BLOCK_R = min(next_pow2(R), TILE / 16).
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import os
-import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from tgrad.device import DEBUG, Buffer, Device, Program, cache_dir, getenv
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import DeviceError, KernelError, TgradError, numbered
+from tgrad.errors import KernelError
 from tgrad.fuse import Expr, Kernel, reduce_identity
+from tgrad.program import Program
 
 # No helper @triton.jit functions: Triton 3.9's interpreter leaves triton.language patched after it
 # calls one (and runs tl.reduce combine functions element by element), so everything is inlined.
@@ -87,7 +80,7 @@ def tl_type(dtype: DType) -> str:
 
 def interpreting() -> bool:
     """True when Triton runs kernels with its CPU interpreter (TRITON_INTERPRET=1)."""
-    return getenv("TRITON_INTERPRET") == "1"
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -143,7 +136,7 @@ def next_pow2(n: int) -> int:
 def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | None = None) -> Blocks:
     """The block sizes of a kernel, by the rule in the module docstring."""
     interpret = interpreting() if interpret is None else interpret
-    noopt = getenv("NOOPT") == "1" if noopt is None else noopt
+    noopt = os.environ.get("NOOPT") == "1" if noopt is None else noopt
     tile = TILE_INTERPRET if interpret else TILE_GPU
     g, r = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
     if kernel.reduce_expr is None:
@@ -582,351 +575,11 @@ class _DotRenderer(_Renderer):
         return code_for_op[e.op](e.dtype, *srcs)
 
 
-def render(kernel: Kernel, fname: str | None = None, blocks: Blocks | None = None) -> str:
-    """Triton source (without the header) of one kernel as a `@triton.jit` function."""
-    blocks = blocks or choose_blocks(kernel)
+def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None = None) -> Program:
+    """The kernel as a Program: Triton source (HEADER and one `@triton.jit` function named after the
+    kernel), launched on a 1-D grid of `global_size` programs with `launch["num_warps"]` warps each.
+    Block sizes by `choose_blocks` (for the interpreter or a GPU) unless given."""
+    blocks = blocks or choose_blocks(kernel, interpret)
     renderer = _DotRenderer if blocks.block_n else _Renderer
-    return renderer(kernel, blocks).render(fname or kernel.name)
-
-
-# ---------------------------------------------------------------------------------------------------
-# the runtime
-
-_TORCH_DTYPE = {
-    dtypes.bool: "bool",
-    dtypes.uint8: "uint8",
-    dtypes.int8: "int8",
-    dtypes.int16: "int16",
-    dtypes.int32: "int32",
-    dtypes.int64: "int64",
-    dtypes.float16: "float16",
-    dtypes.float32: "float32",
-    dtypes.float64: "float64",
-}
-_tmp_dir: Path | None = None
-
-
-def _source_dir() -> Path:
-    """Where generated kernel modules are written: triton.jit reads its function's source from a file."""
-    global _tmp_dir
-    cdir = cache_dir()
-    if cdir is not None:
-        folder = cdir / "triton"
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-    if _tmp_dir is None:
-        _tmp_dir = Path(tempfile.mkdtemp(prefix="tgrad-triton-"))
-    return _tmp_dir
-
-
-def load_source(source: str, fname: str, interpret: bool):
-    """Write a module's source to a real file (once per content hash), import it, return fname from it.
-    `interpret` picks what triton.jit makes (it reads TRITON_INTERPRET when the module runs)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    folder = _source_dir()
-    path = folder / f"k_{digest}.py"
-    if not path.exists():
-        tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    name = f"tgrad_triton_{digest}_{'interpret' if interpret else 'gpu'}"
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            if saved is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = saved
-        sys.modules[name] = module
-    return getattr(module, fname)
-
-
-def _shared_llvm_loaded() -> bool:
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("/libLLVM" in line for line in maps)
-    except OSError:
-        return False
-
-
-def _import_triton():
-    """triton, with triton.language. Where a shared libLLVM is already loaded (Mesa's lavapipe behind
-    WEBGPU, PoCL behind CL), libtriton's own LLVM binds to it and the import segfaults: it is then
-    loaded with RTLD_DEEPBIND so it keeps its own symbols."""
-    if "triton" not in sys.modules and hasattr(os, "RTLD_DEEPBIND") and _shared_llvm_loaded():
-        flags = sys.getdlopenflags()
-        sys.setdlopenflags(flags | os.RTLD_DEEPBIND)
-        try:
-            import triton._C.libtriton  # noqa: F401
-        finally:
-            sys.setdlopenflags(flags)
-    import triton
-    import triton.language
-
-    return triton
-
-
-class TritonDevice(Device):
-    """Kernels rendered as `@triton.jit` functions. Buffers are torch tensors: on the GPU, or on the CPU
-    when Triton's interpreter runs the kernels (TRITON_INTERPRET=1, which needs CPU torch tensors)."""
-
-    name = "TRITON"
-    vendor = ""  # "cuda" or "hip": the GPU kind this device insists on; "" takes whichever is present
-
-    def __init__(self):
-        super().__init__()
-        self.interpret = interpreting()
-        try:
-            import torch
-
-            triton = _import_triton()
-        except ImportError as e:
-            raise DeviceError(
-                f"the {self.name} device needs triton and torch ({e.name or e} is missing): "
-                "pip install triton torch, or the extra tgrad[triton] "
-                "(pip install -e .[triton] in a checkout)"
-            ) from e
-        self.torch = torch
-        if not self.interpret and not torch.cuda.is_available():
-            raise DeviceError(
-                f"{self.name} device: no GPU found; set TRITON_INTERPRET=1 to run Triton kernels on the CPU"
-            )
-        if (type(triton.language.sum).__name__ == "InterpretedFunction") != self.interpret:
-            now = "1" if self.interpret else "unset"
-            raise DeviceError(
-                f"{self.name} device: triton was imported under another TRITON_INTERPRET than now ({now}); "
-                "set it in the environment before anything imports triton"
-            )
-        if self.interpret:
-            self.torch_device = "cpu"
-            return
-        hip = getattr(torch.version, "hip", None) is not None
-        if self.vendor and (self.vendor == "hip") != hip:
-            have, use = ("an AMD (ROCm)", "AMD") if hip else ("an NVIDIA (CUDA)", "CUDA")
-            raise DeviceError(f"{self.name} device: this torch drives {have} GPU; use DEVICE={use} or TRITON")
-        self.torch_device = "cuda"
-
-    def alloc(self, size: int, dtype: DType) -> Buffer:
-        t = self.torch.empty(size, dtype=getattr(self.torch, _TORCH_DTYPE[dtype]), device=self.torch_device)
-        return Buffer(self.name, size, dtype, t)
-
-    def from_numpy(self, array: np.ndarray) -> Buffer:
-        flat = np.ascontiguousarray(array).reshape(-1).copy()
-        t = self.torch.from_numpy(flat)
-        if self.torch_device != "cpu":
-            t = t.to(self.torch_device)
-        return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), t)
-
-    def to_numpy(self, buf: Buffer) -> np.ndarray:
-        return buf.data.detach().cpu().numpy()
-
-    def synchronize(self) -> None:
-        if self.torch_device != "cpu":
-            self.torch.cuda.synchronize()
-
-    def compile(self, kernel: Kernel, blocks: Blocks | None = None) -> Program:
-        """A Program for the kernel (block sizes by `choose_blocks` unless given); with
-        TGRAD_TRITON_TARGET set, the kernel is first compiled for each of those GPU targets."""
-        for target in targets_from_env():
-            compile_for_target(kernel, target)
-        blocks = blocks or choose_blocks(kernel, self.interpret)
-        fname = kernel.name
-        source = HEADER + "\n\n" + render(kernel, fname, blocks)
-        try:
-            fn = load_source(source, fname, self.interpret)
-        except Exception as e:
-            raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
-        grid = (blocks.grid(kernel),)
-        launcher = fn[grid]
-        num_warps = blocks.num_warps
-
-        def run(out: Buffer, *inputs: Buffer) -> None:
-            try:
-                launcher(out.data, *(b.data for b in inputs), num_warps=num_warps)
-            except Exception as e:
-                raise KernelError(
-                    f"kernel {fname} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
-                ) from e
-
-        return Program(fname, source, run, self.name)
-
-
-class CUDADevice(TritonDevice):
-    """NVIDIA GPUs through Triton."""
-
-    name = "CUDA"
-    vendor = "cuda"
-
-
-class AMDDevice(TritonDevice):
-    """AMD GPUs (ROCm) through Triton."""
-
-    name = "AMD"
-    vendor = "hip"
-
-
-# ---------------------------------------------------------------------------------------------------
-# ahead-of-time compilation for real GPU targets (works without a GPU)
-
-
-@dataclass(frozen=True)
-class TargetBinary:
-    """What compiling one kernel for one GPU target produced."""
-
-    target: str  # "cuda:90", "hip:gfx942"
-    asm_name: str  # "ptx" or "amdgcn"
-    asm_bytes: int
-    binary_bytes: int  # cubin / hsaco
-    registers: int | None  # per thread (NVIDIA: from the cubin; AMD: VGPRs)
-
-
-_target_cache: dict[tuple[str, str], TargetBinary] = {}
-
-
-def parse_target(text: str):
-    """'cuda:90' / 'cuda:80' / 'hip:gfx942' -> triton GPUTarget."""
-    from triton.backends.compiler import GPUTarget
-
-    backend, _, arch = text.strip().partition(":")
-    if backend == "cuda" and arch.isdigit():
-        return GPUTarget("cuda", int(arch), 32)
-    if backend == "hip" and arch.startswith("gfx"):
-        return GPUTarget("hip", arch, 64)
-    raise TgradError(
-        f"TGRAD_TRITON_TARGET: {text!r} is not cuda:<sm number> or hip:<gfx arch> (e.g. cuda:90,hip:gfx942)"
-    )
-
-
-def targets_from_env() -> list[str]:
-    """The targets named by TGRAD_TRITON_TARGET (comma separated), e.g. ['cuda:80', 'hip:gfx942']."""
-    return [t.strip() for t in getenv("TGRAD_TRITON_TARGET").split(",") if t.strip()]
-
-
-def _cubin_registers(cubin: bytes) -> int | None:
-    """Registers per thread from a cubin's .nv.info section (attribute EIATTR_REGCOUNT)."""
-    try:
-        shoff = int.from_bytes(cubin[0x28:0x30], "little")
-        shentsize, shnum, shstrndx = (int.from_bytes(cubin[o : o + 2], "little") for o in (0x3A, 0x3C, 0x3E))
-        headers = [cubin[shoff + i * shentsize : shoff + (i + 1) * shentsize] for i in range(shnum)]
-        names_at = int.from_bytes(headers[shstrndx][0x18:0x20], "little")
-        for h in headers:
-            name_at = names_at + int.from_bytes(h[0:4], "little")
-            if cubin[name_at : cubin.index(b"\0", name_at)] != b".nv.info":
-                continue
-            offset, size = int.from_bytes(h[0x18:0x20], "little"), int.from_bytes(h[0x20:0x28], "little")
-            data, pos = cubin[offset : offset + size], 0
-            while pos + 4 <= len(data):
-                fmt, attr = data[pos], data[pos + 1]
-                length = int.from_bytes(data[pos + 2 : pos + 4], "little")
-                if fmt == 0x04 and attr == 0x2F:  # EIFMT_SVAL, EIATTR_REGCOUNT: (symbol, count)
-                    return int.from_bytes(data[pos + 8 : pos + 12], "little")
-                pos += 4 + (length if fmt == 0x04 else 0)
-    except (IndexError, ValueError):
-        return None
-    return None
-
-
-def _amdgcn_registers(asm: str) -> int | None:
-    for line in asm.splitlines():
-        if line.strip().startswith(".vgpr_count:"):
-            return int(line.split(":")[1])
-    return None
-
-
-_worker = None
-
-
-def _compile_worker():
-    """A helper process that runs Triton's real compiler. It is needed where the interpreter is on:
-    with TRITON_INTERPRET=1 at import, triton.language's own @jit functions (tl.sum, tl.max...) are
-    interpreter objects, which the compiler cannot lower. The helper starts with TRITON_INTERPRET=0.
-    (A plain subprocess, not multiprocessing: spawn would re-run the user's main script.)"""
-    global _worker
-    if _worker is None or _worker.poll() is not None:
-        import subprocess
-
-        env = {**os.environ, "TRITON_INTERPRET": "0"}
-        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        code = "from tgrad.emit_triton import _serve; _serve()"
-        pipe = subprocess.PIPE
-        _worker = subprocess.Popen([sys.executable, "-c", code], stdin=pipe, stdout=pipe, env=env)
-    return _worker
-
-
-def _serve() -> None:
-    """(the helper process) Answer pickled compile jobs from stdin on stdout, one at a time."""
-    import pickle
-
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything else printed goes to stderr
-    jobs = sys.stdin.buffer
-    while True:
-        try:
-            job = pickle.load(jobs)
-        except EOFError:
-            return
-        pickle.dump(_compile_source(*job), replies)
-        replies.flush()
-
-
-def _run_job(job: tuple) -> tuple:
-    import pickle
-
-    worker = _compile_worker()
-    pickle.dump(job, worker.stdin)
-    worker.stdin.flush()
-    return pickle.load(worker.stdout)
-
-
-def _compile_source(source: str, fname: str, signature: dict, target: str, num_warps: int) -> tuple:
-    """(in the helper process) ('ok', asm name, asm bytes, binary bytes, registers) or ('error', text)."""
-    import triton
-    from triton.compiler import ASTSource
-
-    try:
-        fn = load_source(source, fname, interpret=False)
-        compiled = triton.compile(
-            ASTSource(fn, signature, {}), target=parse_target(target), options={"num_warps": num_warps}
-        )
-    except Exception as e:
-        return ("error", f"{type(e).__name__}: {e}")
-    if target.startswith("cuda"):
-        binary = compiled.asm["cubin"]
-        return ("ok", "ptx", len(compiled.asm["ptx"]), len(binary), _cubin_registers(binary))
-    asm = compiled.asm["amdgcn"]
-    return ("ok", "amdgcn", len(asm), len(compiled.asm["hsaco"]), _amdgcn_registers(asm))
-
-
-def compile_for_target(kernel: Kernel, target: str) -> TargetBinary:
-    """Compile a kernel (GPU block sizes) with Triton's real compiler for `target`; no GPU needed.
-    Raises KernelError with the kernel's name, its Triton source and the compiler's message."""
-    parse_target(target)
-    blocks = choose_blocks(kernel, interpret=False)
-    source = HEADER + "\n\n" + render(kernel, kernel.name, blocks)
-    key = (source, target)
-    hit = _target_cache.get(key)
-    if hit is not None:
-        return hit
-    signature = {"out": SIG_NAME[kernel.out_dtype]}
-    signature.update({f"in{i}": SIG_NAME[d] for i, d in enumerate(kernel.in_dtypes)})
-    job = (source, kernel.name, signature, target, blocks.num_warps)
-    result = _run_job(job)
-    if result[0] == "error":
-        message = f"kernel {kernel.name} does not compile for {target}: {result[1]}"
-        raise KernelError(f"{message}\n{numbered(source)}")
-    info = TargetBinary(target, *result[1:])
-    if DEBUG >= 4:
-        print(
-            f"  {kernel.name} {target}: {info.asm_name} {info.asm_bytes} bytes, binary {info.binary_bytes} "
-            f"bytes, {info.registers} registers, {blocks.num_warps} warps",
-            file=sys.stderr,
-        )
-    _target_cache[key] = info
-    return info
+    source = HEADER + "\n\n" + renderer(kernel, blocks).render(kernel.name)
+    return Program(kernel.name, source, (blocks.grid(kernel),), launch={"num_warps": blocks.num_warps})

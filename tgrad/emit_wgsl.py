@@ -1,4 +1,4 @@
-"""Render a Kernel as a WGSL compute shader, and run it through wgpu (the WEBGPU device).
+"""Render a Kernel as a WGSL compute shader (the WEBGPU device; its runtime is tgrad/runtime/webgpu.py).
 
 One invocation computes one output element: the invocation number is split into the global indices,
 the reduce axes are loops inside it with a scalar accumulator. When the reduce is long and the outputs
@@ -31,17 +31,14 @@ written so that an ordered compare gives the right answer, and MAX propagates Na
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import tempfile
 
 import numpy as np
 
-from tgrad.device import Buffer, Device, Program
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
+from tgrad.errors import DTypeError, KernelError
 from tgrad.fuse import Expr, Kernel, StatementPlacer, is_const, reduce_identity
+from tgrad.program import Program
 
 WORKGROUP = 64
 TREE_WORKGROUP = 256
@@ -536,203 +533,11 @@ def dispatch_size(n_groups: int, max_per_dim: int) -> tuple[int, int, int]:
     return (max_per_dim, y, 1)
 
 
-# ---------------------------------------------------------------------------------------------------
-# runtime
-
-
-def _private_runtime_dir() -> None:
-    """Mesa's Vulkan loader warns when XDG_RUNTIME_DIR is unset or unusable: give it a private one."""
-    current = os.environ.get("XDG_RUNTIME_DIR")
-    if current and os.path.isdir(current) and os.access(current, os.W_OK):
-        return
-    path = os.path.join(tempfile.gettempdir(), f"tgrad-xdg-{os.getuid()}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    if os.stat(path).st_uid == os.getuid():
-        os.chmod(path, 0o700)
-        os.environ["XDG_RUNTIME_DIR"] = path
-
-
-class WebGPUBuffer(Buffer):
-    """A Buffer whose `.data` is a wgpu GPUBuffer."""
-
-    def numpy(self) -> np.ndarray:
-        from tgrad.device import get_device
-
-        return get_device(self.device).to_numpy(self)
-
-
-NO_ADAPTER = (
-    "no WebGPU adapter found; install a Vulkan driver (Debian/Ubuntu: apt-get install mesa-vulkan-drivers "
-    "libvulkan1 gives the llvmpipe CPU adapter)"
-)
-
-
-class WebGPUDevice(Device):
-    """Kernels rendered as WGSL and run through wgpu-native on the first adapter found."""
-
-    name = "WEBGPU"
-
-    def __init__(self, int64: bool | None = None):
-        """int64: compute int64 as WGSL i64 where the adapter has shader-int64 (default: no, int64 is
-        held as int32; WEBGPU_INT64=1 turns it on). Mesa 22.3's lavapipe miscompiles i64 comparisons
-        of converted 32-bit values with constants, so the default is the int32 rule."""
-        super().__init__()
-        try:
-            import wgpu
-        except ImportError as e:
-            raise DeviceError("the WEBGPU device needs wgpu: pip install wgpu (or tgrad[webgpu])") from e
-        self.wgpu = wgpu
-        _private_runtime_dir()
-        adapter = None
-        for kwargs in ({"power_preference": "high-performance"}, {"force_fallback_adapter": True}):
-            try:
-                adapter = wgpu.gpu.request_adapter_sync(**kwargs)
-            except Exception:  # wgpu raises RuntimeError or its own errors when nothing is found
-                adapter = None
-            if adapter is not None:
-                break
-        if adapter is None:
-            raise DeviceError(NO_ADAPTER)
-        features = set(adapter.features)
-        if int64 is None:
-            int64 = os.environ.get("WEBGPU_INT64", "0") == "1"
-        has64 = "shader-int64" in features
-        self.target = Target(int64 and has64, "shader-f64" in features and has64)
-        wanted = [f for f in ("shader-int64", "shader-f64") if f in features]
-        limits = adapter.limits
-        keep = (
-            "max-storage-buffer-binding-size",
-            "max-buffer-size",
-            "max-storage-buffers-per-shader-stage",
-            "max-compute-workgroups-per-dimension",
-            "max-compute-invocations-per-workgroup",
-            "max-compute-workgroup-size-x",
-        )
-        self.adapter_info = adapter.info
-        self.device = adapter.request_device_sync(
-            required_features=wanted, required_limits={k: limits[k] for k in keep}
-        )
-        self.limits = {k: limits[k] for k in keep}
-        self.pipelines: dict[str, tuple] = {}
-        self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-        self.fence = self.device.create_buffer(size=4, usage=self.usage)
-
-    # buffers
-
-    def nbytes(self, size: int, dtype: DType) -> int:
-        raw = size * self.target.itemsize(dtype)
-        return max(4, -(-raw // 4) * 4)
-
-    def _fits(self, nbytes: int) -> None:
-        limit = self.limits["max-storage-buffer-binding-size"]
-        if nbytes > limit:
-            raise DeviceError(
-                f"a {nbytes}-byte buffer is larger than this WEBGPU adapter binds ({limit} bytes); "
-                "split the tensor or use another device"
-            )
-
-    def alloc(self, size: int, dtype: DType) -> Buffer:
-        self.target.check(dtype)
-        self._fits(self.nbytes(size, dtype))
-        handle = self.device.create_buffer(size=self.nbytes(size, dtype), usage=self.usage)
-        return WebGPUBuffer(self.name, size, dtype, handle)
-
-    def from_numpy(self, array: np.ndarray) -> Buffer:
-        flat = np.ascontiguousarray(array).reshape(-1)
-        dtype = dtypes.from_any(flat.dtype)
-        flat = flat.astype(dtype.np, copy=False)  # native byte order: the raw bytes are uploaded
-        self.target.check(dtype)
-        if dtype == dtypes.int64 and not self.target.int64:
-            if flat.size and (flat.min() < -(2**31) or flat.max() >= 2**31):
-                raise DTypeError(
-                    "this WEBGPU adapter has no shader-int64, so int64 tensors are held as int32, and "
-                    f"these values ({flat.min()}..{flat.max()}) do not fit; use smaller values or another "
-                    "device"
-                )
-            flat = flat.astype(np.int32)
-        raw = flat.tobytes()
-        raw += bytes(self.nbytes(flat.size, dtype) - len(raw))
-        self._fits(len(raw))
-        handle = self.device.create_buffer_with_data(data=raw, usage=self.usage)
-        return WebGPUBuffer(self.name, flat.size, dtype, handle)
-
-    def to_numpy(self, buf: Buffer) -> np.ndarray:
-        raw = self.device.queue.read_buffer(buf.data)
-        storage = np.int32 if buf.dtype == dtypes.int64 and not self.target.int64 else buf.dtype.np
-        return np.frombuffer(raw, dtype=storage, count=buf.size).astype(buf.dtype.np, copy=True)
-
-    def synchronize(self) -> None:
-        self.device.queue.read_buffer(self.fence)  # a read waits for all submitted work
-
-    # programs
-
-    def compile(self, kernel: Kernel) -> Program:
-        wgpu = self.wgpu
-        source = render(kernel, self.target)
-        n_in = len(kernel.in_dtypes)
-        if n_in + 1 > self.limits["max-storage-buffers-per-shader-stage"]:
-            raise KernelError(
-                f"kernel {kernel.name} reads {n_in} buffers; this WEBGPU adapter binds at most "
-                f"{self.limits['max-storage-buffers-per-shader-stage']} per shader; realize() a part earlier"
-            )
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        cached = self.pipelines.get(digest)
-        if cached is None:
-            entries = [{"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": "storage"}}]
-            entries += [
-                {
-                    "binding": i + 1,
-                    "visibility": wgpu.ShaderStage.COMPUTE,
-                    "buffer": {"type": "read-only-storage"},
-                }
-                for i in range(n_in)
-            ]
-            try:
-                module = self.device.create_shader_module(code=source)
-                layout = self.device.create_bind_group_layout(entries=entries)
-                pipeline = self.device.create_compute_pipeline(
-                    layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
-                    compute={"module": module, "entry_point": kernel.name},
-                )
-            except Exception as e:
-                raise KernelError(f"kernel {kernel.name} failed to build: {e}\n{numbered(source)}") from e
-            cached = self.pipelines[digest] = (pipeline, layout)
-        pipeline, layout = cached
-        n_out = math.prod(kernel.global_shape)
-        per_group = 1 if use_tree(kernel) else WORKGROUP
-        groups = dispatch_size(
-            -(-max(n_out, 1) // per_group), self.limits["max-compute-workgroups-per-dimension"]
-        )
-
-        def run(out: Buffer, *inputs: Buffer) -> None:
-            try:
-                launch(out, *inputs)
-            except Exception as e:
-                raise KernelError(
-                    f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
-                ) from e
-
-        def launch(out: Buffer, *inputs: Buffer) -> None:
-            encoder = self.device.create_command_encoder()
-            handles = []
-            for b in inputs:
-                handle = b.data
-                if handle is out.data:  # read and written in one dispatch: WebGPU forbids; read a copy
-                    nbytes = self.nbytes(b.size, b.dtype)
-                    handle = self.device.create_buffer(size=nbytes, usage=self.usage)
-                    encoder.copy_buffer_to_buffer(b.data, 0, handle, 0, nbytes)
-                handles.append(handle)
-            bind = self.device.create_bind_group(
-                layout=layout,
-                entries=[
-                    {"binding": i, "resource": {"buffer": h}} for i, h in enumerate([out.data, *handles])
-                ],
-            )
-            cpass = encoder.begin_compute_pass()
-            cpass.set_pipeline(pipeline)
-            cpass.set_bind_group(0, bind)
-            cpass.dispatch_workgroups(*groups)
-            cpass.end()
-            self.device.queue.submit([encoder.finish()])
-
-        return Program(kernel.name, source, run, self.name)
+def program(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int = 65535) -> Program:
+    """The kernel as a Program: WGSL source and its dispatch (workgroups in x, y, z, each dimension at most
+    `max_groups_per_dim`; `local_size` is the workgroup size)."""
+    n_out = math.prod(kernel.global_shape)
+    tree = use_tree(kernel)
+    per_group = 1 if tree else WORKGROUP
+    groups = dispatch_size(-(-max(n_out, 1) // per_group), max_groups_per_dim)
+    return Program(kernel.name, render(kernel, target), groups, (TREE_WORKGROUP if tree else WORKGROUP,))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgrad.dtype import DType, dtypes
+from tgrad.errors import TgradError
 from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, prod, strides_for
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
@@ -608,8 +609,6 @@ def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
             continue
         for later in ordered[pos + 1 :]:
             if it.target in later.inputs:
-                from tgrad.errors import TgradError
-
                 raise TgradError(
                     "a kernel reads both the old and the assigned value of one buffer; "
                     "realize() the old value before assign()"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from tgrad.dtype import DType
+from tgrad.dtype import DType, dtypes
 
 
 class Op(Enum):
@@ -321,8 +321,6 @@ class ShapeTracker:
 
 def alu(op: Op, *srcs: Node) -> Node:
     """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition)."""
-    from tgrad.dtype import dtypes
-
     if op in (Op.CMPLT, Op.CMPNE):
         dtype = dtypes.bool
     elif op is Op.WHERE:

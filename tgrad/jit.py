@@ -50,9 +50,11 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import device as dev_mod
+from tgrad import device
 from tgrad import graph as g
+from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
+from tgrad.device import Stats, get_runtime
 from tgrad.dtype import dtypes
 from tgrad.errors import JitError
 from tgrad.graph import Op
@@ -145,24 +147,41 @@ def _digest(arr: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).hexdigest()
 
 
-class _Log(list):
-    """The CAPTURE list of launches (program, out buffer, input buffers). It also notes, per written
-    buffer, the node counter at the write (a BUFFER node made before that holds the buffer's old value,
-    which an assign() overwrote), and which buffers were allocated in this call (`fresh`)."""
+class _Recorder(driver.Recorder):
+    """What one call of the function did, as the realize driver reports it: the kernel launches (runner,
+    out buffer, input buffers), random draws and host uploads. It also notes, per written buffer, the
+    node counter at the write (a BUFFER node made before that holds the buffer's old value, which an
+    assign() overwrote), and which buffers were allocated in this call (`fresh`). Reading a value back
+    to the host raises: replays would not run the Python code that uses it."""
 
     def __init__(self):
-        super().__init__()
+        self.launches: list[tuple] = []
         self.written: dict[int, int] = {}
         self.fresh: dict[int, g.Node] = {}  # id(buffer allocated in this call) -> the node computed into it
+        self.randoms: list[tuple] = []  # (buffer, draw, dtype, device)
+        self.hosts: list[tuple] = []  # (buffer, host array)
 
-    def launch(self, prg, out, inputs, fresh: bool, node: g.Node) -> None:
-        self.append((prg, out, inputs))
+    def launch(self, runner, out, inputs, fresh: bool, node: g.Node) -> None:
+        self.launches.append((runner, out, inputs))
         self.written[id(out)] = next(g.Node._ids)
         if fresh:
             self.fresh[id(out)] = node
 
+    def upload(self, buf, array) -> None:
+        self.hosts.append((buf, array))
+
+    def random(self, buf, draw, dtype, device) -> None:
+        self.randoms.append((buf, draw, dtype, device))
+
+    def read(self, node) -> None:
+        raise JitError(
+            ".numpy()/.item()/.tolist()/bool() inside a TinyJit function reads a value once, and replays "
+            "would not run the Python code that uses it (control flow on tensor values is frozen): return "
+            "the tensor and read it outside the function, or use Tensor.where for data-dependent choices"
+        )
+
     def reads(self) -> set[int]:
-        return {id(b) for _, _, ins in self for b in ins}
+        return {id(b) for _, _, ins in self.launches for b in ins}
 
 
 def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
@@ -182,14 +201,6 @@ def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
             continue
         stack.extend(n.srcs[1:] if n.op is Op.ASSIGN else n.srcs)
     return False
-
-
-def _no_numpy(node):
-    raise JitError(
-        ".numpy()/.item()/.tolist()/bool() inside a TinyJit function reads a value once, and replays would "
-        "not run the Python code that uses it (control flow on tensor values is frozen): return the tensor "
-        "and read it outside the function, or use Tensor.where for data-dependent choices"
-    )
 
 
 def _meta(t: Tensor) -> tuple:
@@ -265,7 +276,7 @@ class TinyJit:
         return getattr(self.fn, "__name__", "fn")
 
     def _debug(self, message: str) -> None:
-        if dev_mod.DEBUG >= 1:
+        if device.DEBUG >= 1:
             print(f"TinyJit {self.name}: {message}", file=sys.stderr)
 
     @property
@@ -302,7 +313,7 @@ class TinyJit:
         tensors = [v for v in flat if isinstance(v, Tensor)]
         keep = [v for v in flat if not isinstance(v, Tensor)]
         others = tuple(_arg_key(v) for v in keep)
-        if dev_mod.CAPTURE is not None:  # inside another TinyJit's function: that one captures us
+        if driver.RECORDER is not None:  # inside another TinyJit's function: that one captures us
             return self.fn(*args, **kwargs)
         pending = tensor_mod.pending_assigns()  # assign()s made outside and not run yet: run them first
         if pending:
@@ -317,11 +328,11 @@ class TinyJit:
         self._last = v
         if v.cnt >= 2:
             return self._replay(v, bufs)
-        # NUMPY has no kernels to capture: it runs the function every time, under the same rules
-        numpy = any(t.device == "NUMPY" for t in tensors) or (
-            not tensors and dev_mod.default_device() == "NUMPY"
-        )
-        return self._run(v, args, kwargs, bufs, plain=numpy)
+        # a device without kernels (the NUMPY reference evaluates graphs) has nothing to capture: there
+        # the function runs every time, under the same rules
+        devices = {t.device for t in tensors} or {device.default_device()}
+        plain = any(get_runtime(d).evaluates_graphs for d in devices)
+        return self._run(v, args, kwargs, bufs, plain=plain)
 
     def _arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, list]:
         """Argument names and values in the function's parameter order, however they were passed."""
@@ -368,11 +379,8 @@ class TinyJit:
             if t.grad is not None:
                 _bare(t.grad)
         pre = {id(t): t.grad for t in leaves}
-        log, randoms, hosts = _Log(), [], []
-        saved = (tensor_mod._to_numpy, tensor_mod.RANDOM_LOG, tensor_mod.HOST_LOG)
-        tensor_mod._to_numpy, tensor_mod.RANDOM_LOG, tensor_mod.HOST_LOG = _no_numpy, randoms, hosts
-        dev_mod.CAPTURE = log
-        try:
+        log = _Recorder()
+        with driver.recording(log):
             ret = self.fn(*args, **kwargs)
             outs = [t for t in _flatten(ret) if isinstance(t, Tensor)]
             for i, t in enumerate(outs):
@@ -385,7 +393,7 @@ class TinyJit:
             touched = [t for t in leaves if t.grad is not pre[id(t)]]
             # state updates the function left pending run now, with the outputs and the gradients
             _realize(*outs, *[t.grad for t in touched], *tensor_mod.pending_assigns())
-            launched = len(log)  # the function's own work, before copies of returned buffers
+            launched = len(log.launches)  # the function's own work, before copies of returned buffers
             # a value that outlives the call (an argument, a parameter, ...) is returned as a copy
             outs = [t if self._is_fresh(t, log) else _copy(t) for t in outs]
             for t in touched:
@@ -397,16 +405,13 @@ class TinyJit:
             for t in touched:
                 if t.grad is not None:
                     t.grad = Tensor(g.Node.from_buffer(t.grad.node.buffer, *_meta(t.grad)))
-        finally:
-            tensor_mod._to_numpy, tensor_mod.RANDOM_LOG, tensor_mod.HOST_LOG = saved
-            dev_mod.CAPTURE = None
         ret = _rebuild(ret, iter(outs))
         if plain:
             return ret
         ret_others = [x for x in _flatten(ret) if not isinstance(x, Tensor)]
-        random_ids = {id(b) for b, *_ in randoms}
-        host_sig = [(a.shape, _digest(a)) for b, a in hosts if id(b) not in random_ids]
-        progs = [(prg.name, prg.source) for prg, _, _ in log]
+        random_ids = {id(b) for b, *_ in log.randoms}
+        host_sig = [(a.shape, _digest(a)) for b, a in log.hosts if id(b) not in random_ids]
+        progs = [(prg.name, prg.source) for prg, _, _ in log.launches]
         changed = self._changed(v, ret_others, host_sig, progs) if capture else None
         if changed:
             v.unstable += 1
@@ -417,17 +422,17 @@ class TinyJit:
                 )
         if not capture or changed:  # run normally; the next call with these arguments tries to capture
             v.first_other, v.first_hosts, v.first_progs, v.cnt = ret_others, host_sig, progs, 1
-            v.first_fresh, v.first_inputs = log.fresh, bufs + [b for b, *_ in randoms]
+            v.first_fresh, v.first_inputs = log.fresh, bufs + [b for b, *_ in log.randoms]
             return ret
         if not launched:
             raise JitError(
                 "TinyJit captured no kernels: the function must compute something with Tensors "
                 "(and return or assign it); jitting it has no use"
             )
-        self._record(v, log, bufs, pre, touched, outs, randoms)
+        self._record(v, log, bufs, pre, touched, outs)
         v.ret = ret
         self.captures += 1
-        self._debug(f"capture {self.captures} ({len(log)} kernels: {' '.join(self.kernel_names)})")
+        self._debug(f"capture {self.captures} ({len(log.launches)} kernels: {' '.join(self.kernel_names)})")
         return ret
 
     @staticmethod
@@ -458,13 +463,13 @@ class TinyJit:
         return None
 
     @staticmethod
-    def _is_fresh(t: Tensor, log: _Log) -> bool:
+    def _is_fresh(t: Tensor, log: _Recorder) -> bool:
         """Whether t is a whole buffer that a kernel of this call wrote into a new allocation."""
         n = t.node
         return n.realized and n.op is not Op.ASSIGN and id(n.buffer) in log.fresh
 
     def _record(
-        self, v: _Variant, log: _Log, bufs: list, pre: dict, touched: list, outs: list, randoms: list
+        self, v: _Variant, log: _Recorder, bufs: list, pre: dict, touched: list, outs: list
     ) -> None:
         reads = log.reads()
         v.in_ids = {id(b): i for i, b in enumerate(bufs)}
@@ -485,9 +490,9 @@ class TinyJit:
         for b in escaping:
             if id(b) not in seen:
                 seen.add(id(b))
-                v.fresh.append((id(b), b.size, b.dtype, dev_mod.get_device(b.device)))
+                v.fresh.append((id(b), b.size, b.dtype, get_runtime(b.device)))
         v.out_ids = [id(t.node.buffer) for t in outs]
-        v.randoms = [(id(b), draw, dt, device) for b, draw, dt, device in randoms]
+        v.randoms = [(id(b), draw, dt, dev) for b, draw, dt, dev in log.randoms]
         # a kernel that reads a value that call 1 computed from its arguments (or random numbers), and that
         # this call does not update in place, reads a tensor that Python kept across calls: replays would
         # read call 1's value forever
@@ -502,24 +507,24 @@ class TinyJit:
                     "read that old value forever. Keep such state in a realized tensor updated in place "
                     "with assign(): self.h.assign(self.h * 0.9 + x)"
                 )
-        v.first_fresh, v.first_inputs, v.captured, v.cnt = {}, [], list(log), 2
+        v.first_fresh, v.first_inputs, v.captured, v.cnt = {}, [], list(log.launches), 2
 
     def _replay(self, v: _Variant, bufs: list) -> Any:
         remap = {k: bufs[i] for k, i in v.in_ids.items()}
         for ref, k in v.grad_ins:
             remap[k] = _bare(ref().grad).node.buffer
-        for k, draw, dt, device in v.randoms:  # the same draws, in the same order, as running it
+        for k, draw, dt, dev in v.randoms:  # the same draws, in the same order, as running it
             arr = np.ascontiguousarray(draw(Tensor._rng).astype(dt.np))
-            remap[k] = dev_mod.get_device(device).from_numpy(arr)
+            remap[k] = get_runtime(dev).from_numpy(arr)
         for k, size, dtype, dev in v.fresh:
             remap[k] = dev.alloc(max(1, size), dtype)
         for prg, out, inputs in v.captured:
             prg(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])
-        dev_mod.Stats.kernels_run += len(v.captured)
+        Stats.kernels_run += len(v.captured)
         self.replays += 1
         self._debug(f"replay {self.replays} ({len(v.captured)} kernels, {len(v.randoms)} random inputs)")
 
-        def wrap(k: int, meta: tuple) -> Tensor:  # nodes made after the kernels ran (see _Log)
+        def wrap(k: int, meta: tuple) -> Tensor:  # nodes made after the kernels ran (see _Recorder)
             return Tensor(g.Node.from_buffer(remap[k], *meta))
 
         for ref, out in v.grad_outs:

@@ -11,9 +11,8 @@ import numpy as np
 
 from tgrad import autodiff
 from tgrad import graph as g
-from tgrad.device import Device_, get_device
-from tgrad.device import realize as _realize_nodes
-from tgrad.device import to_numpy as _to_numpy
+from tgrad import realize as driver
+from tgrad.device import Device, get_runtime
 from tgrad.dtype import DType, dtypes, promote, promote_scalar
 from tgrad.errors import AutogradError, DeviceError, DTypeError, ShapeError
 from tgrad.graph import Node, Op
@@ -21,10 +20,6 @@ from tgrad.graph import Node, Op
 Scalar = int | float | bool
 # tensors created or marked with requires_grad=True, by id (Tensor.__eq__ is elementwise: no WeakSet)
 _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-# TinyJit sets these to lists while it runs a function: random tensors drawn (buffer, draw, dtype, device)
-# and tensors made from host data (buffer, array)
-RANDOM_LOG: list | None = None
-HOST_LOG: list | None = None
 # tensors with an assign() not realized yet (TinyJit realizes them before and after a jitted call)
 PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -101,7 +96,7 @@ class Tensor(metaclass=_NoGradMeta):
         if isinstance(data, Node):  # an op's result: no device lookup (it reads the environment)
             node = data
         else:
-            device = Device_.canonicalize(device)
+            device = Device.canonicalize(device)
             dtype = dtypes.from_any(dtype) if dtype is not None else None
             if isinstance(data, Tensor):
                 node = data.node if device == data.device else data.to(device).node
@@ -192,7 +187,7 @@ class Tensor(metaclass=_NoGradMeta):
     def realize(self, *others: Tensor) -> Tensor:
         """Compute this tensor (and others) now; no-op for an already computed value."""
         tensors = [self, *others]
-        _realize_nodes([t.node for t in tensors])
+        driver.realize([t.node for t in tensors])
         for t in tensors:
             t._drop_history()
         return self
@@ -205,7 +200,7 @@ class Tensor(metaclass=_NoGradMeta):
             self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
 
     def numpy(self) -> np.ndarray:
-        out = np.array(_to_numpy(self.node), copy=True)
+        out = np.array(driver.to_numpy(self.node), copy=True)
         self._drop_history()
         return out
 
@@ -218,7 +213,7 @@ class Tensor(metaclass=_NoGradMeta):
         return self.numpy().reshape(-1)[0].item()
 
     def to(self, device: str) -> Tensor:
-        device = Device_.canonicalize(device)
+        device = Device.canonicalize(device)
         if device == self.device:
             return self
         out = Tensor(self.numpy(), device=device)
@@ -302,7 +297,7 @@ class Tensor(metaclass=_NoGradMeta):
     def full(shape, fill_value: Scalar, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
         dt = dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        t = Tensor(g.const(fill_value, dt, Device_.canonicalize(device), shape))
+        t = Tensor(g.const(fill_value, dt, Device.canonicalize(device), shape))
         if requires_grad:
             t.requires_grad = True
         return t
@@ -384,8 +379,8 @@ class Tensor(metaclass=_NoGradMeta):
         Every random constructor comes through here, so that TinyJit can draw again on each replay."""
         dt = dtypes.from_any(dtype) if dtype is not None else (default or dtypes.default_float)
         t = Tensor(draw(Tensor._rng).astype(dt.np), device=device, dtype=dt, requires_grad=requires_grad)
-        if RANDOM_LOG is not None and not t.requires_grad:
-            RANDOM_LOG.append((t.node.buffer, draw, dt, t.device))
+        if not t.requires_grad:
+            driver.report_random(t.node.buffer, draw, dt, t.device)
         return t
 
     @staticmethod
@@ -1529,14 +1524,12 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
     if dtype is not None:
         arr = arr.astype(dtype.np)
     dt = dtypes.from_any(arr.dtype)
-    buf = get_device(device).from_numpy(np.ascontiguousarray(arr))
-    if HOST_LOG is not None:
-        HOST_LOG.append((buf, arr))
+    buf = driver.upload(arr, device)
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
 
 
 def _fresh_buffer(node: Node) -> Node:
     """A node of its own (a copy in a new buffer) for a value that may be shared."""
-    arr = _to_numpy(node)
-    buf = get_device(node.device).from_numpy(np.ascontiguousarray(arr))
+    arr = driver.to_numpy(node)
+    buf = get_runtime(node.device).from_numpy(np.ascontiguousarray(arr))
     return Node.from_buffer(buf, node.shape, node.dtype, node.device)

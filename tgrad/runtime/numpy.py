@@ -7,10 +7,9 @@ float16 reductions accumulated in float32, nan propagating through MAX).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
+from tgrad.device import Buffer, Runtime
 from tgrad.dtype import dtypes
 from tgrad.fuse import reduce_identity
 from tgrad.graph import MOVEMENT, Node, Op
@@ -76,7 +75,8 @@ def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], dtype) -> np.ndarray:
     return out.astype(dtype.np)
 
 
-def _movement(op: Op, arg, x: np.ndarray) -> np.ndarray:
+def movement(op: Op, arg, x: np.ndarray) -> np.ndarray:
+    """A movement op applied to an array (a view where numpy can make one)."""
     if op is Op.RESHAPE:
         return x.reshape(arg)
     if op is Op.PERMUTE:
@@ -101,7 +101,7 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
     elif node.op is Op.CONST:
         out = np.array(node.arg, dtype=node.dtype.np)
     elif node.op in MOVEMENT:
-        out = _movement(node.op, node.arg, evaluate(node.srcs[0], memo))
+        out = movement(node.op, node.arg, evaluate(node.srcs[0], memo))
     elif node.op is Op.DETACH:
         out = evaluate(node.srcs[0], memo)
     else:
@@ -130,20 +130,24 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
     return out
 
 
-def realize(nodes: list[Node]) -> None:
-    from tgrad.device import Buffer
+class NumpyRuntime(Runtime):
+    """The reference device: no kernels; the driver hands it the nodes to compute (`evaluate`)."""
 
-    # an ASSIGN overwrites its target's buffer: everything else in this realize reads the old value
-    memo: dict = {t: t.buffer.data.reshape(t.shape).copy() for t in _assign_targets(nodes)}
-    for node in nodes:
-        base = node.base
-        if base.realized:
-            continue
-        value = np.ascontiguousarray(evaluate(base, memo)).reshape(-1)
-        if base.op is Op.ASSIGN:
-            base.buffer = base.srcs[0].buffer
-        else:
-            base.buffer = Buffer("NUMPY", value.size, base.dtype, value.copy())
+    name = "NUMPY"
+    evaluates_graphs = True
+
+    def evaluate(self, nodes: list[Node]) -> None:
+        # an ASSIGN overwrites its target's buffer: everything else in this realize reads the old value
+        memo: dict = {t: t.buffer.data.reshape(t.shape).copy() for t in _assign_targets(nodes)}
+        for node in nodes:
+            base = node.base
+            if base.realized:
+                continue
+            value = np.ascontiguousarray(evaluate(base, memo)).reshape(-1)
+            if base.op is Op.ASSIGN:
+                base.buffer = base.srcs[0].buffer
+            else:
+                base.buffer = Buffer(self.name, value.size, base.dtype, value.copy())
 
 
 def _assign_targets(nodes: list[Node]) -> set[Node]:
@@ -157,14 +161,3 @@ def _assign_targets(nodes: list[Node]) -> set[Node]:
             targets.add(n.srcs[0])
         stack.extend(n.srcs)
     return targets
-
-
-def evaluate_views(node: Node, get_array: Callable[[Node], np.ndarray]) -> np.ndarray:
-    """The value of movement ops over a realized node, as a numpy array (no device work)."""
-    if node.realized:
-        return get_array(node).reshape(node.shape)
-    if node.op in MOVEMENT:
-        return _movement(node.op, node.arg, evaluate_views(node.srcs[0], get_array))
-    if node.op is Op.DETACH:
-        return evaluate_views(node.srcs[0], get_array)
-    raise ValueError(f"{node} is not realized")

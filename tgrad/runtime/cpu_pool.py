@@ -1,11 +1,11 @@
 """Compile CPU kernels in helper processes while the main process compiles others.
 
 Numba compiles in Python under one lock: a process compiles one kernel at a time (~40-150 ms each, and
-~1 s of one-time set-up before the first). With a cold cache, CPUDevice starts worker processes
-(`python -m tgrad.compile_pool`; `TGRAD_COMPILE_WORKERS` of them, default one fewer than the cores,
+~1 s of one-time set-up before the first). With a cold cache, the CPU runtime starts worker processes
+(`python -m tgrad.runtime.cpu_pool`; `TGRAD_COMPILE_WORKERS` of them, default one fewer than the cores,
 at most 2; 0 turns them off) when it opens, so their set-up overlaps the program's own start; with a
 warm cache it starts them only when a schedule needs several new kernels. Before a schedule runs,
-CPUDevice.prepare queues the kernels it has to compile: workers take them from the back of the queue
+CPURuntime.prepare queues the kernels it has to compile: workers take them from the back of the queue
 while the main process compiles from the front, claiming for itself any kernel no worker has taken.
 A worker returns the kernel's object code (what the disk cache keeps) and the main process loads it
 with llvmlite. A worker that fails or dies only means the main process compiles that kernel itself,
@@ -24,6 +24,9 @@ import sys
 import threading
 from pathlib import Path
 
+from tgrad.errors import DeviceError
+from tgrad.runtime.numba_compile import compile_object
+
 MIN_JOBS_TO_START = 3  # with a warm cache, a worker (~1 s to start) is not worth it for one or two kernels
 IDLE_EXIT_S = 20.0  # a worker with nothing to do for this long exits (it holds ~150 MB); more start on demand
 
@@ -32,8 +35,6 @@ def default_workers() -> int:
     text = os.environ.get("TGRAD_COMPILE_WORKERS", "").strip()
     if text:
         if not text.isdigit():
-            from tgrad.errors import DeviceError
-
             raise DeviceError(f"TGRAD_COMPILE_WORKERS={text!r}: expected a number of compile worker "
                               "processes (0 for none)")
         return int(text)
@@ -42,7 +43,8 @@ def default_workers() -> int:
 
 
 class CompilePool:
-    """Jobs are (key, arguments of device.compile_object); a result is an entry or None (compile it here)."""
+    """Jobs are (key, arguments of numba_compile.compile_object); a result is an entry or None (compile it
+    here)."""
 
     def __init__(self):
         self.cond = threading.Condition()
@@ -56,7 +58,7 @@ class CompilePool:
 
     def start(self, workers: int) -> None:
         """Start worker processes until `workers` are live."""
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         paths = [root, *filter(None, [os.environ.get("PYTHONPATH")])]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         with self.cond:
@@ -90,7 +92,7 @@ class CompilePool:
         """Start one worker process, then hand it the last queued job, one at a time, until it idles."""
         key, proc, ready = None, None, False
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "tgrad.compile_pool"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-m", "tgrad.runtime.cpu_pool"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, env=env)
             if pickle.load(proc.stdout) != "ready":
                 raise RuntimeError("the compile worker did not start")
@@ -131,8 +133,6 @@ def _worker() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything printed goes to stderr, not the protocol
     from numba.core.registry import cpu_target
 
-    from tgrad import device
-
     cpu_target.typing_context.refresh()  # Numba's one-time set-up, before the first job
     cpu_target.target_context.refresh()
     pickle.dump("ready", out)
@@ -143,7 +143,7 @@ def _worker() -> None:
         except EOFError:  # the main process is gone
             return
         try:
-            entry = device.compile_object(*args)
+            entry = compile_object(*args)
         except Exception:
             entry = None
         pickle.dump(entry, out)

@@ -1,0 +1,149 @@
+"""The driver: schedule -> compile -> run -> read back, the same for every device.
+
+`realize(nodes)` cuts the graph into kernels (fuse.schedule), has each device's runtime compile them
+(`Runtime.runner`: its emitter renders, the runtime compiles, both cached) and runs them in order.
+`to_numpy(node)` realizes a node and reads it back. `upload` puts host data on a device.
+
+A `Recorder` (TinyJit's) sees everything a step does that a replay must repeat: each kernel launch,
+each host upload, each random draw, and each read back to the host. Install one with `recording()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from tgrad import device, fuse
+from tgrad.device import Buffer, Runner, Runtime, Stats, get_runtime
+from tgrad.dtype import DType
+from tgrad.graph import MOVEMENT, Node, Op, prod
+from tgrad.runtime.numpy import movement
+
+
+class Recorder:
+    """What the driver reports while a recorder is installed (this base class ignores it all)."""
+
+    def launch(self, runner: Runner, out: Buffer, inputs: list[Buffer], fresh: bool, node: Node) -> None:
+        """A kernel ran: `fresh` when `out` was allocated for it (not an assign()'s target)."""
+
+    def upload(self, buf: Buffer, array: np.ndarray) -> None:
+        """Host data was copied into a new device buffer."""
+
+    def random(self, buf: Buffer, draw: Callable, dtype: DType, device: str) -> None:
+        """`buf` holds `draw(rng)`, random numbers drawn on the host (see Tensor._random)."""
+
+    def read(self, node: Node) -> None:
+        """A value is about to be read back to the host (.numpy(), .item(), ...)."""
+
+
+RECORDER: Recorder | None = None
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder) -> Iterator[Recorder]:
+    """Report launches, uploads, random draws and reads to `recorder` inside the block."""
+    global RECORDER
+    saved, RECORDER = RECORDER, recorder
+    try:
+        yield recorder
+    finally:
+        RECORDER = saved
+
+
+def upload(array: np.ndarray, device: str) -> Buffer:
+    """A new buffer on `device` holding a copy of `array`."""
+    buf = get_runtime(device).from_numpy(np.ascontiguousarray(array))
+    if RECORDER is not None:
+        RECORDER.upload(buf, array)
+    return buf
+
+
+def report_random(buf: Buffer, draw: Callable, dtype: DType, device: str) -> None:
+    if RECORDER is not None:
+        RECORDER.random(buf, draw, dtype, device)
+
+
+def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float) -> None:
+    k = item.kernel
+    nbytes = out.size * out.dtype.itemsize + sum(n.buffer.size * n.dtype.itemsize for n in item.inputs)
+    flops = prod(k.shape)
+    print(f"  {rt.name:6s} {k.name:30s} {str(k.shape):24s} {seconds * 1e3:9.3f} ms "
+          f"{flops / seconds / 1e9 if seconds else 0:8.2f} GFLOP/s "
+          f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s", file=sys.stderr)
+
+
+def _runs(kernel: fuse.Kernel) -> bool:
+    """Whether a kernel has work (an empty output needs no launch, a 0-d one does)."""
+    return prod(kernel.global_shape) > 0 or not kernel.shape
+
+
+def run_schedule(items: list[fuse.ScheduleItem]) -> None:
+    """Run scheduled kernels in order; each item's output node gets its buffer."""
+    t_all = time.perf_counter()
+    new: dict[Runtime, list] = {}  # kernels to compile, by device (the CPU compiles them in parallel)
+    for it in items:
+        rt = get_runtime(it.out.device)
+        if it.kernel not in rt.runners and _runs(it.kernel):
+            new.setdefault(rt, []).append(it.kernel)
+    for rt, kernels in new.items():
+        rt.prepare(kernels)
+    for it in items:
+        rt = get_runtime(it.out.device)
+        k = it.kernel
+        out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
+        if _runs(k):
+            runner = rt.runner(k)
+            if device.DEBUG >= 3:
+                print(f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
+                      f"  expr {k.expr!r}\n  reduce {k.reduce_expr!r}", file=sys.stderr)
+            if device.DEBUG >= 4:
+                print(runner.source, file=sys.stderr)
+            t0 = time.perf_counter()
+            inputs = [n.buffer for n in it.inputs]
+            runner(out, *inputs)
+            Stats.kernels_run += 1
+            if RECORDER is not None:
+                RECORDER.launch(runner, out, inputs, fresh=it.target is None, node=it.out)
+            if device.DEBUG >= 2:
+                rt.synchronize()
+                _debug_kernel(rt, it, out, time.perf_counter() - t0)
+        it.out.buffer = out
+    if device.DEBUG >= 1 and items:
+        ms = (time.perf_counter() - t_all) * 1e3
+        print(f"realize: {len(items)} kernels in {ms:.2f} ms", file=sys.stderr)
+
+
+def realize(nodes: list[Node]) -> None:
+    """Compute every node (grouped by device); movement ops over realized nodes stay views."""
+    by_device: dict[str, list[Node]] = {}
+    for n in nodes:
+        by_device.setdefault(n.device, []).append(n)
+    for name, group in by_device.items():
+        rt = get_runtime(name)
+        if rt.evaluates_graphs:
+            rt.evaluate(group)
+        else:
+            run_schedule(fuse.schedule(group))
+
+
+def to_numpy(node: Node) -> np.ndarray:
+    """The value of a node as a numpy array: realized, then read back (movement ops over a realized
+    buffer are applied on the host)."""
+    if RECORDER is not None:
+        RECORDER.read(node)
+    realize([node])
+    return _read_views(node)
+
+
+def _read_views(node: Node) -> np.ndarray:
+    if node.realized:
+        return get_runtime(node.device).to_numpy(node.buffer).reshape(node.shape)
+    if node.op in MOVEMENT:
+        return movement(node.op, node.arg, _read_views(node.srcs[0]))
+    if node.op is Op.DETACH:
+        return _read_views(node.srcs[0])
+    raise ValueError(f"{node} is not realized")

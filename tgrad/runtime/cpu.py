@@ -1,0 +1,381 @@
+"""The CPU runtime: kernels rendered by emit_numba, compiled by Numba to native functions, called through
+ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul) with generated code around them.
+
+Numba compiles each function once (tgrad/runtime/numba_compile.py: no Python wrappers), tgrad keeps its
+object code on disk (`TGRAD_CACHE/cpu`) and loads it with llvmlite alone, so a process with a warm cache
+never imports Numba for serial kernels (threaded ones need Numba's threading layer, started on demand).
+With a cold cache, compile worker processes (cpu_pool.py) build part of each schedule's new kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import math
+import os
+import pickle
+import sys
+import warnings
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from tgrad import emit_numba
+from tgrad.device import Buffer, Runner, Runtime, cache_dir
+from tgrad.dtype import DType, dtypes
+from tgrad.emit_numba import BlasPlan, Operand
+from tgrad.errors import DeviceError, KernelError, numbered
+from tgrad.fuse import Kernel
+from tgrad.program import Program
+from tgrad.runtime import cpu_pool
+from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, on_disk
+
+PAGE = 4096
+
+
+def page_aligned(size: int, dtype) -> np.ndarray:
+    """np.empty(size, dtype), starting on a page boundary when it is bigger than a page. A kernel that
+    reads one array and writes another streams both; when the output starts a little after the input
+    modulo 4 KiB (the usual case for two equal-size numpy allocations) each store looks to the CPU like
+    it may feed a later load ("4K aliasing") and the loop runs up to 5x slower (softmax's last kernel:
+    18 ms instead of 3.6, one thread). With every large buffer page-aligned, the offset is 0 and nothing
+    stalls."""
+    dtype = np.dtype(dtype)
+    nbytes = size * dtype.itemsize
+    if nbytes <= PAGE:
+        return np.empty(size, dtype)
+    raw = np.empty(nbytes + PAGE, np.uint8)
+    start = -raw.ctypes.data % PAGE
+    return raw[start : start + nbytes].view(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------
+# native functions: loaded from object code, called through ctypes
+
+_RET, _EXC = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()  # Numba's return-value and exception slots
+_RET_OK = (0, -2)  # Numba's status codes for "returned" and "returned None"
+_ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weakref to the array, address of its data)
+
+
+def _address(array: np.ndarray) -> int:
+    """The data address of an array, remembered while the array lives (`.ctypes.data` costs ~1 us)."""
+    hit = _ADDRESSES.get(id(array))
+    if hit is not None and hit[0]() is array:
+        return hit[1]
+    key = id(array)
+    addr = array.ctypes.data
+    _ADDRESSES[key] = (weakref.ref(array, lambda _, key=key: _ADDRESSES.pop(key, None)), addr)
+    return addr
+
+
+@functools.cache
+def _native_key() -> str:
+    """What object code depends on besides the source: compiler versions, host CPU, optimization level."""
+    from importlib.metadata import version
+
+    import llvmlite.binding as llvm
+
+    return "|".join([version("numba"), version("llvmlite"), llvm.get_host_cpu_name(),
+                     llvm.get_host_cpu_features().flatten(), str(KERNEL_OPT), sys.platform])
+
+
+@functools.cache
+def _numba_runtime() -> None:
+    """Start what Numba-compiled code may call into: its C helpers and math symbols (registered with its
+    code generator) and its threading layer (parallel kernels)."""
+    from numba.core.registry import cpu_target
+    from numba.np.ufunc.parallel import _launch_threads
+
+    cpu_target.target_context.codegen()
+    _launch_threads()
+
+
+def _load_object(entry: dict) -> tuple[object, int] | None:
+    """Load cached object code into an execution engine of its own (so symbols of different kernels
+    never meet) and return (engine, address of the kernel's function); None if a symbol it needs cannot
+    be found, even with Numba's runtime started (the caller compiles the kernel again)."""
+    import llvmlite.binding as llvm
+
+    def missing() -> list[str]:
+        return [s for s in entry["symbols"] if not s.startswith("llvm.") and not llvm.address_of_symbol(s)]
+
+    # an unresolved symbol would abort the process inside LLVM: look each one up first. Elsewhere than
+    # Linux and macOS, Numba maps the C math functions to the interpreter's C runtime itself: start it.
+    if missing() or sys.platform not in ("linux", "darwin"):
+        _numba_runtime()
+        if missing():
+            return None
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    machine = llvm.Target.from_default_triple().create_target_machine(jit=True)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), machine)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(entry["object"]))
+    engine.finalize_object()
+    return engine, engine.get_function_address(entry["name"])
+
+
+def _write_entry(path: Path | None, entry: dict) -> None:
+    """Keep a compiled kernel on disk; a cache that cannot be written is warned about once, not fatal."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(pickle.dumps(on_disk(entry)))
+        os.replace(tmp, path)
+    except OSError as e:
+        if path.parent not in _UNWRITABLE:
+            _UNWRITABLE.add(path.parent)
+            warnings.warn(f"tgrad: cannot write compiled kernels to {path.parent} ({e}); kernels are "
+                          "compiled again in each process. Set TGRAD_CACHE to a writable directory (or 0 for "
+                          "none).", stacklevel=2)
+
+
+_UNWRITABLE: set = set()
+
+
+def _cached(path: Path | None) -> bool:
+    try:
+        return path is not None and path.is_file()
+    except OSError:  # an unreadable cache directory counts as empty
+        return False
+
+
+def _cold_cache() -> bool:
+    """No compiled CPU kernel on disk yet (or no disk cache): compile workers are worth starting early."""
+    cdir = cache_dir()
+    try:
+        return cdir is None or next((cdir / "cpu").glob("*.pkl"), None) is None
+    except OSError:
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Native:
+    """One native function a CPU kernel needs: its Program and where it is cached."""
+
+    program: Program
+    digest: str  # of the source
+    path: Path | None  # its disk-cache entry
+
+    @property
+    def storage(self) -> tuple[DType, ...]:
+        return self.program.launch["storage"]
+
+    @property
+    def key(self) -> tuple:  # the same source serves buffers of other dtypes (a copy): one function each
+        return (self.digest, *self.storage, len(self.program.args))
+
+    @property
+    def job(self) -> tuple:  # the arguments of numba_compile.compile_object
+        prg = self.program
+        return (prg.source, prg.name, f"tgrad_kernel_{self.digest}", [d.name for d in self.storage],
+                len(prg.args))
+
+
+def _native(program: Program) -> _Native:
+    path, cdir = None, cache_dir()
+    storage = program.launch["storage"]
+    if cdir is not None:
+        signature = ",".join(d.name for d in storage) + f"+{len(program.args)}"
+        name = hashlib.sha256(f"{program.source}\0{signature}\0{_native_key()}".encode()).hexdigest()[:32]
+        path = cdir / "cpu" / f"{name}.pkl"
+    return _Native(program, hashlib.sha256(program.source.encode()).hexdigest()[:20], path)
+
+
+def _functions(program: Program) -> list[Program]:
+    """The generated functions a kernel's Program needs (a BLAS plan has some around the matmul)."""
+    if "blas" not in program.launch:
+        return [program]
+    return [*program.launch["prologues"], *filter(None, [program.launch["epilogue"]])]
+
+
+class CPURuntime(Runtime):
+    """Kernels rendered by emit_numba, compiled by Numba to native functions, called through ctypes."""
+
+    name = "CPU"
+
+    def __init__(self):
+        super().__init__()
+        self.functions: dict[tuple, tuple] = {}  # _Native.key -> (ctypes function, what keeps it alive)
+        self.rendered: dict[Kernel, Program] = {}  # rendered by prepare(), not compiled yet
+        if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
+            raise DeviceError("the CPU device needs numba: pip install numba")
+        self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
+        if _cold_cache():  # start them now: their set-up overlaps the program's own start
+            self.pool.start(cpu_pool.default_workers())
+
+    def alloc(self, size: int, dtype: DType) -> Buffer:
+        return Buffer(self.name, size, dtype, page_aligned(size, dtype.np))
+
+    def from_numpy(self, array: np.ndarray) -> Buffer:
+        flat = np.ascontiguousarray(array).reshape(-1)
+        data = page_aligned(flat.size, flat.dtype)
+        data[:] = flat
+        return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), data)
+
+    def render(self, kernel: Kernel) -> Program:
+        hit = self.rendered.pop(kernel, None)
+        return hit if hit is not None else emit_numba.render(kernel)
+
+    def prepare(self, kernels: list) -> None:
+        """Before a schedule runs: queue the native functions it needs that are neither in memory nor on
+        disk for the compile workers, which compile from the back while this process compiles from the
+        front (see cpu_pool.py)."""
+        if len(kernels) < 2 or not cpu_pool.default_workers():
+            return
+        jobs: dict[tuple, tuple] = {}
+        for kernel in kernels:
+            program = self.rendered[kernel] = emit_numba.render(kernel)
+            for part in _functions(program):
+                nat = _native(part)
+                if nat.key not in self.functions and not _cached(nat.path):
+                    jobs[nat.key] = nat.job
+        if len(jobs) >= cpu_pool.MIN_JOBS_TO_START:
+            self.pool.start(cpu_pool.default_workers())
+        if self.pool.live and len(jobs) >= 2:
+            self.pool.submit(list(jobs.items()))
+
+    def compile(self, program: Program, kernel: Kernel) -> Runner:
+        plan: BlasPlan | None = program.launch.get("blas")
+        if plan is None:
+            fn = self._build(program, kernel.name)
+        else:
+            prologues = [self._build(p, k.name) for p, k in zip(program.launch["prologues"], plan.prologues)]
+            epilogue = program.launch["epilogue"]
+            fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
+        source = program.source
+        widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
+        any_widen = any(widen)
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            try:
+                if plan is None and not any_widen:  # the common case, first
+                    fn(out.data, *[b.data for b in inputs])
+                    return
+                args = [b.data.astype(np.float32) if w else b.data for b, w in zip((out, *inputs), widen)]
+                if plan is None:
+                    fn(*args)
+                else:
+                    operands = list(args[1:])
+                    for pk, pfn in zip(plan.prologues, prologues):
+                        dtype = emit_numba.storage_dtype(pk.out_dtype).np
+                        operands.append(np.empty(math.prod(pk.shape), dtype))
+                        pfn(operands[-1], *args[1:])
+                    if fn is None:  # BLAS writes the output itself when the layout allows
+                        acc = run_blas(plan, kernel, operands, out=args[0])
+                        if acc is not None:
+                            args[0][:] = acc
+                    else:
+                        fn(*args, run_blas(plan, kernel, operands))
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+            if widen[0]:
+                out.data[:] = args[0]
+
+        return Runner(program, run, self.name)
+
+    def _build(self, program: Program, kernel_name: str):
+        """A callable running one generated function on numpy arrays (the output, then every input of
+        the kernel). Functions with the same source (flattened elementwise kernels of different lengths)
+        and dtypes share one compiled function."""
+        nat = _native(program)
+        hit = self.functions.get(nat.key)
+        if hit is None:
+            hit = self.functions[nat.key] = self._load(nat, kernel_name)
+        native, ret, exc = hit[0], ctypes.addressof(_RET), ctypes.addressof(_EXC)
+        used, extra = program.reads, program.args
+        scratch = tuple((size, dt.np) for size, dt in program.scratch)
+        address, pool = _address, []  # scratch arrays between launches (pop/append are atomic)
+
+        def call(out: np.ndarray, *inputs: np.ndarray) -> None:
+            ptrs = [address(out)]
+            for i in used:
+                ptrs.append(address(inputs[i]))
+            if not scratch:
+                status = native(ret, exc, *ptrs, *extra)
+            else:
+                tmp = pool.pop() if pool else [np.empty(size, dt) for size, dt in scratch]
+                status = native(ret, exc, *ptrs, *map(address, tmp), *extra)
+                pool.append(tmp)
+            if status not in _RET_OK:
+                raise RuntimeError(f"the compiled function returned error status {status}")
+
+        return call
+
+    def _load(self, nat: _Native, kernel_name: str):
+        """The native function as a ctypes function (and what keeps its code alive): from the disk cache
+        when it is there, else from a compile worker, else compiled here by Numba (and written to the
+        cache)."""
+        loaded = None
+        if _cached(nat.path):
+            try:
+                loaded = _load_object(pickle.loads(nat.path.read_bytes()))
+            except Exception:  # a damaged or foreign cache file: compile again and overwrite it
+                loaded = None
+        if loaded is None:
+            entry = self.pool.claim(nat.key)
+            loaded = _load_object(entry) if entry is not None else None
+            if loaded is not None:
+                _write_entry(nat.path, entry)
+        if loaded is None:
+            prg = nat.program
+            try:
+                entry = compile_native(prg.source, prg.name, f"tgrad_kernel_{nat.digest}", nat.storage,
+                                       len(prg.args))
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {kernel_name} failed to build: {type(e).__name__}: {e}\n{numbered(prg.source)}"
+                ) from e
+            _write_entry(nat.path, entry)
+            loaded = entry["library"], entry["address"]
+        keep, address = loaded
+        args = [ctypes.c_void_p] * (2 + len(nat.storage)) + [ctypes.c_int64] * len(nat.program.args)
+        # called holding the GIL, like a Numba dispatcher (threaded kernels release it inside)
+        proto = ctypes.PYFUNCTYPE(ctypes.c_int32, *args)
+        return proto(address), keep
+
+
+# ---------------------------------------------------------------------------------------------------
+# BLAS: the reduce of a matmul-shaped kernel (emit_numba.blas_plan) as numpy.matmul on strided views
+
+
+def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:
+    item = array.itemsize
+    return np.ndarray(
+        tuple(sizes[a] for a in axes),
+        array.dtype,
+        buffer=array,
+        offset=op.offset * item,
+        strides=tuple(op.strides[a] * item for a in axes),
+    )
+
+
+def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], out: np.ndarray | None = None):
+    """The reduce result of a matmul-shaped kernel, row-major over its global axes. With `out` (the
+    kernel's flat output) and a result already in that order, BLAS writes into it and this returns None."""
+    shape = kernel.shape
+    r = list(range(kernel.n_global, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
+    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
+    a = _view(arrays[plan.a.input], plan.a, [*plan.batch, *plan.m, *r], shape)
+    b = _view(arrays[plan.b.input], plan.b, [*plan.batch, *r, *plan.n], shape)
+    # an operand whose axes do not merge (a conv's sliding windows) is copied here (im2col)
+    a = a.reshape(size(plan.batch), size(plan.m), size(r))
+    b = b.reshape(size(plan.batch), size(r), size(plan.n))
+    order = [*plan.batch, *plan.m, *plan.n]
+    if (
+        out is not None
+        and order == list(range(kernel.n_global))
+        and out.dtype == np.result_type(a, b)
+        and out.flags.c_contiguous
+    ):
+        np.matmul(a, b, out=out.reshape(size(plan.batch), size(plan.m), size(plan.n)))
+        return None
+    c = np.matmul(a, b).reshape(tuple(shape[x] for x in (*plan.batch, *plan.m, *plan.n)))
+    return np.ascontiguousarray(c.transpose([order.index(x) for x in range(kernel.n_global)])).reshape(-1)

@@ -1,0 +1,105 @@
+"""Numba as a compiler of CPU kernels to native functions over raw pointers (no Python or C wrappers).
+
+Used by the CPU runtime (tgrad/runtime/cpu.py) and by its compile workers (cpu_pool.py). Numba is
+imported inside the functions: a process whose kernels are all in the disk cache never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import sys
+import types
+
+from tgrad.dtype import DType, dtypes
+
+# LLVM optimization level of kernel compiles: at 1 they still vectorize and ran as fast as at Numba's
+# default 3 in bench/ (elementwise, softmax, reductions), and compile about 20% faster
+KERNEL_OPT = 1
+
+
+@contextlib.contextmanager
+def _numba_opt_level(level: int):
+    """Numba's NUMBA_OPT for the compiles inside, under its compiler lock so no other compile sees it."""
+    from numba.core import config
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        saved = config.OPT
+        config.OPT = config._OptLevel(str(level)) if hasattr(config, "_OptLevel") else level
+        try:
+            yield
+        finally:
+            config.OPT = saved
+
+
+def declared_symbols(llvm_ir: str) -> list[str]:
+    """Functions and globals an LLVM module uses but does not define (resolved when it is loaded)."""
+    funcs = re.findall(r'^declare [^@]*@"?([^"(]+)"?\(', llvm_ir, re.M)
+    globs = re.findall(r'^@"?([^"=\s]+)"? = external ', llvm_ir, re.M)
+    return sorted(set(funcs) | set(globs))
+
+
+@functools.cache
+def _lean_pipeline():
+    """Numba's nopython pipeline without the passes generated kernels never need (closures, with-blocks,
+    literal unrolling, IR rewrites, inlining): straight-line loops over pointers and scalars."""
+    from numba.core import compiler, typed_passes, untyped_passes
+    from numba.core.compiler_machinery import PassManager
+
+    class LeanKernelPipeline(compiler.CompilerBase):
+        def define_pipelines(self):
+            pm = PassManager("tgrad_kernel")
+            for pass_ in (untyped_passes.TranslateByteCode, untyped_passes.FixupArgs,
+                          untyped_passes.IRProcessing, untyped_passes.ReconstructSSA,
+                          typed_passes.NopythonTypeInference, typed_passes.PreLowerStripPhis,
+                          typed_passes.NoPythonSupportedFeatureValidation, typed_passes.IRLegalization,
+                          typed_passes.AnnotateTypes, typed_passes.NativeLowering,
+                          typed_passes.NoPythonBackend):
+                pm.add_pass(pass_, pass_.__name__)
+            pm.finalize()
+            return [pm]
+
+    return LeanKernelPipeline
+
+
+def compile_native(source: str, fname: str, modname: str, storage: tuple[DType, ...], n_ints: int) -> dict:
+    """Compile a kernel's source with Numba as a native function over raw pointers (then `n_ints` int64
+    arguments), without the Python and C wrappers Numba adds for calls from Python (a third of the
+    compile time). Returns what the disk cache keeps (function name, object code, the symbols it needs)
+    and the loaded function: its Numba code library (which keeps the code alive) and address."""
+    import numba
+    from numba.core import compiler
+    from numba.core import types as nt
+    from numba.core.registry import cpu_target
+
+    module = types.ModuleType(modname)
+    sys.modules[modname] = module  # Numba looks functions' modules up by name
+    exec(compile(source, f"<tgrad kernel {fname}>", "exec"), module.__dict__)
+    pyfunc = module.__dict__[fname]
+    options = {"nopython": True, "error_model": "numpy", "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+    flags = cpu_target.options.parse_as_flags(compiler.Flags(), {**options, **pyfunc.numba_options})
+    flags.no_compile = True  # no Python-callable function object: tgrad calls the address
+    args = [nt.CPointer(numba.from_dtype(d.np)) for d in storage] + [nt.int64] * n_ints
+    with _numba_opt_level(KERNEL_OPT):
+        cpu_target.typing_context.refresh()
+        cpu_target.target_context.refresh()
+        pipeline = compiler.Compiler if flags.auto_parallel.enabled else _lean_pipeline()
+        cres = compiler.compile_extra(cpu_target.typing_context, cpu_target.target_context, pyfunc,
+                                      tuple(args), nt.void, flags, {}, pipeline_class=pipeline)
+        library, name = cres.library, cres.fndesc.llvm_func_name
+        address = library.get_pointer_to_function(name)
+        obj = library.serialize_using_object_code()[2][0]
+    return {"name": name, "object": obj, "symbols": declared_symbols(library.get_llvm_str()),
+            "library": library, "address": address}
+
+
+def on_disk(entry: dict) -> dict:
+    """What the disk cache keeps of a compiled kernel (and what a compile worker sends back)."""
+    return {k: entry[k] for k in ("name", "object", "symbols")}
+
+
+def compile_object(source: str, fname: str, modname: str, storage: list[str], n_ints: int) -> dict:
+    """What a compile worker (cpu_pool.py) returns: the disk-cache entry of one kernel."""
+    return on_disk(compile_native(source, fname, modname, tuple(map(dtypes.from_any, storage)), n_ints))

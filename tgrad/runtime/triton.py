@@ -1,0 +1,158 @@
+"""The CUDA / AMD / TRITON runtime: `@triton.jit` kernels from emit_triton, buffers as torch tensors.
+
+On a GPU the buffers are CUDA (or ROCm) torch tensors; without one, TRITON_INTERPRET=1 runs the kernels
+in Triton's interpreter on CPU torch tensors. Compiling for GPU targets without a GPU: triton_aot.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from tgrad import emit_triton
+from tgrad.device import Buffer, Runner, Runtime
+from tgrad.dtype import DType, dtypes
+from tgrad.emit_triton import interpreting
+from tgrad.errors import DeviceError, KernelError, numbered
+from tgrad.fuse import Kernel
+from tgrad.program import Program
+from tgrad.runtime import triton_aot
+from tgrad.runtime.triton_source import load_source
+
+_TORCH_DTYPE = {
+    dtypes.bool: "bool",
+    dtypes.uint8: "uint8",
+    dtypes.int8: "int8",
+    dtypes.int16: "int16",
+    dtypes.int32: "int32",
+    dtypes.int64: "int64",
+    dtypes.float16: "float16",
+    dtypes.float32: "float32",
+    dtypes.float64: "float64",
+}
+def _shared_llvm_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("/libLLVM" in line for line in maps)
+    except OSError:
+        return False
+
+
+def _import_triton():
+    """triton, with triton.language. Where a shared libLLVM is already loaded (Mesa's lavapipe behind
+    WEBGPU, PoCL behind CL), libtriton's own LLVM binds to it and the import segfaults: it is then
+    loaded with RTLD_DEEPBIND so it keeps its own symbols."""
+    if "triton" not in sys.modules and hasattr(os, "RTLD_DEEPBIND") and _shared_llvm_loaded():
+        flags = sys.getdlopenflags()
+        sys.setdlopenflags(flags | os.RTLD_DEEPBIND)
+        try:
+            import triton._C.libtriton  # noqa: F401
+        finally:
+            sys.setdlopenflags(flags)
+    import triton
+    import triton.language
+
+    return triton
+
+
+class TritonRuntime(Runtime):
+    """Kernels rendered as `@triton.jit` functions. Buffers are torch tensors: on the GPU, or on the CPU
+    when Triton's interpreter runs the kernels (TRITON_INTERPRET=1, which needs CPU torch tensors)."""
+
+    name = "TRITON"
+    vendor = ""  # "cuda" or "hip": the GPU kind this device insists on; "" takes whichever is present
+
+    def __init__(self):
+        super().__init__()
+        self.interpret = interpreting()
+        try:
+            import torch
+
+            triton = _import_triton()
+        except ImportError as e:
+            raise DeviceError(
+                f"the {self.name} device needs triton and torch ({e.name or e} is missing): "
+                "pip install triton torch, or the extra tgrad[triton] "
+                "(pip install -e .[triton] in a checkout)"
+            ) from e
+        self.torch = torch
+        if not self.interpret and not torch.cuda.is_available():
+            raise DeviceError(
+                f"{self.name} device: no GPU found; set TRITON_INTERPRET=1 to run Triton kernels on the CPU"
+            )
+        if (type(triton.language.sum).__name__ == "InterpretedFunction") != self.interpret:
+            now = "1" if self.interpret else "unset"
+            raise DeviceError(
+                f"{self.name} device: triton was imported under another TRITON_INTERPRET than now ({now}); "
+                "set it in the environment before anything imports triton"
+            )
+        if self.interpret:
+            self.torch_device = "cpu"
+            return
+        hip = getattr(torch.version, "hip", None) is not None
+        if self.vendor and (self.vendor == "hip") != hip:
+            have, use = ("an AMD (ROCm)", "AMD") if hip else ("an NVIDIA (CUDA)", "CUDA")
+            raise DeviceError(f"{self.name} device: this torch drives {have} GPU; use DEVICE={use} or TRITON")
+        self.torch_device = "cuda"
+
+    def alloc(self, size: int, dtype: DType) -> Buffer:
+        t = self.torch.empty(size, dtype=getattr(self.torch, _TORCH_DTYPE[dtype]), device=self.torch_device)
+        return Buffer(self.name, size, dtype, t)
+
+    def from_numpy(self, array: np.ndarray) -> Buffer:
+        flat = np.ascontiguousarray(array).reshape(-1).copy()
+        t = self.torch.from_numpy(flat)
+        if self.torch_device != "cpu":
+            t = t.to(self.torch_device)
+        return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), t)
+
+    def to_numpy(self, buf: Buffer) -> np.ndarray:
+        return buf.data.detach().cpu().numpy()
+
+    def synchronize(self) -> None:
+        if self.torch_device != "cpu":
+            self.torch.cuda.synchronize()
+
+    def render(self, kernel: Kernel) -> Program:
+        """The kernel's Triton Program (block sizes for the interpreter or a GPU); with
+        TGRAD_TRITON_TARGET set, the kernel is first compiled for each of those GPU targets."""
+        for target in triton_aot.targets_from_env():
+            triton_aot.compile_for_target(kernel, target)
+        return emit_triton.render(kernel, interpret=self.interpret)
+
+    def compile(self, program: Program, kernel: Kernel) -> Runner:
+        fname, source = program.name, program.source
+        try:
+            fn = load_source(source, fname, self.interpret)
+        except Exception as e:
+            raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
+        launcher = fn[program.global_size]
+        num_warps = program.launch["num_warps"]
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            try:
+                launcher(out.data, *(b.data for b in inputs), num_warps=num_warps)
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {fname} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+
+        return Runner(program, run, self.name)
+
+
+class CUDARuntime(TritonRuntime):
+    """NVIDIA GPUs through Triton."""
+
+    name = "CUDA"
+    vendor = "cuda"
+
+
+class AMDRuntime(TritonRuntime):
+    """AMD GPUs (ROCm) through Triton."""
+
+    name = "AMD"
+    vendor = "hip"
+
+

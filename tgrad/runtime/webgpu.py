@@ -1,0 +1,204 @@
+"""The WEBGPU runtime: WGSL from emit_wgsl, run through wgpu-native on the first adapter found."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+import numpy as np
+
+from tgrad import emit_wgsl
+from tgrad.device import Buffer, Runner, Runtime
+from tgrad.dtype import DType, dtypes
+from tgrad.emit_wgsl import Target
+from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
+from tgrad.fuse import Kernel
+from tgrad.program import Program
+
+
+def _private_runtime_dir() -> None:
+    """Mesa's Vulkan loader warns when XDG_RUNTIME_DIR is unset or unusable: give it a private one."""
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if current and os.path.isdir(current) and os.access(current, os.W_OK):
+        return
+    path = os.path.join(tempfile.gettempdir(), f"tgrad-xdg-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.stat(path).st_uid == os.getuid():
+        os.chmod(path, 0o700)
+        os.environ["XDG_RUNTIME_DIR"] = path
+
+
+NO_ADAPTER = (
+    "no WebGPU adapter found; install a Vulkan driver (Debian/Ubuntu: apt-get install mesa-vulkan-drivers "
+    "libvulkan1 gives the llvmpipe CPU adapter)"
+)
+
+
+class WebGPURuntime(Runtime):
+    """Kernels rendered as WGSL and run through wgpu-native on the first adapter found."""
+
+    name = "WEBGPU"
+
+    def __init__(self, int64: bool | None = None):
+        """int64: compute int64 as WGSL i64 where the adapter has shader-int64 (default: no, int64 is
+        held as int32; WEBGPU_INT64=1 turns it on). Mesa 22.3's lavapipe miscompiles i64 comparisons
+        of converted 32-bit values with constants, so the default is the int32 rule."""
+        super().__init__()
+        try:
+            import wgpu
+        except ImportError as e:
+            raise DeviceError("the WEBGPU device needs wgpu: pip install wgpu (or tgrad[webgpu])") from e
+        self.wgpu = wgpu
+        _private_runtime_dir()
+        adapter = None
+        for kwargs in ({"power_preference": "high-performance"}, {"force_fallback_adapter": True}):
+            try:
+                adapter = wgpu.gpu.request_adapter_sync(**kwargs)
+            except Exception:  # wgpu raises RuntimeError or its own errors when nothing is found
+                adapter = None
+            if adapter is not None:
+                break
+        if adapter is None:
+            raise DeviceError(NO_ADAPTER)
+        features = set(adapter.features)
+        if int64 is None:
+            int64 = os.environ.get("WEBGPU_INT64", "0") == "1"
+        has64 = "shader-int64" in features
+        self.target = Target(int64 and has64, "shader-f64" in features and has64)
+        wanted = [f for f in ("shader-int64", "shader-f64") if f in features]
+        limits = adapter.limits
+        keep = (
+            "max-storage-buffer-binding-size",
+            "max-buffer-size",
+            "max-storage-buffers-per-shader-stage",
+            "max-compute-workgroups-per-dimension",
+            "max-compute-invocations-per-workgroup",
+            "max-compute-workgroup-size-x",
+        )
+        self.adapter_info = adapter.info
+        self.device = adapter.request_device_sync(
+            required_features=wanted, required_limits={k: limits[k] for k in keep}
+        )
+        self.limits = {k: limits[k] for k in keep}
+        self.pipelines: dict[str, tuple] = {}
+        self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        self.fence = self.device.create_buffer(size=4, usage=self.usage)
+
+    # buffers
+
+    def nbytes(self, size: int, dtype: DType) -> int:
+        raw = size * self.target.itemsize(dtype)
+        return max(4, -(-raw // 4) * 4)
+
+    def _fits(self, nbytes: int) -> None:
+        limit = self.limits["max-storage-buffer-binding-size"]
+        if nbytes > limit:
+            raise DeviceError(
+                f"a {nbytes}-byte buffer is larger than this WEBGPU adapter binds ({limit} bytes); "
+                "split the tensor or use another device"
+            )
+
+    def alloc(self, size: int, dtype: DType) -> Buffer:
+        self.target.check(dtype)
+        self._fits(self.nbytes(size, dtype))
+        handle = self.device.create_buffer(size=self.nbytes(size, dtype), usage=self.usage)
+        return Buffer(self.name, size, dtype, handle)
+
+    def from_numpy(self, array: np.ndarray) -> Buffer:
+        flat = np.ascontiguousarray(array).reshape(-1)
+        dtype = dtypes.from_any(flat.dtype)
+        flat = flat.astype(dtype.np, copy=False)  # native byte order: the raw bytes are uploaded
+        self.target.check(dtype)
+        if dtype == dtypes.int64 and not self.target.int64:
+            if flat.size and (flat.min() < -(2**31) or flat.max() >= 2**31):
+                raise DTypeError(
+                    "this WEBGPU adapter has no shader-int64, so int64 tensors are held as int32, and "
+                    f"these values ({flat.min()}..{flat.max()}) do not fit; use smaller values or another "
+                    "device"
+                )
+            flat = flat.astype(np.int32)
+        raw = flat.tobytes()
+        raw += bytes(self.nbytes(flat.size, dtype) - len(raw))
+        self._fits(len(raw))
+        handle = self.device.create_buffer_with_data(data=raw, usage=self.usage)
+        return Buffer(self.name, flat.size, dtype, handle)
+
+    def to_numpy(self, buf: Buffer) -> np.ndarray:
+        raw = self.device.queue.read_buffer(buf.data)
+        storage = np.int32 if buf.dtype == dtypes.int64 and not self.target.int64 else buf.dtype.np
+        return np.frombuffer(raw, dtype=storage, count=buf.size).astype(buf.dtype.np, copy=True)
+
+    def synchronize(self) -> None:
+        self.device.queue.read_buffer(self.fence)  # a read waits for all submitted work
+
+    # programs
+
+    def render(self, kernel: Kernel) -> Program:
+        return emit_wgsl.program(kernel, self.target, self.limits["max-compute-workgroups-per-dimension"])
+
+    def compile(self, program: Program, kernel: Kernel) -> Runner:
+        source = program.source
+        n_in = len(kernel.in_dtypes)
+        if n_in + 1 > self.limits["max-storage-buffers-per-shader-stage"]:
+            raise KernelError(
+                f"kernel {kernel.name} reads {n_in} buffers; this WEBGPU adapter binds at most "
+                f"{self.limits['max-storage-buffers-per-shader-stage']} per shader; realize() a part earlier"
+            )
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        cached = self.pipelines.get(digest)
+        if cached is None:
+            cached = self.pipelines[digest] = self.build(program, n_in)
+        pipeline, layout = cached
+        groups = program.global_size
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            try:
+                launch(out, *inputs)
+            except Exception as e:
+                raise KernelError(
+                    f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
+                ) from e
+
+        def launch(out: Buffer, *inputs: Buffer) -> None:
+            encoder = self.device.create_command_encoder()
+            handles = []
+            for b in inputs:
+                handle = b.data
+                if handle is out.data:  # read and written in one dispatch: WebGPU forbids; read a copy
+                    nbytes = self.nbytes(b.size, b.dtype)
+                    handle = self.device.create_buffer(size=nbytes, usage=self.usage)
+                    encoder.copy_buffer_to_buffer(b.data, 0, handle, 0, nbytes)
+                handles.append(handle)
+            bind = self.device.create_bind_group(
+                layout=layout,
+                entries=[
+                    {"binding": i, "resource": {"buffer": h}} for i, h in enumerate([out.data, *handles])
+                ],
+            )
+            cpass = encoder.begin_compute_pass()
+            cpass.set_pipeline(pipeline)
+            cpass.set_bind_group(0, bind)
+            cpass.dispatch_workgroups(*groups)
+            cpass.end()
+            self.device.queue.submit([encoder.finish()])
+
+        return Runner(program, run, self.name)
+
+    def build(self, program: Program, n_in: int) -> tuple:
+        """The compute pipeline of a program and its bind group layout (output, then n_in inputs)."""
+        wgpu = self.wgpu
+        kinds = ["storage"] + ["read-only-storage"] * n_in  # the output, then the inputs
+        entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kind}}
+                   for i, kind in enumerate(kinds)]
+        try:
+            module = self.device.create_shader_module(code=program.source)
+            layout = self.device.create_bind_group_layout(entries=entries)
+            pipeline = self.device.create_compute_pipeline(
+                layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={"module": module, "entry_point": program.name},
+            )
+        except Exception as e:
+            message = f"kernel {program.name} failed to build: {e}\n{numbered(program.source)}"
+            raise KernelError(message) from e
+        return pipeline, layout

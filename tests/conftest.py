@@ -17,7 +17,7 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-# no compile worker processes (tgrad/compile_pool.py) beside the pytest-xdist ones: they would only
+# no compile worker processes (tgrad/runtime/cpu_pool.py) beside the pytest-xdist ones: they would only
 # compete for the same cores; tests/test_cpu_cache.py starts them where it tests them
 os.environ.setdefault("TGRAD_COMPILE_WORKERS", "0")
 # import triton (torch imports it too, e.g. through torch.optim) before WEBGPU or CL load their shared

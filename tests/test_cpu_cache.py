@@ -130,9 +130,9 @@ def triple(out, in0, n):
 
 
 def _ready_pool(workers: int = 1):
-    from tgrad.runtime import cpu_pool as compile_pool
+    from tgrad.runtime import cpu_pool
 
-    pool = compile_pool.CompilePool()
+    pool = cpu_pool.CompilePool()
     pool.start(workers)
     with pool.cond:
         assert pool.cond.wait_for(lambda: pool.ready == workers or pool.live < workers, timeout=120)
@@ -211,13 +211,13 @@ def test_compile_workers_build_part_of_a_cold_schedule(tmp_path):
 
 def test_a_bad_worker_count_is_a_clear_error(monkeypatch):
     from tgrad.errors import DeviceError
-    from tgrad.runtime import cpu_pool as compile_pool
+    from tgrad.runtime import cpu_pool
 
     monkeypatch.setenv("TGRAD_COMPILE_WORKERS", "two")
     with pytest.raises(DeviceError, match=r"TGRAD_COMPILE_WORKERS='two': expected a number .*\(0 for none\)"):
-        compile_pool.default_workers()
+        cpu_pool.default_workers()
     monkeypatch.setenv("TGRAD_COMPILE_WORKERS", "3")
-    assert compile_pool.default_workers() == 3
+    assert cpu_pool.default_workers() == 3
 
 
 def test_an_unwritable_cache_warns_once_and_still_runs(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 
 def kernel(**options):
     """Marks a generated kernel function with the Numba options it compiles with (`parallel`);
-    CPUDevice compiles it as a native function taking raw pointers (see device.py)."""
+    the CPU runtime compiles it as a native function taking raw pointers (see runtime/cpu.py)."""
 
     def mark(fn):
         fn.numba_options = options

@@ -1,0 +1,91 @@
+"""The layout docs/architecture.md describes: no import cycles inside tgrad, pure emitters (no device
+package or runtime imported), one list of devices, one runtime module per device."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tgrad import device
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "tgrad"
+DEVICE_PACKAGES = ("numba", "llvmlite", "pyopencl", "wgpu", "triton", "torch")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path], top_level: bool = True) -> set[str]:
+    """The tgrad modules a file imports (at module level, or only inside functions)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level else [n for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                                          for n in ast.walk(f)]
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tgrad"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+            found |= subs or {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("tgrad")}
+    return found
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {m: _imports(p, modules) - {m} for m, p in modules.items() if m != "tgrad"}
+    done: set[str] = set()
+
+    def visit(m: str, path: list[str]) -> None:
+        if m in path:
+            pytest.fail(f"import cycle: {' -> '.join(path[path.index(m):] + [m])}")
+        if m in done or m not in graph:
+            return
+        for dep in sorted(graph[m]):
+            visit(dep, path + [m])
+        done.add(m)
+
+    for m in graph:
+        visit(m, [])
+
+
+def test_no_function_local_tgrad_imports():
+    modules = _modules()
+    local = {m: _imports(p, modules, top_level=False) for m, p in modules.items()}
+    assert not {m: deps for m, deps in local.items() if deps}
+
+
+def test_emitters_import_no_runtime_and_no_device_package():
+    modules = _modules()
+    emitters = [m for m in modules if m.startswith("tgrad.emit_")]
+    assert {"tgrad.emit_numba", "tgrad.emit_triton", "tgrad.emit_opencl", "tgrad.emit_wgsl"} <= set(emitters)
+    for m in emitters:
+        deps = _imports(modules[m], modules)
+        assert not {d for d in deps if d.startswith(("tgrad.runtime", "tgrad.device", "tgrad.realize"))}, m
+    code = (f"import sys\nimport {', '.join(emitters)}\n"
+            f"print(sorted(p for p in {DEVICE_PACKAGES!r} if p in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_device_has_a_runtime_module_and_class():
+    for name, where in device.RUNTIMES.items():
+        module, cls = where.split(":")
+        path = ROOT / (module.replace(".", "/") + ".py")
+        assert path.is_file(), name
+        assert f"class {cls}(" in path.read_text(), name
+    assert set(device.VARIANT_OF) <= set(device.RUNTIMES)
+    assert set(device.VARIANT_OF.values()) <= set(device.RUNTIMES)
+
+
+def test_modules_stay_small():
+    """One job per module: only tensor.py (the API) may grow past ~700 lines."""
+    sizes = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
+    assert not {m: n for m, n in sizes.items() if n > 720 and m != "tgrad.tensor"}

@@ -419,10 +419,11 @@ class CStyleRenderer(StatementPlacer):
                 text = d.masked_load(text, valid, e.dtype)
         else:
             text = d.alu(e, [self.operand(s, e.srcs) for s in e.srcs])
-        return self.declare(e, text)
+        return self.bind(e, text, self.names)
 
-    def declare(self, e: Expr, text: str) -> str:
-        name = self.names[e] = f"v{self.count}"
+    def bind(self, e: Expr, text: str, table: dict[Expr, str]) -> str:
+        """A new variable v<n> holding `text`, declared where e's statement goes; table[e] remembers it."""
+        name = table[e] = f"v{self.count}"
         self.count += 1
         self.place(e, self.d.declare(self.d.value_type(e), name, text))
         return name
@@ -436,11 +437,7 @@ class CStyleRenderer(StatementPlacer):
         if not self.d.bind_literals or s.op != "CONST" or not all(x.op == "CONST" for x in srcs):
             return text
         name = self.bound.get(s)
-        if name is None:
-            name = self.bound[s] = f"v{self.count}"
-            self.count += 1
-            self.place(s, self.d.declare(self.d.value_type(s), name, text))
-        return name
+        return name if name is not None else self.bind(s, text, self.bound)
 
     def combine(self, a: str, b: str) -> str:
         """Two partial results of the reduction combined."""

@@ -18,6 +18,11 @@ from tgrad.emit_opencl import GROUP_REDUCE_MAX_OUT, GROUP_REDUCE_MIN, OPENCL, QC
 from tgrad.errors import DeviceError, DTypeError, KernelError
 
 
+def source(*args, **kwargs) -> str:
+    """The rendered kernel's source text."""
+    return render(*args, **kwargs).source
+
+
 def kernels_of(fn, *arrays) -> list:
     """The fused kernels of fn over realized inputs, without running them."""
     out = fn(*[Tensor(a, device="NUMPY") for a in arrays])
@@ -45,7 +50,7 @@ def cl(monkeypatch):
 
 def test_render_elementwise_opencl():
     f32 = np.ones((3, 4), np.float32)
-    src = render(one_kernel(lambda a, b: a.maximum(b) + 1, f32, f32), OPENCL)
+    src = source(one_kernel(lambda a, b: a.maximum(b) + 1, f32, f32), OPENCL)
     assert src.startswith("__kernel void E_3_4(__global float* out, __global const float* in0")
     assert "get_global_id(0)" in src and "if (gid >= 12) return;" in src
     assert "fmax" not in src and "!=" in src  # MAX keeps a nan: a ternary, not fmax
@@ -56,7 +61,7 @@ def test_render_bool_half_double_storage():
     b = np.array([True, False, True])
     h = np.ones(3, np.float16)
     d = np.ones(3, np.float64)
-    src = render(one_kernel(lambda x, y, z: x.where(y.float() + 1, z.float()).half(), b, h, d), OPENCL)
+    src = source(one_kernel(lambda x, y, z: x.where(y.float() + 1, z.float()).half(), b, h, d), OPENCL)
     assert "__global const uchar* in0" in src and "__global half* out" in src
     assert "vload_half(" in src and "vstore_half_rte(" in src
     assert "#pragma OPENCL EXTENSION cl_khr_fp64 : enable" in src
@@ -64,32 +69,32 @@ def test_render_bool_half_double_storage():
 
 
 def test_render_group_reduce_for_long_axes():
-    short = render(one_kernel(lambda a: a.sum(1), np.ones((3, GROUP_REDUCE_MIN - 1), np.float32)))
-    long = render(one_kernel(lambda a: a.sum(1), np.ones((3, GROUP_REDUCE_MIN), np.float32)))
+    short = source(one_kernel(lambda a: a.sum(1), np.ones((3, GROUP_REDUCE_MIN - 1), np.float32)))
+    long = source(one_kernel(lambda a: a.sum(1), np.ones((3, GROUP_REDUCE_MIN), np.float32)))
     assert "__local" not in short and "for (int i1 = 0; i1 < 255; i1++)" in short
     assert "__local float part[" in long and "barrier(CLK_LOCAL_MEM_FENCE);" in long
     assert "get_group_id(0)" in long and "get_local_id(0)" in long
     wide = np.ones((GROUP_REDUCE_MAX_OUT + 1, GROUP_REDUCE_MIN), np.float32)
-    many = render(one_kernel(lambda a: a.sum(1), wide))
+    many = source(one_kernel(lambda a: a.sum(1), wide))
     assert "__local" not in many  # enough outputs to fill the device one work-item each
 
 
 def test_render_register_tiles_for_matmul(monkeypatch):
     a, b = np.ones((8, 12), np.float32), np.ones((12, 16), np.float32)
     k = one_kernel(lambda x, y: x @ y, a, b)
-    src = render(k)
+    src = source(k)
     assert "acc15" in src and "acc16" not in src  # a 4x4 tile of outputs per work-item
     assert "if (gid >= 8) return;" in src  # 128 outputs / 16 per work-item
     assert src.count("in0[") == 4 and src.count("in1[") == 4  # 8 loads feed 16 multiply-adds
     monkeypatch.setenv("NOOPT", "1")
-    assert "acc0" not in render(k) and "if (gid >= 128) return;" in render(k)
+    assert "acc0" not in source(k) and "if (gid >= 128) return;" in source(k)
 
 
 def test_render_int_division_guards_zero():
     a, b = int_inputs()
-    src = render(one_kernel(lambda x, y: x.fmod(y), a, b))
+    src = source(one_kernel(lambda x, y: x.fmod(y), a, b))
     assert "== 0 ? " in src  # x % 0 is undefined in C (a CPU driver traps): guarded
-    src_const = render(one_kernel(lambda x: x.fmod(3), a))
+    src_const = source(one_kernel(lambda x: x.fmod(3), a))
     assert "% 3" in src_const and "== 0 ?" not in src_const
 
 
@@ -101,7 +106,7 @@ def test_suite_sources_pass_clang_opencl(dialect, tmp_path):
     if clang is None:
         pytest.skip("clang not found (apt-get install clang-15); OpenCL C syntax is not checked")
     src = tmp_path / "kernels.cl"
-    src.write_text("\n".join(render(k, dialect, name=f"k{i}") for i, k in enumerate(suite_kernels())))
+    src.write_text("\n".join(source(k, dialect, name=f"k{i}") for i, k in enumerate(suite_kernels())))
     assert dialect is OPENCL or "half v" in src.read_text()
     cmd = [clang, "-x", "cl", "-cl-std=CL1.2", "-fsyntax-only", "-Xclang", "-finclude-default-header",
            "-Xclang", "-cl-ext=+cl_khr_fp16,+cl_khr_fp64", str(src)]

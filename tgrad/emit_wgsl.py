@@ -1,9 +1,8 @@
-"""Render a Kernel as a WGSL compute shader (the WEBGPU device; its runtime is tgrad/runtime/webgpu.py).
+"""WGSL, a dialect of the shared C-style lowering (emit_cstyle.py), for the WEBGPU device (runtime/webgpu.py).
 
-One invocation computes one output element: the invocation number is split into the global indices,
-the reduce axes are loops inside it with a scalar accumulator. When the reduce is long and the outputs
-are few, one workgroup computes one output instead: its invocations stride over the flattened reduce
-axes and combine their partial results as a tree in workgroup memory (`TREE_*` below).
+The lowering (loops, index decoding, tree reductions in workgroup memory) is the one OpenCL and Metal use;
+this module adds the language (`WGSLDialect`): `let`/`var`, `select()`, buffers bound with `@group` /
+`@binding`, packed narrow types, and the rules below.
 
 Workgroup size rule: `WORKGROUP` (64) invocations for one-per-output kernels (a multiple of every
 vendor's SIMD width, within WebGPU's default limit of 256); `TREE_WORKGROUP` (256) for tree reductions.
@@ -32,12 +31,16 @@ written so that an ordered compare gives the right answer, and MAX propagates Na
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 
+from tgrad import emit_cstyle
 from tgrad.dtype import DType, dtypes
+from tgrad.emit_cstyle import MATH, Dialect
 from tgrad.errors import DTypeError, KernelError
-from tgrad.fuse import Expr, Kernel, StatementPlacer, is_const, reduce_identity
+from tgrad.fuse import Expr, Kernel, is_const, reduce_identity
 from tgrad.program import Program
 
 WORKGROUP = 64
@@ -162,10 +165,10 @@ class Target:
                 "lacks one); cast the tensor to float32: t.cast(dtypes.float32)"
             )
 
-    def type(self, dtype: DType, idx: bool = False) -> str:
-        """The WGSL type a value of `dtype` computes in (index expressions: always i32)."""
+    def type(self, dtype: DType) -> str:
+        """The WGSL type a value of `dtype` computes in."""
         if dtype == dtypes.int64:
-            return "i64" if self.int64 and not idx else "i32"
+            return "i64" if self.int64 else "i32"
         if dtype == dtypes.float64:
             return "f64"
         if dtype == dtypes.bool:
@@ -182,36 +185,6 @@ class Target:
         return 4 if dtype == dtypes.int64 and not self.int64 else dtype.itemsize
 
 
-def render_const(value, dtype: DType, ty: str) -> str:
-    """A WGSL literal of type `ty` holding `value` (a value of `dtype`)."""
-    if ty == "bool":
-        return "true" if value else "false"
-    if ty in ("f32", "f64"):
-        v = float(value)
-        if dtype == dtypes.float16:
-            v = float(np.float16(v))
-        elif ty == "f32":
-            v = float(np.float32(v))
-        if math.isnan(v) or math.isinf(v):
-            bits = 0x7FC00000 if math.isnan(v) else (0x7F800000 if v > 0 else 0xFF800000)
-            text = f"bitcast<f32>({bits:#010x}u)"
-            return text if ty == "f32" else f"f64({text})"
-        return f"{v!r}f" if ty == "f32" else f"{v!r}lf"
-    v = int(value)
-    if ty == "u32":
-        return f"{v & 0xFFFFFFFF}u"
-    bits = 64 if ty == "i64" else 32
-    if not -(1 << (bits - 1)) <= v < (1 << (bits - 1)):
-        raise DTypeError(
-            f"the int64 constant {v} does not fit the int32 that holds int64 on WEBGPU; use values "
-            "within +-2**31, or another device"
-        )
-    suffix = "li" if bits == 64 else "i"
-    if v == -(1 << (bits - 1)):
-        return f"({v + 1}{suffix} - 1{suffix})"
-    return f"{v}{suffix}"
-
-
 def _wrap_small(dtype: DType, text: str) -> str:
     """Wrap a 32-bit result back to the width of a small integer dtype."""
     bits = SMALL_INT_BITS.get(dtype)
@@ -222,11 +195,17 @@ def _wrap_small(dtype: DType, text: str) -> str:
     return f"((({text}) << {32 - bits}u) >> {32 - bits}u)"
 
 
-def _binary(sym: str):
-    return lambda dt, ty, a, b: _wrap_small(dt, f"({a} {sym} {b})")
+def _arith(sym: str, bool_sym: str | None = None):
+    def rule(d: Dialect, e: Expr, a: str, b: str) -> str:
+        if bool_sym is not None and e.dtype == dtypes.bool:
+            return f"({a} {bool_sym} {b})"
+        return _wrap_small(e.dtype, f"({a} {sym} {b})")
+
+    return rule
 
 
-def _max(dt: DType, ty: str, a: str, b: str) -> str:
+def _max(d: Dialect, e: Expr, a: str, b: str) -> str:
+    ty = d.type_name(e.dtype)
     if ty == "bool":
         return f"({a} || {b})"
     if ty in ("f32", "f64"):
@@ -234,103 +213,49 @@ def _max(dt: DType, ty: str, a: str, b: str) -> str:
     return f"max({a}, {b})"
 
 
-def _idiv(dt: DType, ty: str, a: str, b: str) -> str:
-    if ty in ("f32", "f64"):
+def _idiv(d: Dialect, e: Expr, a: str, b: str) -> str:
+    if e.dtype.is_float:
         return f"trunc({a} / {b})"
-    return _wrap_small(dt, f"select({a} / {b}, {render_const(0, dt, ty)}, {b} == {render_const(0, dt, ty)})")
+    zero = d.const(0, e.dtype)
+    return _wrap_small(e.dtype, f"select({a} / {b}, {zero}, {b} == {zero})")
 
 
-def _mod(dt: DType, ty: str, a: str, b: str) -> str:
-    if ty in ("f32", "f64"):
+def _mod(d: Dialect, e: Expr, a: str, b: str) -> str:
+    if e.dtype.is_float:
         return f"({a} % {b})"
     # x % 0 is x, as on every other device (WGSL gives 0)
-    return _wrap_small(dt, f"select({a} % {b}, {a}, {b} == {render_const(0, dt, ty)})")
+    return _wrap_small(e.dtype, f"select({a} % {b}, {a}, {b} == {d.const(0, e.dtype)})")
 
 
 def _logic(sym: str, bool_sym: str):
-    return lambda dt, ty, a, b: f"({a} {bool_sym if ty == 'bool' else sym} {b})"
+    return lambda d, e, a, b: f"({a} {bool_sym if e.dtype == dtypes.bool else sym} {b})"
 
 
-# code_for_op: op name -> f(result dtype, WGSL type of the operands, *rendered sources) -> source text
-code_for_op = {
-    "ADD": _binary("+"),
-    "SUB": _binary("-"),
-    "MUL": _binary("*"),
+def _math(op: str):
+    return lambda d, e, a: f"{F64_MATH[op] if e.dtype == dtypes.float64 else MATH[op]}({a})"
+
+
+def _neg(d: Dialect, e: Expr, a: str) -> str:
+    return _wrap_small(e.dtype, f"(0u - {a})" if d.type_name(e.dtype) == "u32" else f"(-{a})")
+
+
+# C's rules (emit_cstyle.code_for_op) with WGSL's where they differ: op -> f(dialect, expr, *sources)
+CODE_FOR_OP = {
+    **emit_cstyle.code_for_op,
+    "ADD": _arith("+", "||"),
+    "SUB": _arith("-"),
+    "MUL": _arith("*", "&&"),
     "IDIV": _idiv,
-    # x % 0 is x, as on every other device (WGSL gives 0)
     "MOD": _mod,
     "MAX": _max,
-    "CMPLT": lambda dt, ty, a, b: f"({a} < {b})",
-    "CMPNE": lambda dt, ty, a, b: f"!({a} == {b})",
+    "CMPNE": lambda d, e, a, b: f"!({a} == {b})",
     "AND": _logic("&", "&&"),
     "OR": _logic("|", "||"),
     "XOR": _logic("^", "!="),
-    "WHERE": lambda dt, ty, c, a, b: f"select({b}, {a}, {c})",
-    "EXP2": lambda dt, ty, a: f"exp2({a})",
-    "LOG2": lambda dt, ty, a: f"log2({a})",
-    "SIN": lambda dt, ty, a: f"sin({a})",
-    "SQRT": lambda dt, ty, a: f"sqrt({a})",
-    "RECIP": lambda dt, ty, a: f"({render_const(1, dt, ty)} / {a})",
-    "NEG": lambda dt, ty, a: _wrap_small(dt, f"(0u - {a})" if ty == "u32" else f"(-{a})"),
-    "TRUNC": lambda dt, ty, a: f"trunc({a})",
+    "WHERE": lambda d, e, c, a, b: f"select({b}, {a}, {c})",
+    **{op: _math(op) for op in F64_MATH},
+    "NEG": _neg,
 }
-
-
-def _cast(src: DType, src_ty: str, dst: DType, dst_ty: str, x: str) -> str:
-    if dst_ty == "bool":
-        return x if src_ty == "bool" else f"!({x} == {render_const(0, src, src_ty)})"
-    if src_ty == "bool":
-        return f"{dst_ty}({x})"
-    if dst.is_float:
-        text = x if src_ty == dst_ty else f"{dst_ty}({x})"
-        return f"f16round({text})" if dst == dtypes.float16 and src != dtypes.float16 else text
-    # integer targets: floats truncate through a signed integer, then wrap to the width
-    if src.is_float:
-        x = f"{'i64' if dst_ty == 'i64' else 'i32'}({x})"
-        src_ty = "i64" if dst_ty == "i64" else "i32"
-    if dst == dtypes.uint8:
-        return f"(u32({x if src_ty != 'i64' else f'i32({x})'}) & 0xffu)"
-    text = x if src_ty == dst_ty else f"{dst_ty}({x})"
-    return _wrap_small(dst, text)
-
-
-def _load(dtype: DType, buf: str, j: str) -> str:
-    """Element j (an i32 expression) of input buffer `buf` as a value of its compute type."""
-    per = PACKED.get(dtype)
-    if per is None:
-        return f"{buf}[{j}]"
-    bits = 32 // per
-    word = f"{buf}[{j} >> {per.bit_length() - 1}u]"
-    shift = f"((u32({j}) & {per - 1}u) * {bits}u)"
-    if dtype == dtypes.float16:
-        return f"unpack2x16float({word} >> {shift}).x"
-    if dtype in (dtypes.bool, dtypes.uint8):
-        text = f"(({word} >> {shift}) & 0xffu)"
-        return f"({text} != 0u)" if dtype == dtypes.bool else text
-    return f"(bitcast<i32>({word} << ({32 - bits}u - {shift})) >> {32 - bits}u)"
-
-
-def _store(dtype: DType, j: str, value: str) -> list[str]:
-    """Statements storing `value` at element j of the output buffer."""
-    per = PACKED.get(dtype)
-    if per is None:
-        return [f"out[{j}] = {value};"]
-    bits = 32 // per
-    mask = (1 << bits) - 1
-    if dtype == dtypes.float16:
-        pattern = f"f16bits({value})"
-    elif dtype == dtypes.bool:
-        pattern = f"select(0u, 1u, {value})"
-    elif dtype == dtypes.uint8:
-        pattern = f"({value} & 0xffu)"
-    else:
-        pattern = f"(bitcast<u32>({value}) & {mask:#x}u)"
-    return [
-        f"let ow = {j} >> {per.bit_length() - 1}u;",
-        f"let os = (u32({j}) & {per - 1}u) * {bits}u;",
-        f"atomicAnd(&out[ow], ~({mask:#x}u << os));",
-        f"atomicOr(&out[ow], {pattern} << os);",
-    ]
 
 
 def _folds_to_zero(e: Expr) -> bool:
@@ -340,187 +265,235 @@ def _folds_to_zero(e: Expr) -> bool:
     return e.op == "SUB" and e.srcs[0] == e.srcs[1]
 
 
-def use_tree(kernel: Kernel) -> bool:
-    """The rule for a workgroup-memory tree reduction: a long reduce and few outputs."""
-    if kernel.reduce_expr is None:
-        return False
-    return math.prod(kernel.reduce_shape) >= TREE_MIN_REDUCE and math.prod(kernel.global_shape) <= (
-        TREE_MAX_OUTPUTS
-    )
+@dataclass(frozen=True)
+class WGSLDialect(Dialect):
+    """WGSL: types from `target`, `let`/`var` declarations, `T(x)` conversions, buffers bound with
+    @group/@binding, packed narrow types stored with atomics, and the float rules of the module docstring."""
 
+    target: Target = field(default_factory=Target)
 
-def _split(names: list[str], shape: tuple[int, ...], flat: str) -> list[str]:
-    """`let` statements splitting the flat i32 index `flat` into row-major indices over `shape`."""
-    out, stride = [], math.prod(shape)
-    for name, size in zip(names, shape):
-        stride //= size
-        text = flat if stride == 1 else f"({flat} / {stride})"
-        if stride * size != math.prod(shape):
-            text = f"({text} % {size})"
-        out.append(f"let {name} = {text};")
-    return out
+    code_for_op: ClassVar = CODE_FOR_OP
 
+    def type_name(self, dtype: DType) -> str:
+        return self.target.type(dtype)
 
-class _Renderer(StatementPlacer):
-    def __init__(self, kernel: Kernel, target: Target):
-        super().__init__([a + 1 for a in range(len(kernel.shape))], len(kernel.shape) + 1)
-        self.k, self.t = kernel, target
-        self.names: dict[tuple, str] = {}
-        self.count = 0
+    def value_type(self, e: Expr) -> str:
+        return self.type_name(e.dtype)
 
-    def ref(self, e: Expr, idx: bool = False) -> str:
-        """The rendered value of e; idx: e is part of an index (int64 renders as i32 there)."""
-        idx = idx and self.t.int64  # with int64 held as i32 an index renders like any value
-        ty = self.t.type(e.dtype, idx)
-        if e.op == "IDX":
-            return f"i{e.arg[0]}" if ty == "i32" else f"{ty}(i{e.arg[0]})"
-        if e.op == "CONST":
-            return render_const(e.arg, e.dtype, ty)
-        if e.op == "ACC":
-            return "acc"
-        if e.op == "LOAD" and idx and ty != self.t.type(e.dtype):
-            return f"{ty}({self.ref(e, False)})"
-        name = self.names.get((e, idx))
-        if name is not None:
-            return name
-        if e.op == "LOAD":
-            j, valid = self.ref(e.srcs[0], True), self.ref(e.srcs[1], True)
-            text = _load(e.dtype, f"in{e.arg}", j)
-            if valid == "false":  # never read (a view of nothing): WGSL rejects a constant index < 0
-                text = render_const(0, e.dtype, ty)
-            elif valid != "true":
-                text = f"select({render_const(0, e.dtype, ty)}, {text}, {valid})"
-        elif e.op == "CAST":
-            s = e.srcs[0]
-            src_ty = self.t.type(s.dtype, idx)
-            text = _cast(s.dtype, src_ty, e.dtype, ty, self.operand(s, idx, [s]))
-        else:
-            srcs = [self.operand(s, idx, e.srcs) for s in e.srcs]
-            operand_ty = self.t.type(e.srcs[-1].dtype, idx)
-            text = code_for_op[e.op](e.dtype, operand_ty, *srcs)
-            if operand_ty in ("f32", "f64") and _folds_to_zero(e):
-                x = srcs[1] if e.op == "MUL" and is_const(e.srcs[0], 0) else srcs[0]
-                zero, nan = render_const(0, e.dtype, ty), render_const(math.nan, e.dtype, ty)
-                text = f"select({zero}, {nan}, !finite{operand_ty[1:]}({x}))"
-            elif operand_ty in ("f32", "f64") and e.op in ("ADD", "SUB", "MUL") and any(
-                s.op == "CONST" and s.arg != s.arg for s in e.srcs
-            ):  # x + nan, x * nan are nan; Mesa folds 0 * nan to 0 (the mean of an empty axis)
-                text = render_const(math.nan, e.dtype, ty)
-            if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
-                text = f"f16round({text})"
-            elif e.dtype == dtypes.float64 and e.op in F64_MATH:
-                text = f"{F64_MATH[e.op]}({srcs[0]})"
-        name = self.names[(e, idx)] = f"v{self.count}"
-        self.count += 1
-        self.place(e, f"let {name} = {text};")
-        return name
+    def storage(self, dtype: DType) -> str:
+        return self.target.storage(dtype)
 
-    def operand(self, s: Expr, idx: bool, srcs) -> str:
-        """s rendered as an operand of an op over `srcs`. When every src is a literal, WGSL evaluates
-        the op when the shader is created and rejects a result that overflows or is out of a builtin's
-        range (1.0f / 0.0f, log2(-1.0f), 3e38f * 10.0f): the literal is bound to a `let` first, which
-        makes the op a runtime one with IEEE results like every other device."""
-        text = self.ref(s, idx)
-        if s.op != "CONST" or not all(x.op == "CONST" for x in srcs):
-            return text
-        key = (s, idx, "let")
-        name = self.names.get(key)
-        if name is None:
-            name = self.names[key] = f"v{self.count}"
-            self.count += 1
-            self.place(s, f"let {name} = {text};")
-        return name
-
-    def combine(self, a: str, b: str) -> str:
-        k = self.k
-        acc_dt = k.reduce_expr.dtype
-        ty = self.t.type(acc_dt)
+    def const(self, value, dtype: DType) -> str:
+        ty = self.type_name(dtype)
         if ty == "bool":
-            return f"({a} && {b})" if k.reduce_op == "PROD" else f"({a} || {b})"
-        op = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
-        return code_for_op[op](acc_dt, ty, a, b)
+            return "true" if value else "false"
+        if ty in ("f32", "f64"):
+            v = float(value)
+            if dtype == dtypes.float16:
+                v = float(np.float16(v))
+            elif ty == "f32":
+                v = float(np.float32(v))
+            if math.isnan(v) or math.isinf(v):
+                bits = 0x7FC00000 if math.isnan(v) else (0x7F800000 if v > 0 else 0xFF800000)
+                text = f"bitcast<f32>({bits:#010x}u)"
+                return text if ty == "f32" else f"f64({text})"
+            return f"{v!r}f" if ty == "f32" else f"{v!r}lf"
+        v = int(value)
+        if ty == "u32":
+            return f"{v & 0xFFFFFFFF}u"
+        bits = 64 if ty == "i64" else 32
+        if not -(1 << (bits - 1)) <= v < (1 << (bits - 1)):
+            raise DTypeError(
+                f"the int64 constant {v} does not fit the int32 that holds int64 on WEBGPU; use values "
+                "within +-2**31, or another device"
+            )
+        suffix = "li" if bits == 64 else "i"
+        if v == -(1 << (bits - 1)):
+            return f"({v + 1}{suffix} - 1{suffix})"
+        return f"{v}{suffix}"
 
-    def identity(self) -> str:
-        acc_dt = self.k.reduce_expr.dtype
-        ty = self.t.type(acc_dt)
-        value = reduce_identity(self.k.reduce_op, acc_dt)
-        if ty == "i32" and acc_dt == dtypes.int64:  # int64 held as int32: int32's identity
-            value = reduce_identity(self.k.reduce_op, dtypes.int32)
-        return render_const(value, acc_dt, ty)
+    def identity(self, op: str, dtype: DType) -> str:
+        if dtype == dtypes.int64 and self.type_name(dtype) == "i32":  # int64 held as int32: int32's identity
+            return self.const(reduce_identity(op, dtypes.int32), dtype)
+        return super().identity(op, dtype)
 
-    def render(self) -> str:
-        k, t = self.k, self.t
-        for dt in (k.out_dtype, *k.in_dtypes):
-            t.check(dt)
-        n, ng = len(k.shape), k.n_global
-        tree = use_tree(k)
-        val = self.ref(k.reduce_expr) if k.reduce_expr is not None else None
-        store = _store(k.out_dtype, self.ref(k.out_index, True), self.ref(k.expr))
-        n_out = math.prod(k.global_shape)
-        wg = TREE_WORKGROUP if tree else WORKGROUP
-        lines: list[str] = []
-        out_ty = t.storage(k.out_dtype)
-        out_ty = f"atomic<{out_ty}>" if k.out_dtype in PACKED else out_ty
-        lines.append(f"@group(0) @binding(0) var<storage, read_write> out: array<{out_ty}>;")
-        for i, dt in enumerate(k.in_dtypes):
-            lines.append(f"@group(0) @binding({i + 1}) var<storage, read> in{i}: array<{t.storage(dt)}>;")
-        if tree:
-            lines.append(f"var<workgroup> partial: array<{t.type(k.reduce_expr.dtype)}, {wg}>;")
+    def index(self, axis: int, dtype: DType) -> str:
+        ty = self.type_name(dtype)
+        return f"i{axis}" if ty == "i32" else f"{ty}(i{axis})"
+
+    def convert(self, type_name: str, text: str) -> str:
+        return f"{type_name}({text})"
+
+    def cast(self, src: DType, dtype: DType, text: str) -> str:
+        src_ty, dst_ty = self.type_name(src), self.type_name(dtype)
+        if dst_ty == "bool":
+            return text if src_ty == "bool" else f"!({text} == {self.const(0, src)})"
+        if src_ty == "bool":
+            return f"{dst_ty}({text})"
+        if dtype.is_float:
+            text = text if src_ty == dst_ty else f"{dst_ty}({text})"
+            return f"f16round({text})" if dtype == dtypes.float16 and src != dtypes.float16 else text
+        # integer targets: floats truncate through a signed integer, then wrap to the width
+        if src.is_float:
+            src_ty = "i64" if dst_ty == "i64" else "i32"
+            text = f"{src_ty}({text})"
+        if dtype == dtypes.uint8:
+            return f"(u32({text if src_ty != 'i64' else f'i32({text})'}) & 0xffu)"
+        return _wrap_small(dtype, text if src_ty == dst_ty else f"{dst_ty}({text})")
+
+    def alu(self, e: Expr, srcs: list[str]) -> str:
+        text = self.apply(e, srcs)
+        ty = self.type_name(e.dtype)
+        if ty in ("f32", "f64") and _folds_to_zero(e):
+            x = srcs[1] if e.op == "MUL" and is_const(e.srcs[0], 0) else srcs[0]
+            zero, nan = self.const(0, e.dtype), self.const(math.nan, e.dtype)
+            text = f"select({zero}, {nan}, !finite{ty[1:]}({x}))"
+        elif ty in ("f32", "f64") and e.op in ("ADD", "SUB", "MUL") and any(
+            s.op == "CONST" and s.arg != s.arg for s in e.srcs
+        ):  # x + nan, x * nan are nan; Mesa folds 0 * nan to 0 (the mean of an empty axis)
+            text = self.const(math.nan, e.dtype)
+        if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
+            text = f"f16round({text})"
+        return text
+
+    def load(self, buf: str, dtype: DType, idx: str) -> str:
+        per = PACKED.get(dtype)
+        if per is None:
+            return f"{buf}[{idx}]"
+        bits = 32 // per
+        word = f"{buf}[{idx} >> {per.bit_length() - 1}u]"
+        shift = f"((u32({idx}) & {per - 1}u) * {bits}u)"
+        if dtype == dtypes.float16:
+            return f"unpack2x16float({word} >> {shift}).x"
+        if dtype in (dtypes.bool, dtypes.uint8):
+            text = f"(({word} >> {shift}) & 0xffu)"
+            return f"({text} != 0u)" if dtype == dtypes.bool else text
+        return f"(bitcast<i32>({word} << ({32 - bits}u - {shift})) >> {32 - bits}u)"
+
+    def masked_load(self, text: str, valid: str, dtype: DType) -> str:
+        if valid == "false":  # never read (a view of nothing): WGSL rejects a constant index < 0
+            return self.const(0, dtype)
+        return f"select({self.const(0, dtype)}, {text}, {valid})"
+
+    def declare(self, type_name: str, name: str, value: str, mutable: bool = False) -> str:
+        return f"{'var' if mutable else 'let'} {name} = {value};"
+
+    def store(self, value: str, idx: str, dtype: DType) -> list[str]:
+        per = PACKED.get(dtype)
+        if per is None:
+            return [f"out[{idx}] = {value};"]
+        bits = 32 // per
+        mask = (1 << bits) - 1
+        if dtype == dtypes.float16:
+            pattern = f"f16bits({value})"
+        elif dtype == dtypes.bool:
+            pattern = f"select(0u, 1u, {value})"
+        elif dtype == dtypes.uint8:
+            pattern = f"({value} & 0xffu)"
+        else:
+            pattern = f"(bitcast<u32>({value}) & {mask:#x}u)"
+        return [
+            f"let ow = {idx} >> {per.bit_length() - 1}u;",
+            f"let os = (u32({idx}) & {per - 1}u) * {bits}u;",
+            f"atomicAnd(&out[ow], ~({mask:#x}u << os));",
+            f"atomicOr(&out[ow], {pattern} << os);",
+        ]
+
+    def render_kernel(self, name: str, kernel: Kernel, body: list[str], local: tuple[str, int] | None) -> str:
+        out_ty = self.storage(kernel.out_dtype)
+        out_ty = f"atomic<{out_ty}>" if kernel.out_dtype in PACKED else out_ty
+        lines = [f"@group(0) @binding(0) {self.out_qual} out: array<{out_ty}>;"]
+        for i, dt in enumerate(kernel.in_dtypes):
+            lines.append(f"@group(0) @binding({i + 1}) {self.in_qual} in{i}: array<{self.storage(dt)}>;")
+        if local:
+            lines.append(f"{self.local_qual} part: array<{local[0]}, {local[1]}>;")
         lines += [
             "",
-            f"@compute @workgroup_size({wg})",
-            f"fn {k.name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,",
-            "    @builtin(local_invocation_index) lid: u32) {",
+            self.kernel_prefix.format(local[1] if local else self.local_size),
+            f"fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,",
+            "    @builtin(local_invocation_index) lindex: u32) {",
+            *body,
+            "}",
         ]
-        body: list[str] = []
-        if tree:
-            body += ["let gid = i32(wid.y * nwg.x + wid.x);", f"if (gid >= {max(n_out, 1)}) {{ return; }}"]
-        else:
-            body += [f"let gid = i32((wid.y * nwg.x + wid.x) * {wg}u + lid);"]
-            body += [f"if (gid >= {max(n_out, 1)}) {{ return; }}"]
-        body += _split([f"i{a}" for a in range(ng)], k.global_shape, "gid")
-        for depth in range(ng + 1):
-            body += self.levels[depth]
-        if val is None:
-            body += self.post + store
-        elif tree:
-            body += [f"var acc = {self.identity()};"]
-            body += [f"for (var r = i32(lid); r < {math.prod(k.reduce_shape)}; r = r + {wg}) {{"]
-            inner = _split([f"i{a}" for a in range(ng, n)], k.reduce_shape, "r")
-            for depth in range(ng + 1, n + 1):
-                inner += self.levels[depth]
-            inner += [f"acc = {self.combine('acc', val)};"]
-            body += ["  " + s for s in inner] + ["}"]
-            body += ["partial[lid] = acc;", "workgroupBarrier();"]
-            body += [f"for (var s = {wg // 2}u; s > 0u; s = s >> 1u) {{"]
-            body += [
-                "  if (lid < s) {",
-                f"    partial[lid] = {self.combine('partial[lid]', 'partial[lid + s]')};",
-            ]
-            body += ["  }", "  workgroupBarrier();", "}"]
-            body += ["if (lid == 0u) {", "  let acc = partial[0];"] + ["  " + s for s in self.post + store]
-            body += ["}"]
-        else:
-            body += [f"var acc = {self.identity()};"]
-            indent = ""
-            for depth in range(ng, n):
-                body += [f"{indent}for (var i{depth} = 0i; i{depth} < {k.shape[depth]}; i{depth}++) {{"]
-                indent += "  "
-                body += [indent + s for s in self.levels[depth + 1]]
-            body += [f"{indent}acc = {self.combine('acc', val)};"]
-            for _ in range(ng, n):
-                indent = indent[:-2]
-                body += [f"{indent}}}"]
-            body += self.post + store
-        lines += ["  " + s for s in body] + ["}"]
         code = "\n".join(lines) + "\n"
         return _helpers_for(code) + code
 
 
-def render(kernel: Kernel, target: Target | None = None) -> str:
-    """WGSL source of one kernel: a compute entry point named after it, `out` at binding 0 and the
-    inputs `in0, in1, ...` at bindings 1.. (all in group 0)."""
-    return _Renderer(kernel, target or Target()).render()
+WGSL = WGSLDialect(
+    name="WGSL",
+    header="",
+    kernel_prefix="@compute @workgroup_size({})",
+    out_qual="var<storage, read_write>",
+    in_qual="var<storage, read>",
+    local_qual="var<workgroup>",
+    barrier="workgroupBarrier();",
+    # a launch may be split into a 2-D grid of workgroups (dispatch_size): they are numbered row by row
+    ids={
+        "gid": f"i32((wid.y * nwg.x + wid.x) * {WORKGROUP}u + lindex)",
+        "grp": "i32(wid.y * nwg.x + wid.x)",
+        "lid": "i32(lindex)",
+    },
+    if_stmt="if ({}) {{ {} }}",
+    local_size=WORKGROUP,
+    upcast=1,
+    group_min=TREE_MIN_REDUCE,
+    group_max_out=TREE_MAX_OUTPUTS,
+    group_size=TREE_WORKGROUP,
+    group_bool=True,
+    guard_groups=True,
+    bind_literals=True,
+)
+
+
+def use_tree(kernel: Kernel) -> bool:
+    """The rule for a workgroup-memory tree reduction: a long reduce and few outputs."""
+    return emit_cstyle.uses_group_reduce(kernel, WGSL)
+
+
+def _indices_as_int32(kernel: Kernel) -> Kernel:
+    """With int64 as WGSL i64, index expressions (a load's index and mask, the store's index) still compute
+    in i32: the kernel with int64 replaced by int32 in them (an int64 load used there is converted)."""
+    values: dict[Expr, Expr] = {}
+    indices: dict[Expr, Expr] = {}
+
+    def value(e: Expr) -> Expr:
+        hit = values.get(e)
+        if hit is None:
+            srcs = tuple(index(s) if e.op == "LOAD" else value(s) for s in e.srcs)
+            hit = values[e] = Expr(e.op, srcs, e.arg, e.dtype)
+        return hit
+
+    def index(e: Expr) -> Expr:
+        hit = indices.get(e)
+        if hit is None:
+            if e.op == "LOAD":
+                hit = value(e)
+                if e.dtype == dtypes.int64:
+                    hit = Expr("CAST", (hit,), dtypes.int32, dtypes.int32)
+            else:
+                dt = dtypes.int32 if e.dtype == dtypes.int64 else e.dtype
+                hit = Expr(e.op, tuple(index(s) for s in e.srcs), dt if e.op == "CAST" else e.arg, dt)
+            indices[e] = hit
+        return hit
+
+    red = kernel.reduce_expr
+    return replace(kernel, reduce_expr=None if red is None else value(red), expr=value(kernel.expr),
+                   out_index=index(kernel.out_index))
+
+
+def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int = 65535) -> Program:
+    """One kernel as a WGSL compute shader: an entry point named after the kernel, `out` at binding 0 and
+    the inputs `in0, in1, ...` at bindings 1.. (all in group 0), dispatched on `global_size` workgroups
+    (x, y, z; each at most `max_groups_per_dim`) of `local_size` invocations."""
+    target = target or Target()
+    for dt in (kernel.out_dtype, *kernel.in_dtypes):
+        target.check(dt)
+    lowered = _indices_as_int32(kernel) if target.int64 else kernel
+    source = emit_cstyle.render(lowered, replace(WGSL, target=target))
+    tree = use_tree(kernel)
+    n_groups = -(-max(math.prod(kernel.global_shape), 1) // (1 if tree else WORKGROUP))
+    groups = dispatch_size(n_groups, max_groups_per_dim)
+    return Program(kernel.name, source, groups, (TREE_WORKGROUP if tree else WORKGROUP,))
 
 
 def dispatch_size(n_groups: int, max_per_dim: int) -> tuple[int, int, int]:
@@ -531,13 +504,3 @@ def dispatch_size(n_groups: int, max_per_dim: int) -> tuple[int, int, int]:
     if y > max_per_dim:
         raise KernelError(f"a launch of {n_groups} workgroups is larger than this WEBGPU adapter allows")
     return (max_per_dim, y, 1)
-
-
-def program(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int = 65535) -> Program:
-    """The kernel as a Program: WGSL source and its dispatch (workgroups in x, y, z, each dimension at most
-    `max_groups_per_dim`; `local_size` is the workgroup size)."""
-    n_out = math.prod(kernel.global_shape)
-    tree = use_tree(kernel)
-    per_group = 1 if tree else WORKGROUP
-    groups = dispatch_size(-(-max(n_out, 1) // per_group), max_groups_per_dim)
-    return Program(kernel.name, render(kernel, target), groups, (TREE_WORKGROUP if tree else WORKGROUP,))

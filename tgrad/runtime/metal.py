@@ -69,7 +69,7 @@ class MetalRuntime(Runtime):
         self.pending.clear()
 
     def render(self, kernel: Kernel) -> Program:
-        return emit_opencl.program(kernel, METAL)
+        return emit_opencl.render(kernel, METAL)
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         source = program.source

@@ -11,7 +11,8 @@ import numpy as np
 from tgrad import emit_opencl
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
-from tgrad.emit_opencl import OPENCL, QCOM, kernel_dtypes
+from tgrad.emit_cstyle import kernel_dtypes
+from tgrad.emit_opencl import OPENCL, QCOM
 from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
@@ -86,7 +87,7 @@ class CLRuntime(Runtime):
                 f"kernel {kernel.name} uses float64 but OpenCL device {self.device.name} has no "
                 "cl_khr_fp64; use float32"
             )
-        return emit_opencl.program(kernel, self.dialect, self.max_local)
+        return emit_opencl.render(kernel, self.dialect, max_local=self.max_local)
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         source = program.source

@@ -135,7 +135,7 @@ class WebGPURuntime(Runtime):
     # programs
 
     def render(self, kernel: Kernel) -> Program:
-        return emit_wgsl.program(kernel, self.target, self.limits["max-compute-workgroups-per-dimension"])
+        return emit_wgsl.render(kernel, self.target, self.limits["max-compute-workgroups-per-dimension"])
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         source = program.source

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tgrad import device, fuse
+from tgrad import device, fuse, schedule_cache
 from tgrad.device import Buffer, Runner, Runtime, Stats, get_runtime
 from tgrad.dtype import DType
 from tgrad.graph import MOVEMENT, Node, Op, prod
@@ -127,7 +127,7 @@ def realize(nodes: list[Node]) -> None:
         if rt.evaluates_graphs:
             rt.evaluate(group)
         else:
-            run_schedule(fuse.schedule(group))
+            run_schedule(schedule_cache.schedule(group))
 
 
 def to_numpy(node: Node) -> np.ndarray:

@@ -1,0 +1,79 @@
+"""Schedules keyed by graph structure: an eager step that builds the same graph again (new input buffers,
+the same ops) reuses the kernels fuse.schedule chose last time instead of scheduling and lowering again.
+
+The key is the graph reachable from the outputs as fuse.schedule sees it: every unrealized node as
+(op, arg, shape, dtype, device, its sources' positions), every realized node as a leaf (shape, dtype,
+device, and which buffer it is, numbered by first appearance, so aliasing between leaves is part of the
+key), and the outputs' positions. Nodes are numbered in one deterministic walk. A schedule is kept as
+positions in that walk (kernel, output, inputs, assign target), so it holds no node and no buffer; a hit
+maps the positions to the nodes of the new graph. Two graphs with equal keys are the same graph up to
+which buffers their leaves hold, which is all fuse.schedule depends on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from tgrad import fuse
+from tgrad.graph import Node, Op, _arg_key
+
+MAX_ENTRIES = 256  # schedules kept (least recently used first out)
+
+
+class Stats:
+    hits = 0
+    misses = 0
+
+
+_cache: OrderedDict[tuple, list[tuple] | None] = OrderedDict()
+
+
+def _walk(outputs: list[Node]) -> tuple[tuple, list[Node]]:
+    """(structure key, nodes in walk order) of the graph fuse.schedule would see."""
+    position: dict[int, int] = {}
+    buffers: dict[int, int] = {}
+    nodes: list[Node] = []
+    entries: list[tuple] = []
+    for root in outputs:
+        stack = [(root, False)]
+        while stack:
+            node, ready = stack.pop()
+            if id(node) in position:
+                continue
+            if not ready and not node.realized:
+                stack.append((node, True))
+                stack.extend((s, False) for s in reversed(node.srcs) if id(s) not in position)
+                continue
+            position[id(node)] = len(nodes)
+            nodes.append(node)
+            if node.realized:
+                buf = buffers.setdefault(id(node.buffer), len(buffers))
+                entries.append(("leaf", buf, node.shape, node.dtype, node.device))
+            else:
+                arg = None if node.op is Op.BUFFER else _arg_key(node.arg)
+                srcs = tuple(position[id(s)] for s in node.srcs)
+                entries.append((node.op, arg, node.shape, node.dtype, node.device, srcs))
+    outs = tuple(position[id(n)] for n in outputs)
+    return (tuple(entries), outs), nodes
+
+
+def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
+    """fuse.schedule(outputs), from the cache when a graph of the same structure was scheduled before."""
+    key, nodes = _walk(outputs)
+    template = _cache.get(key)
+    if template is not None:
+        _cache.move_to_end(key)
+        Stats.hits += 1
+        return [fuse.ScheduleItem(k, nodes[out], [nodes[i] for i in ins], None if tgt is None else nodes[tgt])
+                for k, out, ins, tgt in template]
+    Stats.misses += 1
+    items = fuse.schedule(outputs)
+    index = {id(n): i for i, n in enumerate(nodes)}
+    try:
+        _cache[key] = [(it.kernel, index[id(it.out)], [index[id(n)] for n in it.inputs],
+                        None if it.target is None else index[id(it.target)]) for it in items]
+    except KeyError:  # a node the walk did not see (not expected): schedule such graphs every time
+        return items
+    if len(_cache) > MAX_ENTRIES:
+        _cache.popitem(last=False)
+    return items

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from tgrad import Tensor, dtypes
+from tgrad import Device, Tensor, dtypes
+from tgrad.errors import DTypeError
 
 TOL = {  # (atol, rtol) for forward values, per dtype
     dtypes.float32: (1e-5, 1e-4),
@@ -68,3 +70,18 @@ def helper_test_op(
             assert a.grad is not None, f"input {i}: torch has a gradient, tgrad has none"
             compare(f"grad of input {i}", a.grad.numpy(), b.grad.numpy(), grad_atol, grad_rtol)
     return out_g
+
+
+def has_float64(device: str | None = None) -> bool:
+    """Whether the device (default: the default device) computes float64; elsewhere float64 must raise a
+    DTypeError that names it (WEBGPU over OpenGL, Metal, OpenCL without cl_khr_fp64)."""
+    return Device[device or Device.DEFAULT].supports(dtypes.float64)
+
+
+def float64_or_raises(fn, device: str | None = None):
+    """fn() where the device has float64; elsewhere check that it raises a DTypeError naming float64."""
+    if has_float64(device):
+        return fn()
+    with pytest.raises(DTypeError, match="float64"):
+        fn()
+    return None

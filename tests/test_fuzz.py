@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from tests.helpers import float64_or_raises
 from tgrad import Tensor
 
 EXAMPLES = int(os.environ.get("TGRAD_FUZZ_EXAMPLES", "25"))
@@ -195,6 +196,8 @@ def check_graph(shape, steps):
     xg = Tensor(x, requires_grad=True)
     out_t = run(steps, xt, operand_source("torch", 1), "torch")
     out_g = run(steps, xg, operand_source("tgrad", 1), "tgrad")
+    if ("cast", "double") in steps and float64_or_raises(out_g.numpy) is None:
+        return  # this device has no float64: it said so
     np.testing.assert_allclose(out_g.numpy(), out_t.detach().numpy(), atol=1e-4, rtol=1e-3)
     ref = run(steps, Tensor(x, device="NUMPY"), operand_source("tgrad", 1, "NUMPY"), "tgrad")
     np.testing.assert_allclose(out_g.numpy(), ref.numpy(), atol=1e-4, rtol=1e-3)

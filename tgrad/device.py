@@ -120,6 +120,10 @@ class Runtime:
     def __init__(self):
         self.runners: dict = {}  # Kernel -> Runner
 
+    def supports(self, dtype: DType) -> bool:
+        """Whether this device holds and computes `dtype` (where not, using it raises a DTypeError)."""
+        return True
+
     def alloc(self, size: int, dtype: DType) -> Buffer:
         return Buffer(self.name, size, dtype)
 

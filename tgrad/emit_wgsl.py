@@ -58,6 +58,16 @@ SMALL_INT_BITS = {dtypes.uint8: 8, dtypes.int8: 8, dtypes.int16: 16}
 HELPERS_F32 = """fn nan32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn finite32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) < 0x7f800000u; }
 fn max32(a: f32, b: f32) -> f32 { return select(select(max(a, b), b, nan32(b)), a, nan32(a)); }
+fn lt32(a: f32, b: f32) -> bool { return !(nan32(a) || nan32(b)) && a < b; }
+fn ne32(a: f32, b: f32) -> bool { return nan32(a) || nan32(b) || !(a == b); }
+fn idiv32(a: i32, b: i32) -> i32 {
+  if (b == 0i) { return 0i; }
+  let ua = select(bitcast<u32>(a), 0u - bitcast<u32>(a), a < 0i);
+  let ub = select(bitcast<u32>(b), 0u - bitcast<u32>(b), b < 0i);
+  let q = ua / ub;
+  return bitcast<i32>(select(q, 0u - q, (a < 0i) != (b < 0i)));
+}
+fn imod32(a: i32, b: i32) -> i32 { return select(a - idiv32(a, b) * b, a, b == 0i); }
 fn f16bits(x: f32) -> u32 {
   let b = bitcast<u32>(x);
   let s = (b >> 16u) & 0x8000u;
@@ -90,6 +100,8 @@ HELPERS_F64 = f"""fn nan64(x: f64) -> bool {{
 }}
 fn finite64(x: f64) -> bool {{ return (bitcast<u64>(x) & 0x7ffffffffffffffflu) < 0x7ff0000000000000lu; }}
 fn max64(a: f64, b: f64) -> f64 {{ return select(select(max(a, b), b, nan64(b)), a, nan64(a)); }}
+fn lt64(a: f64, b: f64) -> bool {{ return !(nan64(a) || nan64(b)) && a < b; }}
+fn ne64(a: f64, b: f64) -> bool {{ return nan64(a) || nan64(b) || !(a == b); }}
 fn pow2_64(n: i32) -> f64 {{ return bitcast<f64>(u64(n + 1023) << 52u); }}
 fn exp2_64(x: f64) -> f64 {{
   if (nan64(x)) {{ return x; }}
@@ -214,17 +226,36 @@ def _max(d: Dialect, e: Expr, a: str, b: str) -> str:
 
 
 def _idiv(d: Dialect, e: Expr, a: str, b: str) -> str:
+    """Truncating division, x / 0 = 0. Signed i32 goes through idiv32 (division of magnitudes): WGSL
+    over OpenGL inherits GLSL's undefined results for negative operands."""
     if e.dtype.is_float:
         return f"trunc({a} / {b})"
+    if d.type_name(e.dtype) == "i32":
+        return _wrap_small(e.dtype, f"idiv32({a}, {b})")
     zero = d.const(0, e.dtype)
     return _wrap_small(e.dtype, f"select({a} / {b}, {zero}, {b} == {zero})")
 
 
 def _mod(d: Dialect, e: Expr, a: str, b: str) -> str:
+    """C's remainder (the dividend's sign), x % 0 = x as on every other device (WGSL gives 0)."""
     if e.dtype.is_float:
         return f"({a} % {b})"
-    # x % 0 is x, as on every other device (WGSL gives 0)
+    if d.type_name(e.dtype) == "i32":
+        return _wrap_small(e.dtype, f"imod32({a}, {b})")
     return _wrap_small(e.dtype, f"select({a} % {b}, {a}, {b} == {d.const(0, e.dtype)})")
+
+
+def _compare(op: str, sym: str):
+    """Float compares test NaN by its bits (lt32 / ne32...): a shader compiler may assume there is none
+    (Mesa over OpenGL turned nan < x true). Other types compare plainly."""
+
+    def rule(d: Dialect, e: Expr, a: str, b: str) -> str:
+        ty = d.type_name(e.srcs[0].dtype)
+        if ty in ("f32", "f64"):
+            return f"{op}{ty[1:]}({a}, {b})"
+        return f"({a} {sym} {b})" if sym == "<" else f"!({a} == {b})"
+
+    return rule
 
 
 def _logic(sym: str, bool_sym: str):
@@ -248,7 +279,8 @@ CODE_FOR_OP = {
     "IDIV": _idiv,
     "MOD": _mod,
     "MAX": _max,
-    "CMPNE": lambda d, e, a, b: f"!({a} == {b})",
+    "CMPLT": _compare("lt", "<"),
+    "CMPNE": _compare("ne", "!="),
     "AND": _logic("&", "&&"),
     "OR": _logic("|", "||"),
     "XOR": _logic("^", "!="),
@@ -486,7 +518,7 @@ def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int
     the inputs `in0, in1, ...` at bindings 1.. (all in group 0), dispatched on `global_size` workgroups
     (x, y, z; each at most `max_groups_per_dim`) of `local_size` invocations."""
     target = target or Target()
-    for dt in (kernel.out_dtype, *kernel.in_dtypes):
+    for dt in emit_cstyle.kernel_dtypes(kernel):  # buffers and every value computed in between
         target.check(dt)
     lowered = _indices_as_int32(kernel) if target.int64 else kernel
     source = emit_cstyle.render(lowered, replace(WGSL, target=target))

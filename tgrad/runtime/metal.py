@@ -40,8 +40,11 @@ class MetalRuntime(Runtime):
         self.queue = self.dev.newCommandQueue()
         self.pending: list = []
 
+    def supports(self, dtype: DType) -> bool:
+        return dtype != dtypes.float64
+
     def alloc(self, size: int, dtype: DType) -> Buffer:
-        if dtype == dtypes.float64:
+        if not self.supports(dtype):
             raise DTypeError("Metal has no float64; use float32")
         mem = self.dev.newBufferWithLength_options_(max(1, size * dtype.itemsize), 0)  # shared storage
         return Buffer(self.name, size, dtype, mem)

@@ -56,8 +56,11 @@ class CLRuntime(Runtime):
         gpus = [d for d in found if d.type & cl.device_type.GPU]
         return (gpus or found)[0]
 
+    def supports(self, dtype: DType) -> bool:
+        return dtype != dtypes.float64 or "cl_khr_fp64" in self.exts
+
     def alloc(self, size: int, dtype: DType) -> Buffer:
-        if dtype == dtypes.float64 and "cl_khr_fp64" not in self.exts:
+        if not self.supports(dtype):
             raise DTypeError(f"OpenCL device {self.device.name} has no float64 (cl_khr_fp64); use float32")
         mem = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(1, size * dtype.itemsize))
         return Buffer(self.name, size, dtype, mem)
@@ -82,7 +85,7 @@ class CLRuntime(Runtime):
         self.queue.finish()
 
     def render(self, kernel: Kernel) -> Program:
-        if dtypes.float64 in kernel_dtypes(kernel) and "cl_khr_fp64" not in self.exts:
+        if not self.supports(dtypes.float64) and dtypes.float64 in kernel_dtypes(kernel):
             raise DTypeError(
                 f"kernel {kernel.name} uses float64 but OpenCL device {self.device.name} has no "
                 "cl_khr_fp64; use float32"

@@ -99,6 +99,9 @@ class WebGPURuntime(Runtime):
                 "split the tensor or use another device"
             )
 
+    def supports(self, dtype: DType) -> bool:
+        return dtype != dtypes.float64 or self.target.float64
+
     def alloc(self, size: int, dtype: DType) -> Buffer:
         self.target.check(dtype)
         self._fits(self.nbytes(size, dtype))

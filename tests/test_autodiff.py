@@ -2,6 +2,7 @@
 neither raises AutogradError at backward() naming it, and the rules test_ops.py does not reach are
 checked against PyTorch."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,3 +75,46 @@ def test_where_condition_from_the_input(device):
 def test_maximum_ties_split_evenly(device):
     vals = [[1.0, 2.0, -3.0, 0.5], [1.0, 0.0, -3.0, 0.5]]
     helper_test_op(None, torch.maximum, lambda a, b: a.maximum(b), vals=vals)
+
+
+# ---------------------------------------------------------------------------------------------------
+# gradients at edge inputs, against PyTorch on every device
+
+NAN, INF = float("nan"), float("inf")
+PROD_CASES = [[0.0, 2.0, 3.0], [0.0, 0.0, 3.0], [1.0, 2.0, 3.0], [0.0, -2.0, INF], [2.0, NAN, 0.0],
+              [[0.0, 2.0], [3.0, 4.0]], [[0.0, 0.0], [1.0, -1.0]], [5.0], [-0.0, 3.0]]
+
+
+def _grads(values, fn_torch, fn_tgrad):
+    xt = torch.tensor(values, requires_grad=True)
+    fn_torch(xt).sum().backward()
+    xg = Tensor(values, requires_grad=True)
+    fn_tgrad(xg).sum().backward()
+    return xg.grad.numpy(), xt.grad.numpy()
+
+
+@pytest.mark.parametrize("values", PROD_CASES)
+def test_prod_gradient_with_zeros_and_specials(device, values):
+    """The product of the others, not prod / x (which made a zero's gradient nan)."""
+    for axis in range(np.ndim(values)):
+        got, want = _grads(values, lambda t, a=axis: t.prod(a), lambda t, a=axis: t.prod(a))
+        np.testing.assert_allclose(got, want, equal_nan=True, err_msg=f"prod over axis {axis}")
+    got, want = _grads(values, lambda t: t.prod(), lambda t: t.prod())
+    np.testing.assert_allclose(got, want, equal_nan=True)
+
+
+def test_maximum_gradient_with_nan_and_ties(device):
+    a, b = [1.0, NAN, 3.0, 2.0, NAN], [2.0, 1.0, NAN, 2.0, NAN]
+    at, bt = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    torch.maximum(at, bt).sum().backward()
+    ag, bg = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+    ag.maximum(bg).sum().backward()
+    np.testing.assert_array_equal(ag.grad.numpy(), at.grad.numpy())
+    np.testing.assert_array_equal(bg.grad.numpy(), bt.grad.numpy())
+
+
+def test_max_reduce_gradient_goes_to_the_nan(device):
+    """torch.max over all elements: a NaN maximum is the NaN's; ties share evenly."""
+    for values in ([1.0, NAN, 3.0], [[1.0, 4.0, 4.0], [NAN, 2.0, 0.0]], [2.0, 2.0]):
+        got, want = _grads(values, lambda t: t.max(), lambda t: t.max())
+        np.testing.assert_array_equal(got, want)

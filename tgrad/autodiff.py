@@ -58,11 +58,13 @@ def _expand(x: Node, shape: tuple[int, ...]) -> Node:
 
 
 def _max_grad(node: Node, g: Node) -> tuple[Node, Node]:
-    """d max(a, b): all to the larger side, split evenly on ties (as PyTorch's maximum does)."""
+    """d max(a, b), as PyTorch's maximum: g to the larger side, half to each on a tie, and all of it to
+    both sides where either is NaN (neither is smaller)."""
     a, b = node.srcs
     half, one, zero = const_like(g, 0.5), const_like(g, 1.0), const_like(g, 0.0)
-    to_a = _where(alu(Op.CMPLT, b, a), one, _where(alu(Op.CMPNE, a, b), zero, half))
-    to_b = _sub(one, to_a)
+    share = _where(_eq(a, b), half, one)
+    to_a = _where(alu(Op.CMPLT, a, b), zero, share)
+    to_b = _where(alu(Op.CMPLT, b, a), zero, share)
     return _mul(g, to_a), _mul(g, to_b)
 
 
@@ -79,19 +81,43 @@ def _cast_grad(node: Node, g: Node) -> tuple[Node | None]:
     return (cast(g, src.dtype) if src.dtype.is_float else None,)
 
 
+def _is_nan(x: Node) -> Node:
+    return alu(Op.CMPNE, x, x)
+
+
 def _reduce_max_grad(node: Node, g: Node) -> Node:
-    """The gradient of a max reduce goes to every maximal element, shared evenly among ties."""
+    """The gradient of a max reduce goes to every maximal element, shared evenly among ties; a NaN
+    maximum is the NaN elements' (as torch.max: not nan everywhere)."""
     x = node.srcs[0]
-    hit = cast(_eq(x, _expand(node, x.shape)), g.dtype)
+    m = _expand(node, x.shape)
+    hit = _eq(x, m)
+    if x.dtype.is_float:
+        hit = alu(Op.OR, hit, alu(Op.AND, _is_nan(x), _is_nan(m)))
+    hit = cast(hit, g.dtype)
     count = reduce(hit, "SUM", node.arg[1])
     share = _mul(g, _recip(count))
     return _mul(hit, _expand(share, x.shape))
 
 
 def _reduce_prod_grad(node: Node, g: Node) -> Node:
-    """d/dx_i prod(x) = prod(x) / x_i."""
-    x = node.srcs[0]
-    return _mul(_expand(_mul(g, node), x.shape), _recip(x))
+    """d/dx_i prod(x) = the product of the others, as PyTorch computes it: prod(x) / x_i in a slice
+    without zeros; with one zero, the zero's is the product of the non-zeros, and the others' is 0 (nan
+    where another non-zero is inf or nan); with more zeros, 0."""
+    x, axes = node.srcs[0], node.arg[1]
+    one, zero = const_like(x, 1.0), const_like(x, 0.0)
+
+    def count(flags: Node) -> Node:  # per slice, expanded back to x's shape
+        return _expand(reduce(cast(flags, x.dtype), "SUM", axes), x.shape)
+
+    is_zero, not_finite = _eq(x, zero), _is_nan(_sub(x, x))
+    nonzero_prod = _expand(reduce(_where(is_zero, one, x), "PROD", axes), x.shape)
+    others_not_finite = _sub(count(not_finite), cast(not_finite, x.dtype))
+    times_zero = _where(alu(Op.CMPLT, const_like(x, 0.5), others_not_finite), const_like(x, math.nan), zero)
+    one_zero = _where(is_zero, nonzero_prod, times_zero)
+    zeros = count(is_zero)
+    several = _where(alu(Op.CMPLT, zeros, const_like(x, 1.5)), one_zero, zero)
+    ratio = _mul(_expand(node, x.shape), _recip(x))
+    return _mul(_expand(g, x.shape), _where(alu(Op.CMPLT, zeros, const_like(x, 0.5)), ratio, several))
 
 
 # REDUCE's arg is (kind, axes): one rule per kind

@@ -277,19 +277,31 @@ def _trunc(dt: DType, a: str) -> str:
     return f"{text}.to(tl.float16)" if dt == dtypes.float16 else text
 
 
+def _bits(sym: str):
+    """A bitwise op. On bools through int8: Triton's interpreter cannot combine a 0-d bool (a compare of
+    a value loaded once) with a tile of bools (numpy refuses the ufunc)."""
+
+    def render(dt: DType, a: str, b: str) -> str:
+        if dt == dtypes.bool:
+            return f"((({a}).to(tl.int8) {sym} ({b}).to(tl.int8)) != 0)"
+        return f"({a} {sym} {b})"
+
+    return render
+
+
 # code_for_op: op name -> f(result dtype, *rendered sources) -> source text
 code_for_op = {
-    "ADD": lambda dt, a, b: f"({a} | {b})" if dt == dtypes.bool else f"({a} + {b})",
+    "ADD": lambda dt, a, b: _bits("|")(dt, a, b) if dt == dtypes.bool else f"({a} + {b})",
     "SUB": lambda dt, a, b: f"({a} - {b})",
-    "MUL": lambda dt, a, b: f"({a} & {b})" if dt == dtypes.bool else f"({a} * {b})",
+    "MUL": lambda dt, a, b: _bits("&")(dt, a, b) if dt == dtypes.bool else f"({a} * {b})",
     "IDIV": _int_only("IDIV", lambda a, b: _idiv(a, b)),
     "MOD": _mod,
     "MAX": _max,
     "CMPLT": lambda dt, a, b: f"({a} < {b})",
     "CMPNE": lambda dt, a, b: f"({a} != {b})",
-    "AND": lambda dt, a, b: f"({a} & {b})",
-    "OR": lambda dt, a, b: f"({a} | {b})",
-    "XOR": lambda dt, a, b: f"({a} ^ {b})",
+    "AND": _bits("&"),
+    "OR": _bits("|"),
+    "XOR": _bits("^"),
     "WHERE": lambda dt, c, a, b: f"tl.where({c}, {a}, {b})",
     "EXP2": _float_math("EXP2", "tl.exp2"),
     "LOG2": _float_math("LOG2", "tl.log2"),

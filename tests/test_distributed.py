@@ -8,6 +8,8 @@ are skipped without them, unless TGRAD_REQUIRE_DEVICES names MPI (CI does): then
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -47,14 +49,14 @@ def _mpiexec() -> str:
     return path
 
 
-def _mpirun(mode: str, outdir: Path, timeout: float) -> subprocess.CompletedProcess:
+def _mpirun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """`mpiexec -n 2 python ARGS` in the repository root."""
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     # as root, Open MPI wants these; one Numba thread per rank (2 ranks share 2 cores)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                NUMBA_NUM_THREADS="1", PYTHONPATH=path)
     env.pop("DEVICE", None)
-    worker = [sys.executable, "-m", "tests.mpi_worker", mode, str(outdir)]
-    cmd = [_mpiexec(), "-n", "2", "--oversubscribe", *worker]
+    cmd = [_mpiexec(), "-n", "2", "--oversubscribe", sys.executable, *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -62,7 +64,7 @@ def _mpirun(mode: str, outdir: Path, timeout: float) -> subprocess.CompletedProc
 def two_ranks(tmp_path_factory) -> list[dict]:
     """What each of 2 ranks saw running tests/mpi_worker.py check (one mpiexec run for all the tests)."""
     outdir = tmp_path_factory.mktemp("mpi")
-    proc = _mpirun("check", outdir, timeout=180)
+    proc = _mpirun(["-m", "tests.mpi_worker", "check", str(outdir)], timeout=180)
     assert proc.returncode == 0, f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return [dict(np.load(outdir / f"rank{r}.npz")) for r in range(2)]
 
@@ -160,12 +162,25 @@ def test_two_ranks_parameter_mismatch_raises_on_every_rank(two_ranks):
         assert errors[3].startswith("DistributedOptimizer: parameter 0 is float32[4] on rank 1")
 
 
-def test_a_rank_that_raises_ends_the_job(tmp_path):
+def test_a_rank_that_raises_ends_the_job():
     start = time.perf_counter()
-    proc = _mpirun("fault", tmp_path, timeout=60)
+    proc = _mpirun(["-m", "tests.mpi_worker", "fault"], timeout=60)
     elapsed = time.perf_counter() - start
     assert proc.returncode != 0
     assert "rank 1 of 2 raised an exception" in proc.stderr
     assert "[rank 1] RuntimeError: boom from rank 1" in proc.stderr
     assert "rank 0 was not stopped" not in proc.stdout
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end"
+
+
+def test_train_ddp_example_on_two_ranks_matches_one_process(tmp_path):
+    args = ["--steps", "20", "--batch-size", "32", "--dataset", "digits", "--json", str(tmp_path / "2.json")]
+    proc = _mpirun(["examples/train_ddp.py", *args], timeout=120)
+    assert proc.returncode == 0, f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    two = json.loads((tmp_path / "2.json").read_text())
+    spec = importlib.util.spec_from_file_location("train_ddp", ROOT / "examples" / "train_ddp.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    one = example.train("mlp", steps=20, batch_size=32, dataset="digits", quiet=True)
+    assert two["ranks"] == 2 and one["ranks"] == 1
+    assert abs(two["accuracy"] - one["accuracy"]) <= 0.01 and one["accuracy"] > 0.5, (one, two)

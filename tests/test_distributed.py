@@ -184,3 +184,12 @@ def test_train_ddp_example_on_two_ranks_matches_one_process(tmp_path):
     one = example.train("mlp", steps=20, batch_size=32, dataset="digits", quiet=True)
     assert two["ranks"] == 2 and one["ranks"] == 1
     assert abs(two["accuracy"] - one["accuracy"]) <= 0.01 and one["accuracy"] > 0.5, (one, two)
+
+
+def test_allreduce_bench_runs():
+    _mpiexec()  # skipped without MPI
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "bench/allreduce.py", "--sizes", "1", "--repeats", "2", "--models", ""]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| 1 MiB | tgrad allreduce, CPU tensor (new output) |" in proc.stdout

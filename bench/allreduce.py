@@ -9,8 +9,9 @@ Needs `pip install -e '.[distributed]'` (mpi4py, Open MPI's mpiexec). It starts 
   a CPU tensor (a host step: MPI reads and writes the buffers in place; the output is a new buffer each
   call). Rank 0 prints min and median ms (a call lasts until both ranks have it) and the bandwidth
   (size / median time, like nccl-tests' algbw).
-- `examples/train_ddp.py --json` on 1 rank (plain python, 2 Numba threads) and on 2 ranks (1 thread
-  each), per model: the median and min step time of the jitted step at the same global batch (128).
+- `examples/train_ddp.py --json` on 1 rank (plain python) with 2 threads and with 1 thread for Numba and
+  BLAS, and on 2 ranks with 1 thread each, per model: the min and median time of the jitted step (steps
+  4 on) at the same global batch (128) on sklearn digits.
 The load average is printed with the results: the machine is shared.
 """
 
@@ -32,6 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+# 2 ranks on 2 cores: one thread each for Numba's kernels and for numpy's BLAS (matmuls), else their
+# spinning thread pools fight over the cores (a 0.5 ms MLP step took 15-25 ms)
+ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def mpiexec() -> str:
@@ -89,22 +93,24 @@ def collectives(sizes_mib: list[int], repeats: int) -> None:
 
 def train_steps(models: list[str], steps: int) -> None:
     """The jitted training step of examples/train_ddp.py on 1 rank and on 2 ranks, per model."""
-    print("| model | ranks | batch per rank | min ms | median ms | test accuracy |")
+    print("| model | ranks x threads | batch per rank | min ms | median ms | test accuracy |")
     print("| --- | --- | --- | --- | --- | --- |")
     example = str(ROOT / "examples" / "train_ddp.py")
     for model in models:
-        for ranks in (1, 2):
+        for ranks, threads in ((1, 2), (1, 1), (2, 1)):
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "result.json")
                 args = [sys.executable, example, "--model", model, "--steps", str(steps),
                         "--dataset", "digits", "--json", out]
                 env = dict(os.environ, PYTHONPATH=str(ROOT))
+                if threads == 1:
+                    env.update(ONE_THREAD)
                 if ranks > 1:
                     args = [mpiexec(), "-n", str(ranks), "--oversubscribe", *args]
-                    env.update(MPI_ENV, NUMBA_NUM_THREADS="1")
+                    env.update(MPI_ENV)
                 subprocess.run(args, env=env, check=True, capture_output=True, timeout=1800)
                 r = json.loads(Path(out).read_text())
-            print(f"| {model} | {ranks} | {r['batch_size'] // ranks} | {r['step_ms_min']:.1f} | "
+            print(f"| {model} | {ranks} x {threads} | {r['batch_size'] // ranks} | {r['step_ms_min']:.1f} | "
                   f"{r['step_ms_median']:.1f} | {r['accuracy'] * 100:.1f}% |", flush=True)
 
 

@@ -52,9 +52,9 @@ def _mpiexec() -> str:
 def _mpirun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     """`mpiexec -n 2 python ARGS` in the repository root."""
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    # as root, Open MPI wants these; one Numba thread per rank (2 ranks share 2 cores)
+    # as root, Open MPI wants these; one thread per rank for Numba and BLAS (2 ranks share 2 cores)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               NUMBA_NUM_THREADS="1", PYTHONPATH=path)
+               NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONPATH=path)
     env.pop("DEVICE", None)
     cmd = [_mpiexec(), "-n", "2", "--oversubscribe", sys.executable, *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -118,6 +118,14 @@ def test_bad_arguments_name_the_function_and_argument():
         dist.shard_indices(0)
 
 
+def test_a_launcher_without_mpi4py_raises(monkeypatch):
+    monkeypatch.setattr(dist._World, "joined", False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py fails
+    with pytest.raises(DistributedError, match=r"init: an MPI launcher .*OMPI_COMM_WORLD_SIZE.*mpi4py"):
+        dist.world_size()
+
+
 def test_shards_interleave_so_batches_match_one_process():
     perm = np.random.default_rng((5, 2)).permutation(103)
     shards = [perm[r : 103 - 103 % 4 : 4] for r in range(4)]  # what each of 4 ranks gets

@@ -207,6 +207,7 @@ class DistributedOptimizer:
 
     def __init__(self, opt):
         object.__setattr__(self, "opt", opt)
+        object.__setattr__(self, "_steps", {})  # (dtype, shapes, device) -> its gradient-averaging HostStep
         if init() > 1:  # gradients of other sizes would garble the allreduce: compare the parameters first
             _compare("DistributedOptimizer", [(str(i), t) for i, t in enumerate(opt.params)], 0)
 
@@ -247,14 +248,16 @@ class DistributedOptimizer:
             flats[dt] = first.cat(*rest)
         Tensor.realize(*also, *flats.values())
         for dt, ts in by_dtype.items():
-            grads = Tensor.run_host(_average_step([t.grad.shape for t in ts], dt, ts[0].device), flats[dt])
-            for t, grad in zip(ts, grads):
+            key = (dt, tuple(t.grad.shape for t in ts), ts[0].device)
+            if key not in self._steps:
+                self._steps[key] = _average_step(*key)
+            for t, grad in zip(ts, Tensor.run_host(self._steps[key], flats[dt])):
                 t.grad = grad
 
 
-def _average_step(shapes: list[tuple[int, ...]], dtype: DType, device: str) -> HostStep:
-    """A host step: one Allreduce of a flat buffer of gradients, divided by the world size into one
-    output per gradient."""
+def _average_step(dtype: DType, shapes: tuple[tuple[int, ...], ...], device: str) -> HostStep:
+    """A host step: one Allreduce of a flat buffer of gradients into a scratch array of its own, divided
+    by the world size into one output per gradient."""
     comm, size, mpi_op = _World.comm, _World.size, _mpi_op("DistributedOptimizer.step", "mean", dtype)
     total = sum(int(np.prod(s)) for s in shapes)
     scratch = np.empty(total, dtype.np)

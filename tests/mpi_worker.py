@@ -63,8 +63,8 @@ def train(jit: bool, seed: int = 0) -> list[np.ndarray]:
 
 
 def errors() -> list[str]:
-    """The messages of broadcast_parameters (and DistributedOptimizer) with parameter lists that differ
-    between the ranks."""
+    """The messages of broadcast_parameters and DistributedOptimizer with parameter lists that differ
+    between the ranks, and of allreduce with tensors that differ."""
     found = []
     odd = dist.rank() == 1
     for params in ([Tensor.zeros(3), *([Tensor.zeros(2)] if odd else [])],  # counts differ
@@ -76,6 +76,10 @@ def errors() -> list[str]:
             found.append(str(e))
     try:
         dist.DistributedOptimizer(SGD([Tensor.zeros(4 if odd else 3, requires_grad=True)]))
+    except DistributedError as e:
+        found.append(str(e))
+    try:
+        dist.allreduce(Tensor.ones(4 if odd else 3))
     except DistributedError as e:
         found.append(str(e))
     return found

@@ -106,6 +106,8 @@ def test_bad_arguments_name_the_function_and_argument():
     t = Tensor([1.0, 2.0])
     with pytest.raises(DistributedError, match=r"allreduce: op='avg' is not one of 'sum', 'mean'"):
         dist.allreduce(t, "avg")
+    with pytest.raises(DistributedError, match=r"allreduce: t is a list, not a Tensor"):
+        dist.allreduce([1.0])
     with pytest.raises(DTypeError, match=r"allreduce: op='mean' needs a float tensor, this one is int64"):
         dist.allreduce(Tensor([1, 2]), "mean")
     with pytest.raises(DTypeError, match=r"allreduce: op='sum' of bool values"):
@@ -160,14 +162,15 @@ def test_two_ranks_train_like_one_process_with_the_whole_batch(two_ranks, kind):
         np.testing.assert_array_equal(two_ranks[0][f"{kind}{i}"], two_ranks[1][f"{kind}{i}"])
 
 
-def test_two_ranks_parameter_mismatch_raises_on_every_rank(two_ranks):
+def test_two_ranks_mismatches_raise_on_every_rank(two_ranks):
     for seen in two_ranks:
         errors = list(seen["errors"])
-        assert len(errors) == 4
+        assert len(errors) == 5
         assert "rank 1 has 2 parameters, root rank 0 has 1" in errors[0]
         assert "parameter 0 is float32[4] on rank 1 but parameter 0 is float32[3] on root rank 0" in errors[1]
         assert "parameter w is float32[3] on rank 1 but parameter v is float32[3] on root rank 0" in errors[2]
         assert errors[3].startswith("DistributedOptimizer: parameter 0 is float32[4] on rank 1")
+        assert errors[4].startswith("allreduce: the ranks called it with different ops, shapes or dtypes")
 
 
 def test_a_rank_that_raises_ends_the_job():

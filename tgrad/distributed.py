@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,14 +131,26 @@ def _mpi_op(function: str, op: str, dtype: DType):
 
 def allreduce(t: Tensor, op: str = "sum") -> Tensor:
     """The elementwise sum, mean, max or min of `t` over all ranks: a new realized tensor on t's device
-    (no gradient flows through it). Every rank must call it with the same shape and dtype."""
+    (no gradient flows through it). Every rank must call it with the same op, shape and dtype: a small
+    allreduce checks that first, and every rank raises a DistributedError where they differ."""
     init()
+    if not isinstance(t, Tensor):
+        raise DistributedError(f"allreduce: t is a {type(t).__name__}, not a Tensor")
     mpi_op = _mpi_op("allreduce", op, t.dtype)
     if _World.size == 1:
         return Tensor(tensor_mod.copy_node(t.node)).realize()
-    comm, size = _World.comm, _World.size
+    comm, size, MPI = _World.comm, _World.size, _World.mpi
+    call = f"op={op!r} on {t.dtype.name}{list(t.shape)}"
+    signature = zlib.crc32(call.encode())
 
     def reduce(ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        seen = np.array([signature, -signature], np.int64)  # the largest and the smallest signature
+        comm.Allreduce(MPI.IN_PLACE, seen, MPI.MAX)
+        if seen[0] != signature or seen[1] != -signature:
+            raise DistributedError(
+                f"allreduce: the ranks called it with different ops, shapes or dtypes (rank {_World.rank}: "
+                f"{call})"
+            )
         comm.Allreduce(ins[0], outs[0], mpi_op)
         if op == "mean":
             outs[0] /= size

@@ -225,6 +225,8 @@ class DistributedOptimizer:
             _compare("DistributedOptimizer", [(str(i), t) for i, t in enumerate(opt.params)], 0)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "opt":  # not set yet (an object made without __init__, e.g. by copy)
+            raise AttributeError(name)
         return getattr(self.opt, name)
 
     def __setattr__(self, name: str, value: Any) -> None:

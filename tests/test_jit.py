@@ -139,6 +139,25 @@ def test_host_steps_replay_in_order_between_kernels(device):
         np.testing.assert_allclose(w.numpy(), (A + i + 1) * 30 - 4, rtol=1e-5)
 
 
+def test_host_step_output_kept_by_rebinding_is_an_error():
+    def copy(ins, outs):
+        outs[0][...] = ins[0]
+
+    class Ema:
+        def __init__(self):
+            self.h = Tensor.zeros(3, 4).realize()
+
+        @TinyJit
+        def update(self, x):  # rebinding to a host step's output: a replay would read call 1's forever
+            (self.h,) = Tensor.run_host(_host("copy", copy, (3, 4)), self.h * 0.9 + x)
+            return self.h
+
+    e = Ema()
+    with pytest.raises(JitError, match=r"Python kept .* assign\(\)"):
+        for _ in range(4):
+            e.update(Tensor(A))
+
+
 def test_host_step_with_a_changing_key_is_not_frozen():
     counter = iter(range(100))
 

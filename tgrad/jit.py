@@ -186,9 +186,12 @@ class _Recorder(driver.Recorder):
     def host(self, step, inputs, outputs) -> None:
         call = _HostCall(step, [n.shape for n in inputs])
         self.launches.append((call, outputs, [n.buffer for n in inputs]))
+        # the outputs are computed from the inputs, and from what the kernels of this call that wrote
+        # the inputs read
+        sources = tuple(inputs) + tuple(n for i in inputs for n in self.fresh.get(id(i.buffer), ((), ()))[1])
         for out, (shape, _) in zip(outputs, step.outputs):
             self.written[id(out)] = next(g.Node._ids)
-            self.fresh[id(out)] = (shape, tuple(inputs))
+            self.fresh[id(out)] = (shape, sources)
 
     def upload(self, buf, array) -> None:
         self.hosts.append((buf, array))

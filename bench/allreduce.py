@@ -1,6 +1,6 @@
 """MPI allreduce through tgrad vs raw mpi4py, and the data-parallel training step on 1 and 2 ranks.
 
-    python bench/allreduce.py [--sizes 1,16,64] [--models mlp,cnn] [--steps 60]
+    python bench/allreduce.py [--sizes 1,16,64] [--repeats 20] [--models mlp:400,cnn:60]
 
 Needs `pip install -e '.[distributed]'` (mpi4py, Open MPI's mpiexec). It starts the runs itself:
 - `mpiexec -n 2 python bench/allreduce.py --collectives`: a float32 sum-allreduce of each size (MiB)
@@ -11,7 +11,7 @@ Needs `pip install -e '.[distributed]'` (mpi4py, Open MPI's mpiexec). It starts 
   (size / median time, like nccl-tests' algbw).
 - `examples/train_ddp.py --json` on 1 rank (plain python) with 2 threads and with 1 thread for Numba and
   BLAS, and on 2 ranks with 1 thread each, per model: the min and median time of the jitted step (steps
-  4 on) at the same global batch (128) on sklearn digits.
+  4 on; 400 MLP steps, 60 CNN steps) at the same global batch (128) on sklearn digits.
 The load average is printed with the results: the machine is shared.
 """
 
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 # 2 ranks on 2 cores: one thread each for Numba's kernels and for numpy's BLAS (matmuls), else their
 # spinning thread pools fight over the cores (a 0.5 ms MLP step took 15-25 ms)
+SETTLE_S = 3.0
 ONE_THREAD = {"NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -69,6 +70,10 @@ def collectives(sizes_mib: list[int], repeats: int) -> None:
 
     comm = MPI.COMM_WORLD
     dist.init()
+    # the launcher is still busy for a second or two after the ranks start (every 1 MiB contender timed
+    # then took 10-30 ms instead of 0.5-1.5): let it settle
+    time.sleep(SETTLE_S)
+    comm.Barrier()
     rows = []
     for mib in sizes_mib:
         n = mib * 2**20 // 4
@@ -91,12 +96,12 @@ def collectives(sizes_mib: list[int], repeats: int) -> None:
             print(f"| {mib} MiB | {name} | {best:.2f} | {median:.2f} | {gibs:.2f} |")
 
 
-def train_steps(models: list[str], steps: int) -> None:
+def train_steps(models: dict[str, int]) -> None:
     """The jitted training step of examples/train_ddp.py on 1 rank and on 2 ranks, per model."""
     print("| model | ranks x threads | batch per rank | min ms | median ms | test accuracy |")
     print("| --- | --- | --- | --- | --- | --- |")
     example = str(ROOT / "examples" / "train_ddp.py")
-    for model in models:
+    for model, steps in models.items():
         for ranks, threads in ((1, 2), (1, 1), (2, 1)):
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "result.json")
@@ -118,8 +123,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1,16,64", help="allreduce sizes in MiB")
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--models", default="mlp,cnn")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--models", default="mlp:400,cnn:60", help="model:steps pairs (the MLP step is short)")
     p.add_argument("--collectives", action="store_true", help="(internal) run the timing loop under mpiexec")
     a = p.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -132,7 +136,7 @@ def main() -> None:
     subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT), **MPI_ENV), check=True, timeout=1800)
     print(f"load average: {os.getloadavg()[0]:.2f}\n", flush=True)
     if a.models:
-        train_steps(a.models.split(","), a.steps)
+        train_steps({m.split(":")[0]: int(m.split(":")[1]) for m in a.models.split(",")})
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -7,10 +7,12 @@ import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test lo
 
 from tgrad import Tensor
 from tgrad.device import Stats
+from tgrad.dtype import dtypes
 from tgrad.errors import JitError
 from tgrad.jit import TinyJit
 from tgrad.nn import Linear
 from tgrad.nn.optim import Adam
+from tgrad.realize import HostStep
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 5)).astype(np.float32)
@@ -99,6 +101,73 @@ def _captured(fn):
     f(Tensor(A))
     f(Tensor(A))
     return f
+
+
+def _host(name: str, fn, shape: tuple, key=None) -> HostStep:
+    """A host step with one output of `shape` (float32) on the default device."""
+    return HostStep(name, fn, [(shape, dtypes.float32)], Tensor([0.0]).device, key=key)
+
+
+def test_host_steps_replay_in_order_between_kernels(device):
+    calls = []
+
+    def times10(ins, outs):
+        calls.append(("times10", ins[0].copy()))
+        outs[0][...] = ins[0] * 10
+
+    def minus5(ins, outs):
+        calls.append(("minus5", ins[0].copy()))
+        outs[0][...] = ins[0] - 5
+
+    @TinyJit
+    def f(x):
+        (y,) = Tensor.run_host(_host("times10", times10, x.shape), x + 1)
+        (w,) = Tensor.run_host(_host("minus5", minus5, x.shape), y * 3)
+        return w + 1, y
+
+    outs = []
+    for i in range(5):
+        before = Stats.kernels_run
+        outs.append(f(Tensor(A + i)))
+        kernels = Stats.kernels_run - before
+    if device != "NUMPY":  # the reference device has no kernels: there the function always runs
+        assert f.replays == 3 and f.kernel_names and kernels == len(f.kernel_names)
+    assert [name for name, _ in calls] == ["times10", "minus5"] * 5  # each call runs both, in order
+    for i, (w, y) in enumerate(outs):  # a replay's host steps read that call's values
+        np.testing.assert_allclose(calls[2 * i][1], A + i + 1, rtol=1e-6)
+        np.testing.assert_allclose(y.numpy(), (A + i + 1) * 10, rtol=1e-6)
+        np.testing.assert_allclose(w.numpy(), (A + i + 1) * 30 - 4, rtol=1e-5)
+
+
+def test_host_step_output_kept_by_rebinding_is_an_error():
+    def copy(ins, outs):
+        outs[0][...] = ins[0]
+
+    class Ema:
+        def __init__(self):
+            self.h = Tensor.zeros(3, 4).realize()
+
+        @TinyJit
+        def update(self, x):  # rebinding to a host step's output: a replay would read call 1's forever
+            (self.h,) = Tensor.run_host(_host("copy", copy, (3, 4)), self.h * 0.9 + x)
+            return self.h
+
+    e = Ema()
+    with pytest.raises(JitError, match=r"Python kept .* assign\(\)"):
+        for _ in range(4):
+            e.update(Tensor(A))
+
+
+def test_host_step_with_a_changing_key_is_not_frozen():
+    counter = iter(range(100))
+
+    def copy(ins, outs):
+        outs[0][...] = ins[0]
+
+    f = TinyJit(lambda a: Tensor.run_host(_host("copy", copy, a.shape, key=next(counter)), a * 2)[0])
+    with pytest.raises(JitError, match="host step copy"):
+        for _ in range(5):
+            f(Tensor(A))
 
 
 def test_error_non_tensor_output_changes():

@@ -51,6 +51,10 @@ class JitError(TgradError, RuntimeError):
     pass
 
 
+class DistributedError(TgradError, ValueError):
+    """Ranks of a distributed job disagree (parameter lists), or a distributed call got a bad argument."""
+
+
 class KernelError(TgradError, RuntimeError):
     """A generated kernel failed to compile or to run; the message carries its name and source."""
 

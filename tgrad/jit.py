@@ -31,6 +31,10 @@ to do):
   not realized yet are realized before the call (and those the function leaves pending, at its end).
 - A returned Tensor must not read a buffer that an assign() in the same call overwrote (the loss
   after opt.step()): realize it with the step, `opt.step(loss)`, or JitError.
+- Host steps (realize.HostStep, run with Tensor.run_host: a Python function over numpy arrays between
+  kernels, such as tgrad.distributed's MPI allreduce) are recorded in launch order and replayed there
+  with that call's buffers; their outputs are new buffers on every call. A host step's function may
+  use its inputs and what its key names only; a key that changes between calls prevents the capture.
 - A TinyJit called inside another one's function runs plainly; the outer one captures its kernels.
   A TinyJit method has one cache per instance.
 - JIT=0 in the environment turns TinyJit into a plain call. DEBUG=1 prints each capture and replay
@@ -55,7 +59,6 @@ from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
 from tgrad.device import Stats, get_runtime
-from tgrad.dtype import dtypes
 from tgrad.errors import JitError
 from tgrad.graph import Op
 from tgrad.tensor import Tensor
@@ -65,9 +68,7 @@ MAX_UNSTABLE = 3  # calls in a row that differ from the previous one before JitE
 
 def _copy(t: Tensor) -> Tensor:
     """A contiguous copy of t (one elementwise kernel when realized)."""
-    n = t.node
-    zero = g.const_like(n, False if n.dtype == dtypes.bool else 0)
-    return Tensor(g.alu(Op.OR if n.dtype == dtypes.bool else Op.ADD, n, zero))
+    return Tensor(tensor_mod.copy_node(t.node))
 
 
 def _flatten(value: Any) -> list:
@@ -124,9 +125,9 @@ def _bare(t: Tensor) -> Tensor:
     return t
 
 
-def _reaches(node: g.Node, ids: set[int]) -> bool:
-    """Whether the graph of node reads one of the buffers in ids."""
-    stack, seen = [node], set()
+def _reaches(nodes: tuple[g.Node, ...], ids: set[int]) -> bool:
+    """Whether the graph of one of the nodes reads one of the buffers in ids."""
+    stack, seen = list(nodes), set()
     while stack:
         n = stack.pop()
         if n not in seen:
@@ -147,17 +148,32 @@ def _digest(arr: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).hexdigest()
 
 
+class _HostCall:
+    """A recorded host step (realize.HostStep): a replay runs it over that call's buffers, in the place
+    where it ran among the kernels, and its outputs are new buffers each time."""
+
+    def __init__(self, step: driver.HostStep, shapes: list[tuple[int, ...]]):
+        self.step, self.shapes = step, shapes
+        self.name, self.source = f"host step {step.name}", repr(step.key)
+
+
+def _kernels(launches: list[tuple]) -> list[tuple]:
+    return [launch for launch in launches if not isinstance(launch[0], _HostCall)]
+
+
 class _Recorder(driver.Recorder):
     """What one call of the function did, as the realize driver reports it: the kernel launches (runner,
-    out buffer, input buffers), random draws and host uploads. It also notes, per written buffer, the
-    node counter at the write (a BUFFER node made before that holds the buffer's old value, which an
-    assign() overwrote), and which buffers were allocated in this call (`fresh`). Reading a value back
-    to the host raises: replays would not run the Python code that uses it."""
+    out buffer, input buffers) and host steps (_HostCall, output buffers, input buffers) in the order they
+    ran, random draws and host uploads. It also notes, per written buffer, the node counter at the write
+    (a BUFFER node made before that holds the buffer's old value, which an assign() overwrote), and which
+    buffers were allocated in this call (`fresh`). Reading a value back to the host raises: replays would
+    not run the Python code that uses it."""
 
     def __init__(self):
         self.launches: list[tuple] = []
         self.written: dict[int, int] = {}
-        self.fresh: dict[int, g.Node] = {}  # id(buffer allocated in this call) -> the node computed into it
+        # id(buffer allocated in this call) -> (its shape, the nodes its value was computed from)
+        self.fresh: dict[int, tuple[tuple[int, ...], tuple[g.Node, ...]]] = {}
         self.randoms: list[tuple] = []  # (buffer, draw, dtype, device)
         self.hosts: list[tuple] = []  # (buffer, host array)
 
@@ -165,7 +181,17 @@ class _Recorder(driver.Recorder):
         self.launches.append((runner, out, inputs))
         self.written[id(out)] = next(g.Node._ids)
         if fresh:
-            self.fresh[id(out)] = node
+            self.fresh[id(out)] = (node.shape, (node,))
+
+    def host(self, step, inputs, outputs) -> None:
+        call = _HostCall(step, [n.shape for n in inputs])
+        self.launches.append((call, outputs, [n.buffer for n in inputs]))
+        # the outputs are computed from the inputs, and from what the kernels of this call that wrote
+        # the inputs read
+        sources = tuple(inputs) + tuple(n for i in inputs for n in self.fresh.get(id(i.buffer), ((), ()))[1])
+        for out, (shape, _) in zip(outputs, step.outputs):
+            self.written[id(out)] = next(g.Node._ids)
+            self.fresh[id(out)] = (shape, sources)
 
     def upload(self, buf, array) -> None:
         self.hosts.append((buf, array))
@@ -182,6 +208,9 @@ class _Recorder(driver.Recorder):
 
     def reads(self) -> set[int]:
         return {id(b) for _, _, ins in self.launches for b in ins}
+
+    def host_outputs(self) -> set[int]:
+        return {id(b) for prg, outs, _ in self.launches if isinstance(prg, _HostCall) for b in outs}
 
 
 def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
@@ -213,7 +242,8 @@ class _Variant:
     def __init__(self, keep: list):
         self.keep = keep  # non-Tensor arguments: kept alive so that their ids stay theirs
         self.cnt = 0  # 0: never run, 1: ran once (the next call captures), 2: captured
-        self.captured: list[tuple] = []  # (program, out buffer, input buffers), in launch order
+        # (program, out buffer, input buffers) and (_HostCall, output buffers, input buffers), in order
+        self.captured: list[tuple] = []
         self.in_ids: dict[int, int] = {}  # id(argument buffer at capture) -> argument position
         self.fresh: list[tuple] = []  # (id(buffer at capture), (shape, dtype, device)): new each replay
         self.out_ids: list[int] = []  # id(buffer at capture) per returned Tensor
@@ -223,7 +253,7 @@ class _Variant:
         self.randoms: list[tuple] = []  # (id(buffer at capture), draw, dtype, device) in draw order
         self.ret: Any = None
         self.first_other: Any = None
-        self.first_fresh: dict[int, g.Node] = {}  # call 1's new buffers, to spot values kept across calls
+        self.first_fresh: dict[int, tuple] = {}  # call 1's new buffers, to spot values kept across calls
         self.first_inputs: list = []  # call 1's argument and random buffers
         self.first_hosts: list[tuple] = []  # call 1's tensors from host data: (shape, digest)
         self.first_progs: list[tuple] = []  # call 1's kernels: (name, source)
@@ -281,7 +311,7 @@ class TinyJit:
 
     @property
     def kernel_names(self) -> list[str]:
-        return [prg.name for prg, _, _ in self.captured]
+        return [prg.name for prg, _, _ in _kernels(self.captured)]
 
     def __get__(self, obj, objtype=None):  # a method decorator: one TinyJit (one cache) per instance
         if obj is None:
@@ -432,7 +462,11 @@ class TinyJit:
         self._record(v, log, bufs, pre, touched, outs)
         v.ret = ret
         self.captures += 1
-        self._debug(f"capture {self.captures} ({len(log.launches)} kernels: {' '.join(self.kernel_names)})")
+        hosts = len(log.launches) - len(_kernels(log.launches))
+        self._debug(
+            f"capture {self.captures} ({len(log.launches) - hosts} kernels: {' '.join(self.kernel_names)}; "
+            f"{hosts} host steps)"
+        )
         return ret
 
     @staticmethod
@@ -486,7 +520,7 @@ class TinyJit:
             for t in touched
         ]
         escaping = [t.node.buffer for t in outs] + [t.grad.node.buffer for t in touched if t.grad is not None]
-        seen = set()
+        seen = log.host_outputs()  # a replay's host steps make those anew
         for b in escaping:
             if id(b) not in seen:
                 seen.add(id(b))
@@ -499,10 +533,10 @@ class TinyJit:
         known = set(v.in_ids) | {k for _, k in v.grad_ins}
         first_in = {id(b) for b in v.first_inputs}
         for k in reads:
-            n = v.first_fresh.get(k)
-            if k not in known and k not in log.written and n is not None and _reaches(n, first_in):
+            shape, nodes = v.first_fresh.get(k, (None, ()))
+            if k not in known and k not in log.written and _reaches(nodes, first_in):
                 raise JitError(
-                    f"TinyJit: the function reads a tensor {n.shape} that its previous call computed from "
+                    f"TinyJit: the function reads a tensor {shape} that its previous call computed from "
                     "its arguments and that Python kept (e.g. self.h = self.h * 0.9 + x); replays would "
                     "read that old value forever. Keep such state in a realized tensor updated in place "
                     "with assign(): self.h.assign(self.h * 0.9 + x)"
@@ -519,10 +553,19 @@ class TinyJit:
         for k, size, dtype, dev in v.fresh:
             remap[k] = dev.alloc(max(1, size), dtype)
         for prg, out, inputs in v.captured:
-            prg(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])
-        Stats.kernels_run += len(v.captured)
+            ins = [remap.get(id(b), b) for b in inputs]
+            if isinstance(prg, _HostCall):
+                for old, new in zip(out, prg.step(ins, prg.shapes)):
+                    remap[id(old)] = new
+            else:
+                prg(remap.get(id(out), out), *ins)
+        kernels = len(_kernels(v.captured))
+        Stats.kernels_run += kernels
         self.replays += 1
-        self._debug(f"replay {self.replays} ({len(v.captured)} kernels, {len(v.randoms)} random inputs)")
+        self._debug(
+            f"replay {self.replays} ({kernels} kernels, {len(v.captured) - kernels} host steps, "
+            f"{len(v.randoms)} random inputs)"
+        )
 
         def wrap(k: int, meta: tuple) -> Tensor:  # nodes made after the kernels ran (see _Recorder)
             return Tensor(g.Node.from_buffer(remap[k], *meta))

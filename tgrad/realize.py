@@ -3,9 +3,12 @@
 `realize(nodes)` cuts the graph into kernels (fuse.schedule), has each device's runtime compile them
 (`Runtime.runner`: its emitter renders, the runtime compiles, both cached) and runs them in order.
 `to_numpy(node)` realizes a node and reads it back. `upload` puts host data on a device.
+`run_host(step, nodes)` runs a `HostStep`, a Python function over numpy arrays, between kernels (an MPI
+allreduce in tgrad/distributed.py): its inputs are read back and its outputs are new device buffers.
 
 A `Recorder` (TinyJit's) sees everything a step does that a replay must repeat: each kernel launch,
-each host upload, each random draw, and each read back to the host. Install one with `recording()`.
+each host step, each host upload, each random draw, and each read back to the host. Install one with
+`recording()`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import numpy as np
 
@@ -29,6 +32,9 @@ class Recorder:
 
     def launch(self, runner: Runner, out: Buffer, inputs: list[Buffer], fresh: bool, node: Node) -> None:
         """A kernel ran: `fresh` when `out` was allocated for it (not an assign()'s target)."""
+
+    def host(self, step: HostStep, inputs: list[Node], outputs: list[Buffer]) -> None:
+        """A host step ran: it read the buffers of `inputs` and wrote the new buffers `outputs`."""
 
     def upload(self, buf: Buffer, array: np.ndarray) -> None:
         """Host data was copied into a new device buffer."""
@@ -60,6 +66,54 @@ def upload(array: np.ndarray, device: str) -> Buffer:
     if RECORDER is not None:
         RECORDER.upload(buf, array)
     return buf
+
+
+class HostStep:
+    """A Python function run on the host between kernels, which TinyJit records and replays in order.
+
+    `fn(inputs, outputs)` gets the input values as numpy arrays (read-only: on the CPU they are the
+    buffers themselves) and must write every element of `outputs`, new numpy arrays of the shapes and
+    dtypes listed in `outputs`; each becomes a new buffer on `device`. A replay calls the same `fn` with
+    that call's buffers, so `fn` may depend on its inputs and on Python values that `key` names, nothing
+    else: before TinyJit captures, it compares each host step's (name, key) between two calls, as it
+    compares kernel sources, and a step whose key changed is not frozen.
+    """
+
+    def __init__(self, name: str, fn: Callable[[list[np.ndarray], list[np.ndarray]], None],
+                 outputs: list[tuple[tuple[int, ...], DType]], device: str, key: Hashable = None):
+        self.name, self.fn, self.outputs, self.device, self.key = name, fn, outputs, device, key
+
+    def __call__(self, inputs: list[Buffer], shapes: list[tuple[int, ...]]) -> list[Buffer]:
+        """Run fn over the values of `inputs` (buffers holding arrays of `shapes`); returns the output
+        buffers, new ones on self.device."""
+        rt = get_runtime(self.device)
+        arrays = []
+        for buf, shape in zip(inputs, shapes):
+            arr = get_runtime(buf.device).to_numpy(buf).reshape(shape)
+            arr.flags.writeable = False  # a view: on the CPU this is the buffer itself
+            arrays.append(arr)
+        # where buffers are host memory (CPU, NUMPY) fn writes straight into the new buffers
+        bufs = [rt.alloc(prod(shape), dtype) for shape, dtype in self.outputs]
+        outs = [b.data if isinstance(b.data, np.ndarray) else np.empty(b.size, b.dtype.np) for b in bufs]
+        self.fn(arrays, [o.reshape(shape) for o, (shape, _) in zip(outs, self.outputs)])
+        return [b if b.data is o else rt.from_numpy(o) for b, o in zip(bufs, outs)]
+
+    def __repr__(self) -> str:
+        return f"<HostStep {self.name} on {self.device}>"
+
+
+def run_host(step: HostStep, inputs: list[Node]) -> list[Node]:
+    """Run a host step over realized nodes (each a whole buffer) and report it to the recorder; returns
+    BUFFER nodes over its new output buffers."""
+    for i, n in enumerate(inputs):
+        if not n.realized or n.buffer.size != prod(n.shape):
+            raise ValueError(f"run_host({step.name}): input {i} ({n.shape}) is not a realized buffer")
+    outputs = step([n.buffer for n in inputs], [n.shape for n in inputs])
+    if RECORDER is not None:
+        RECORDER.host(step, inputs, outputs)
+    return [
+        Node.from_buffer(buf, shape, dtype, step.device) for buf, (shape, dtype) in zip(outputs, step.outputs)
+    ]
 
 
 def report_random(buf: Buffer, draw: Callable, dtype: DType, device: str) -> None:

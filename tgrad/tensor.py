@@ -374,6 +374,20 @@ class Tensor(metaclass=_NoGradMeta):
         Tensor._rng = np.random.default_rng(seed)
 
     @staticmethod
+    def run_host(step: driver.HostStep, *inputs: Tensor) -> list[Tensor]:
+        """Run a host step (`realize.HostStep`: a Python function over numpy arrays) on the values of
+        `inputs`, after the kernels that compute them and before those that use its outputs; TinyJit
+        records it and replays it in that place. Returns its outputs as new realized tensors on
+        step.device, with no gradient flowing through them."""
+        Tensor.realize(*inputs)
+        views = [t for t in inputs if not _whole_buffer(t.node)]  # views and pending assigns: copy them
+        copies = {id(t): Tensor(copy_node(t.node)) for t in views}
+        if copies:
+            Tensor.realize(*copies.values())
+        nodes = [copies[id(t)].node if id(t) in copies else t.node for t in inputs]
+        return [Tensor(n) for n in driver.run_host(step, nodes)]
+
+    @staticmethod
     def _random(draw, dtype, device, requires_grad=None, default=None) -> Tensor:
         """A tensor of host random numbers: draw(rng) -> ndarray, with Tensor._rng (see manual_seed).
         Every random constructor comes through here, so that TinyJit can draw again on each replay."""
@@ -1526,6 +1540,17 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
     dt = dtypes.from_any(arr.dtype)
     buf = driver.upload(arr, device)
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
+
+
+def copy_node(node: Node) -> Node:
+    """A node computing a contiguous copy of node (one elementwise kernel when realized)."""
+    zero = g.const_like(node, False if node.dtype == dtypes.bool else 0)
+    return g.alu(Op.OR if node.dtype == dtypes.bool else Op.ADD, node, zero)
+
+
+def _whole_buffer(node: Node) -> bool:
+    """Whether node is realized as a buffer of its own size (not a view of a realized one)."""
+    return node.realized and node.buffer.size == math.prod(node.shape)
 
 
 def _fresh_buffer(node: Node) -> Node:

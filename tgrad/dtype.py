@@ -28,6 +28,20 @@ class DType:
     def is_int(self) -> bool:
         return self.kind in "iu"
 
+    @property
+    def min(self):
+        """The smallest value (-inf for floats), as a Python scalar."""
+        if self.kind == "b":
+            return False
+        return -float("inf") if self.is_float else int(np.iinfo(self.np).min)
+
+    @property
+    def max(self):
+        """The largest value (inf for floats), as a Python scalar."""
+        if self.kind == "b":
+            return True
+        return float("inf") if self.is_float else int(np.iinfo(self.np).max)
+
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
 

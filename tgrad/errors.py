@@ -31,8 +31,16 @@ def user_frame() -> str:
     return ""
 
 
-class ShapeError(TgradError, ValueError):
-    pass
+class ShapeError(TgradError, ValueError, RuntimeError):
+    """Shapes that do not fit. Also a RuntimeError, which PyTorch raises for the same mistakes."""
+
+
+class IndexRangeError(ShapeError, IndexError):
+    """An axis or an index out of range; an IndexError, like PyTorch's."""
+
+
+class ArgumentError(TgradError, ValueError, RuntimeError):
+    """A bad argument value (a mode or reduction name, a count); a RuntimeError too, like PyTorch's."""
 
 
 class DTypeError(TgradError, TypeError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,7 @@ from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
 from tgrad.dtype import DType, dtypes, promote, promote_scalar
-from tgrad.errors import AutogradError, DeviceError, DTypeError, ShapeError
+from tgrad.errors import ArgumentError, AutogradError, DeviceError, DTypeError, IndexRangeError, ShapeError
 from tgrad.graph import Node, Op
 
 Scalar = int | float | bool
@@ -33,7 +32,7 @@ def pending_assigns() -> list[Tensor]:
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise ShapeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
+        raise IndexRangeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1) if ndim else 0
 
 
@@ -275,6 +274,25 @@ class Tensor(metaclass=_NoGradMeta):
             t.grad = gt if t.grad is None else Tensor(g.alu(Op.ADD, t.grad.node, gn))
         return self
 
+    def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+        """d self / d target for each target, as new lazy tensors (tinygrad's functional autograd): no
+        .grad is touched and the targets need not require gradients. A target self does not depend on
+        gets zeros. Differentiating the result again gives higher derivatives."""
+        if gradient is None:
+            if self.numel() != 1:
+                raise AutogradError(
+                    f"gradient() needs a scalar (one element) but this tensor has shape {self.shape}; "
+                    "reduce it first or pass gradient="
+                )
+            gradient = Tensor.ones(*self.shape, device=self.device, dtype=self.dtype)
+        elif gradient.shape != self.shape:
+            raise ShapeError(f"gradient: gradient shape {gradient.shape} does not match {self.shape}")
+        for t in (self, *targets):
+            if not t.dtype.is_float:
+                raise AutogradError(f"gradient: only float tensors have gradients, got {t.dtype.name}")
+        grads = autodiff.gradients(self.node, gradient.cast(self.dtype).node, {t.node for t in targets})
+        return [Tensor(grads[t.node]) if t.node in grads else t.zeros_like() for t in targets]
+
     # ----------------------------------------------------------------------------------------------
     # construction helpers
 
@@ -415,6 +433,19 @@ class Tensor(metaclass=_NoGradMeta):
         return Tensor.uniform(*shape, low=-bound, high=bound, **kw)
 
     @staticmethod
+    def kaiming_normal(*shape, a: float = 0.01, **kw) -> Tensor:
+        shape = Tensor._shape_arg(shape)
+        std = math.sqrt(2.0 / (1 + a * a)) / math.sqrt(math.prod(shape[1:]))
+        return Tensor.normal(*shape, mean=0.0, std=std, **kw)
+
+    @staticmethod
+    def scaled_uniform(*shape, **kw) -> Tensor:
+        """Uniform in [-1, 1) scaled by 1/sqrt(numel) (tinygrad's)."""
+        shape = Tensor._shape_arg(shape)
+        bound = math.prod(shape) ** -0.5
+        return Tensor.uniform(*shape, low=-bound, high=bound, **kw)
+
+    @staticmethod
     def glorot_uniform(*shape, **kw) -> Tensor:
         shape = Tensor._shape_arg(shape)
         bound = math.sqrt(6.0 / (shape[0] + math.prod(shape[1:])))
@@ -523,6 +554,8 @@ class Tensor(metaclass=_NoGradMeta):
             return a._alu(Op.IDIV, b) if a.dtype.is_int else (a / b).trunc()
         if rounding_mode == "floor":
             return self.floordiv(y, reverse)
+        if rounding_mode is not None:
+            raise ArgumentError(f"div: rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
@@ -653,6 +686,27 @@ class Tensor(metaclass=_NoGradMeta):
         if self.dtype.is_float:
             raise DTypeError("~ needs bool or integer tensors")
         return self ^ -1 if self.dtype.kind == "i" else self ^ int(np.iinfo(self.dtype.np).max)
+
+    def bitwise_not(self) -> Tensor:
+        return ~self
+
+    def lshift(self, n: int) -> Tensor:
+        """self * 2**n for integer tensors (bits shifted out are lost, as in C)."""
+        if not self.dtype.is_int:
+            raise DTypeError(f"<< needs an integer tensor, not {self.dtype.name}")
+        return self * (1 << n)
+
+    def rshift(self, n: int) -> Tensor:
+        """Arithmetic shift: floor(self / 2**n), as PyTorch's >> on signed integers."""
+        if not self.dtype.is_int:
+            raise DTypeError(f">> needs an integer tensor, not {self.dtype.name}")
+        return self // (1 << n)
+
+    def __lshift__(self, n: int) -> Tensor:
+        return self.lshift(n)
+
+    def __rshift__(self, n: int) -> Tensor:
+        return self.rshift(n)
 
     # python operators
     def __add__(self, y):
@@ -794,8 +848,73 @@ class Tensor(metaclass=_NoGradMeta):
     def isnan(self) -> Tensor:
         return self != self
 
-    def isinf(self) -> Tensor:
-        return (self == math.inf) | (self == -math.inf)
+    def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+        return (self == math.inf) & detect_positive | (self == -math.inf) & detect_negative
+
+    def isfinite(self) -> Tensor:
+        return (self.isinf() | self.isnan()).logical_not()
+
+    def isclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+        """|self - other| <= atol + rtol * |other| elementwise (PyTorch's); an inf only equals itself."""
+        a, b = self._broadcasted(other)
+        near = (a - b).abs() <= atol + rtol * b.abs()
+        out = (a == b) | (a.isfinite() & b.isfinite() & near)
+        return out | (a.isnan() & b.isnan()) if equal_nan else out
+
+    def allclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+        return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+    def copysign(self, other) -> Tensor:
+        """|self| with the sign of other (-0.0 counts as negative, like PyTorch)."""
+        a, b = self._float()._broadcasted(other)
+        negative = (b < 0) | ((b == 0) & (b.reciprocal() < 0))
+        return negative.where(-a.abs(), a.abs())
+
+    def logaddexp(self, other) -> Tensor:
+        """log(exp(self) + exp(other)) without overflow."""
+        a, b = self._float()._broadcasted(other)
+        m = a.maximum(b).detach()
+        m = m.isinf().where(0, m)  # both -inf (or an inf): shift by 0
+        return ((a - m).exp() + (b - m).exp()).log() + m
+
+    def log10(self) -> Tensor:
+        return self.log2() * math.log10(2)
+
+    def sinh(self) -> Tensor:
+        return (self.exp() - (-self).exp()) * 0.5
+
+    def cosh(self) -> Tensor:
+        return (self.exp() + (-self).exp()) * 0.5
+
+    def asin(self) -> Tensor:
+        """Abramowitz & Stegun 4.4.46 (|error| <= 2e-8); nan outside [-1, 1]."""
+        x = self._float()
+        a = x.abs()
+        poly = a * 0
+        for c in (-0.0012624911, 0.0066700901, -0.0170881256, 0.0308918810, -0.0501743046, 0.0889789874,
+                  -0.2145988016, 1.5707963050):
+            poly = poly * a + c
+        return x.sign() * (math.pi / 2 - (1 - a).sqrt() * poly)
+
+    def acos(self) -> Tensor:
+        return math.pi / 2 - self.asin()
+
+    def atan(self) -> Tensor:
+        x = self._float()
+        inside = (x / (1 + x * x).sqrt()).asin()
+        return x.isinf().where(x.sign() * (math.pi / 2), inside)
+
+    def asinh(self) -> Tensor:
+        x = self._float()
+        return x.sign() * (x.abs() + (x * x + 1).sqrt()).log()
+
+    def acosh(self) -> Tensor:
+        x = self._float()
+        return (x + (x * x - 1).sqrt()).log()
+
+    def atanh(self) -> Tensor:
+        x = self._float()
+        return ((1 + x) / (1 - x)).log() * 0.5
 
     def square(self) -> Tensor:
         return self * self
@@ -846,8 +965,10 @@ class Tensor(metaclass=_NoGradMeta):
         return self.silu()
 
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+        # max(bx, 0) + log(1 + exp(-|bx|)): no overflow, so no inf * 0 in the gradient (and 1/2 at 0)
         bx = self * beta
-        return (bx > threshold).where(self, (1 + bx.exp()).log() * (1 / beta))
+        m = bx.maximum(0)
+        return (bx > threshold).where(self, (m + (1 + (bx - 2 * m).exp()).log()) * (1 / beta))
 
     def mish(self) -> Tensor:
         return self * self.softplus().tanh()
@@ -860,6 +981,22 @@ class Tensor(metaclass=_NoGradMeta):
 
     def relu6(self) -> Tensor:
         return self.clip(0, 6)
+
+    def hardswish(self) -> Tensor:
+        return self * (self + 3).relu6() * (1 / 6)
+
+    def celu(self, alpha: float = 1.0) -> Tensor:
+        return self.maximum(0) + ((self / alpha).exp() - 1).minimum(0) * alpha
+
+    def selu(self) -> Tensor:
+        alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+        return self.elu(alpha) * scale
+
+    def softsign(self) -> Tensor:
+        return self / (1 + self.abs())
+
+    def logsigmoid(self) -> Tensor:
+        return -(-self).softplus()
 
     def clip(self, min_=None, max_=None) -> Tensor:
         if min_ is None and max_ is None:
@@ -946,6 +1083,60 @@ class Tensor(metaclass=_NoGradMeta):
     def std(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
         return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
 
+    def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None) -> tuple[Tensor, ...]:
+        axis = dim if dim is not None else axis
+        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None) -> tuple[Tensor, ...]:
+        axis = dim if dim is not None else axis
+        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+        """self / max(||self||_p over dim, eps) (PyTorch's F.normalize)."""
+        norm = self.square().sum(dim, keepdim=True).sqrt() if p == 2 else (
+            self.abs().pow(p).sum(dim, keepdim=True).pow(1 / p))
+        return self / norm.maximum(eps)
+
+    def softmin(self, axis: int = -1, dim=None) -> Tensor:
+        return (-self).softmax(axis, dim)
+
+    def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+        """(values, indices) sorted along dim; stable (equal values keep their order); nan sorts last
+        ascending, first descending, like PyTorch. Compares every pair: O(n**2) along dim."""
+        d = _normalize_axis(dim, self.ndim, "sort")
+        x = (self.reshape(1) if self.ndim == 0 else self).transpose(d, -1)
+        a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # a: element i, b: element j
+        before = (b > a) if descending else (b < a)
+        if self.dtype.is_float:
+            before = before | (b.isnan() & a.isnan().logical_not() if descending else
+                               a.isnan() & b.isnan().logical_not())
+            same = (b == a) | (a.isnan() & b.isnan())
+        else:
+            same = b == a
+        n = x.shape[-1]
+        pos = Tensor.arange(n, device=self.device, dtype=dtypes.default_int)
+        rank = (before | (same & (pos < pos.reshape(n, 1)))).sum(-1)  # where element i goes
+        to = rank.unsqueeze(-2) == pos.reshape(n, 1)  # to[..., r, i]: element i lands at r
+        zero = False if self.dtype == dtypes.bool else 0
+        values = to.where(x.unsqueeze(-2), zero).sum(-1, dtype=self.dtype)
+        indices = to.where(pos, 0).sum(-1)
+        return self._unprefix(values, d), self._unprefix(indices, d)
+
+    def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
+        return self.sort(dim, descending)[1]
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002
+        """The k largest (or smallest) values along dim and their indices, in sorted order."""
+        d = _normalize_axis(dim, self.ndim, "topk")
+        n = self.shape[d] if self.ndim else 1
+        if not 0 <= k <= n:
+            raise IndexRangeError(f"topk: k={k} is out of range for dimension {d} of size {n}")
+        values, indices = self.sort(d, descending=largest)
+        arg = [None] * self.ndim
+        if self.ndim:
+            arg[d] = (0, k)
+        return values.shrink(arg), indices.shrink(arg)
+
     def _arg_first_max(self, axis, keepdim: bool) -> Tensor:
         if axis is None:
             return self.reshape(-1)._arg_first_max(0, keepdim=False)
@@ -955,7 +1146,7 @@ class Tensor(metaclass=_NoGradMeta):
         rev = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int32)
         rev = rev.reshape((n,) + (1,) * (self.ndim - axis - 1))
         best = is_max.where(rev, 0).max(axis, keepdim)
-        return (n - best).cast(dtypes.int64)
+        return (n - best).cast(dtypes.default_int)
 
     def argmax(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
@@ -988,6 +1179,7 @@ class Tensor(metaclass=_NoGradMeta):
         axis = dim if dim is not None else axis
         x = self._float()
         m = x.max(axis, keepdim=True).detach()
+        m = m.isinf().where(0, m)  # an all -inf row gives -inf, a +inf gives inf (not nan)
         out = (x - m).exp().sum(axis, keepdim=True).log() + m
         return (
             out
@@ -995,24 +1187,47 @@ class Tensor(metaclass=_NoGradMeta):
             else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in x._axes(axis, "lse")))
         )
 
-    def cumsum(self, axis: int = 0, dim=None) -> Tensor:
-        axis = _normalize_axis(dim if dim is not None else axis, self.ndim, "cumsum")
-        if self.ndim == 0:
-            return self
-        n = self.shape[axis]
-        x = self.transpose(axis, -1)
+    def _prefixes(self, axis: int, fill, op: str) -> tuple[Tensor, int]:
+        """For each position i along axis, the row of elements 0..i (the rest `fill`) on a new last axis:
+        (..., n) with axis moved last -> (..., n, n). Cumulative ops reduce that last axis."""
+        axis = _normalize_axis(axis, self.ndim, op)
+        x = self.reshape(1) if self.ndim == 0 else self
+        n = x.shape[axis]
         idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32)
         lower = idx.reshape(n, 1) >= idx.reshape(1, n)  # lower[i, j] = j <= i
-        out = lower.where(x.unsqueeze(-2), 0).sum(-1, dtype=x.dtype if x.dtype.is_float else None)
-        return out.transpose(axis, -1)
+        return lower.where(x.transpose(axis, -1).unsqueeze(-2), fill), axis
 
-    def cumprod(self, axis: int = 0) -> Tensor:
-        axis = _normalize_axis(axis, self.ndim, "cumprod")
-        n = self.shape[axis]
-        x = self.transpose(axis, -1)
-        idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32)
-        lower = idx.reshape(n, 1) >= idx.reshape(1, n)
-        return lower.where(x.unsqueeze(-2), 1).prod(-1).transpose(axis, -1)
+    def _unprefix(self, out: Tensor, axis: int) -> Tensor:
+        """The result of a cumulative op back in this tensor's layout."""
+        return out.transpose(axis, -1).reshape(self.shape)
+
+    def cumsum(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._prefixes(dim if dim is not None else axis, 0, "cumsum")
+        return self._unprefix(rows.sum(-1, dtype=self.dtype if self.dtype.is_float else None), axis)
+
+    def cumprod(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._prefixes(dim if dim is not None else axis, 1, "cumprod")
+        return self._unprefix(rows.prod(-1), axis)
+
+    def cummax(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
+        """(values, indices) of the running maximum; the index is the last position of the maximum."""
+        low = -math.inf if self.dtype.is_float else (False if self.dtype == dtypes.bool else self.dtype.min)
+        rows, axis = self._prefixes(dim if dim is not None else axis, low, "cummax")
+        values = rows.max(-1)
+        n = rows.shape[-1]
+        pos = Tensor.arange(n, device=self.device, dtype=dtypes.default_int)
+        hit = (rows == values.unsqueeze(-1)) & (pos.reshape(n, 1) >= pos)  # only j <= i can be the max
+        indices = hit.where(pos, -1).max(-1)
+        return self._unprefix(values, axis), self._unprefix(indices, axis)
+
+    def cummin(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
+        """(values, indices) of the running minimum; the index is the last position of the minimum."""
+        values, indices = (-self if self.dtype.is_float else ~self).cummax(axis, dim)
+        return (-values if self.dtype.is_float else ~values), indices
+
+    def logcumsumexp(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._float()._prefixes(dim if dim is not None else axis, -math.inf, "logcumsumexp")
+        return self._unprefix(rows.logsumexp(-1), axis)
 
     # ----------------------------------------------------------------------------------------------
     # movement (views; no copies)
@@ -1119,6 +1334,8 @@ class Tensor(metaclass=_NoGradMeta):
     def flip(self, axis) -> Tensor:
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
         axes = tuple(_normalize_axis(a, self.ndim, "flip") for a in axes)
+        if len(set(axes)) != len(axes):
+            raise ShapeError(f"flip: axis {axis} repeats an axis")
         return self._from(g.move(self.node, Op.FLIP, axes), self)
 
     def repeat(self, *repeats) -> Tensor:
@@ -1153,9 +1370,17 @@ class Tensor(metaclass=_NoGradMeta):
             start += t.shape[d]
         return out
 
-    @staticmethod
-    def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-        tensors = list(tensors)
+    def stack(self, *others, dim: int = 0) -> Tensor:
+        """Join tensors along a new axis: Tensor.stack([a, b]), Tensor.stack(a, b) or a.stack(b, dim=)."""
+        tensors = list(self) if isinstance(self, (list, tuple)) else [self]
+        tensors += [t for o in others for t in (o if isinstance(o, (list, tuple)) else [o])]
+        if len(others) == 1 and isinstance(others[0], int) and not isinstance(self, Tensor):
+            tensors, dim = tensors[:-1], others[0]  # Tensor.stack([a, b], 1)
+        if not tensors:
+            raise ShapeError("stack: needs at least one tensor")
+        for t in tensors[1:]:
+            if t.shape != tensors[0].shape:
+                raise ShapeError(f"stack: tensors need the same shape, got {[t.shape for t in tensors]}")
         d = _normalize_axis(dim, tensors[0].ndim + 1, "stack")
         return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
 
@@ -1174,6 +1399,106 @@ class Tensor(metaclass=_NoGradMeta):
             start += s
         return out
 
+    def roll(self, shifts, dims=None) -> Tensor:
+        """Shift elements along dims, wrapping around (PyTorch's roll; dims=None rolls the flat tensor)."""
+        if dims is None:
+            if not isinstance(shifts, int) and len(shifts) != 1:
+                raise ShapeError(f"roll: {len(shifts)} shifts need as many dims")
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(shifts) != len(dims):
+            raise ShapeError(f"roll: shifts {shifts} and dims {dims} differ in length")
+        x = self
+        for shift, d in zip(shifts, dims):
+            d = _normalize_axis(d, self.ndim, "roll")
+            n = x.shape[d]
+            if n == 0 or shift % n == 0:
+                continue
+            cut = n - shift % n
+            x = x.split([cut, n - cut], d)[1].cat(x.split([cut, n - cut], d)[0], dim=d)
+        return x
+
+    def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
+        """Each element repeated `repeats` times along dim (the flattened tensor when dim is None)."""
+        x = self.flatten() if dim is None else self
+        d = 0 if dim is None else _normalize_axis(dim, self.ndim, "repeat_interleave")
+        big = x.shape[: d + 1] + (repeats,) + x.shape[d + 1 :]
+        return x.unsqueeze(d + 1).expand(big).flatten(d, d + 1)
+
+    def unfold(self, dimension: int, size: int, step: int) -> Tensor:
+        """Windows of `size` every `step` along dimension, on a new last axis (PyTorch's Tensor.unfold)."""
+        d = _normalize_axis(dimension, self.ndim, "unfold")
+        n = self.shape[d] if self.ndim else 1
+        if step <= 0 or not 0 <= size <= n:
+            raise ShapeError(f"unfold: size {size} and step {step} do not fit dimension {d} of size {n}")
+        count = (n - size) // step + 1
+        idx = Tensor.arange(count, device=self.device).reshape(count, 1) * step + Tensor.arange(
+            size, device=self.device
+        )  # (count, size) positions
+        x = self.reshape(1) if self.ndim == 0 else self
+        return x._take(d, idx).movedim(d + 1, -1) if self.ndim else x._take(0, idx).reshape(count, size)[0]
+
+    def movedim(self, source: int, destination: int) -> Tensor:
+        s = _normalize_axis(source, self.ndim, "movedim")
+        e = _normalize_axis(destination, self.ndim, "movedim")
+        order = [i for i in range(self.ndim) if i != s]
+        order.insert(e, s)
+        return self.permute(order)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        """The lower triangle of the last two axes (j - i <= diagonal); the rest 0."""
+        return self._triangle(diagonal, upper=False)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        """The upper triangle of the last two axes (j - i >= diagonal); the rest 0."""
+        return self._triangle(diagonal, upper=True)
+
+    def _triangle(self, diagonal: int, upper: bool) -> Tensor:
+        if self.ndim < 2:
+            raise ShapeError(f"tril/triu: needs at least 2 dimensions, got shape {self.shape}")
+        r, c = self.shape[-2:]
+        offset = Tensor.arange(c, device=self.device) - Tensor.arange(r, device=self.device).reshape(r, 1)
+        keep = offset >= diagonal if upper else offset <= diagonal
+        return keep.where(self, False if self.dtype == dtypes.bool else 0)
+
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The diagonal of the (dim1, dim2) planes on a new last axis (PyTorch's)."""
+        a, b = _normalize_axis(dim1, self.ndim, "diagonal"), _normalize_axis(dim2, self.ndim, "diagonal")
+        if a == b:
+            raise ShapeError(f"diagonal: dim1 and dim2 are the same axis {a}")
+        x = self.permute([i for i in range(self.ndim) if i not in (a, b)] + [a, b])
+        x = x[..., :, offset:] if offset >= 0 else x[..., -offset:, :]
+        n = min(x.shape[-2:])
+        x = x[..., :n, :n].flatten(-2)
+        return x[..., :: n + 1] if n else x
+
+    def diag(self, diagonal: int = 0) -> Tensor:
+        """1-d: a square matrix with self on the diagonal; 2-d: the diagonal (PyTorch's diag)."""
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise ShapeError(f"diag: needs a 1-d or 2-d tensor, got shape {self.shape}")
+        n = self.shape[0] + abs(diagonal)
+        x = self.pad(((0, abs(diagonal)),))
+        x = x.reshape(n, 1) if diagonal >= 0 else x.reshape(1, n)  # above the diagonal by row, else by column
+        offset = Tensor.arange(n, device=self.device) - Tensor.arange(n, device=self.device).reshape(n, 1)
+        return (offset == diagonal).where(x.expand(n, n), 0)
+
+    def meshgrid(self, *others: Tensor, indexing: str = "ij") -> list[Tensor]:
+        """Coordinate grids from 1-d tensors (PyTorch's meshgrid; indexing "ij" or "xy")."""
+        if indexing not in ("ij", "xy"):
+            raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', not {indexing!r}")
+        ts = [self, *others]
+        if indexing == "xy" and len(ts) >= 2:
+            ts[0], ts[1] = ts[1], ts[0]
+        shape = tuple(t.numel() for t in ts)
+        grids = [t.reshape(tuple(-1 if j == i else 1 for j in range(len(ts)))) for i, t in enumerate(ts)]
+        grids = [t.expand(shape) for t in grids]
+        if indexing == "xy" and len(ts) >= 2:
+            grids[0], grids[1] = grids[1], grids[0]
+        return grids
+
     def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
         n = self.shape[_normalize_axis(dim, self.ndim, "chunk")]
         return self.split(math.ceil(n / chunks) if n else 1, dim) if n else [self]
@@ -1190,9 +1515,9 @@ class Tensor(metaclass=_NoGradMeta):
             )
         n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
         if n_real > self.ndim:
-            raise ShapeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
+            raise IndexRangeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
         if sum(1 for v in index if v is Ellipsis) > 1:
-            raise ShapeError("an index can only have one ellipsis (...)")
+            raise IndexRangeError("an index can only have a single ellipsis (...)")
         if Ellipsis in [v for v in index if not isinstance(v, (Tensor, np.ndarray, list))]:
             pos = next(i for i, v in enumerate(index) if v is Ellipsis and not isinstance(v, (Tensor, list)))
             index = index[:pos] + (slice(None),) * (self.ndim - n_real) + index[pos + 1 :]
@@ -1221,7 +1546,7 @@ class Tensor(metaclass=_NoGradMeta):
             elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
                 i = int(v)
                 if not -n <= i < n:
-                    raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+                    raise IndexRangeError(f"index {i} is out of bounds for axis {axis} with size {n}")
                 i %= n
                 shrink.append((i, i + 1))
                 steps.append(1)
@@ -1295,6 +1620,108 @@ class Tensor(metaclass=_NoGradMeta):
         oh = index.unsqueeze(-1) == Tensor.arange(n, device=self.device, dtype=index.dtype)
         return oh.where(xe, 0).sum(-1, dtype=self.dtype)
 
+    def _scatter_mask(self, dim: int, index: Tensor, src, op: str) -> tuple[Tensor, Tensor, Tensor, int]:
+        """For scatter ops: (mask, values, positions) of shape self.shape + (j,), where mask[..., k, ..., j]
+        says that source element j along dim goes to output position k; and the normalized dim."""
+        d = _normalize_axis(dim, self.ndim, op)
+        if not isinstance(src, Tensor):
+            src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        if index.dtype.is_float:
+            raise DTypeError(f"{op}: index must be an integer tensor, got {index.dtype.name}")
+        if src.dtype != self.dtype:
+            raise DTypeError(f"{op}: src is {src.dtype.name} but self is {self.dtype.name}")
+        if not index.ndim == self.ndim == src.ndim or any(
+            i > s or (a != d and i > t) for a, (i, s, t) in enumerate(zip(index.shape, src.shape, self.shape))
+        ):
+            raise ShapeError(
+                f"{op}: index {index.shape} must not be larger than src {src.shape} in any dimension, nor "
+                f"than self {self.shape} outside dim {d}"
+            )
+        src = src.shrink(tuple((0, i) for i in index.shape))
+        n = self.shape[d]
+        places = Tensor.arange(n, device=self.device, dtype=index.dtype)
+        mask = (index.unsqueeze(-1) == places).transpose(d, -1)
+        values = src.unsqueeze(-1).expand(src.shape + (n,)).transpose(d, -1)
+        grow = tuple((0, t - m) for t, m in zip(self.shape, mask.shape)) + ((0, 0),)
+        j = index.shape[d]
+        pos = Tensor.arange(j, device=self.device, dtype=dtypes.int32)
+        return mask.pad(grow), values.pad(grow), pos, d
+
+    def scatter(self, dim: int, index: Tensor, src, reduce: str | None = None) -> Tensor:
+        """out[..., index[..., j, ...], ...] = src[..., j, ...] along dim (PyTorch's scatter); where two
+        sources hit one place the last one wins. reduce="add" / "multiply" accumulate instead."""
+        if reduce not in (None, "add", "multiply"):
+            raise ArgumentError(f"scatter: reduce must be None, 'add' or 'multiply', not {reduce!r}")
+        if reduce is not None:
+            if isinstance(src, Tensor):
+                raise DTypeError("scatter: reduce= needs a scalar src; use scatter_reduce for a tensor src")
+            return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
+        mask, values, pos, _ = self._scatter_mask(dim, index, src, "scatter")
+        last = mask.where(pos, -1).max(-1, keepdim=True)
+        pick = mask & (pos == last)
+        zero = False if self.dtype == dtypes.bool else 0
+        return mask.any(-1).where(pick.where(values, zero).sum(-1, dtype=self.dtype), self)
+
+    def scatter_reduce(self, dim: int, index: Tensor, src, reduce: str, include_self: bool = True) -> Tensor:
+        """PyTorch's scatter_reduce: reduce ("sum", "prod", "mean", "amax", "amin") the src values that
+        index sends to each place, together with self's value there unless include_self=False."""
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ArgumentError(
+                f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', not {reduce!r}"
+            )
+        mask, values, _, _ = self._scatter_mask(dim, index, src, "scatter_reduce")
+        hit = mask.any(-1)
+
+        def own(neutral) -> Tensor:  # self's part of the reduction
+            return self if include_self else hit.where(neutral, self)
+
+        if reduce == "sum":
+            return mask.where(values, 0).sum(-1, dtype=self.dtype) + own(0)
+        if reduce == "prod":
+            return mask.where(values, 1).prod(-1, dtype=self.dtype) * own(1)
+        if reduce == "amax":
+            return mask.where(values, self.dtype.min).max(-1).maximum(own(self.dtype.min))
+        if reduce == "amin":
+            return mask.where(values, self.dtype.max).min(-1).minimum(own(self.dtype.max))
+        count = mask.sum(-1) + (1 if include_self else hit.where(0, 1))
+        total = mask.where(values, 0).sum(-1, dtype=self.dtype) + own(0)
+        return total / count if self.dtype.is_float else total // count
+
+    def masked_fill(self, mask: Tensor, value) -> Tensor:
+        """value where mask is True, else self (self's dtype)."""
+        return mask.where(Tensor.full((), value, dtype=self.dtype, device=self.device), self)
+
+    def masked_select(self, mask: Tensor, size: int | None = None, fill_value=0) -> Tensor:
+        """The elements where mask is True, as a 1-d tensor. Its length depends on the data, so the mask is
+        computed now (size= fixes the length: cut, or padded with fill_value)."""
+        shape = _broadcast_shape(self.shape, mask.shape)
+        where = np.flatnonzero(np.broadcast_to(mask.numpy(), shape))
+        picked = self._broadcast_to(shape).flatten()[Tensor(where, device=self.device)]
+        if size is None:
+            return picked
+        if len(where) >= size:
+            return picked[:size]
+        return picked.pad(((0, size - len(where)),), fill_value)
+
+    def nonzero(self, size: int | None = None, fill_value: int = -1) -> Tensor:
+        """Indices of the nonzero elements, (count, ndim) (PyTorch's); computed now, as the count depends
+        on the data (size= fixes the count: cut, or padded with fill_value)."""
+        where = np.argwhere(self.numpy())
+        if size is not None:
+            pad = np.full((max(0, size - len(where)), self.ndim), fill_value, dtype=where.dtype)
+            where = np.concatenate([where[:size], pad])
+        return Tensor(where.reshape(-1, self.ndim).astype(dtypes.default_int.np), device=self.device)
+
+    def one_hot(self, num_classes: int) -> Tensor:
+        """(..., num_classes) with a 1 at each index (the default integer dtype). num_classes must be given:
+        PyTorch's -1 (count from the data) is refused, like tinygrad, so that no value is read back."""
+        if num_classes < 0:
+            raise ArgumentError(f"one_hot: num_classes must be >= 0, got {num_classes}")
+        if self.dtype.is_float:
+            raise DTypeError(f"one_hot: needs integer class indices, got {self.dtype.name}")
+        classes = Tensor.arange(num_classes, device=self.device, dtype=self.dtype)
+        return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
+
     # ----------------------------------------------------------------------------------------------
     # linear algebra
 
@@ -1361,43 +1788,124 @@ class Tensor(metaclass=_NoGradMeta):
         return x.permute(*range(n), *[n + 2 * j + 1 for j in range(nk)], *[n + 2 * j for j in range(nk)])
 
     def _pad_spatial(self, padding, nk: int, value: float = 0.0) -> Tensor:
-        p = _tuple(padding, nk)
-        return self.pad(((0, 0),) * (self.ndim - nk) + tuple((q, q) for q in p), value)
+        """Pad the last nk axes: an int, one int per axis (both sides), or 2*nk ints in F.pad order
+        (last axis first: left, right, top, bottom, ...); negative values crop."""
+        return self.pad(_spatial_pads(padding, nk), value)
 
     def conv2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
                groups: int = 1) -> Tensor:
-        """PyTorch's F.conv2d: x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw), int or pair args."""
-        if self.ndim != 4 or weight.ndim != 4:
-            raise ShapeError(f"conv2d: needs 4-d input and weight, got {self.shape} and {weight.shape}")
-        (bs, cin_all), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        """PyTorch's F.conv1d/conv2d/conv3d by the weight's rank: x (N, Cin, *spatial), weight
+        (Cout, Cin/groups, *kernel); stride, dilation: int or one per axis; padding: also 2 per axis."""
+        nk = weight.ndim - 2
+        if nk < 1 or self.ndim != nk + 2:
+            raise ShapeError(f"conv2d: input {self.shape} and weight {weight.shape} need rank N+2 (N >= 1)")
+        (bs, cin_all), (cout, cin), ks = self.shape[:2], weight.shape[:2], weight.shape[2:]
         if cin_all != groups * cin or cout % groups:
             raise ShapeError(
                 f"conv2d: input has {cin_all} channels but weight {weight.shape} with groups={groups} "
                 f"expects {groups * cin} (and out channels divisible by groups)"
             )
-        x = self._pad_spatial(padding, 2)._pool(hw, stride, dilation)  # (bs, cin_all, oy, ox, kh, kw)
-        oyx, rcout = x.shape[2:4], cout // groups
-        x = x.reshape(bs, groups, 1, cin, *oyx, *hw).expand(bs, groups, rcout, cin, *oyx, *hw)
-        x = x.permute(0, 1, 2, 4, 5, 3, 6, 7)  # (bs, groups, rcout, oy, ox, cin, kh, kw)
-        w = weight.reshape(1, groups, rcout, 1, 1, cin, *hw)
-        out = (x * w).sum((5, 6, 7)).reshape(bs, cout, *oyx)
-        return out if bias is None else out + bias.reshape(1, cout, 1, 1)
+        x = self._pad_spatial(padding, nk)._pool(ks, stride, dilation)  # (bs, cin_all, *out, *ks)
+        out_sp, rcout = x.shape[2 : 2 + nk], cout // groups
+        x = x.reshape(bs, groups, 1, cin, *out_sp, *ks).expand(bs, groups, rcout, cin, *out_sp, *ks)
+        x = x.permute(0, 1, 2, *range(4, 4 + nk), 3, *range(4 + nk, 4 + 2 * nk))  # cin next to the kernel
+        w = weight.reshape(1, groups, rcout, *(1,) * nk, cin, *ks)
+        out = (x * w).sum(tuple(range(-nk - 1, 0))).reshape(bs, cout, *out_sp)
+        return out if bias is None else out + bias.reshape(1, cout, *(1,) * nk)
 
-    def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1) -> Tensor:
-        """PyTorch's F.max_pool2d (stride defaults to kernel_size; padding counts as -inf)."""
-        k = _tuple(kernel_size, 2)
-        x = self._pad_spatial(padding, 2, -math.inf) if padding else self
-        return x._pool(k, stride if stride is not None else k, dilation).max((-2, -1))
+    def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                         output_padding=0, dilation=1, groups: int = 1) -> Tensor:
+        """PyTorch's F.conv_transpose1d/2d/3d by the weight's rank: weight (Cin, Cout/groups, *kernel).
+        The input is spread out with stride-1 zeros between elements, then convolved with the flipped
+        kernel and padding dilation*(k-1)-padding."""
+        nk = weight.ndim - 2
+        if nk < 1 or self.ndim != nk + 2:
+            raise ShapeError(f"conv_transpose2d: input {self.shape} and weight {weight.shape} need rank N+2")
+        cin, rcout, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
+        if self.shape[1] != cin or cin % groups:
+            raise ShapeError(f"conv_transpose2d: input has {self.shape[1]} channels, weight {weight.shape}")
+        s_, d_, op_ = _tuple(stride, nk), _tuple(dilation, nk), _tuple(output_padding, nk)
+        pads = _spatial_pads(padding, nk)[::-1]  # (axis 0 after, axis 0 before, ...) reversed: pairs by axis
+        x = self
+        for axis, s in enumerate(s_):  # n -> n + (n - 1) * (s - 1): s-1 zeros after each element but the last
+            if s > 1:
+                a = 2 + axis
+                x = x.unsqueeze(a + 1).pad(((0, 0),) * (a + 1) + ((0, s - 1),) + ((0, 0),) * (x.ndim - a - 1))
+                keep = [None] * a + [(0, x.shape[a] * s - (s - 1))] + [None] * (nk - axis - 1)
+                x = x.flatten(a, a + 1).shrink(keep)
+        w = weight.reshape(groups, cin // groups, rcout, *ks).transpose(1, 2).flip(tuple(range(3, 3 + nk)))
+        w = w.reshape(groups * rcout, cin // groups, *ks)
+        flat = []
+        for axis in reversed(range(nk)):  # F.pad order: last axis first
+            before, after = pads[2 * axis + 1], pads[2 * axis]
+            edge = d_[axis] * (ks[axis] - 1)
+            flat += [edge - before, edge - after + op_[axis]]
+        return x.conv2d(w, bias, 1, tuple(flat), d_, groups)
 
-    def avg_pool2d(self, kernel_size=2, stride=None, padding=0, count_include_pad: bool = True) -> Tensor:
-        """PyTorch's F.avg_pool2d (stride defaults to kernel_size)."""
+    def _pool_windows(self, kernel_size, stride, padding, dilation, ceil_mode: bool, value: float
+                      ) -> tuple[Tensor, tuple[int, ...]]:
+        """Windows (..., *out, *kernel) of the input padded with value (ceil_mode pads extra on the
+        right so a last partial window fits, as PyTorch); also the kernel size."""
+        k = _tuple(kernel_size, len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2)
+        nk = len(k)
+        s = _tuple(stride if stride is not None else k, nk)
+        d = _tuple(dilation, nk)
+        pads = _spatial_pads(padding, nk)
+        if ceil_mode:
+            pads = list(pads)
+            for axis in range(nk):
+                j = 2 * (nk - 1 - axis)  # F.pad order
+                n = self.shape[self.ndim - nk + axis] + pads[j] + pads[j + 1]
+                span = d[axis] * (k[axis] - 1) + 1
+                out = -(-(n - span) // s[axis]) + 1
+                if (out - 1) * s[axis] >= self.shape[self.ndim - nk + axis] + pads[j]:
+                    out -= 1  # the last window would start in the right padding
+                pads[j + 1] += max(0, (out - 1) * s[axis] + span - n)
+        return self.pad(tuple(pads), value)._pool(k, s, d), k
+
+    def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+                   return_indices: bool = False):
+        """PyTorch's F.max_pool1d/2d/3d over the last len(kernel_size) axes (2 for an int); padding counts
+        as -inf. return_indices=True also gives each maximum's flat index in its input plane (first max)."""
+        x = self if self.dtype.is_float else self.float()
+        win, k = x._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -math.inf)
+        axes = tuple(range(-len(k), 0))
+        out = win.max(axes)
+        out = out if self.dtype.is_float else out.cast(self.dtype)
+        if not return_indices:
+            return out
+        plane = self.shape[-len(k):]
+        flat = Tensor.arange(math.prod(plane), device=self.device, dtype=dtypes.default_int).reshape(plane)
+        where, _ = flat._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -1)
+        first = (win == out.reshape(out.shape + (1,) * len(k))).where(where, math.prod(plane))
+        return out, first.min(axes)
+
+    def max_unpool2d(self, indices: Tensor, kernel_size=2, stride=None, padding=0, output_size=None
+                     ) -> Tensor:
+        """PyTorch's F.max_unpool2d: each value put back at its index in a zero plane."""
         k = _tuple(kernel_size, 2)
-        s = stride if stride is not None else k
-        total = self._pad_spatial(padding, 2)._pool(k, s, 1).sum((-2, -1))
-        if count_include_pad or not padding:
-            return total / (k[0] * k[1])
-        ones = Tensor.ones(*self.shape[-2:], dtype=self.dtype, device=self.device)
-        return total / ones._pad_spatial(padding, 2)._pool(k, s, 1).sum((-2, -1))
+        s, p = _tuple(stride if stride is not None else k, 2), _tuple(padding, 2)
+        if output_size is None:
+            output_size = tuple((i - 1) * st - 2 * pp + kk for i, st, pp, kk in zip(self.shape[-2:], s, p, k))
+        plane = tuple(output_size)[-2:]
+        lead = self.shape[:-2]
+        zeros = Tensor.zeros(*lead, math.prod(plane), dtype=self.dtype, device=self.device)
+        return zeros.scatter(-1, indices.flatten(-2), self.flatten(-2)).reshape(*lead, *plane)
+
+    def avg_pool2d(self, kernel_size=2, stride=None, padding=0, ceil_mode: bool = False,
+                   count_include_pad: bool = True) -> Tensor:
+        """PyTorch's F.avg_pool1d/2d/3d over the last len(kernel_size) axes (stride defaults to kernel_size).
+        With ceil_mode, the part of a window past the padded input is never counted."""
+        win, k = self._float()._pool_windows(kernel_size, stride, padding, 1, ceil_mode, 0.0)
+        axes = tuple(range(-len(k), 0))
+        total = win.sum(axes)
+        ones = Tensor.ones(*self.shape[-len(k):], device=self.device)
+        if count_include_pad:  # the padding counts, ceil_mode's extra does not
+            ones = ones._pad_spatial(padding, len(k), 1.0)
+            counted, _ = ones._pool_windows(k, stride if stride is not None else k, 0, 1, ceil_mode, 0.0)
+        else:
+            counted, _ = ones._pool_windows(k, stride, padding, 1, ceil_mode, 0.0)
+        return total / counted.sum(axes)
 
     def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
                   axis: int = 1) -> Tensor:
@@ -1486,8 +1994,42 @@ class Tensor(metaclass=_NoGradMeta):
         loss = -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100))
         return _reduce_loss(loss, reduction)
 
-    def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean") -> Tensor:
-        loss = self.relu() - self * y + ((-self.abs()).exp() + 1).log()
+    def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
+                                   ) -> Tensor:
+        """PyTorch's binary_cross_entropy_with_logits; pos_weight scales the positive term."""
+        log_sig, log_one_minus = self.logsigmoid(), (-self).logsigmoid()
+        pos = y * log_sig if pos_weight is None else y * pos_weight * log_sig
+        return _reduce_loss(-(pos + (1 - y) * log_one_minus), reduction)
+
+    def nll_loss(self, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean") -> Tensor:
+        """PyTorch's F.nll_loss: self holds log-probabilities (N, C, ...) or (C,), target class indices."""
+        _check_reduction(reduction)
+        x = self.unsqueeze(0) if self.ndim == 1 else self
+        t = target.reshape(1) if self.ndim == 1 else target
+        if t.shape != (x.shape[0],) + x.shape[2:]:
+            raise ShapeError(f"nll_loss: target shape {target.shape} does not fit input {self.shape}")
+        c = x.shape[1]
+        cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
+        onehot = t.unsqueeze(1) == cls
+        w = (t != ignore_index).cast(x.dtype)
+        if weight is not None:
+            w = w * onehot.where(weight.reshape((1, c) + (1,) * (x.ndim - 2)), 0).sum(1)
+        loss = -onehot.where(x, 0).sum(1) * w
+        if reduction == "none":
+            return loss.reshape(()) if self.ndim == 1 else loss
+        return loss.sum() if reduction == "sum" else loss.sum() / w.sum()
+
+    def mse_loss(self, target: Tensor, reduction: str = "mean") -> Tensor:
+        return _reduce_loss((self - target).square(), reduction)
+
+    def l1_loss(self, target: Tensor, reduction: str = "mean") -> Tensor:
+        return _reduce_loss((self - target).abs(), reduction)
+
+    def smooth_l1_loss(self, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+        """0.5 * d**2 / beta where |d| < beta, else |d| - 0.5 * beta (PyTorch's)."""
+        d = (self - target).abs()
+        loss = (d < beta).where(0.5 * d * d / beta, d - 0.5 * beta) if beta else d
         return _reduce_loss(loss, reduction)
 
 
@@ -1499,14 +2041,27 @@ def _tuple(value, n: int) -> tuple[int, ...]:
     return tuple(int(v) for v in out)
 
 
+def _check_reduction(reduction: str) -> None:
+    if reduction not in ("mean", "sum", "none"):
+        raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+
+
+def _spatial_pads(padding, nk: int) -> tuple[int, ...]:
+    """Padding of the last nk axes in F.pad order (last axis first, before then after): from an int, nk ints
+    (each both sides) or 2*nk ints (already in that order)."""
+    if isinstance(padding, int):
+        return (padding,) * 2 * nk
+    padding = tuple(int(p) for p in padding)
+    if len(padding) == nk:
+        return tuple(p for q in reversed(padding) for p in (q, q))
+    if len(padding) == 2 * nk:
+        return padding
+    raise ShapeError(f"padding {padding} needs 1, {nk} or {2 * nk} values for {nk} spatial axes")
+
+
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+    _check_reduction(reduction)
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
 
 
 def _node_from_host(data, device: str, dtype: DType | None) -> Node:
@@ -1520,7 +2075,7 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
             if arr.dtype.kind == "f":
                 arr = arr.astype(dtypes.default_float.np)
             elif arr.dtype.kind in "iu":
-                arr = arr.astype(np.int64)
+                arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
         arr = arr.astype(dtype.np)
     dt = dtypes.from_any(arr.dtype)

@@ -91,8 +91,15 @@ def run_workers(path: Path, names: list[str], jobs: int, timeout: int, env: dict
     procs = []
     for j in range(jobs):
         share = names[j::jobs]
-        p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, env=env, cwd=str(path.parent))
+        p = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=str(path.parent),
+        )
         p.stdin.write(json.dumps(share))
         p.stdin.close()
         procs.append((p, share))
@@ -112,7 +119,9 @@ def reason(text: str) -> str:
     """One line saying why a case failed, with numbers blanked so equal causes group together."""
     lines = [ln for ln in text.strip().splitlines() if re.match(r"[\w.]*(Error|Exception|Timeout)\b", ln)]
     last = lines[-1] if lines else (text.strip().splitlines() or ["?"])[-1]
-    m = re.search(r"'Tensor' object has no attribute '(\w+)'|type object 'Tensor' has no attribute '(\w+)'", text)
+    m = re.search(
+        r"'Tensor' object has no attribute '(\w+)'|type object 'Tensor' has no attribute '(\w+)'", text
+    )
     if m:
         return f"missing Tensor.{m.group(1) or m.group(2)}"
     m = re.search(r"(?:type object|module) '([\w.]+)' has no attribute '(\w+)'", text)
@@ -161,10 +170,12 @@ def main() -> None:
     counts = collections.Counter(results[n]["kind"] for n in names)
     passed = counts["pass"] + counts["pass_int64"]
     ran = len(names) - counts["skip"]
-    print(f"{len(names)} cases on {args.device}{' (forward only)' if args.forward_only else ''} "
-          f"in {time.time() - t0:.0f} s: {passed} pass ({counts['pass_int64']} of them only with int32 as "
-          f"the default int), {counts['fail']} fail, {counts['error']} error, {counts['skip']} skipped; "
-          f"pass rate {passed / max(ran, 1):.1%} of {ran} run")
+    print(
+        f"{len(names)} cases on {args.device}{' (forward only)' if args.forward_only else ''} "
+        f"in {time.time() - t0:.0f} s: {passed} pass ({counts['pass_int64']} of them only with int32 as "
+        f"the default int), {counts['fail']} fail, {counts['error']} error, {counts['skip']} skipped; "
+        f"pass rate {passed / max(ran, 1):.1%} of {ran} run"
+    )
     reasons = collections.Counter()
     examples: dict[str, list[str]] = collections.defaultdict(list)
     for n in names:

@@ -9,7 +9,6 @@ import os
 
 from tgrad import Tensor, dtypes
 from tgrad.jit import TinyJit
-
 from tinygrad.device import Device
 
 # the runner's int64 rule: rerun a failing case with tinygrad's default integer (see run.py)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from tgrad import dtypes
 from tgrad.device import Device as _tgrad_device
-
 from tinygrad.renderer import Renderer
 
 

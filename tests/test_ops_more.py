@@ -516,3 +516,99 @@ def test_index_errors_are_index_errors(device):
 def test_dtype_min_max(device):
     assert dtypes.int32.max == 2**31 - 1 and dtypes.int32.min == -(2**31)
     assert dtypes.uint8.max == 255 and dtypes.float32.min == -math.inf and dtypes.bool.max is True
+
+
+# ------------------------------------------------------------------------------------------------
+# padding modes, einsum, interpolate, advanced indexing
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_pad_modes(device, mode):
+    for pad in [(0, 2, 3, 2), (-1, 2, 2, -1), (1, 0, 4, 4)]:
+        helper_test_op(
+            [(1, 2, 5, 5)], lambda x, p=pad: F.pad(x, p, mode=mode), lambda x, p=pad: x.pad(p, mode=mode)
+        )
+    with pytest.raises(RuntimeError):  # PyTorch raises RuntimeError for these too
+        Tensor.ones(1, 1, 5, 5).pad((3, 6, 0, 0), mode=mode if mode != "replicate" else "reflect")
+
+
+def test_pad_mode_typo(device):
+    with pytest.raises(NotImplementedError, match="mode"):
+        Tensor.ones(3, 3).pad((1, 1), mode="typo")
+
+
+@pytest.mark.parametrize(
+    "formula,shapes",
+    [
+        ("ij,jk->ik", [(3, 4), (4, 5)]),
+        ("ij,jk", [(3, 4), (4, 5)]),
+        ("ij->ji", [(3, 4)]),
+        ("ijk->", [(2, 3, 4)]),
+        ("...id,...jd->...ij", [(2, 3, 4), (2, 5, 4)]),
+        ("i...j,ji...->...", [(2, 3, 4, 5), (5, 2, 4)]),
+        ("ii->i", [(4, 4)]),
+        ("...ii->...", [(3, 4, 4)]),
+        ("bi,bj->bij", [(2, 3), (2, 4)]),
+    ],
+)
+def test_einsum(device, formula, shapes):
+    helper_test_op(
+        shapes, lambda *xs: torch.einsum(formula, *xs), lambda *xs: Tensor.einsum(formula, *xs), atol=1e-4
+    )
+
+
+def test_einsum_errors(device):
+    with pytest.raises(ArgumentError, match="operands"):
+        Tensor.einsum("ij,jk->ik", Tensor.ones(2, 2))
+    with pytest.raises(RuntimeError, match="subscript"):
+        Tensor.einsum("ij,jk->ik", [Tensor.ones(2, 3), Tensor.ones(4, 2)])
+
+
+@pytest.mark.parametrize(
+    "mode,size,align",
+    [
+        ("nearest", (5, 9), False),
+        ("nearest-exact", (9, 4), False),
+        ("bilinear", (7, 9), False),
+        ("bilinear", (3, 10), True),
+    ],
+)
+def test_interpolate(device, mode, size, align):
+    kw = {"align_corners": align} if mode == "bilinear" else {}
+    helper_test_op(
+        [(1, 2, 6, 5)],
+        lambda x: F.interpolate(x, size, mode=mode, **kw),
+        lambda x: x.interpolate(size, mode, **kw),
+        atol=1e-5,
+    )
+
+
+def test_interpolate_1d_3d(device):
+    helper_test_op([(1, 2, 7)], lambda x: F.interpolate(x, 11, mode="linear"), lambda x: x.interpolate(11))
+    helper_test_op(
+        [(1, 1, 3, 4, 2)],
+        lambda x: F.interpolate(x, (2, 5, 3), mode="trilinear", align_corners=True),
+        lambda x: x.interpolate((2, 5, 3), align_corners=True),
+        atol=1e-5,
+    )
+    with pytest.raises(ArgumentError, match="mode"):
+        Tensor.ones(1, 1, 4).interpolate(8, mode="cubic")
+
+
+def test_advanced_indexing(device):
+    rng = np.random.default_rng(0)
+    a, b, c = rng.integers(0, 2, (3, 1, 1)), rng.integers(-4, 4, (1, 4, 1)), rng.integers(0, 5, (1, 1, 2))
+    ta, tb, tc = (torch.tensor(v) for v in (a, b, c))
+    ga, gb, gc = (Tensor(v) for v in (a, b, c))
+    shape = [(2, 4, 5, 3)]
+    helper_test_op(shape, lambda x: x[ta, tb, tc], lambda x: x[ga, gb, gc])
+    helper_test_op(shape, lambda x: x[:, tb, tc], lambda x: x[:, gb, gc])
+    helper_test_op(shape, lambda x: x[ta, :, tc], lambda x: x[ga, :, gc])  # not adjacent: index dims first
+    helper_test_op(shape, lambda x: x[1, tb, None, 2], lambda x: x[1, gb, None, 2])
+    helper_test_op(shape, lambda x: x[[1, 0], (2, 2)], lambda x: x[[1, 0], (2, 2)])
+    helper_test_op(shape, lambda x: x[x > 0.5], lambda x: x[x > 0.5])
+    helper_test_op(shape, lambda x: x[0, x[0, :, :, 0] > 0], lambda x: x[0, x[0, :, :, 0] > 0])
+    t = Tensor.ones(10, 11, 12)
+    for bad in (lambda: t[Tensor(1.5)], lambda: t[[1.5]], lambda: t[Tensor([True, False])]):
+        with pytest.raises(IndexError):
+            bad()

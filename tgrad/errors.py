@@ -43,6 +43,10 @@ class ArgumentError(TgradError, ValueError, RuntimeError):
     """A bad argument value (a mode or reduction name, a count); a RuntimeError too, like PyTorch's."""
 
 
+class ModeError(ArgumentError, NotImplementedError):
+    """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
+
+
 class DTypeError(TgradError, TypeError):
     pass
 

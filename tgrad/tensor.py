@@ -13,7 +13,15 @@ from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
 from tgrad.dtype import DType, dtypes, promote, promote_scalar
-from tgrad.errors import ArgumentError, AutogradError, DeviceError, DTypeError, IndexRangeError, ShapeError
+from tgrad.errors import (
+    ArgumentError,
+    AutogradError,
+    DeviceError,
+    DTypeError,
+    IndexRangeError,
+    ModeError,
+    ShapeError,
+)
 from tgrad.graph import Node, Op
 
 Scalar = int | float | bool
@@ -1314,8 +1322,13 @@ class Tensor(metaclass=_NoGradMeta):
             raise ShapeError(f"pad: need one (before, after) pair per axis of {self.shape}, got {padding}")
         return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
 
-    def pad(self, padding, value: float = 0.0) -> Tensor:
+    def pad(self, padding, value: float = 0.0, mode: str = "constant") -> Tensor:
+        """Pad with value (negative padding crops); padding is one (before, after) pair per axis or
+        PyTorch's flat form (last axis first). mode "reflect", "replicate" or "circular" (F.pad's) fill
+        from the tensor itself, mapping each new position to a source position (a gather per axis)."""
         arg = self._pad_arg(padding)
+        if mode != "constant":
+            return self._pad_from_self(arg, mode)
         if any(lo < 0 or hi < 0 for lo, hi in arg):  # negative padding crops
             crop = tuple((-min(lo, 0), s + min(hi, 0)) for (lo, hi), s in zip(arg, self.shape))
             return self.shrink(crop).pad(tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg), value)
@@ -1324,6 +1337,33 @@ class Tensor(metaclass=_NoGradMeta):
             inside = Tensor(g.move(g.const(True, dtypes.bool, self.device, self.shape), Op.PAD, arg))
             out = inside.where(out, value)
         return out
+
+    def _pad_from_self(self, arg: tuple[tuple[int, int], ...], mode: str) -> Tensor:
+        x = self
+        if mode == "circular":  # PyTorch crops first, then wraps around what is left
+            x = x.shrink(tuple((max(-lo, 0), s - max(-hi, 0)) for (lo, hi), s in zip(arg, x.shape)))
+            arg = tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg)
+        for axis, ((lo, hi), n) in enumerate(zip(arg, x.shape)):
+            if (lo, hi) == (0, 0):
+                continue
+            src = np.arange(-lo, n + hi)
+            if mode == "reflect":
+                if lo >= n or hi >= n:
+                    raise ArgumentError(f"pad: reflect padding {(lo, hi)} must be < size {n} of axis {axis}")
+                src = np.abs(src)
+                src = np.where(src >= n, 2 * (n - 1) - src, src)
+            elif mode == "replicate":
+                if n == 0:
+                    raise ArgumentError(f"pad: replicate cannot pad the empty axis {axis}")
+                src = np.clip(src, 0, n - 1)
+            elif mode == "circular":
+                if lo > n or hi > n:
+                    raise ArgumentError(f"pad: circular padding {(lo, hi)} must be <= size {n} of axis {axis}")
+                src = src % n
+            else:
+                raise ModeError(f"pad: mode must be constant, reflect, replicate or circular, not {mode!r}")
+            x = x._take(axis, Tensor(src, device=self.device))
+        return x
 
     def shrink(self, arg) -> Tensor:
         arg = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
@@ -1505,32 +1545,55 @@ class Tensor(metaclass=_NoGradMeta):
 
     # indexing
 
+    def _index_tensors(self, index: tuple) -> tuple:
+        """Index entries that select by data as integer Tensors: lists, tuples and arrays become tensors, a
+        bool mask becomes one integer tensor per axis it covers (its nonzero positions, read now)."""
+        out, axis = [], 0  # axis: where the entry applies, while no ellipsis came before it
+        for v in index:
+            if isinstance(v, (list, tuple, np.ndarray)):
+                v = Tensor(np.asarray(v), device=self.device)
+            if isinstance(v, Tensor) and v.dtype.is_float:
+                raise IndexRangeError(f"tensors used as indices must be integer or bool, got {v.dtype.name}")
+            if isinstance(v, Tensor) and v.dtype == dtypes.bool:
+                if axis is not None and v.shape != self.shape[axis : axis + v.ndim]:
+                    raise IndexRangeError(
+                        f"the mask shape {v.shape} does not match the indexed shape {self.shape[axis:]}"
+                    )
+                if v.ndim == 0:
+                    raise IndexRangeError("a 0-d bool index is not supported; use where()")
+                out.extend(Tensor(c, device=self.device) for c in np.nonzero(v.numpy()))
+                axis = None if axis is None else axis + v.ndim
+                continue
+            out.append(v)
+            if v is Ellipsis:
+                axis = None
+            elif v is not None and axis is not None:
+                axis += 1
+        return tuple(out)
+
     def __getitem__(self, index) -> Tensor:
-        if not isinstance(index, tuple):
-            index = (index,)
-        tensor_pos = [i for i, v in enumerate(index) if isinstance(v, (Tensor, list, np.ndarray))]
-        if len(tensor_pos) > 1:
-            raise NotImplementedError(
-                "indexing with more than one tensor index is not supported; index one axis at a time"
-            )
+        """Basic indexing (ints, slices with steps, None, ...) is a view; integer tensors, lists and bool
+        masks gather (PyTorch's advanced indexing: index tensors broadcast together; their result dims go
+        where the first one stood when they are adjacent, else first)."""
+        index = self._index_tensors(index if isinstance(index, tuple) else (index,))
         n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
         if n_real > self.ndim:
             raise IndexRangeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
         if sum(1 for v in index if v is Ellipsis) > 1:
             raise IndexRangeError("an index can only have a single ellipsis (...)")
-        if Ellipsis in [v for v in index if not isinstance(v, (Tensor, np.ndarray, list))]:
-            pos = next(i for i, v in enumerate(index) if v is Ellipsis and not isinstance(v, (Tensor, list)))
+        if any(v is Ellipsis for v in index):
+            pos = next(i for i, v in enumerate(index) if v is Ellipsis)
             index = index[:pos] + (slice(None),) * (self.ndim - n_real) + index[pos + 1 :]
         index = index + (slice(None),) * (self.ndim - sum(1 for v in index if v is not None))
-        x, axis, out_shape, gather = self, 0, [], None
-        shrink, flips, steps, squeeze = [], [], [], []
+        x, axis, out_shape, gathers = self, 0, [], []
+        shrink, flips, steps = [], [], []
         for v in index:
             if v is None:
                 out_shape.append(("new",))
                 continue
             n = self.shape[axis]
-            if isinstance(v, (Tensor, list, np.ndarray)):
-                gather = (axis, v if isinstance(v, Tensor) else Tensor(v, device=self.device))
+            if isinstance(v, Tensor):
+                gathers.append((axis, v))
                 shrink.append((0, n))
                 steps.append(1)
                 out_shape.append(("gather", axis))
@@ -1550,7 +1613,6 @@ class Tensor(metaclass=_NoGradMeta):
                 i %= n
                 shrink.append((i, i + 1))
                 steps.append(1)
-                squeeze.append(axis)
                 out_shape.append(("drop", axis))
             else:
                 raise TypeError(f"unsupported index {v!r}; use ints, slices, None, ... or an integer tensor")
@@ -1561,19 +1623,35 @@ class Tensor(metaclass=_NoGradMeta):
         if any(s != 1 for s in steps):
             x = x._stride(steps)
         # reshape: drop int-indexed axes, add None axes
-        final = []
-        for kind in out_shape:
-            if kind[0] == "new":
-                final.append(1)
-            elif kind[0] in ("keep", "gather"):
-                final.append(x.shape[kind[1]])
-        gather_axis = None
-        if gather is not None:
-            gather_axis = [k for k in out_shape if k[0] != "drop"].index(("gather", gather[0]))
+        final = [1 if k[0] == "new" else x.shape[k[1]] for k in out_shape if k[0] != "drop"]
         x = x.reshape(tuple(final))
-        if gather is not None:
-            x = x._take(gather_axis, gather[1])
-        return x
+        if not gathers:
+            return x
+        kept = [k for k in out_shape if k[0] != "drop"]
+        where = [kept.index(("gather", a)) for a, _ in gathers]
+        return x._gather_axes(where, [t for _, t in gathers])
+
+    def _gather_axes(self, axes: list[int], indices: list[Tensor]) -> Tensor:
+        """Advanced indexing of several axes at once by integer tensors that broadcast together."""
+        if len(axes) == 1:
+            return self._take(axes[0], indices[0])
+        shape = _broadcast_shape(*(t.shape for t in indices))
+        sizes = [self.shape[a] for a in axes]
+        flat = None
+        for t, n in zip(indices, sizes):  # one index into the flattened indexed axes, row-major
+            t = (t < 0).where(t + n, t).cast(dtypes.default_int)._broadcast_to(shape)
+            flat = t if flat is None else flat * n + t
+        rest = [a for a in range(self.ndim) if a not in axes]
+        x = self.permute(rest + axes).reshape(tuple(self.shape[a] for a in rest) + (math.prod(sizes),))
+        x = x._take(len(rest), flat)  # rest dims + index dims
+        if axes != list(range(axes[0], axes[0] + len(axes))):
+            return x.permute(
+                tuple(range(len(rest), x.ndim)) + tuple(range(len(rest)))
+            )  # not adjacent: index dims first, as numpy and PyTorch
+        first = axes[0]
+        nb = len(shape)
+        order = list(range(first)) + list(range(len(rest), len(rest) + nb)) + list(range(first, len(rest)))
+        return x.permute(order)
 
     def _stride(self, steps: list[int]) -> Tensor:
         """Every step-th element along each axis (after a shrink that made lengths fit)."""
@@ -1751,6 +1829,50 @@ class Tensor(metaclass=_NoGradMeta):
             out = out.squeeze(-1)
         return out
 
+    @staticmethod
+    def einsum(formula: str, *operands, dtype=None) -> Tensor:
+        """Einstein summation (PyTorch's einsum): "ij,jk->ik"; operands as arguments or one list; "..."
+        for broadcast dims; a repeated letter in one operand takes its diagonal; without "->" the output
+        is the "..." dims, then the letters used once, sorted. Multiplies broadcast views, then sums."""
+        one_list = len(operands) == 1 and isinstance(operands[0], (list, tuple))
+        ops = list(operands[0]) if one_list else list(operands)
+        lhs, arrow, rhs = formula.replace(" ", "").partition("->")
+        inputs = lhs.split(",")
+        if len(inputs) != len(ops):
+            raise ArgumentError(f"einsum: {formula!r} names {len(inputs)} operands, got {len(ops)}")
+        n_ell = max([t.ndim - len(s) + 3 for s, t in zip(inputs, ops) if "..." in s], default=0)
+        ell = "".join(chr(0x100 + i) for i in range(n_ell))  # stand-in letters for the "..." dims
+        inputs = [s.replace("...", ell[n_ell - (t.ndim - len(s) + 3) :]) for s, t in zip(inputs, ops)]
+        letters = "".join(inputs)
+        if not arrow:
+            rhs = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+        rhs = rhs.replace("...", ell)
+        sizes: dict[str, int] = {}
+        terms = []
+        for s, t in zip(inputs, ops):
+            if len(s) != t.ndim:
+                raise ShapeError(f"einsum: operand {s!r} has {len(s)} subscripts for shape {t.shape}")
+            for c, n in zip(s, t.shape):
+                if sizes.setdefault(c, n) != n and n != 1 and sizes[c] != 1:
+                    raise ShapeError(f"einsum: subscript {c!r} is {sizes[c]} in one place and {n} in another")
+                sizes[c] = max(sizes[c], n) if n and sizes[c] else 0
+            while len(set(s)) != len(s):  # a repeated letter: its diagonal
+                c = next(c for c in s if s.count(c) > 1)
+                i, j = s.index(c), s.index(c, s.index(c) + 1)
+                t, s = t.diagonal(0, i, j), s[:i] + s[i + 1 : j] + s[j + 1 :] + c
+            terms.append((s, t))
+        if any(c not in sizes for c in rhs):
+            raise ShapeError(f"einsum: output subscripts {rhs!r} name letters no operand has")
+        order = list(rhs) + sorted(set(letters) - set(rhs))
+        product = None
+        for s, t in terms:
+            mine = [c for c in order if c in s]
+            t = t.permute([s.index(c) for c in mine])
+            t = t.reshape(tuple(t.shape[mine.index(c)] if c in s else 1 for c in order))
+            product = t if product is None else product * t
+        out = product._broadcast_to(tuple(sizes[c] for c in order))
+        return out.sum(tuple(range(len(rhs), len(order))), dtype=dtype) if len(order) > len(rhs) else out
+
     def dot(self, w: Tensor) -> Tensor:
         return self.matmul(w)
 
@@ -1906,6 +2028,40 @@ class Tensor(metaclass=_NoGradMeta):
         else:
             counted, _ = ones._pool_windows(k, stride, padding, 1, ceil_mode, 0.0)
         return total / counted.sum(axes)
+
+    def interpolate(self, size, mode: str = "linear", align_corners: bool = False) -> Tensor:
+        """Resize the last len(size) axes (PyTorch's F.interpolate on (N, C, *spatial)): mode "nearest",
+        "nearest-exact" or "linear" (also "bilinear", "trilinear": linear along each axis). Each axis is
+        a product with a constant (out, in) weight matrix made on the host."""
+        size = (size,) if isinstance(size, int) else tuple(size)
+        if not 0 < len(size) <= self.ndim:
+            raise ShapeError(f"interpolate: size {size} for a tensor of shape {self.shape}")
+        if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
+            raise ArgumentError(f"interpolate: mode must be nearest, nearest-exact or linear, not {mode!r}")
+        if align_corners and mode.startswith("nearest"):
+            raise ArgumentError("interpolate: align_corners needs a linear mode")
+        x = self._float()
+        for axis, out in zip(range(self.ndim - len(size), self.ndim), size):
+            n = self.shape[axis]
+            w = np.zeros((out, n), np.float64)
+            o = np.arange(out, dtype=np.float64)
+            if mode.startswith("nearest"):
+                src = (o + 0.5) * (n / out) if mode == "nearest-exact" else o * np.float32(n / out)
+                w[np.arange(out), np.minimum(np.floor(src).astype(np.int64), n - 1)] = 1.0
+            else:
+                if align_corners:
+                    src = o * ((n - 1) / (out - 1)) if out > 1 else o * 0
+                else:
+                    src = np.maximum((o + 0.5) * (n / out) - 0.5, 0)
+                low = np.minimum(np.floor(src).astype(np.int64), n - 1)
+                frac = src - low
+                np.add.at(w, (np.arange(out), low), 1 - frac)
+                np.add.at(w, (np.arange(out), np.minimum(low + 1, n - 1)), frac)
+            wt = Tensor(w.astype(x.dtype.np), device=self.device)
+            x = (x.unsqueeze(axis) * wt.reshape((out, n) + (1,) * (self.ndim - axis - 1))).sum(axis + 1)
+        if self.dtype.is_float:
+            return x
+        return (x.round() if mode not in ("nearest", "nearest-exact") else x).cast(self.dtype)
 
     def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
                   axis: int = 1) -> Tensor:

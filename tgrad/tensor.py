@@ -1358,7 +1358,7 @@ class Tensor(metaclass=_NoGradMeta):
                 src = np.clip(src, 0, n - 1)
             elif mode == "circular":
                 if lo > n or hi > n:
-                    raise ArgumentError(f"pad: circular padding {(lo, hi)} must be <= size {n} of axis {axis}")
+                    raise ArgumentError(f"pad: circular padding {(lo, hi)} must be <= size {n}, axis {axis}")
                 src = src % n
             else:
                 raise ModeError(f"pad: mode must be constant, reflect, replicate or circular, not {mode!r}")

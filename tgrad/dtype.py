@@ -71,7 +71,7 @@ class dtypes:
         if isinstance(x, DType):
             return x
         if isinstance(x, str):
-            name = x
+            name = _ALIASES.get(x, x)
         else:
             try:
                 name = np.dtype(x).name
@@ -90,6 +90,11 @@ class dtypes:
         if isinstance(x, int):
             return dtypes.default_int
         return dtypes.default_float
+
+
+# PyTorch's and C's short names for dtypes (torch.int is int32, torch.long int64, torch.half float16)
+_ALIASES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "half": "float16",
+            "short": "int16", "char": "int8", "uchar": "uint8"}
 
 
 def promote(a: DType, b: DType) -> DType:

@@ -47,8 +47,8 @@ class ModeError(ArgumentError, NotImplementedError):
     """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
 
 
-class DTypeError(TgradError, TypeError):
-    pass
+class DTypeError(TgradError, TypeError, RuntimeError):
+    """A dtype that does not fit; also a RuntimeError, which PyTorch raises for dtype mismatches."""
 
 
 class DeviceError(TgradError, RuntimeError):

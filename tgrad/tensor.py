@@ -314,6 +314,8 @@ class Tensor(metaclass=_NoGradMeta):
     def _shape_arg(shape) -> tuple[int, ...]:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
+        if not all(isinstance(s, (int, np.integer)) for s in shape):
+            raise ShapeError(f"a shape is a sequence of ints, got {shape}")
         out = tuple(int(s) for s in shape)
         if any(s < 0 for s in out):
             raise ShapeError(f"negative dimension in shape {out}")
@@ -368,11 +370,13 @@ class Tensor(metaclass=_NoGradMeta):
         if step == 0:
             raise ValueError("arange: step must not be zero")
         all_int = all(isinstance(v, int) for v in (start, stop, step))
-        dt = (
-            dtypes.from_any(dtype)
-            if dtype is not None
-            else (dtypes.default_int if all_int else dtypes.default_float)
-        )
+        if dtype is not None:
+            dt = dtypes.from_any(dtype)
+        elif all_int:
+            fits = dtypes.default_int.min <= min(start, stop) and max(start, stop) <= dtypes.default_int.max
+            dt = dtypes.default_int if fits else dtypes.int64
+        else:
+            dt = dtypes.default_float
         n = max(0, math.ceil((stop - start) / step))
         return Tensor(
             (start + np.arange(n, dtype=np.float64 if not all_int else np.int64) * step).astype(dt.np),
@@ -383,6 +387,8 @@ class Tensor(metaclass=_NoGradMeta):
     @staticmethod
     def linspace(start, stop, steps: int, dtype=None, device=None) -> Tensor:
         dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+        if dt == dtypes.bool:
+            raise DTypeError("linspace: bool is not a supported dtype")
         return Tensor(np.linspace(start, stop, steps).astype(dt.np), device=device, dtype=dt)
 
     @staticmethod
@@ -591,15 +597,16 @@ class Tensor(metaclass=_NoGradMeta):
         return a._alu(Op.MOD, b) if a.dtype.is_int else a - (a / b).trunc() * b
 
     def pow(self, y, reverse=False) -> Tensor:
+        """self ** y. Small integer exponents multiply; integer tensors to integer powers stay integers
+        (wrapping like PyTorch); otherwise exp2(y * log2|x|) with the signs and special values of C's pow,
+        and PyTorch's gradients (also at 0, inf and negative bases)."""
         if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
             if y == 0:
-                return (
-                    self.ones_like()
-                    if self.dtype.is_float or isinstance(y, int)
-                    else self.float().ones_like()
-                )
+                return (self if self.dtype.is_float or isinstance(y, int) else self.float()).ones_like()
             if y == 0.5:
                 return self.sqrt()
+            if isinstance(y, int) and not self.dtype.is_float:
+                return self._int_pow(y)
             if float(y).is_integer() and abs(y) <= 8:
                 base = self if isinstance(y, int) else self.cast(promote_scalar(self.dtype, y))
                 out = base
@@ -609,13 +616,33 @@ class Tensor(metaclass=_NoGradMeta):
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
-        mag = (b * a.abs().log2()).exp2()
-        is_int = b.trunc() == b
-        odd = is_int & ((b.abs() % 2) == 1)
-        neg = a < 0
-        signed = odd.where(-mag, mag)
-        out = neg.where(is_int.where(signed, math.nan), mag)
-        return (b == 0).where(1.0, out)
+        value = _pow_value(a.detach(), b.detach())
+        if Tensor.no_grad:
+            return value
+        # Where a > 0 and both are finite, exp2(b * log2(a)) has the right gradients (and higher ones): use
+        # it, on inputs masked so that no inf * 0 reaches a or b from the other places. Elsewhere (0, inf,
+        # negative bases) PyTorch's slopes are put in as constants: d/da = b * a**(b-1) (0 where b == 0),
+        # d/db = a**b * log(a) (0 where a == 0 <= b); there the second derivative is 0.
+        regular = (a > 0) & a.isfinite() & b.isfinite()
+        smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
+        ad, bd = a.detach(), b.detach()
+        edge = value
+        if not (reverse and not isinstance(y, Tensor)):  # a scalar base takes no gradient
+            edge = edge + _gradient_only(a, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
+        if reverse or isinstance(y, Tensor):  # nor does a scalar exponent
+            edge = edge + _gradient_only(b, ((ad == 0) & (bd >= 0)).where(0.0, value * ad.log()))
+        return regular.where(smooth, edge)
+
+    def _int_pow(self, n: int) -> Tensor:
+        """An integer tensor to a non-negative integer power by repeated squaring (wraps on overflow)."""
+        if n < 0:
+            raise ArgumentError(f"pow: integers to negative integer powers ({n}) are not allowed")
+        out, base = self.ones_like(), self
+        while n:
+            if n & 1:
+                out = out * base
+            base, n = base * base, n >> 1
+        return out
 
     def maximum(self, y) -> Tensor:
         return self._binop(Op.MAX, y)
@@ -699,15 +726,19 @@ class Tensor(metaclass=_NoGradMeta):
         return ~self
 
     def lshift(self, n: int) -> Tensor:
-        """self * 2**n for integer tensors (bits shifted out are lost, as in C)."""
-        if not self.dtype.is_int:
-            raise DTypeError(f"<< needs an integer tensor, not {self.dtype.name}")
-        return self * (1 << n)
+        """self * 2**n for integer tensors: bits shifted out are lost, as in C (the factor wraps too)."""
+        if not self.dtype.is_int or n < 0:
+            raise DTypeError(f"<< needs an integer tensor and a shift >= 0, not {self.dtype.name} << {n}")
+        bits = 8 * self.dtype.itemsize
+        factor = (1 << n) % (1 << bits)
+        return self * (factor - (1 << bits) if factor > self.dtype.max else factor)
 
     def rshift(self, n: int) -> Tensor:
         """Arithmetic shift: floor(self / 2**n), as PyTorch's >> on signed integers."""
-        if not self.dtype.is_int:
-            raise DTypeError(f">> needs an integer tensor, not {self.dtype.name}")
+        if not self.dtype.is_int or n < 0:
+            raise DTypeError(f">> needs an integer tensor and a shift >= 0, not {self.dtype.name} >> {n}")
+        if (1 << n) > self.dtype.max:  # everything shifted out: the sign is left
+            return (self < 0).where(-1, 0).cast(self.dtype) if self.dtype.kind == "i" else self.zeros_like()
         return self // (1 << n)
 
     def __lshift__(self, n: int) -> Tensor:
@@ -944,7 +975,12 @@ class Tensor(metaclass=_NoGradMeta):
         return (self > 0).where(self, (self.exp() - 1) * alpha)
 
     def sigmoid(self) -> Tensor:
-        return (1 + (-self._float()).exp()).reciprocal()
+        """1 / (1 + exp(-x)) for x >= 0, exp(x) / (1 + exp(x)) below: exp never overflows, so the gradient
+        at large |x| is 0, not inf * 0."""
+        x = self._float()
+        pos = x >= 0
+        e_neg, e_pos = (-pos.where(x, 0.0)).exp(), pos.where(0.0, x).exp()
+        return pos.where((1 + e_neg).reciprocal(), e_pos / (1 + e_pos))
 
     def tanh(self) -> Tensor:
         return 2.0 * (2.0 * self).sigmoid() - 1.0
@@ -1008,7 +1044,7 @@ class Tensor(metaclass=_NoGradMeta):
 
     def clip(self, min_=None, max_=None) -> Tensor:
         if min_ is None and max_ is None:
-            raise ValueError("clip needs min or max")
+            raise ArgumentError("clip needs min or max (or both)")
         out = self
         if min_ is not None:
             out = (out < min_).where(min_, out)
@@ -1086,7 +1122,7 @@ class Tensor(metaclass=_NoGradMeta):
         x = self._float()
         n = math.prod(self.shape[a] for a in self._axes(axis, "var"))
         sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return sq / max(0, n - correction) if n - correction > 0 else sq * math.nan
+        return sq / max(0, n - correction)  # n <= correction: x / 0, inf or nan like PyTorch
 
     def std(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
         return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
@@ -1101,8 +1137,12 @@ class Tensor(metaclass=_NoGradMeta):
 
     def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
         """self / max(||self||_p over dim, eps) (PyTorch's F.normalize)."""
-        norm = self.square().sum(dim, keepdim=True).sqrt() if p == 2 else (
-            self.abs().pow(p).sum(dim, keepdim=True).pow(1 / p))
+        if p == 0:  # the number of nonzero elements, as PyTorch's vector norm
+            norm = (self != 0).sum(dim, keepdim=True).cast(self.dtype)
+        elif p == 2:
+            norm = self.square().sum(dim, keepdim=True).sqrt()
+        else:
+            norm = self.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
         return self / norm.maximum(eps)
 
     def softmin(self, axis: int = -1, dim=None) -> Tensor:
@@ -1127,7 +1167,7 @@ class Tensor(metaclass=_NoGradMeta):
         to = rank.unsqueeze(-2) == pos.reshape(n, 1)  # to[..., r, i]: element i lands at r
         zero = False if self.dtype == dtypes.bool else 0
         values = to.where(x.unsqueeze(-2), zero).sum(-1, dtype=self.dtype)
-        indices = to.where(pos, 0).sum(-1)
+        indices = to.where(pos, 0).sum(-1, dtype=pos.dtype)
         return self._unprefix(values, d), self._unprefix(indices, d)
 
     def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
@@ -1242,7 +1282,7 @@ class Tensor(metaclass=_NoGradMeta):
 
     def reshape(self, *shape) -> Tensor:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(self.shape[i] if s is None else int(s) for i, s in enumerate(shape))  # None: keep
         if shape.count(-1) > 1:
             raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
         if -1 in shape:
@@ -1289,8 +1329,6 @@ class Tensor(metaclass=_NoGradMeta):
     def squeeze(self, dim=None) -> Tensor:
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        if self.ndim == 0:
-            return self
         dims = {_normalize_axis(d, self.ndim, "squeeze") for d in ((dim,) if isinstance(dim, int) else dim)}
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in dims or s != 1))
 
@@ -1412,10 +1450,12 @@ class Tensor(metaclass=_NoGradMeta):
 
     def stack(self, *others, dim: int = 0) -> Tensor:
         """Join tensors along a new axis: Tensor.stack([a, b]), Tensor.stack(a, b) or a.stack(b, dim=)."""
-        tensors = list(self) if isinstance(self, (list, tuple)) else [self]
-        tensors += [t for o in others for t in (o if isinstance(o, (list, tuple)) else [o])]
-        if len(others) == 1 and isinstance(others[0], int) and not isinstance(self, Tensor):
-            tensors, dim = tensors[:-1], others[0]  # Tensor.stack([a, b], 1)
+        if isinstance(self, (list, tuple)):  # Tensor.stack([a, b]) or Tensor.stack([a, b], 1)
+            if len(others) > 1 or (others and not isinstance(others[0], int)):
+                raise ArgumentError("stack: pass the tensors as one list or as arguments, not both")
+            tensors, dim = list(self), others[0] if others else dim
+        else:
+            tensors = [self, *others]
         if not tensors:
             raise ShapeError("stack: needs at least one tensor")
         for t in tensors[1:]:
@@ -1528,7 +1568,7 @@ class Tensor(metaclass=_NoGradMeta):
     def meshgrid(self, *others: Tensor, indexing: str = "ij") -> list[Tensor]:
         """Coordinate grids from 1-d tensors (PyTorch's meshgrid; indexing "ij" or "xy")."""
         if indexing not in ("ij", "xy"):
-            raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', not {indexing!r}")
+            raise ArgumentError(f"meshgrid: indexing must be 'ij' or 'xy', not {indexing!r}")
         ts = [self, *others]
         if indexing == "xy" and len(ts) >= 2:
             ts[0], ts[1] = ts[1], ts[0]
@@ -1788,7 +1828,7 @@ class Tensor(metaclass=_NoGradMeta):
         if size is not None:
             pad = np.full((max(0, size - len(where)), self.ndim), fill_value, dtype=where.dtype)
             where = np.concatenate([where[:size], pad])
-        return Tensor(where.reshape(-1, self.ndim).astype(dtypes.default_int.np), device=self.device)
+        return Tensor(where.reshape(len(where), self.ndim).astype(dtypes.default_int.np), device=self.device)
 
     def one_hot(self, num_classes: int) -> Tensor:
         """(..., num_classes) with a 1 at each index (the default integer dtype). num_classes must be given:
@@ -1902,6 +1942,10 @@ class Tensor(metaclass=_NoGradMeta):
         x = x.reshape(*pre, *[e * i for e, i in zip(e_, i_)])
         x = x.shrink([None] * len(pre) + [(0, k * (i + d)) for k, i, d in zip(kernel, i_, d_)])
         x = x.reshape(*pre, *[v for k, i, d in zip(kernel, i_, d_) for v in (k, i + d)])
+        # a stride longer than the window needs rows of o*s (the padding is never picked)
+        grow = [(0, 0)] * len(pre)
+        grow += [p for i, d, o, s in zip(i_, d_, o_, s_) for p in ((0, 0), (0, max(0, o * s - i - d)))]
+        x = x.pad(grow)
         x = x.shrink([None] * len(pre) + [p for k, o, s in zip(kernel, o_, s_) for p in ((0, k), (0, o * s))])
         x = x.reshape(*pre, *[v for k, o, s in zip(kernel, o_, s_) for v in (k, o, s)])
         x = x.shrink([None] * len(pre) + [p for k, o in zip(kernel, o_) for p in ((0, k), (0, o), (0, 1))])
@@ -1964,17 +2008,17 @@ class Tensor(metaclass=_NoGradMeta):
             flat += [edge - before, edge - after + op_[axis]]
         return x.conv2d(w, bias, 1, tuple(flat), d_, groups)
 
-    def _pool_windows(self, kernel_size, stride, padding, dilation, ceil_mode: bool, value: float
-                      ) -> tuple[Tensor, tuple[int, ...]]:
-        """Windows (..., *out, *kernel) of the input padded with value (ceil_mode pads extra on the
-        right so a last partial window fits, as PyTorch); also the kernel size."""
+    def _pool_windows(self, kernel_size, stride, padding, dilation, ceil_mode: bool, value: float,
+                      extra: float | None = None) -> tuple[Tensor, tuple[int, ...]]:
+        """Windows (..., *out, *kernel) of the input padded with value (ceil_mode pads more on the right,
+        with `extra` (default value), so a last partial window fits, as PyTorch); also the kernel size."""
         k = _tuple(kernel_size, len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2)
         nk = len(k)
         s = _tuple(stride if stride is not None else k, nk)
         d = _tuple(dilation, nk)
         pads = _spatial_pads(padding, nk)
+        more = [0] * (2 * nk)
         if ceil_mode:
-            pads = list(pads)
             for axis in range(nk):
                 j = 2 * (nk - 1 - axis)  # F.pad order
                 n = self.shape[self.ndim - nk + axis] + pads[j] + pads[j + 1]
@@ -1982,8 +2026,9 @@ class Tensor(metaclass=_NoGradMeta):
                 out = -(-(n - span) // s[axis]) + 1
                 if (out - 1) * s[axis] >= self.shape[self.ndim - nk + axis] + pads[j]:
                     out -= 1  # the last window would start in the right padding
-                pads[j + 1] += max(0, (out - 1) * s[axis] + span - n)
-        return self.pad(tuple(pads), value)._pool(k, s, d), k
+                more[j + 1] = max(0, (out - 1) * s[axis] + span - n)
+        x = self.pad(pads, value).pad(tuple(more), value if extra is None else extra)
+        return x._pool(k, s, d), k
 
     def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
                    return_indices: bool = False):
@@ -2022,11 +2067,8 @@ class Tensor(metaclass=_NoGradMeta):
         axes = tuple(range(-len(k), 0))
         total = win.sum(axes)
         ones = Tensor.ones(*self.shape[-len(k):], device=self.device)
-        if count_include_pad:  # the padding counts, ceil_mode's extra does not
-            ones = ones._pad_spatial(padding, len(k), 1.0)
-            counted, _ = ones._pool_windows(k, stride if stride is not None else k, 0, 1, ceil_mode, 0.0)
-        else:
-            counted, _ = ones._pool_windows(k, stride, padding, 1, ceil_mode, 0.0)
+        # count_include_pad: the padding counts, ceil_mode's extra never does
+        counted, _ = ones._pool_windows(k, stride, padding, 1, ceil_mode, float(count_include_pad), 0.0)
         return total / counted.sum(axes)
 
     def interpolate(self, size, mode: str = "linear", align_corners: bool = False) -> Tensor:
@@ -2091,12 +2133,19 @@ class Tensor(metaclass=_NoGradMeta):
         return keep.where(self, 0) * (1 / (1 - p))
 
     def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                     is_causal: bool = False) -> Tensor:
-        """PyTorch's F.scaled_dot_product_attention: softmax(q @ k^T / sqrt(d) + mask) @ v."""
+                                     is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
+        """PyTorch's F.scaled_dot_product_attention: softmax(q @ k^T / sqrt(d) + mask) @ v. enable_gqa:
+        key and value heads (axis -3) are shared by groups of query heads."""
+        if enable_gqa and key.shape[-3] != self.shape[-3]:
+            if self.shape[-3] % key.shape[-3]:
+                raise ShapeError(f"scaled_dot_product_attention: {self.shape[-3]} query heads do not split "
+                                 f"into groups for {key.shape[-3]} key heads")
+            group = self.shape[-3] // key.shape[-3]
+            key, value = key.repeat_interleave(group, -3), value.repeat_interleave(group, -3)
         qk = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
         if is_causal:
             if attn_mask is not None:
-                raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+                raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
             n, m = qk.shape[-2:]
             rows = Tensor.arange(n, device=self.device).reshape(n, 1)
             attn_mask = rows >= Tensor.arange(m, device=self.device).reshape(1, m)
@@ -2111,14 +2160,20 @@ class Tensor(metaclass=_NoGradMeta):
         self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100
     ) -> Tensor:
         """PyTorch's F.cross_entropy: class-index targets (N,) or probabilities (N, C); classes on axis 1."""
+        _check_reduction(reduction)
         x = self if self.ndim != 1 else self.unsqueeze(0)
         logp = x.log_softmax(1)
         c = x.shape[1]
-        if target.dtype.is_float and target.shape == x.shape:
-            probs = target
+        if target.dtype.is_float and target.shape == self.shape:
+            probs = target if self.ndim != 1 else target.unsqueeze(0)
             weight = None
         else:
             t = target if self.ndim != 1 else target.reshape(1)
+            if target.dtype.is_float or t.shape != (x.shape[0],) + x.shape[2:]:
+                raise ShapeError(
+                    f"cross_entropy: target {target.shape} ({target.dtype.name}) fits neither class indices "
+                    f"nor probabilities for input {self.shape}"
+                )
             cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
             probs = (t.unsqueeze(1) == cls).float()
             weight = (t != ignore_index).float()
@@ -2187,6 +2242,36 @@ class Tensor(metaclass=_NoGradMeta):
         d = (self - target).abs()
         loss = (d < beta).where(0.5 * d * d / beta, d - 0.5 * beta) if beta else d
         return _reduce_loss(loss, reduction)
+
+
+def _pow_value(a: Tensor, b: Tensor) -> Tensor:
+    """a ** b for float tensors as exp2(b * log2|a|), with C pow's signs and special values: a negative
+    base needs an integer exponent (else nan; -inf gives inf or 0), b == 0 gives 1."""
+    mag = (b * a.abs().log2()).exp2()
+    is_int = b.trunc() == b
+    odd = is_int & ((b.abs() % 2) == 1)
+    signed = odd.where(-mag, mag)
+    not_int = (a == -math.inf).where(mag, math.nan)
+    out = (a < 0).where(is_int.where(signed, not_int), mag)
+    return (b == 0).where(1.0, out)
+
+
+def _gradient_only(x: Tensor, slope: Tensor) -> Tensor:
+    """A tensor of zeros whose gradient with respect to x is the constant slope (may be inf, -inf, nan), so
+    that value.detach() + _gradient_only(x, slope) is value with a chosen gradient. Each special slope
+    gets its own term behind a where(), so no inf * 0 from another term reaches x's gradient. Where x is
+    inf or nan, x - x is not 0: there the gradient is 0 instead."""
+    xf = x.isfinite().where(x, 0.0)
+    u = xf - xf.detach()  # 0, gradient 1
+    slope = slope.detach()
+    finite = slope.isfinite()
+    out = finite.where(u, 0.0) * finite.where(slope, 0.0)
+    for hit, sign in ((slope == math.inf, 1.0), (slope == -math.inf, -1.0)):
+        root = hit.where(u, 1.0).sqrt()  # sqrt at 0: value 0, gradient inf
+        out = out + hit.where(root * sign, 0.0)
+    nan = slope.isnan()
+    root = nan.where(u, 1.0).sqrt()
+    return out + nan.where(root * 0.0, 0.0)  # value 0, gradient 0 * inf = nan
 
 
 def _tuple(value, n: int) -> tuple[int, ...]:

@@ -612,3 +612,51 @@ def test_advanced_indexing(device):
     for bad in (lambda: t[Tensor(1.5)], lambda: t[[1.5]], lambda: t[Tensor([True, False])]):
         with pytest.raises(IndexError):
             bad()
+
+
+def test_prod_gradient_with_zeros(device):
+    for v in ([[0.0, 2.0, 3.0], [0.0, 0.0, 3.0]], [[1.0, -2.0, 3.0], [4.0, 0.5, 0.0]]):
+        helper_test_op(None, lambda x: x.prod(1), lambda x: x.prod(1), vals=[v])
+        helper_test_op(None, lambda x: x.prod(), lambda x: x.prod(), vals=[v])
+
+
+@pytest.mark.parametrize("exponent", [0.0, 0.3, -0.3, 1.0, 2.0, -1.0, 5.5])
+def test_pow_gradient_edges(device, exponent):
+    vals = [[-2.0, -0.5, 0.0, 0.5, 2.0]]  # at inf bases the gradient is 0 (README), PyTorch's inf or 0
+    helper_test_op(None, lambda x: x**exponent, lambda x: x**exponent, vals=vals)
+
+
+def test_pow_tensor_exponent_edges(device):
+    helper_test_op(
+        None, lambda x, y: x**y, vals=[[-2.0, 0.0, 0.0, 3.0, 0.7, -1.5], [3.0, 0.5, -1.0, -1.5, 0.0, 2.0]]
+    )
+    helper_test_op(None, lambda x: 0.7**x, lambda x: 0.7**x, vals=[[-2.0, 0.0, 1.0, 3.0]])
+    helper_test_op(None, lambda x: (-2.0) ** x, lambda x: (-2.0) ** x, vals=[[-2.0, 0.0, 1.0, 3.0]])
+
+
+def test_pow_second_derivative(device):
+    x, t = Tensor([1.5, 2.0, 0.7]), torch.tensor([1.5, 2.0, 0.7], requires_grad=True)
+    (g,) = (x**1.7).sum().gradient(x)
+    (h,) = g.sum().gradient(x)
+    (gt,) = torch.autograd.grad((t**1.7).sum(), t, create_graph=True)
+    (ht,) = torch.autograd.grad(gt.sum(), t)
+    compare("second derivative", h.numpy(), ht.numpy(), 1e-5, 1e-4)
+
+
+def test_int_pow_and_shift_by_tensor(device):
+    helper_test_op(None, lambda x: x**29, lambda x: x**29, vals=[[-2, 0, 2, 3]])
+    with pytest.raises(ArgumentError, match="negative"):
+        Tensor([1, 2]) ** -2
+    helper_test_op(None, lambda x, n: x << n, vals=[[5, -3, 1, 7], [0, 2, 8, 31]], dtype=np.int32)
+    helper_test_op(None, lambda x, n: x >> n, vals=[[5, -3, 1, -7], [0, 2, 8, 31]], dtype=np.int32)
+
+
+def test_sigmoid_extremes_gradient(device):
+    helper_test_op(None, torch.sigmoid, lambda x: x.sigmoid(), vals=[[-400.0, -100.0, 0.0, 100.0, 400.0]])
+    helper_test_op(None, torch.tanh, lambda x: x.tanh(), vals=[[-400.0, -10.0, 0.0, 10.0, 400.0]])
+
+
+def test_arange_overflow(device):
+    with pytest.raises(OverflowError, match="arange"):
+        Tensor.arange(129, dtype=dtypes.int8)
+    assert Tensor.arange(2**40, 2**40 + 2).dtype == dtypes.int64

@@ -89,9 +89,19 @@ def _reduce_max_grad(node: Node, g: Node) -> Node:
 
 
 def _reduce_prod_grad(node: Node, g: Node) -> Node:
-    """d/dx_i prod(x) = prod(x) / x_i."""
+    """d/dx_i prod(x) = the product of the others: prod(x) / x_i without zeros; with one zero, the product
+    of the nonzero elements at that zero and 0 elsewhere; with more zeros, 0."""
     x = node.srcs[0]
-    return _mul(_expand(_mul(g, node), x.shape), _recip(x))
+    axes = node.arg[1]
+    zero = _eq(x, const_like(x, 0))
+    safe = _where(zero, const_like(x, 1), x)  # no 1/0 anywhere, also not in unused branches
+    zeros = _expand(reduce(cast(zero, x.dtype), "SUM", axes), x.shape)
+    nonzero_prod = _expand(reduce(safe, "PROD", axes), x.shape)
+    no_zero = _eq(zeros, const_like(zeros, 0))
+    lone_zero = alu(Op.AND, zero, _eq(zeros, const_like(zeros, 1)))
+    at_zero = _where(lone_zero, nonzero_prod, const_like(x, 0))
+    others = _where(no_zero, _mul(nonzero_prod, _recip(safe)), at_zero)
+    return _mul(_expand(g, x.shape), others)
 
 
 # REDUCE's arg is (kind, axes): one rule per kind

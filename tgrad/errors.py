@@ -47,6 +47,10 @@ class ModeError(ArgumentError, NotImplementedError):
     """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
 
 
+class ValueOverflowError(TgradError, OverflowError):
+    """A value that the requested dtype cannot hold (tgrad refuses instead of wrapping silently)."""
+
+
 class DTypeError(TgradError, TypeError, RuntimeError):
     """A dtype that does not fit; also a RuntimeError, which PyTorch raises for dtype mismatches."""
 

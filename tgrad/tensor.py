@@ -21,6 +21,7 @@ from tgrad.errors import (
     IndexRangeError,
     ModeError,
     ShapeError,
+    ValueOverflowError,
 )
 from tgrad.graph import Node, Op
 
@@ -378,6 +379,9 @@ class Tensor(metaclass=_NoGradMeta):
         else:
             dt = dtypes.default_float
         n = max(0, math.ceil((stop - start) / step))
+        if dt.is_int and n and not dt.min <= min(start, start + (n - 1) * step) <= max(
+            start, start + (n - 1) * step) <= dt.max:
+            raise ValueOverflowError(f"arange({start}, {stop}, {step}): values outside {dt.name}")
         return Tensor(
             (start + np.arange(n, dtype=np.float64 if not all_int else np.int64) * step).astype(dt.np),
             device=device,
@@ -601,8 +605,9 @@ class Tensor(metaclass=_NoGradMeta):
         (wrapping like PyTorch); otherwise exp2(y * log2|x|) with the signs and special values of C's pow,
         and PyTorch's gradients (also at 0, inf and negative bases)."""
         if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
-            if y == 0:
-                return (self if self.dtype.is_float or isinstance(y, int) else self.float()).ones_like()
+            if y == 0:  # 1 everywhere, gradient 0 (still connected to self, as in PyTorch)
+                x = self if self.dtype.is_float or isinstance(y, int) else self.float()
+                return x.ones_like() + _gradient_only(x, x.zeros_like()) if x.dtype.is_float else x.ones_like()
             if y == 0.5:
                 return self.sqrt()
             if isinstance(y, int) and not self.dtype.is_float:
@@ -725,26 +730,31 @@ class Tensor(metaclass=_NoGradMeta):
     def bitwise_not(self) -> Tensor:
         return ~self
 
-    def lshift(self, n: int) -> Tensor:
+    def lshift(self, n: int | Tensor) -> Tensor:
         """self * 2**n for integer tensors: bits shifted out are lost, as in C (the factor wraps too)."""
+        if isinstance(n, Tensor):  # 2**n per element, wrapped to the dtype like the product
+            return self * n.cast(dtypes.float32).exp2().cast(dtypes.int64).cast(self.dtype)
         if not self.dtype.is_int or n < 0:
             raise DTypeError(f"<< needs an integer tensor and a shift >= 0, not {self.dtype.name} << {n}")
         bits = 8 * self.dtype.itemsize
         factor = (1 << n) % (1 << bits)
         return self * (factor - (1 << bits) if factor > self.dtype.max else factor)
 
-    def rshift(self, n: int) -> Tensor:
+    def rshift(self, n: int | Tensor) -> Tensor:
         """Arithmetic shift: floor(self / 2**n), as PyTorch's >> on signed integers."""
+        if isinstance(n, Tensor):
+            factor = n.cast(dtypes.float32).exp2().cast(dtypes.int64)
+            return (self.cast(dtypes.int64) // factor).cast(self.dtype)
         if not self.dtype.is_int or n < 0:
             raise DTypeError(f">> needs an integer tensor and a shift >= 0, not {self.dtype.name} >> {n}")
         if (1 << n) > self.dtype.max:  # everything shifted out: the sign is left
             return (self < 0).where(-1, 0).cast(self.dtype) if self.dtype.kind == "i" else self.zeros_like()
         return self // (1 << n)
 
-    def __lshift__(self, n: int) -> Tensor:
+    def __lshift__(self, n: int | Tensor) -> Tensor:
         return self.lshift(n)
 
-    def __rshift__(self, n: int) -> Tensor:
+    def __rshift__(self, n: int | Tensor) -> Tensor:
         return self.rshift(n)
 
     # python operators

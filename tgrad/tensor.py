@@ -607,7 +607,9 @@ class Tensor(metaclass=_NoGradMeta):
         if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
             if y == 0:  # 1 everywhere, gradient 0 (still connected to self, as in PyTorch)
                 x = self if self.dtype.is_float or isinstance(y, int) else self.float()
-                return x.ones_like() + _gradient_only(x, x.zeros_like()) if x.dtype.is_float else x.ones_like()
+                if not x.dtype.is_float:
+                    return x.ones_like()
+                return x.ones_like() + _gradient_only(x, x.zeros_like())
             if y == 0.5:
                 return self.sqrt()
             if isinstance(y, int) and not self.dtype.is_float:

@@ -76,6 +76,21 @@ def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: fl
           f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s", file=sys.stderr)
 
 
+def pretty(expr, indent: int = 0, width: int = 100) -> str:
+    """A kernel expression for people (DEBUG=3): on one line when it fits in `width`, else one
+    sub-expression per line, its arguments indented under it."""
+    flat = repr(expr)
+    if expr is None or indent + len(flat) <= width or not getattr(expr, "srcs", None):
+        return flat
+    pad = " " * (indent + 2)
+    if expr.op == "LOAD":
+        index, valid = expr.srcs[0], expr.srcs[1]
+        head = f"in{expr.arg}[\n{pad}{pretty(index, indent + 2, width)}\n{' ' * indent}]"
+        return head if fuse.is_true(valid) else f"{head} if\n{pad}{pretty(valid, indent + 2, width)}"
+    args = f",\n{pad}".join(pretty(src, indent + 2, width) for src in expr.srcs)
+    return f"{expr.op}(\n{pad}{args}\n{' ' * indent})"
+
+
 def _runs(kernel: fuse.Kernel) -> bool:
     """Whether a kernel has work (an empty output needs no launch, a 0-d one does)."""
     return prod(kernel.global_shape) > 0 or not kernel.shape
@@ -99,7 +114,7 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
             runner = rt.runner(k)
             if device.DEBUG >= 3:
                 print(f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
-                      f"  expr {k.expr!r}\n  reduce {k.reduce_expr!r}", file=sys.stderr)
+                      f"  expr   {pretty(k.expr, 9)}\n  reduce {pretty(k.reduce_expr, 9)}", file=sys.stderr)
             if device.DEBUG >= 4:
                 print(runner.source, file=sys.stderr)
             t0 = time.perf_counter()

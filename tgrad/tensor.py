@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from typing import Any
@@ -21,6 +22,7 @@ from tgrad.errors import (
     IndexRangeError,
     ModeError,
     ShapeError,
+    TgradError,
     ValueOverflowError,
 )
 from tgrad.graph import Node, Op
@@ -72,8 +74,24 @@ class _NoGradMeta(type):
 
 
 class _NoGradFlag:
+    """`Tensor.no_grad`: true while gradients are off; `with Tensor.no_grad:`, `with Tensor.no_grad():`,
+    `@Tensor.no_grad` and `@Tensor.no_grad()` turn them off (torch.no_grad's forms)."""
+
     def __init__(self, value: bool):
         self.value = value
+
+    def __call__(self, fn=None):
+        if fn is None:
+            return self
+        if not callable(fn):
+            raise TypeError("Tensor.no_grad() takes no arguments, or decorates a function")
+
+        @functools.wraps(fn)
+        def without_grad(*args, **kwargs):
+            with _NoGradFlag(True):
+                return fn(*args, **kwargs)
+
+        return without_grad
 
     def __bool__(self) -> bool:
         return self.value
@@ -87,11 +105,36 @@ class _NoGradFlag:
         _NoGradMeta._no_grad = self.prev
 
 
+class _Training:
+    """`with Tensor.train():` (or `Tensor.train(False)`, also as a decorator) sets Tensor.training for a
+    block, like tinygrad's Tensor.train."""
+
+    def __init__(self, mode: bool = True):
+        self.mode = mode
+
+    def __enter__(self):
+        self.prev, Tensor.training = Tensor.training, self.mode
+        return self
+
+    def __exit__(self, *exc):
+        Tensor.training = self.prev
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def in_mode(*args, **kwargs):
+            with _Training(self.mode):
+                return fn(*args, **kwargs)
+
+        return in_mode
+
+
 class Tensor(metaclass=_NoGradMeta):
     """A lazy n-dimensional array with autograd. Nothing runs until numpy()/tolist()/item()/realize()."""
 
     __slots__ = ("node", "_requires_grad", "grad", "__weakref__")
+    __array_ufunc__ = None  # numpy_array * tensor calls Tensor.__rmul__ instead of converting the tensor
     training = False
+    train = _Training
     _rng = np.random.default_rng(0)
 
     def __init__(
@@ -171,8 +214,31 @@ class Tensor(metaclass=_NoGradMeta):
         return self
 
     def __repr__(self) -> str:
+        """The values (like PyTorch's print) when the tensor is computed or small (<= 1000 elements, then
+        computed now); else its shape, dtype and device."""
         rg = f", requires_grad={self.requires_grad}" if self.requires_grad else ""
+        if self.node.realized or self.numel() <= 1000:
+            try:
+                values = np.array2string(self.numpy(), separator=", ", threshold=100, prefix="Tensor(")
+                return f"Tensor({values}, dtype={self.dtype.name}, device={self.device}{rg})"
+            except TgradError:  # e.g. inside a TinyJit capture, where reading values is refused
+                pass
         return f"<Tensor {self.shape} {self.dtype.name} on {self.device}{rg}>"
+
+    def __format__(self, spec: str) -> str:
+        """f"{loss:.3f}" formats a one-element tensor's value."""
+        return format(self.item(), spec) if spec and self.numel() == 1 else format(repr(self), spec)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """np.asarray(t) and np.array(t): the values (a copy)."""
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype)
 
     def __hash__(self) -> int:
         return id(self)
@@ -353,7 +419,11 @@ class Tensor(metaclass=_NoGradMeta):
 
     @staticmethod
     def empty(*shape, dtype=None, device=None) -> Tensor:
-        return Tensor.zeros(*shape, dtype=dtype, device=device)
+        """A new buffer whose contents are whatever the memory held (uninitialised, as in PyTorch)."""
+        shape = Tensor._shape_arg(shape)
+        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+        device = Device.canonicalize(device)
+        return Tensor(Node.from_buffer(get_runtime(device).alloc(math.prod(shape), dt), shape, dt, device))
 
     def zeros_like(self, **kw) -> Tensor:
         return Tensor.full(self.shape, 0, **{"dtype": self.dtype, "device": self.device, **kw})
@@ -822,6 +892,37 @@ class Tensor(metaclass=_NoGradMeta):
 
     def __itruediv__(self, y):
         return self.assign(self / y)
+
+    # in place (PyTorch's trailing underscore): assign() the result to this tensor
+    def add_(self, y) -> Tensor:
+        return self.assign(self + y)
+
+    def sub_(self, y) -> Tensor:
+        return self.assign(self - y)
+
+    def mul_(self, y) -> Tensor:
+        return self.assign(self * y)
+
+    def div_(self, y) -> Tensor:
+        return self.assign(self / y)
+
+    def clamp_(self, min=None, max=None) -> Tensor:  # noqa: A002 - PyTorch's names
+        return self.assign(self.clamp(min, max))
+
+    def zero_(self) -> Tensor:
+        return self.assign(self.zeros_like())
+
+    def fill_(self, value) -> Tensor:
+        return self.assign(self.full_like(value))
+
+    def uniform_(self, low: float = 0.0, high: float = 1.0) -> Tensor:
+        return self.assign(Tensor.uniform(*self.shape, low=low, high=high, **self._where_kw()))
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        return self.assign(Tensor.normal(*self.shape, mean=mean, std=std, **self._where_kw()))
+
+    def _where_kw(self) -> dict:
+        return {"dtype": self.dtype, "device": self.device}
 
     # ----------------------------------------------------------------------------------------------
     # unary math (float results for int inputs, like PyTorch)
@@ -1927,6 +2028,10 @@ class Tensor(metaclass=_NoGradMeta):
 
     def dot(self, w: Tensor) -> Tensor:
         return self.matmul(w)
+
+    def sequential(self, layers) -> Tensor:
+        """Apply each layer (any callable) in turn: x.sequential([l1, relu, l2]) (tinygrad's)."""
+        return functools.reduce(lambda x, f: f(x), layers, self)
 
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """x @ weight.T + bias, with weight of shape (out_features, in_features) as in PyTorch."""

@@ -660,3 +660,28 @@ def test_arange_overflow(device):
     with pytest.raises(OverflowError, match="arange"):
         Tensor.arange(129, dtype=dtypes.int8)
     assert Tensor.arange(2**40, 2**40 + 2).dtype == dtypes.int64
+
+
+@pytest.mark.parametrize("dt", [dtypes.uint16, dtypes.uint32, dtypes.uint64])
+def test_unsigned_dtypes(device, dt):
+    if device not in dtypes.HOST_DEVICES:
+        with pytest.raises(DTypeError, match=dt.name):
+            Tensor([1, 2], dtype=dt)
+        return
+    big = int(dt.max) - 5
+    a, b = np.array([3, 7, big], dt.np), np.array([2, 3, 4], dt.np)
+    ta, tb = Tensor(a), Tensor(b)
+    assert ta.dtype == dt and dt.min == 0
+    np.testing.assert_array_equal((ta + tb).numpy(), a + b)  # wraps like numpy
+    np.testing.assert_array_equal((ta * tb).numpy(), a * b)
+    np.testing.assert_array_equal((ta // tb).numpy(), a // b)
+    np.testing.assert_array_equal((ta % tb).numpy(), a % b)
+    np.testing.assert_array_equal((ta & 6).numpy(), a & 6)
+    np.testing.assert_array_equal((ta >> 1).numpy(), a >> 1)
+    np.testing.assert_array_equal((ta << 3).numpy(), a << dt.np.type(3))
+    np.testing.assert_array_equal((ta < tb).numpy(), a < b)
+    np.testing.assert_array_equal(ta.max().numpy(), a.max())
+    np.testing.assert_array_equal(Tensor([1.7, 300.2]).cast(dt).numpy(), np.array([1.7, 300.2]).astype(dt.np))
+    with pytest.raises(DTypeError, match="promot"):
+        ta + Tensor([1, 2, 3], dtype=dtypes.int32)
+    assert Tensor([1, 2], dtype=dt.name).dtype == dt

@@ -47,6 +47,14 @@ def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
     return axis % max(ndim, 1) if ndim else 0
 
 
+def _dtype_on(dtype: DType, device: str) -> DType:
+    """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
+    if dtype in dtypes.HOST_ONLY and device not in dtypes.HOST_DEVICES:
+        raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
+                         "cast to a signed integer type first")
+    return dtype
+
+
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     nd = max(len(s) for s in shapes)
     padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
@@ -391,8 +399,9 @@ class Tensor(metaclass=_NoGradMeta):
     @staticmethod
     def full(shape, fill_value: Scalar, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
-        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        t = Tensor(g.const(fill_value, dt, Device.canonicalize(device), shape))
+        device = Device.canonicalize(device)
+        dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value), device)
+        t = Tensor(g.const(fill_value, dt, device, shape))
         if requires_grad:
             t.requires_grad = True
         return t
@@ -421,8 +430,8 @@ class Tensor(metaclass=_NoGradMeta):
     def empty(*shape, dtype=None, device=None) -> Tensor:
         """A new buffer whose contents are whatever the memory held (uninitialised, as in PyTorch)."""
         shape = Tensor._shape_arg(shape)
-        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
         device = Device.canonicalize(device)
+        dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.default_float, device)
         return Tensor(Node.from_buffer(get_runtime(device).alloc(math.prod(shape), dt), shape, dt, device))
 
     def zeros_like(self, **kw) -> Tensor:
@@ -549,7 +558,7 @@ class Tensor(metaclass=_NoGradMeta):
     # dtype
 
     def cast(self, dtype) -> Tensor:
-        dtype = dtypes.from_any(dtype)
+        dtype = _dtype_on(dtypes.from_any(dtype), self.device)
         if dtype == self.dtype:
             return self
         out = self._from(g.cast(self.node, dtype))
@@ -802,26 +811,36 @@ class Tensor(metaclass=_NoGradMeta):
     def bitwise_not(self) -> Tensor:
         return ~self
 
+    def _check_shift(self, n, op: str) -> None:
+        n_int = isinstance(n, Tensor) and n.dtype.is_int or isinstance(n, int) and not isinstance(n, bool)
+        if not self.dtype.is_int or not n_int or (isinstance(n, int) and n < 0):
+            what = n.dtype.name if isinstance(n, Tensor) else repr(n)
+            raise DTypeError(f"{op} needs integer tensors and shifts >= 0, not {self.dtype.name} {op} {what}")
+
     def lshift(self, n: int | Tensor) -> Tensor:
         """self * 2**n for integer tensors: bits shifted out are lost, as in C (the factor wraps too)."""
+        self._check_shift(n, "<<")
         if isinstance(n, Tensor):  # 2**n per element, wrapped to the dtype like the product
             return self * n.cast(dtypes.float32).exp2().cast(dtypes.int64).cast(self.dtype)
-        if not self.dtype.is_int or n < 0:
-            raise DTypeError(f"<< needs an integer tensor and a shift >= 0, not {self.dtype.name} << {n}")
         bits = 8 * self.dtype.itemsize
         factor = (1 << n) % (1 << bits)
         return self * (factor - (1 << bits) if factor > self.dtype.max else factor)
 
     def rshift(self, n: int | Tensor) -> Tensor:
         """Arithmetic shift: floor(self / 2**n), as PyTorch's >> on signed integers."""
+        self._check_shift(n, ">>")
         if isinstance(n, Tensor):
             factor = n.cast(dtypes.float32).exp2().cast(dtypes.int64)
             return (self.cast(dtypes.int64) // factor).cast(self.dtype)
-        if not self.dtype.is_int or n < 0:
-            raise DTypeError(f">> needs an integer tensor and a shift >= 0, not {self.dtype.name} >> {n}")
         if (1 << n) > self.dtype.max:  # everything shifted out: the sign is left
             return (self < 0).where(-1, 0).cast(self.dtype) if self.dtype.kind == "i" else self.zeros_like()
         return self // (1 << n)
+
+    def bitwise_left_shift(self, n: int | Tensor) -> Tensor:
+        return self.lshift(n)
+
+    def bitwise_right_shift(self, n: int | Tensor) -> Tensor:
+        return self.rshift(n)
 
     def __lshift__(self, n: int | Tensor) -> Tensor:
         return self.lshift(n)
@@ -2436,7 +2455,7 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
                 arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
         arr = arr.astype(dtype.np)
-    dt = dtypes.from_any(arr.dtype)
+    dt = _dtype_on(dtypes.from_any(arr.dtype), device)
     buf = driver.upload(arr, device)
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
 

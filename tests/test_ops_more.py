@@ -609,7 +609,14 @@ def test_advanced_indexing(device):
     helper_test_op(shape, lambda x: x[x > 0.5], lambda x: x[x > 0.5])
     helper_test_op(shape, lambda x: x[0, x[0, :, :, 0] > 0], lambda x: x[0, x[0, :, :, 0] > 0])
     t = Tensor.ones(10, 11, 12)
-    for bad in (lambda: t[Tensor(1.5)], lambda: t[[1.5]], lambda: t[Tensor([True, False])]):
+    bad_ones = (
+        lambda: t[Tensor(1.5)],
+        lambda: t[[1.5]],
+        lambda: t[Tensor([True, False])],
+        lambda: t[[0, 10]],
+        lambda: t[:, [-12]],
+    )
+    for bad in bad_ones:
         with pytest.raises(IndexError):
             bad()
 

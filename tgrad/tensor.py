@@ -1723,7 +1723,13 @@ class Tensor(metaclass=_NoGradMeta):
         out, axis = [], 0  # axis: where the entry applies, while no ellipsis came before it
         for v in index:
             if isinstance(v, (list, tuple, np.ndarray)):
-                v = Tensor(np.asarray(v), device=self.device)
+                host = np.asarray(v)
+                if host.dtype.kind in "iu" and axis is not None and axis < self.ndim and host.size:
+                    n = self.shape[axis]
+                    if host.min() < -n or host.max() >= n:  # host data: checked here, unlike tensor indices
+                        raise IndexRangeError(f"index {host.max() if host.max() >= n else host.min()} is out "
+                                              f"of bounds for axis {axis} with size {n}")
+                v = Tensor(host, device=self.device)
             if isinstance(v, Tensor) and v.dtype.is_float:
                 raise IndexRangeError(f"tensors used as indices must be integer or bool, got {v.dtype.name}")
             if isinstance(v, Tensor) and v.dtype == dtypes.bool:

@@ -212,3 +212,14 @@ def test_scheduler_with_tinyjit(device):
         tsched.step()
     assert step.replays > 0 or device == "NUMPY"  # NUMPY has no kernels: the function always runs
     compare("weights", w.numpy(), tw.detach().numpy(), 1e-6, 1e-5)
+
+
+def test_debug1_names_compile_time_and_user_line(device, monkeypatch, capsys):
+    from tgrad import device as device_module
+
+    if device == "NUMPY":
+        pytest.skip("the NUMPY reference runs no kernels")
+    monkeypatch.setattr(device_module, "DEBUG", 1)
+    (Tensor.rand(3, 5) * 7).sum().item()
+    err = capsys.readouterr().err
+    assert "compiled in" in err and "test_api.py" in err and "Tensor.item" in err

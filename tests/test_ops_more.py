@@ -651,11 +651,14 @@ def test_pow_second_derivative(device):
 
 
 def test_int_pow_and_shift_by_tensor(device):
-    helper_test_op(None, lambda x: x**29, lambda x: x**29, vals=[[-2, 0, 2, 3]])
+    if device != "WEBGPU":  # WEBGPU holds int64 as int32 (README): 3**29 wraps there
+        helper_test_op(None, lambda x: x**29, lambda x: x**29, vals=[[-2, 0, 2, 3]])
     with pytest.raises(ArgumentError, match="negative"):
         Tensor([1, 2]) ** -2
-    helper_test_op(None, lambda x, n: x << n, vals=[[5, -3, 1, 7], [0, 2, 8, 31]], dtype=np.int32)
-    helper_test_op(None, lambda x, n: x >> n, vals=[[5, -3, 1, -7], [0, 2, 8, 31]], dtype=np.int32)
+    x, n = np.array([5, -3, 1, -7], np.int32), np.array([0, 2, 8, 31], np.int32)
+    tx, tn, gx, gn = torch.tensor(x), torch.tensor(n), Tensor(x), Tensor(n)
+    compare("<<", (gx << gn).numpy(), (tx << tn).numpy(), 0, 0)
+    compare(">>", (gx >> gn).numpy(), (tx >> tn).numpy(), 0, 0)
 
 
 def test_sigmoid_extremes_gradient(device):
@@ -666,7 +669,8 @@ def test_sigmoid_extremes_gradient(device):
 def test_arange_overflow(device):
     with pytest.raises(OverflowError, match="arange"):
         Tensor.arange(129, dtype=dtypes.int8)
-    assert Tensor.arange(2**40, 2**40 + 2).dtype == dtypes.int64
+    if device != "WEBGPU":  # int64 values past int32 do not exist there (README)
+        assert Tensor.arange(2**40, 2**40 + 2).dtype == dtypes.int64
 
 
 @pytest.mark.parametrize("dt", [dtypes.uint16, dtypes.uint32, dtypes.uint64])

@@ -98,7 +98,7 @@ def _reduce_prod_grad(node: Node, g: Node) -> Node:
     zeros = _expand(reduce(cast(zero, x.dtype), "SUM", axes), x.shape)
     nonzero_prod = _expand(reduce(safe, "PROD", axes), x.shape)
     no_zero = _eq(zeros, const_like(zeros, 0))
-    lone_zero = alu(Op.AND, zero, _eq(zeros, const_like(zeros, 1)))
+    lone_zero = _where(zero, _eq(zeros, const_like(zeros, 1)), const_like(zero, False))
     at_zero = _where(lone_zero, nonzero_prod, const_like(x, 0))
     others = _where(no_zero, _mul(nonzero_prod, _recip(safe)), at_zero)
     return _mul(_expand(g, x.shape), others)

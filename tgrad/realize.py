@@ -20,6 +20,7 @@ import numpy as np
 from tgrad import device, fuse
 from tgrad.device import Buffer, Runner, Runtime, Stats, get_runtime
 from tgrad.dtype import DType
+from tgrad.errors import user_frame
 from tgrad.graph import MOVEMENT, Node, Op, prod
 from tgrad.runtime.numpy import movement
 
@@ -96,6 +97,21 @@ def _runs(kernel: fuse.Kernel) -> bool:
     return prod(kernel.global_shape) > 0 or not kernel.shape
 
 
+class _Progress:
+    """Compile time of one realize; once it passes 2 s, a line per second on stderr (kernels compiled /
+    to compile) when stderr is a terminal or DEBUG >= 1."""
+
+    def __init__(self, to_compile: int):
+        self.total, self.done, self.seconds, self.shown = to_compile, 0, 0.0, 0.0
+
+    def compiled(self, seconds: float) -> None:
+        self.done, self.seconds = self.done + 1, self.seconds + seconds
+        loud = device.DEBUG >= 1 or sys.stderr.isatty()
+        if loud and self.seconds > 2.0 and self.seconds - self.shown >= 1.0 and self.done < self.total:
+            self.shown = self.seconds
+            print(f"tgrad: compiled {self.done}/{self.total} kernels ({self.seconds:.1f} s)", file=sys.stderr)
+
+
 def run_schedule(items: list[fuse.ScheduleItem]) -> None:
     """Run scheduled kernels in order; each item's output node gets its buffer."""
     t_all = time.perf_counter()
@@ -104,14 +120,21 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
         rt = get_runtime(it.out.device)
         if it.kernel not in rt.runners and _runs(it.kernel):
             new.setdefault(rt, []).append(it.kernel)
+    progress = _Progress(sum(len(ks) for ks in new.values()))
+    t0 = time.perf_counter()
     for rt, kernels in new.items():
         rt.prepare(kernels)
+    progress.seconds += time.perf_counter() - t0
     for it in items:
         rt = get_runtime(it.out.device)
         k = it.kernel
         out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
         if _runs(k):
+            fresh = k not in rt.runners
+            t0 = time.perf_counter()
             runner = rt.runner(k)
+            if fresh:
+                progress.compiled(time.perf_counter() - t0)
             if device.DEBUG >= 3:
                 print(f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
                       f"  expr   {pretty(k.expr, 9)}\n  reduce {pretty(k.reduce_expr, 9)}", file=sys.stderr)
@@ -129,7 +152,9 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
         it.out.buffer = out
     if device.DEBUG >= 1 and items:
         ms = (time.perf_counter() - t_all) * 1e3
-        print(f"realize: {len(items)} kernels in {ms:.2f} ms", file=sys.stderr)
+        where = user_frame() or "inside tgrad"
+        print(f"realize: {len(items)} kernels in {ms:.2f} ms ({progress.total} compiled in "
+              f"{progress.seconds * 1e3:.2f} ms, the rest running) {where}", file=sys.stderr)
 
 
 def realize(nodes: list[Node]) -> None:

@@ -699,6 +699,9 @@ class Tensor(metaclass=_NoGradMeta):
                 for _ in range(int(abs(y)) - 1):
                     out = out * base
                 return out.reciprocal() if y < 0 else out
+        if isinstance(y, (int, float)) and not isinstance(y, bool):  # one side a Python number
+            x = self._float()
+            return x._pow_scalar_base(float(y)) if reverse else x._pow_scalar(float(y))
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
@@ -709,15 +712,47 @@ class Tensor(metaclass=_NoGradMeta):
         # it, on inputs masked so that no inf * 0 reaches a or b from the other places. Elsewhere (0, inf,
         # negative bases) PyTorch's slopes are put in as constants: d/da = b * a**(b-1) (0 where b == 0),
         # d/db = a**b * log(a) (0 where a == 0 <= b); there the second derivative is 0.
-        regular = (a > 0) & a.isfinite() & b.isfinite()
+        regular = (a > 0).where(a.isfinite(), False).where(b.isfinite(), False)
         smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
         ad, bd = a.detach(), b.detach()
-        edge = value
-        if not (reverse and not isinstance(y, Tensor)):  # a scalar base takes no gradient
-            edge = edge + _gradient_only(a, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
-        if reverse or isinstance(y, Tensor):  # nor does a scalar exponent
-            edge = edge + _gradient_only(b, ((ad == 0) & (bd >= 0)).where(0.0, value * ad.log()))
+        edge = value + _gradient_only(a, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
+        edge = edge + _gradient_only(b, (ad == 0).where(bd >= 0, False).where(0.0, value * ad.log()))
         return regular.where(smooth, edge)
+
+    def _pow_scalar(self, e: float) -> Tensor:
+        """self ** e for a Python exponent: pow's rules with the exponent's cases decided on the host."""
+        value = _pow_value(self.detach(), e)
+        if Tensor.no_grad or e == 0:
+            return value
+        regular = (self > 0).where(self.isfinite(), False)
+        smooth = (regular.where(self, 1.0).log2() * e).exp2()
+        slope = e * _pow_value(self.detach(), e - 1)  # PyTorch's d/dx at 0, inf and negative x
+        return regular.where(smooth, value + _gradient_only(self, slope))
+
+    def _pow_scalar_base(self, c: float) -> Tensor:
+        """c ** self for a Python base c (c ** 0 is 1 for every c, as in C)."""
+        if c > 0 and math.isfinite(c):
+            return (self * math.log2(c)).exp2()
+        if math.isnan(c):
+            value = self * math.nan
+        elif c == 0:
+            value = (self > 0).where(0.0, math.inf)
+        else:  # negative or infinite
+            mag = (self * math.log2(abs(c))).exp2()
+            value = mag
+            if c < 0:
+                is_int = self.trunc() == self
+                signed = is_int.where((self.abs() % 2) == 1, False).where(-mag, mag)
+                value = is_int.where(signed, mag if c == -math.inf else math.nan)
+        value = (self == 0).where(1.0, value).detach()
+        if Tensor.no_grad:
+            return value
+        # PyTorch: d/dx c**x = c**x * log(c), and 0 where c == 0 <= x
+        if c == 0:
+            slope = (self.detach() >= 0).where(0.0, -math.inf)
+        else:
+            slope = value * (math.log(c) if c > 0 else math.nan)
+        return value + _gradient_only(self, slope)
 
     def _int_pow(self, n: int) -> Tensor:
         """An integer tensor to a non-negative integer power by repeated squaring (wraps on overflow)."""
@@ -820,8 +855,8 @@ class Tensor(metaclass=_NoGradMeta):
     def lshift(self, n: int | Tensor) -> Tensor:
         """self * 2**n for integer tensors: bits shifted out are lost, as in C (the factor wraps too)."""
         self._check_shift(n, "<<")
-        if isinstance(n, Tensor):  # 2**n per element, wrapped to the dtype like the product
-            return self * n.cast(dtypes.float32).exp2().cast(dtypes.int64).cast(self.dtype)
+        if isinstance(n, Tensor):
+            return self._shift_by(n, lambda x, k: x * (1 << k), self.zeros_like())
         bits = 8 * self.dtype.itemsize
         factor = (1 << n) % (1 << bits)
         return self * (factor - (1 << bits) if factor > self.dtype.max else factor)
@@ -830,11 +865,20 @@ class Tensor(metaclass=_NoGradMeta):
         """Arithmetic shift: floor(self / 2**n), as PyTorch's >> on signed integers."""
         self._check_shift(n, ">>")
         if isinstance(n, Tensor):
-            factor = n.cast(dtypes.float32).exp2().cast(dtypes.int64)
-            return (self.cast(dtypes.int64) // factor).cast(self.dtype)
+            sign = (self < 0).where(-1, 0).cast(self.dtype) if self.dtype.kind == "i" else self.zeros_like()
+            return self._shift_by(n, lambda x, k: x // (1 << k), sign)
         if (1 << n) > self.dtype.max:  # everything shifted out: the sign is left
             return (self < 0).where(-1, 0).cast(self.dtype) if self.dtype.kind == "i" else self.zeros_like()
         return self // (1 << n)
+
+    def _shift_by(self, n: Tensor, step, outside: Tensor) -> Tensor:
+        """Shift each element by its own count n: one conditional shift by 2**j for each bit j of n (so
+        every factor fits the dtype); counts >= the bit width give `outside`."""
+        bits, x = 8 * self.dtype.itemsize, self
+        n = n.cast(self.dtype) if self.dtype.kind == "u" else n
+        for j in range(bits.bit_length() - 1):
+            x = ((n // (1 << j)) % 2 == 1).where(step(x, 1 << j), x)
+        return (n >= bits).where(outside, x)
 
     def bitwise_left_shift(self, n: int | Tensor) -> Tensor:
         return self.lshift(n)
@@ -935,12 +979,12 @@ class Tensor(metaclass=_NoGradMeta):
         return self.assign(self.full_like(value))
 
     def uniform_(self, low: float = 0.0, high: float = 1.0) -> Tensor:
-        return self.assign(Tensor.uniform(*self.shape, low=low, high=high, **self._where_kw()))
+        return self.assign(Tensor.uniform(*self.shape, low=low, high=high, **self._like_kw()))
 
     def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
-        return self.assign(Tensor.normal(*self.shape, mean=mean, std=std, **self._where_kw()))
+        return self.assign(Tensor.normal(*self.shape, mean=mean, std=std, **self._like_kw()))
 
-    def _where_kw(self) -> dict:
+    def _like_kw(self) -> dict:
         return {"dtype": self.dtype, "device": self.device}
 
     # ----------------------------------------------------------------------------------------------
@@ -1020,10 +1064,14 @@ class Tensor(metaclass=_NoGradMeta):
         return self != self
 
     def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
-        return (self == math.inf) & detect_positive | (self == -math.inf) & detect_negative
+        # where() instead of | and &: Triton's interpreter cannot combine bools derived from constants
+        pos, neg = self == math.inf, self == -math.inf
+        if detect_positive and detect_negative:
+            return pos.where(True, neg)
+        return pos if detect_positive else neg if detect_negative else self.zeros_like(dtype=dtypes.bool)
 
     def isfinite(self) -> Tensor:
-        return (self.isinf() | self.isnan()).logical_not()
+        return self.isinf().where(False, self.isnan().logical_not())
 
     def isclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
         """|self - other| <= atol + rtol * |other| elementwise (PyTorch's); an inf only equals itself."""
@@ -2386,15 +2434,27 @@ class Tensor(metaclass=_NoGradMeta):
         return _reduce_loss(loss, reduction)
 
 
-def _pow_value(a: Tensor, b: Tensor) -> Tensor:
+def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
     """a ** b for float tensors as exp2(b * log2|a|), with C pow's signs and special values: a negative
-    base needs an integer exponent (else nan; -inf gives inf or 0), b == 0 gives 1."""
+    base needs an integer exponent (else nan; -inf gives inf or 0), b == 0 gives 1. A Python exponent's
+    cases are decided here (no constant-only expressions in the kernel)."""
+    if not isinstance(b, Tensor):
+        if b == 0:
+            return a.ones_like()
+        mag = (a.abs().log2() * b).exp2()
+        if math.isinf(b):  # |a| < 1 -> 0 or inf, |a| > 1 -> inf or 0, |a| == 1 -> 1, whatever a's sign
+            return (a.abs() == 1).where(1.0, mag)
+        mag = (a == 0).where(0.0 if b > 0 else math.inf, mag)  # not through log2(0): undefined on some GPUs
+        if float(b).is_integer():
+            return (a < 0).where(-mag, mag) if int(b) % 2 else mag
+        return (a < 0).where((a == -math.inf).where(mag, math.nan), mag)
     mag = (b * a.abs().log2()).exp2()
     is_int = b.trunc() == b
-    odd = is_int & ((b.abs() % 2) == 1)
+    odd = is_int.where((b.abs() % 2) == 1, False)
     signed = odd.where(-mag, mag)
     not_int = (a == -math.inf).where(mag, math.nan)
     out = (a < 0).where(is_int.where(signed, not_int), mag)
+    out = (a == 0).where((b > 0).where(0.0, math.inf), out)  # not through log2(0): undefined on some GPUs
     return (b == 0).where(1.0, out)
 
 

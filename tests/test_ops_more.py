@@ -696,3 +696,9 @@ def test_unsigned_dtypes(device, dt):
     with pytest.raises(DTypeError, match="promot"):
         ta + Tensor([1, 2, 3], dtype=dtypes.int32)
     assert Tensor([1, 2], dtype=dt.name).dtype == dt
+
+
+def test_pow_overflowing_gradient(device):
+    """Where the result overflows the gradient is inf, as in PyTorch (not nan)."""
+    helper_test_op(None, lambda x: x**101.0, lambda x: x**101.0, vals=[[-3.0, 0.5, 2.5]], forward_only=False)
+    helper_test_op(None, lambda x, y: x**y, vals=[[0.5, 2.5, 3.0], [101.0, 101.0, 3.0]])

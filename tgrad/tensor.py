@@ -715,8 +715,11 @@ class Tensor(metaclass=_NoGradMeta):
         regular = (a > 0).where(a.isfinite(), False).where(b.isfinite(), False)
         smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
         ad, bd = a.detach(), b.detach()
-        edge = value + _gradient_only(a, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
-        edge = edge + _gradient_only(b, (ad == 0).where(bd >= 0, False).where(0.0, value * ad.log()))
+        # the slopes are 0 where the smooth branch is taken: an inf slope there would get a 0 gradient
+        # from the where() below, and 0 * inf is nan
+        da = regular.where(0.0, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
+        db = regular.where(0.0, (ad == 0).where(bd >= 0, False).where(0.0, value * ad.log()))
+        edge = value + _gradient_only(a, da) + _gradient_only(b, db)
         return regular.where(smooth, edge)
 
     def _pow_scalar(self, e: float) -> Tensor:
@@ -727,7 +730,7 @@ class Tensor(metaclass=_NoGradMeta):
         regular = (self > 0).where(self.isfinite(), False)
         smooth = (regular.where(self, 1.0).log2() * e).exp2()
         slope = e * _pow_value(self.detach(), e - 1)  # PyTorch's d/dx at 0, inf and negative x
-        return regular.where(smooth, value + _gradient_only(self, slope))
+        return regular.where(smooth, value + _gradient_only(self, regular.where(0.0, slope)))
 
     def _pow_scalar_base(self, c: float) -> Tensor:
         """c ** self for a Python base c (c ** 0 is 1 for every c, as in C)."""

@@ -10,6 +10,7 @@ import torch
 from tests.helpers import compare
 from tgrad import Tensor, TinyJit, dtypes
 from tgrad.nn import (
+    LSTM,
     Conv1d,
     ConvTranspose2d,
     Dropout,
@@ -223,3 +224,18 @@ def test_debug1_names_compile_time_and_user_line(device, monkeypatch, capsys):
     (Tensor.rand(3, 5) * 7).sum().item()
     err = capsys.readouterr().err
     assert "compiled in" in err and "test_api.py" in err and "Tensor.item" in err
+
+
+def test_lstm(device):
+    batch_first = True  # (N, T, in); two layers
+    x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)  # (T, N, in) or (N, T, in)
+    ours, theirs = (
+        LSTM(4, 5, num_layers=2, batch_first=batch_first),
+        torch.nn.LSTM(4, 5, 2, batch_first=batch_first),
+    )
+    for name, value in theirs.named_parameters():
+        _copy(getattr(ours, name), value)
+    out, (h, c) = ours(Tensor(x))
+    tout, (th, tc) = theirs(torch.tensor(x))
+    for what, a, b in (("out", out, tout), ("h", h, th), ("c", c, tc)):
+        compare(what, a.numpy(), b.detach().numpy(), 1e-5, 1e-4)

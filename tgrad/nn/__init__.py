@@ -211,6 +211,42 @@ class LSTMCell:
         return o.sigmoid() * c.tanh(), c
 
 
+class LSTM:
+    """PyTorch's nn.LSTM (unidirectional): x (T, N, input) or (N, T, input) with batch_first; returns
+    (output, (h_n, c_n)) with h_n and c_n (num_layers, N, hidden). Weights are named like PyTorch's
+    (weight_ih_l0, ...), so state dicts load."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False):
+        self.hidden_size, self.num_layers, self.batch_first = hidden_size, num_layers, batch_first
+        for layer in range(num_layers):
+            cell = LSTMCell(input_size if layer == 0 else hidden_size, hidden_size, bias)
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                setattr(self, f"{name}_l{layer}", getattr(cell, name))
+
+    def _cell(self, layer: int) -> LSTMCell:
+        cell = LSTMCell.__new__(LSTMCell)
+        cell.hidden_size = self.hidden_size
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            setattr(cell, name, getattr(self, f"{name}_l{layer}"))
+        return cell
+
+    def __call__(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None):
+        x = x.transpose(0, 1) if self.batch_first else x  # (T, N, input)
+        hs, cs = [], []
+        for layer in range(self.num_layers):
+            cell = self._cell(layer)
+            state = None if hc is None else (hc[0][layer], hc[1][layer])
+            outs = []
+            for t in range(x.shape[0]):
+                state = cell(x[t], state)
+                outs.append(state[0])
+            x = Tensor.stack(outs)
+            hs.append(state[0])
+            cs.append(state[1])
+        return (x.transpose(0, 1) if self.batch_first else x), (Tensor.stack(hs), Tensor.stack(cs))
+
+
 class Embedding:
     """Rows of weight (vocab_size, embed_size) picked by integer indices; weight ~ N(0, 1) like PyTorch."""
 
@@ -223,5 +259,5 @@ class Embedding:
 
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm",
-           "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "LSTMCell",
+           "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "LSTMCell", "LSTM",
            "Embedding"]

@@ -239,3 +239,24 @@ def test_lstm(device):
     tout, (th, tc) = theirs(torch.tensor(x))
     for what, a, b in (("out", out, tout), ("h", h, th), ("c", c, tc)):
         compare(what, a.numpy(), b.detach().numpy(), 1e-5, 1e-4)
+
+
+def test_torch_load(device, tmp_path):
+    """A torch.save checkpoint read without torch: strided views, bfloat16 (as float32), half, int64."""
+    from tgrad.nn.state import StateDictError, torch_load
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    state = dict(model.state_dict())
+    state["view"] = torch.arange(12).reshape(3, 4).T
+    state["bf16"] = torch.tensor([1.5, -2.25]).bfloat16()
+    state["half"] = torch.tensor([0.5]).half()
+    torch.save(state, tmp_path / "model.pt")
+    loaded = torch_load(tmp_path / "model.pt")
+    assert list(loaded) == list(state)
+    for key, value in state.items():
+        expected = value.float().numpy() if value.dtype == torch.bfloat16 else value.numpy()
+        np.testing.assert_array_equal(loaded[key].numpy(), expected, err_msg=key)
+        assert loaded[key].device == device
+    (tmp_path / "legacy.pt").write_bytes(b"not a zip")
+    with pytest.raises(StateDictError, match="legacy"):
+        torch_load(tmp_path / "legacy.pt")

@@ -148,9 +148,15 @@ def test_shifts_and_bitwise_not(device):
         Tensor([1.0]) << 1
 
 
-def test_div_rounding_mode_typo(device):
+def test_bad_string_arguments(device):
     with pytest.raises(ArgumentError, match="rounding_mode"):
         Tensor([1.0]).div(2, rounding_mode="typo")
+    with pytest.raises(ArgumentError, match="approximate"):
+        Tensor([1.0]).gelu(approximate="typo")
+    with pytest.raises(ArgumentError, match="reduction"):
+        Tensor([0.5]).binary_crossentropy(Tensor([1.0]), reduction="typo")
+    with pytest.raises(ArgumentError, match="reduction"):
+        Tensor([[0.5, 1.0]]).cross_entropy(Tensor([1]), reduction="typo")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1178,6 +1178,8 @@ class Tensor(metaclass=_NoGradMeta):
         return x.sign() * (1.0 - poly * (-x * x).exp())
 
     def gelu(self, approximate: str = "none") -> Tensor:
+        if approximate not in ("none", "tanh"):
+            raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
         if approximate == "tanh":
             return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())

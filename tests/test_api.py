@@ -260,3 +260,45 @@ def test_torch_load(device, tmp_path):
     (tmp_path / "legacy.pt").write_bytes(b"not a zip")
     with pytest.raises(StateDictError, match="legacy"):
         torch_load(tmp_path / "legacy.pt")
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        0,
+        (slice(None), 1),
+        (Ellipsis, slice(1, 3)),
+        (1, slice(None), 2),
+        (slice(None), slice(None, None, 2)),
+        ([0, 1], [2, 0]),
+        (None, 0, -1),
+    ],
+)
+def test_setitem(device, index):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ours, theirs = Tensor(x), torch.tensor(x)
+    ours[index] = 5.0
+    theirs[index] = 5.0
+    compare("setitem", ours.numpy(), theirs.numpy(), 0, 0)
+
+
+def test_setitem_tensor_values_masks_gradients(device):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    ours, theirs = Tensor(x), torch.tensor(x)
+    ours[1, :, 2], theirs[1, :, 2] = Tensor([9.0, 8.0, 7.0]), torch.tensor([9.0, 8.0, 7.0])
+    ours[0], theirs[0] = Tensor.ones(1, 3, 4), torch.ones(1, 3, 4)
+    ours[ours > 10], theirs[theirs > 10] = 0.0, 0.0
+    compare("setitem", ours.numpy(), theirs.numpy(), 0, 0)
+    leaf, tleaf = (
+        Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True),
+        torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True),
+    )
+    value, tvalue = Tensor(10.0, requires_grad=True), torch.tensor(10.0, requires_grad=True)
+    y, ty = leaf * 2, tleaf * 2
+    y[0, 1], ty[0, 1] = value, tvalue
+    (y * Tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+    (ty * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+    compare("grad", leaf.grad.numpy(), tleaf.grad.numpy(), 0, 0)
+    compare("value grad", value.grad.numpy(), tvalue.grad.numpy(), 0, 0)
+    with pytest.raises(IndexError):
+        ours[2] = 1.0

@@ -1862,6 +1862,57 @@ class Tensor(metaclass=_NoGradMeta):
         where = [kept.index(("gather", a)) for a, _ in gathers]
         return x._gather_axes(where, [t for _, t in gathers])
 
+    def __setitem__(self, index, value) -> None:
+        """t[index] = value (PyTorch's): ints, slices, None and ... write a box (a padded mask); slices
+        with steps, integer tensors and masks write through scatter. Done with assign(): the tensor's
+        buffer is updated in place, and gradients flow to value and to the elements not written."""
+        index = index if isinstance(index, tuple) else (index,)
+        box = self._box(index)
+        if box is not None:
+            region, keep = box
+            shape = tuple(e - b for b, e in region)
+            v = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
+            while v.ndim > len(keep) and v.shape[0] == 1:  # leading 1s broadcast away, as in PyTorch
+                v = v.reshape(v.shape[1:])
+            v = v.cast(self.dtype)._broadcast_to(tuple(shape[i] for i in keep)).reshape(shape)
+            pads = tuple((b, n - e) for (b, e), n in zip(region, self.shape))
+            inside = Tensor.ones(*shape, dtype=dtypes.bool, device=self.device).pad(pads)
+            self.assign(inside.where(v.pad(pads), self))
+            return
+        positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
+        v = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
+        v = v.cast(self.dtype)._broadcast_to(positions.shape)
+        flat = self.flatten().scatter(0, positions.flatten(), v.flatten())
+        self.assign(flat.reshape(self.shape))
+
+    def _box(self, index: tuple):
+        """For an index of ints, step-1 slices, None and ...: the (begin, end) region per axis and which
+        axes remain in the indexed result; None for anything else."""
+        def basic(v) -> bool:
+            integer = isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            return v is None or v is Ellipsis or integer or isinstance(v, slice) and v.step in (None, 1)
+
+        if not all(basic(v) for v in index):
+            return None
+        real = [v for v in index if v is not None]
+        if sum(v is Ellipsis for v in real) > 1 or len(real) - (Ellipsis in real) > self.ndim:
+            return None  # __getitem__'s errors
+        if Ellipsis in real:
+            pos = real.index(Ellipsis)
+            real = real[:pos] + [slice(None)] * (self.ndim - len(real) + 1) + real[pos + 1 :]
+        real += [slice(None)] * (self.ndim - len(real))
+        region, keep = [], []
+        for axis, (v, n) in enumerate(zip(real, self.shape)):
+            if isinstance(v, slice):
+                b, e, _ = v.indices(n)
+                region.append((b, max(b, e)))
+                keep.append(axis)
+            else:
+                if not -n <= int(v) < n:
+                    raise IndexRangeError(f"index {int(v)} is out of bounds for axis {axis} with size {n}")
+                region.append((int(v) % n, int(v) % n + 1))
+        return region, keep
+
     def _gather_axes(self, axes: list[int], indices: list[Tensor]) -> Tensor:
         """Advanced indexing of several axes at once by integer tensors that broadcast together."""
         if len(axes) == 1:

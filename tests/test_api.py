@@ -302,3 +302,23 @@ def test_setitem_tensor_values_masks_gradients(device):
     compare("value grad", value.grad.numpy(), tvalue.grad.numpy(), 0, 0)
     with pytest.raises(IndexError):
         ours[2] = 1.0
+
+
+def test_safe_load_bfloat16_and_half(device, tmp_path):
+    from safetensors.torch import save_file
+
+    from tgrad.nn.state import safe_load
+
+    state = {
+        "bf16": torch.tensor([[1.5, -2.25], [3.0, 0.1]]).bfloat16(),
+        "half": torch.tensor([0.5]).half(),
+        "ints": torch.arange(3),
+        "empty": torch.zeros(0, 2),
+    }
+    save_file(state, str(tmp_path / "m.safetensors"))
+    loaded = safe_load(tmp_path / "m.safetensors")
+    assert loaded["bf16"].dtype == dtypes.float32 and loaded["half"].dtype == dtypes.float16
+    for key, value in state.items():
+        np.testing.assert_array_equal(
+            loaded[key].numpy(), value.float().numpy() if key == "bf16" else value.numpy()
+        )

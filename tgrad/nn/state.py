@@ -92,11 +92,32 @@ def safe_save(state: dict[str, Tensor], path: str | Path, metadata: dict[str, st
     save_file({k: np.array(_to_numpy(v), order="C") for k, v in state.items()}, str(path), metadata)
 
 
-def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
-    """Read a .safetensors file into a dict of Tensors (file order kept)."""
-    from safetensors.numpy import load_file
+_SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16", "I64": np.int64,
+                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+                "U16": np.uint16, "U32": np.uint32, "U64": np.uint64}
 
-    return {k: Tensor(v, device=device) for k, v in load_file(str(path)).items()}
+
+def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
+    """Read a .safetensors file into a dict of Tensors (file order kept), with the standard library and
+    numpy: an 8-byte header length, a JSON header, then the data. bfloat16 tensors become float32."""
+    import json
+
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for key, info in header.items():
+        if info["dtype"] not in _SAFE_DTYPES:
+            raise StateDictError(f"safe_load: {key} has dtype {info['dtype']}, which tgrad cannot read")
+        begin, end = info["data_offsets"]
+        data, dtype = raw[8 + n + begin : 8 + n + end], _SAFE_DTYPES[info["dtype"]]
+        if dtype == "bfloat16":  # the high half of a float32
+            arr = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = np.frombuffer(data, dtype)
+        out[key] = Tensor(arr.reshape(info["shape"]), device=device)
+    return out
 
 
 # torch.save's storage classes -> numpy dtypes; bfloat16 is widened to float32 when loaded

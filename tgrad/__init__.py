@@ -2,7 +2,8 @@
 
 from tgrad.device import Device
 from tgrad.dtype import DType, dtypes
+from tgrad.jit import TinyJit
 from tgrad.tensor import Tensor
 
-__all__ = ["Tensor", "Device", "dtypes", "DType"]
+__all__ = ["Tensor", "TinyJit", "Device", "dtypes", "DType"]
 __version__ = "0.1.0"

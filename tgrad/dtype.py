@@ -28,6 +28,20 @@ class DType:
     def is_int(self) -> bool:
         return self.kind in "iu"
 
+    @property
+    def min(self):
+        """The smallest value (-inf for floats), as a Python scalar."""
+        if self.kind == "b":
+            return False
+        return -float("inf") if self.is_float else int(np.iinfo(self.np).min)
+
+    @property
+    def max(self):
+        """The largest value (inf for floats), as a Python scalar."""
+        if self.kind == "b":
+            return True
+        return float("inf") if self.is_float else int(np.iinfo(self.np).max)
+
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
 
@@ -42,6 +56,11 @@ class dtypes:
     float16 = DType("float16", 2, "f", 6)
     float32 = DType("float32", 4, "f", 7)
     float64 = DType("float64", 8, "f", 8)
+    # like PyTorch's: storage and arithmetic among themselves (and with Python scalars), no promotion
+    # with other dtypes; only the CPU and NUMPY devices have them
+    uint16 = DType("uint16", 2, "u", 9)
+    uint32 = DType("uint32", 4, "u", 10)
+    uint64 = DType("uint64", 8, "u", 11)
     half = float16
     float = float32
     double = float64
@@ -49,7 +68,10 @@ class dtypes:
     long = int64
     default_float = float32
     default_int = int64
-    all = (bool, uint8, int8, int16, int32, int64, float16, float32, float64)
+    all = (bool, uint8, int8, int16, int32, int64, float16, float32, float64, uint16, uint32, uint64)
+    # the dtypes only some devices have, and those devices
+    HOST_ONLY = (uint16, uint32, uint64)
+    HOST_DEVICES = ("CPU", "NUMPY")
 
     @staticmethod
     def from_any(x) -> DType:
@@ -57,7 +79,7 @@ class dtypes:
         if isinstance(x, DType):
             return x
         if isinstance(x, str):
-            name = x
+            name = _ALIASES.get(x, x)
         else:
             try:
                 name = np.dtype(x).name
@@ -78,10 +100,17 @@ class dtypes:
         return dtypes.default_float
 
 
+# PyTorch's and C's short names for dtypes (torch.int is int32, torch.long int64, torch.half float16)
+_ALIASES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "half": "float16",
+            "short": "int16", "char": "int8", "uchar": "uint8"}
+
+
 def promote(a: DType, b: DType) -> DType:
     """PyTorch's promotion of two tensor dtypes (e.g. uint8 + int8 -> int16, int32 + float16 -> float16)."""
     if a == b:
         return a
+    if a in dtypes.HOST_ONLY or b in dtypes.HOST_ONLY:
+        raise DTypeError(f"promoting {a.name} with {b.name} is not supported (as in PyTorch); cast one first")
     if a.kind == "f" or b.kind == "f":
         if a.kind != "f":
             return b

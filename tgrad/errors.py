@@ -31,12 +31,28 @@ def user_frame() -> str:
     return ""
 
 
-class ShapeError(TgradError, ValueError):
-    pass
+class ShapeError(TgradError, ValueError, RuntimeError):
+    """Shapes that do not fit. Also a RuntimeError, which PyTorch raises for the same mistakes."""
 
 
-class DTypeError(TgradError, TypeError):
-    pass
+class IndexRangeError(ShapeError, IndexError):
+    """An axis or an index out of range; an IndexError, like PyTorch's."""
+
+
+class ArgumentError(TgradError, ValueError, RuntimeError):
+    """A bad argument value (a mode or reduction name, a count); a RuntimeError too, like PyTorch's."""
+
+
+class ModeError(ArgumentError, NotImplementedError):
+    """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
+
+
+class ValueOverflowError(TgradError, OverflowError):
+    """A value that the requested dtype cannot hold (tgrad refuses instead of wrapping silently)."""
+
+
+class DTypeError(TgradError, TypeError, RuntimeError):
+    """A dtype that does not fit; also a RuntimeError, which PyTorch raises for dtype mismatches."""
 
 
 class DeviceError(TgradError, RuntimeError):

@@ -23,6 +23,7 @@ import numpy as np
 from tgrad import device, fuse, schedule_cache
 from tgrad.device import Buffer, Runner, Runtime, Stats, get_runtime
 from tgrad.dtype import DType
+from tgrad.errors import user_frame
 from tgrad.graph import MOVEMENT, Node, Op, prod
 from tgrad.runtime.numpy import movement
 
@@ -130,9 +131,39 @@ def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: fl
           f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s", file=sys.stderr)
 
 
+def pretty(expr, indent: int = 0, width: int = 100) -> str:
+    """A kernel expression for people (DEBUG=3): on one line when it fits in `width`, else one
+    sub-expression per line, its arguments indented under it."""
+    flat = repr(expr)
+    if expr is None or indent + len(flat) <= width or not getattr(expr, "srcs", None):
+        return flat
+    pad = " " * (indent + 2)
+    if expr.op == "LOAD":
+        index, valid = expr.srcs[0], expr.srcs[1]
+        head = f"in{expr.arg}[\n{pad}{pretty(index, indent + 2, width)}\n{' ' * indent}]"
+        return head if fuse.is_true(valid) else f"{head} if\n{pad}{pretty(valid, indent + 2, width)}"
+    args = f",\n{pad}".join(pretty(src, indent + 2, width) for src in expr.srcs)
+    return f"{expr.op}(\n{pad}{args}\n{' ' * indent})"
+
+
 def _runs(kernel: fuse.Kernel) -> bool:
     """Whether a kernel has work (an empty output needs no launch, a 0-d one does)."""
     return prod(kernel.global_shape) > 0 or not kernel.shape
+
+
+class _Progress:
+    """Compile time of one realize; once it passes 2 s, a line per second on stderr (kernels compiled /
+    to compile) when stderr is a terminal or DEBUG >= 1."""
+
+    def __init__(self, to_compile: int):
+        self.total, self.done, self.seconds, self.shown = to_compile, 0, 0.0, 0.0
+
+    def compiled(self, seconds: float) -> None:
+        self.done, self.seconds = self.done + 1, self.seconds + seconds
+        loud = device.DEBUG >= 1 or sys.stderr.isatty()
+        if loud and self.seconds > 2.0 and self.seconds - self.shown >= 1.0 and self.done < self.total:
+            self.shown = self.seconds
+            print(f"tgrad: compiled {self.done}/{self.total} kernels ({self.seconds:.1f} s)", file=sys.stderr)
 
 
 def run_schedule(items: list[fuse.ScheduleItem]) -> None:
@@ -143,17 +174,24 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
         rt = get_runtime(it.out.device)
         if it.kernel not in rt.runners and _runs(it.kernel):
             new.setdefault(rt, []).append(it.kernel)
+    progress = _Progress(sum(len(ks) for ks in new.values()))
+    t0 = time.perf_counter()
     for rt, kernels in new.items():
         rt.prepare(kernels)
+    progress.seconds += time.perf_counter() - t0
     for it in items:
         rt = get_runtime(it.out.device)
         k = it.kernel
         out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
         if _runs(k):
+            fresh = k not in rt.runners
+            t0 = time.perf_counter()
             runner = rt.runner(k)
+            if fresh:
+                progress.compiled(time.perf_counter() - t0)
             if device.DEBUG >= 3:
                 print(f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
-                      f"  expr {k.expr!r}\n  reduce {k.reduce_expr!r}", file=sys.stderr)
+                      f"  expr   {pretty(k.expr, 9)}\n  reduce {pretty(k.reduce_expr, 9)}", file=sys.stderr)
             if device.DEBUG >= 4:
                 print(runner.source, file=sys.stderr)
             t0 = time.perf_counter()
@@ -168,7 +206,9 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
         it.out.buffer = out
     if device.DEBUG >= 1 and items:
         ms = (time.perf_counter() - t_all) * 1e3
-        print(f"realize: {len(items)} kernels in {ms:.2f} ms", file=sys.stderr)
+        where = user_frame() or "inside tgrad"
+        print(f"realize: {len(items)} kernels in {ms:.2f} ms ({progress.total} compiled in "
+              f"{progress.seconds * 1e3:.2f} ms, the rest running) {where}", file=sys.stderr)
 
 
 def realize(nodes: list[Node]) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,17 @@ from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
 from tgrad.dtype import DType, dtypes, promote, promote_scalar
-from tgrad.errors import AutogradError, DeviceError, DTypeError, ShapeError
+from tgrad.errors import (
+    ArgumentError,
+    AutogradError,
+    DeviceError,
+    DTypeError,
+    IndexRangeError,
+    ModeError,
+    ShapeError,
+    TgradError,
+    ValueOverflowError,
+)
 from tgrad.graph import Node, Op
 
 Scalar = int | float | bool
@@ -33,8 +43,16 @@ def pending_assigns() -> list[Tensor]:
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise ShapeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
+        raise IndexRangeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1) if ndim else 0
+
+
+def _dtype_on(dtype: DType, device: str) -> DType:
+    """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
+    if dtype in dtypes.HOST_ONLY and device not in dtypes.HOST_DEVICES:
+        raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
+                         "cast to a signed integer type first")
+    return dtype
 
 
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -64,8 +82,24 @@ class _NoGradMeta(type):
 
 
 class _NoGradFlag:
+    """`Tensor.no_grad`: true while gradients are off; `with Tensor.no_grad:`, `with Tensor.no_grad():`,
+    `@Tensor.no_grad` and `@Tensor.no_grad()` turn them off (torch.no_grad's forms)."""
+
     def __init__(self, value: bool):
         self.value = value
+
+    def __call__(self, fn=None):
+        if fn is None:
+            return self
+        if not callable(fn):
+            raise TypeError("Tensor.no_grad() takes no arguments, or decorates a function")
+
+        @functools.wraps(fn)
+        def without_grad(*args, **kwargs):
+            with _NoGradFlag(True):
+                return fn(*args, **kwargs)
+
+        return without_grad
 
     def __bool__(self) -> bool:
         return self.value
@@ -79,11 +113,36 @@ class _NoGradFlag:
         _NoGradMeta._no_grad = self.prev
 
 
+class _Training:
+    """`with Tensor.train():` (or `Tensor.train(False)`, also as a decorator) sets Tensor.training for a
+    block, like tinygrad's Tensor.train."""
+
+    def __init__(self, mode: bool = True):
+        self.mode = mode
+
+    def __enter__(self):
+        self.prev, Tensor.training = Tensor.training, self.mode
+        return self
+
+    def __exit__(self, *exc):
+        Tensor.training = self.prev
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def in_mode(*args, **kwargs):
+            with _Training(self.mode):
+                return fn(*args, **kwargs)
+
+        return in_mode
+
+
 class Tensor(metaclass=_NoGradMeta):
     """A lazy n-dimensional array with autograd. Nothing runs until numpy()/tolist()/item()/realize()."""
 
     __slots__ = ("node", "_requires_grad", "grad", "__weakref__")
+    __array_ufunc__ = None  # numpy_array * tensor calls Tensor.__rmul__ instead of converting the tensor
     training = False
+    train = _Training
     _rng = np.random.default_rng(0)
 
     def __init__(
@@ -163,8 +222,31 @@ class Tensor(metaclass=_NoGradMeta):
         return self
 
     def __repr__(self) -> str:
+        """The values (like PyTorch's print) when the tensor is computed or small (<= 1000 elements, then
+        computed now); else its shape, dtype and device."""
         rg = f", requires_grad={self.requires_grad}" if self.requires_grad else ""
+        if self.node.realized or self.numel() <= 1000:
+            try:
+                values = np.array2string(self.numpy(), separator=", ", threshold=100, prefix="Tensor(")
+                return f"Tensor({values}, dtype={self.dtype.name}, device={self.device}{rg})"
+            except TgradError:  # e.g. inside a TinyJit capture, where reading values is refused
+                pass
         return f"<Tensor {self.shape} {self.dtype.name} on {self.device}{rg}>"
+
+    def __format__(self, spec: str) -> str:
+        """f"{loss:.3f}" formats a one-element tensor's value."""
+        return format(self.item(), spec) if spec and self.numel() == 1 else format(repr(self), spec)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """np.asarray(t) and np.array(t): the values (a copy)."""
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype)
 
     def __hash__(self) -> int:
         return id(self)
@@ -275,6 +357,25 @@ class Tensor(metaclass=_NoGradMeta):
             t.grad = gt if t.grad is None else Tensor(g.alu(Op.ADD, t.grad.node, gn))
         return self
 
+    def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+        """d self / d target for each target, as new lazy tensors (tinygrad's functional autograd): no
+        .grad is touched and the targets need not require gradients. A target self does not depend on
+        gets zeros. Differentiating the result again gives higher derivatives."""
+        if gradient is None:
+            if self.numel() != 1:
+                raise AutogradError(
+                    f"gradient() needs a scalar (one element) but this tensor has shape {self.shape}; "
+                    "reduce it first or pass gradient="
+                )
+            gradient = Tensor.ones(*self.shape, device=self.device, dtype=self.dtype)
+        elif gradient.shape != self.shape:
+            raise ShapeError(f"gradient: gradient shape {gradient.shape} does not match {self.shape}")
+        for t in (self, *targets):
+            if not t.dtype.is_float:
+                raise AutogradError(f"gradient: only float tensors have gradients, got {t.dtype.name}")
+        grads = autodiff.gradients(self.node, gradient.cast(self.dtype).node, {t.node for t in targets})
+        return [Tensor(grads[t.node]) if t.node in grads else t.zeros_like() for t in targets]
+
     # ----------------------------------------------------------------------------------------------
     # construction helpers
 
@@ -288,6 +389,8 @@ class Tensor(metaclass=_NoGradMeta):
     def _shape_arg(shape) -> tuple[int, ...]:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
+        if not all(isinstance(s, (int, np.integer)) for s in shape):
+            raise ShapeError(f"a shape is a sequence of ints, got {shape}")
         out = tuple(int(s) for s in shape)
         if any(s < 0 for s in out):
             raise ShapeError(f"negative dimension in shape {out}")
@@ -296,8 +399,9 @@ class Tensor(metaclass=_NoGradMeta):
     @staticmethod
     def full(shape, fill_value: Scalar, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
-        dt = dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        t = Tensor(g.const(fill_value, dt, Device.canonicalize(device), shape))
+        device = Device.canonicalize(device)
+        dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value), device)
+        t = Tensor(g.const(fill_value, dt, device, shape))
         if requires_grad:
             t.requires_grad = True
         return t
@@ -324,7 +428,11 @@ class Tensor(metaclass=_NoGradMeta):
 
     @staticmethod
     def empty(*shape, dtype=None, device=None) -> Tensor:
-        return Tensor.zeros(*shape, dtype=dtype, device=device)
+        """A new buffer whose contents are whatever the memory held (uninitialised, as in PyTorch)."""
+        shape = Tensor._shape_arg(shape)
+        device = Device.canonicalize(device)
+        dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.default_float, device)
+        return Tensor(Node.from_buffer(get_runtime(device).alloc(math.prod(shape), dt), shape, dt, device))
 
     def zeros_like(self, **kw) -> Tensor:
         return Tensor.full(self.shape, 0, **{"dtype": self.dtype, "device": self.device, **kw})
@@ -342,12 +450,17 @@ class Tensor(metaclass=_NoGradMeta):
         if step == 0:
             raise ValueError("arange: step must not be zero")
         all_int = all(isinstance(v, int) for v in (start, stop, step))
-        dt = (
-            dtypes.from_any(dtype)
-            if dtype is not None
-            else (dtypes.default_int if all_int else dtypes.default_float)
-        )
+        if dtype is not None:
+            dt = dtypes.from_any(dtype)
+        elif all_int:
+            fits = dtypes.default_int.min <= min(start, stop) and max(start, stop) <= dtypes.default_int.max
+            dt = dtypes.default_int if fits else dtypes.int64
+        else:
+            dt = dtypes.default_float
         n = max(0, math.ceil((stop - start) / step))
+        if dt.is_int and n and not dt.min <= min(start, start + (n - 1) * step) <= max(
+            start, start + (n - 1) * step) <= dt.max:
+            raise ValueOverflowError(f"arange({start}, {stop}, {step}): values outside {dt.name}")
         return Tensor(
             (start + np.arange(n, dtype=np.float64 if not all_int else np.int64) * step).astype(dt.np),
             device=device,
@@ -357,6 +470,8 @@ class Tensor(metaclass=_NoGradMeta):
     @staticmethod
     def linspace(start, stop, steps: int, dtype=None, device=None) -> Tensor:
         dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+        if dt == dtypes.bool:
+            raise DTypeError("linspace: bool is not a supported dtype")
         return Tensor(np.linspace(start, stop, steps).astype(dt.np), device=device, dtype=dt)
 
     @staticmethod
@@ -429,6 +544,19 @@ class Tensor(metaclass=_NoGradMeta):
         return Tensor.uniform(*shape, low=-bound, high=bound, **kw)
 
     @staticmethod
+    def kaiming_normal(*shape, a: float = 0.01, **kw) -> Tensor:
+        shape = Tensor._shape_arg(shape)
+        std = math.sqrt(2.0 / (1 + a * a)) / math.sqrt(math.prod(shape[1:]))
+        return Tensor.normal(*shape, mean=0.0, std=std, **kw)
+
+    @staticmethod
+    def scaled_uniform(*shape, **kw) -> Tensor:
+        """Uniform in [-1, 1) scaled by 1/sqrt(numel) (tinygrad's)."""
+        shape = Tensor._shape_arg(shape)
+        bound = math.prod(shape) ** -0.5
+        return Tensor.uniform(*shape, low=-bound, high=bound, **kw)
+
+    @staticmethod
     def glorot_uniform(*shape, **kw) -> Tensor:
         shape = Tensor._shape_arg(shape)
         bound = math.sqrt(6.0 / (shape[0] + math.prod(shape[1:])))
@@ -444,7 +572,7 @@ class Tensor(metaclass=_NoGradMeta):
     # dtype
 
     def cast(self, dtype) -> Tensor:
-        dtype = dtypes.from_any(dtype)
+        dtype = _dtype_on(dtypes.from_any(dtype), self.device)
         if dtype == self.dtype:
             return self
         out = self._from(g.cast(self.node, dtype))
@@ -537,6 +665,8 @@ class Tensor(metaclass=_NoGradMeta):
             return a._alu(Op.IDIV, b) if a.dtype.is_int else (a / b).trunc()
         if rounding_mode == "floor":
             return self.floordiv(y, reverse)
+        if rounding_mode is not None:
+            raise ArgumentError(f"div: rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
@@ -564,31 +694,93 @@ class Tensor(metaclass=_NoGradMeta):
         return a._alu(Op.MOD, b) if a.dtype.is_int else a - (a / b).trunc() * b
 
     def pow(self, y, reverse=False) -> Tensor:
+        """self ** y. Small integer exponents multiply; integer tensors to integer powers stay integers
+        (wrapping like PyTorch); otherwise exp2(y * log2|x|) with the signs and special values of C's pow,
+        and PyTorch's gradients (also at 0, inf and negative bases)."""
         if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
-            if y == 0:
-                return (
-                    self.ones_like()
-                    if self.dtype.is_float or isinstance(y, int)
-                    else self.float().ones_like()
-                )
+            if y == 0:  # 1 everywhere, gradient 0 (still connected to self, as in PyTorch)
+                x = self if self.dtype.is_float or isinstance(y, int) else self.float()
+                if not x.dtype.is_float:
+                    return x.ones_like()
+                return x.ones_like() + _gradient_only(x, x.zeros_like())
             if y == 0.5:
                 return self.sqrt()
+            if isinstance(y, int) and not self.dtype.is_float:
+                return self._int_pow(y)
             if float(y).is_integer() and abs(y) <= 8:
                 base = self if isinstance(y, int) else self.cast(promote_scalar(self.dtype, y))
                 out = base
                 for _ in range(int(abs(y)) - 1):
                     out = out * base
                 return out.reciprocal() if y < 0 else out
+        if isinstance(y, (int, float)) and not isinstance(y, bool):  # one side a Python number
+            x = self._float()
+            return x._pow_scalar_base(float(y)) if reverse else x._pow_scalar(float(y))
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
-        mag = (b * a.abs().log2()).exp2()
-        is_int = b.trunc() == b
-        odd = is_int & ((b.abs() % 2) == 1)
-        neg = a < 0
-        signed = odd.where(-mag, mag)
-        out = neg.where(is_int.where(signed, math.nan), mag)
-        return (b == 0).where(1.0, out)
+        value = _pow_value(a.detach(), b.detach())
+        if Tensor.no_grad:
+            return value
+        # Where a > 0 and both are finite, exp2(b * log2(a)) has the right gradients (and higher ones): use
+        # it, on inputs masked so that no inf * 0 reaches a or b from the other places. Elsewhere (0, inf,
+        # negative bases) PyTorch's slopes are put in as constants: d/da = b * a**(b-1) (0 where b == 0),
+        # d/db = a**b * log(a) (0 where a == 0 <= b); there the second derivative is 0.
+        regular = (a > 0).where(a.isfinite(), False).where(b.isfinite(), False)
+        smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
+        ad, bd = a.detach(), b.detach()
+        # the slopes are 0 where the smooth branch is taken: an inf slope there would get a 0 gradient
+        # from the where() below, and 0 * inf is nan
+        da = regular.where(0.0, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
+        db = regular.where(0.0, (ad == 0).where(bd >= 0, False).where(0.0, value * ad.log()))
+        edge = value + _gradient_only(a, da) + _gradient_only(b, db)
+        return regular.where(smooth, edge)
+
+    def _pow_scalar(self, e: float) -> Tensor:
+        """self ** e for a Python exponent: pow's rules with the exponent's cases decided on the host."""
+        value = _pow_value(self.detach(), e)
+        if Tensor.no_grad or e == 0:
+            return value
+        regular = (self > 0).where(self.isfinite(), False)
+        smooth = (regular.where(self, 1.0).log2() * e).exp2()
+        slope = e * _pow_value(self.detach(), e - 1)  # PyTorch's d/dx at 0, inf and negative x
+        return regular.where(smooth, value + _gradient_only(self, regular.where(0.0, slope)))
+
+    def _pow_scalar_base(self, c: float) -> Tensor:
+        """c ** self for a Python base c (c ** 0 is 1 for every c, as in C)."""
+        if c > 0 and math.isfinite(c):
+            return (self * math.log2(c)).exp2()
+        if math.isnan(c):
+            value = self * math.nan
+        elif c == 0:
+            value = (self > 0).where(0.0, math.inf)
+        else:  # negative or infinite
+            mag = (self * math.log2(abs(c))).exp2()
+            value = mag
+            if c < 0:
+                is_int = self.trunc() == self
+                signed = is_int.where((self.abs() % 2) == 1, False).where(-mag, mag)
+                value = is_int.where(signed, mag if c == -math.inf else math.nan)
+        value = (self == 0).where(1.0, value).detach()
+        if Tensor.no_grad:
+            return value
+        # PyTorch: d/dx c**x = c**x * log(c), and 0 where c == 0 <= x
+        if c == 0:
+            slope = (self.detach() >= 0).where(0.0, -math.inf)
+        else:
+            slope = value * (math.log(c) if c > 0 else math.nan)
+        return value + _gradient_only(self, slope)
+
+    def _int_pow(self, n: int) -> Tensor:
+        """An integer tensor to a non-negative integer power by repeated squaring (wraps on overflow)."""
+        if n < 0:
+            raise ArgumentError(f"pow: integers to negative integer powers ({n}) are not allowed")
+        out, base = self.ones_like(), self
+        while n:
+            if n & 1:
+                out = out * base
+            base, n = base * base, n >> 1
+        return out
 
     def maximum(self, y) -> Tensor:
         return self._binop(Op.MAX, y)
@@ -668,6 +860,55 @@ class Tensor(metaclass=_NoGradMeta):
             raise DTypeError("~ needs bool or integer tensors")
         return self ^ -1 if self.dtype.kind == "i" else self ^ int(np.iinfo(self.dtype.np).max)
 
+    def bitwise_not(self) -> Tensor:
+        return ~self
+
+    def _check_shift(self, n, op: str) -> None:
+        n_int = isinstance(n, Tensor) and n.dtype.is_int or isinstance(n, int) and not isinstance(n, bool)
+        if not self.dtype.is_int or not n_int or (isinstance(n, int) and n < 0):
+            what = n.dtype.name if isinstance(n, Tensor) else repr(n)
+            raise DTypeError(f"{op} needs integer tensors and shifts >= 0, not {self.dtype.name} {op} {what}")
+
+    def lshift(self, n: int | Tensor) -> Tensor:
+        """self * 2**n for integer tensors: bits shifted out are lost, as in C (the factor wraps too)."""
+        self._check_shift(n, "<<")
+        if isinstance(n, Tensor):
+            return self._shift_by(n, lambda x, k: x * (1 << k), self.zeros_like())
+        bits = 8 * self.dtype.itemsize
+        factor = (1 << n) % (1 << bits)
+        return self * (factor - (1 << bits) if factor > self.dtype.max else factor)
+
+    def rshift(self, n: int | Tensor) -> Tensor:
+        """Arithmetic shift: floor(self / 2**n), as PyTorch's >> on signed integers."""
+        self._check_shift(n, ">>")
+        if isinstance(n, Tensor):
+            sign = (self < 0).where(-1, 0).cast(self.dtype) if self.dtype.kind == "i" else self.zeros_like()
+            return self._shift_by(n, lambda x, k: x // (1 << k), sign)
+        if (1 << n) > self.dtype.max:  # everything shifted out: the sign is left
+            return (self < 0).where(-1, 0).cast(self.dtype) if self.dtype.kind == "i" else self.zeros_like()
+        return self // (1 << n)
+
+    def _shift_by(self, n: Tensor, step, outside: Tensor) -> Tensor:
+        """Shift each element by its own count n: one conditional shift by 2**j for each bit j of n (so
+        every factor fits the dtype); counts >= the bit width give `outside`."""
+        bits, x = 8 * self.dtype.itemsize, self
+        n = n.cast(self.dtype) if self.dtype.kind == "u" else n
+        for j in range(bits.bit_length() - 1):
+            x = ((n // (1 << j)) % 2 == 1).where(step(x, 1 << j), x)
+        return (n >= bits).where(outside, x)
+
+    def bitwise_left_shift(self, n: int | Tensor) -> Tensor:
+        return self.lshift(n)
+
+    def bitwise_right_shift(self, n: int | Tensor) -> Tensor:
+        return self.rshift(n)
+
+    def __lshift__(self, n: int | Tensor) -> Tensor:
+        return self.lshift(n)
+
+    def __rshift__(self, n: int | Tensor) -> Tensor:
+        return self.rshift(n)
+
     # python operators
     def __add__(self, y):
         return self.add(y)
@@ -731,6 +972,37 @@ class Tensor(metaclass=_NoGradMeta):
 
     def __itruediv__(self, y):
         return self.assign(self / y)
+
+    # in place (PyTorch's trailing underscore): assign() the result to this tensor
+    def add_(self, y) -> Tensor:
+        return self.assign(self + y)
+
+    def sub_(self, y) -> Tensor:
+        return self.assign(self - y)
+
+    def mul_(self, y) -> Tensor:
+        return self.assign(self * y)
+
+    def div_(self, y) -> Tensor:
+        return self.assign(self / y)
+
+    def clamp_(self, min=None, max=None) -> Tensor:  # noqa: A002 - PyTorch's names
+        return self.assign(self.clamp(min, max))
+
+    def zero_(self) -> Tensor:
+        return self.assign(self.zeros_like())
+
+    def fill_(self, value) -> Tensor:
+        return self.assign(self.full_like(value))
+
+    def uniform_(self, low: float = 0.0, high: float = 1.0) -> Tensor:
+        return self.assign(Tensor.uniform(*self.shape, low=low, high=high, **self._like_kw()))
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        return self.assign(Tensor.normal(*self.shape, mean=mean, std=std, **self._like_kw()))
+
+    def _like_kw(self) -> dict:
+        return {"dtype": self.dtype, "device": self.device}
 
     # ----------------------------------------------------------------------------------------------
     # unary math (float results for int inputs, like PyTorch)
@@ -808,8 +1080,77 @@ class Tensor(metaclass=_NoGradMeta):
     def isnan(self) -> Tensor:
         return self != self
 
-    def isinf(self) -> Tensor:
-        return (self == math.inf) | (self == -math.inf)
+    def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+        # where() instead of | and &: Triton's interpreter cannot combine bools derived from constants
+        pos, neg = self == math.inf, self == -math.inf
+        if detect_positive and detect_negative:
+            return pos.where(True, neg)
+        return pos if detect_positive else neg if detect_negative else self.zeros_like(dtype=dtypes.bool)
+
+    def isfinite(self) -> Tensor:
+        return self.isinf().where(False, self.isnan().logical_not())
+
+    def isclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+        """|self - other| <= atol + rtol * |other| elementwise (PyTorch's); an inf only equals itself."""
+        a, b = self._broadcasted(other)
+        near = (a - b).abs() <= atol + rtol * b.abs()
+        out = (a == b) | (a.isfinite() & b.isfinite() & near)
+        return out | (a.isnan() & b.isnan()) if equal_nan else out
+
+    def allclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+        return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+    def copysign(self, other) -> Tensor:
+        """|self| with the sign of other (-0.0 counts as negative, like PyTorch)."""
+        a, b = self._float()._broadcasted(other)
+        negative = (b < 0) | ((b == 0) & (b.reciprocal() < 0))
+        return negative.where(-a.abs(), a.abs())
+
+    def logaddexp(self, other) -> Tensor:
+        """log(exp(self) + exp(other)) without overflow."""
+        a, b = self._float()._broadcasted(other)
+        m = a.maximum(b).detach()
+        m = m.isinf().where(0, m)  # both -inf (or an inf): shift by 0
+        return ((a - m).exp() + (b - m).exp()).log() + m
+
+    def log10(self) -> Tensor:
+        return self.log2() * math.log10(2)
+
+    def sinh(self) -> Tensor:
+        return (self.exp() - (-self).exp()) * 0.5
+
+    def cosh(self) -> Tensor:
+        return (self.exp() + (-self).exp()) * 0.5
+
+    def asin(self) -> Tensor:
+        """Abramowitz & Stegun 4.4.46 (|error| <= 2e-8); nan outside [-1, 1]."""
+        x = self._float()
+        a = x.abs()
+        poly = a * 0
+        for c in (-0.0012624911, 0.0066700901, -0.0170881256, 0.0308918810, -0.0501743046, 0.0889789874,
+                  -0.2145988016, 1.5707963050):
+            poly = poly * a + c
+        return x.sign() * (math.pi / 2 - (1 - a).sqrt() * poly)
+
+    def acos(self) -> Tensor:
+        return math.pi / 2 - self.asin()
+
+    def atan(self) -> Tensor:
+        x = self._float()
+        inside = (x / (1 + x * x).sqrt()).asin()
+        return x.isinf().where(x.sign() * (math.pi / 2), inside)
+
+    def asinh(self) -> Tensor:
+        x = self._float()
+        return x.sign() * (x.abs() + (x * x + 1).sqrt()).log()
+
+    def acosh(self) -> Tensor:
+        x = self._float()
+        return (x + (x * x - 1).sqrt()).log()
+
+    def atanh(self) -> Tensor:
+        x = self._float()
+        return ((1 + x) / (1 - x)).log() * 0.5
 
     def square(self) -> Tensor:
         return self * self
@@ -831,7 +1172,12 @@ class Tensor(metaclass=_NoGradMeta):
         return (self > 0).where(self, (self.exp() - 1) * alpha)
 
     def sigmoid(self) -> Tensor:
-        return (1 + (-self._float()).exp()).reciprocal()
+        """1 / (1 + exp(-x)) for x >= 0, exp(x) / (1 + exp(x)) below: exp never overflows, so the gradient
+        at large |x| is 0, not inf * 0."""
+        x = self._float()
+        pos = x >= 0
+        e_neg, e_pos = (-pos.where(x, 0.0)).exp(), pos.where(0.0, x).exp()
+        return pos.where((1 + e_neg).reciprocal(), e_pos / (1 + e_pos))
 
     def tanh(self) -> Tensor:
         return 2.0 * (2.0 * self).sigmoid() - 1.0
@@ -846,6 +1192,8 @@ class Tensor(metaclass=_NoGradMeta):
         return x.sign() * (1.0 - poly * (-x * x).exp())
 
     def gelu(self, approximate: str = "none") -> Tensor:
+        if approximate not in ("none", "tanh"):
+            raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
         if approximate == "tanh":
             return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
@@ -860,8 +1208,10 @@ class Tensor(metaclass=_NoGradMeta):
         return self.silu()
 
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+        # max(bx, 0) + log(1 + exp(-|bx|)): no overflow, so no inf * 0 in the gradient (and 1/2 at 0)
         bx = self * beta
-        return (bx > threshold).where(self, (1 + bx.exp()).log() * (1 / beta))
+        m = bx.maximum(0)
+        return (bx > threshold).where(self, (m + (1 + (bx - 2 * m).exp()).log()) * (1 / beta))
 
     def mish(self) -> Tensor:
         return self * self.softplus().tanh()
@@ -875,9 +1225,25 @@ class Tensor(metaclass=_NoGradMeta):
     def relu6(self) -> Tensor:
         return self.clip(0, 6)
 
+    def hardswish(self) -> Tensor:
+        return self * (self + 3).relu6() * (1 / 6)
+
+    def celu(self, alpha: float = 1.0) -> Tensor:
+        return self.maximum(0) + ((self / alpha).exp() - 1).minimum(0) * alpha
+
+    def selu(self) -> Tensor:
+        alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+        return self.elu(alpha) * scale
+
+    def softsign(self) -> Tensor:
+        return self / (1 + self.abs())
+
+    def logsigmoid(self) -> Tensor:
+        return -(-self).softplus()
+
     def clip(self, min_=None, max_=None) -> Tensor:
         if min_ is None and max_ is None:
-            raise ValueError("clip needs min or max")
+            raise ArgumentError("clip needs min or max (or both)")
         out = self
         if min_ is not None:
             out = (out < min_).where(min_, out)
@@ -955,10 +1321,68 @@ class Tensor(metaclass=_NoGradMeta):
         x = self._float()
         n = math.prod(self.shape[a] for a in self._axes(axis, "var"))
         sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return sq / max(0, n - correction) if n - correction > 0 else sq * math.nan
+        return sq / max(0, n - correction)  # n <= correction: x / 0, inf or nan like PyTorch
 
     def std(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
         return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
+
+    def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None) -> tuple[Tensor, ...]:
+        axis = dim if dim is not None else axis
+        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None) -> tuple[Tensor, ...]:
+        axis = dim if dim is not None else axis
+        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+        """self / max(||self||_p over dim, eps) (PyTorch's F.normalize)."""
+        if p == 0:  # the number of nonzero elements, as PyTorch's vector norm
+            norm = (self != 0).sum(dim, keepdim=True).cast(self.dtype)
+        elif p == 2:
+            norm = self.square().sum(dim, keepdim=True).sqrt()
+        else:
+            norm = self.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
+        return self / norm.maximum(eps)
+
+    def softmin(self, axis: int = -1, dim=None) -> Tensor:
+        return (-self).softmax(axis, dim)
+
+    def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+        """(values, indices) sorted along dim; stable (equal values keep their order); nan sorts last
+        ascending, first descending, like PyTorch. Compares every pair: O(n**2) along dim."""
+        d = _normalize_axis(dim, self.ndim, "sort")
+        x = (self.reshape(1) if self.ndim == 0 else self).transpose(d, -1)
+        a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # a: element i, b: element j
+        before = (b > a) if descending else (b < a)
+        if self.dtype.is_float:
+            before = before | (b.isnan() & a.isnan().logical_not() if descending else
+                               a.isnan() & b.isnan().logical_not())
+            same = (b == a) | (a.isnan() & b.isnan())
+        else:
+            same = b == a
+        n = x.shape[-1]
+        pos = Tensor.arange(n, device=self.device, dtype=dtypes.default_int)
+        rank = (before | (same & (pos < pos.reshape(n, 1)))).sum(-1)  # where element i goes
+        to = rank.unsqueeze(-2) == pos.reshape(n, 1)  # to[..., r, i]: element i lands at r
+        zero = False if self.dtype == dtypes.bool else 0
+        values = to.where(x.unsqueeze(-2), zero).sum(-1, dtype=self.dtype)
+        indices = to.where(pos, 0).sum(-1, dtype=pos.dtype)
+        return self._unprefix(values, d), self._unprefix(indices, d)
+
+    def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
+        return self.sort(dim, descending)[1]
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002
+        """The k largest (or smallest) values along dim and their indices, in sorted order."""
+        d = _normalize_axis(dim, self.ndim, "topk")
+        n = self.shape[d] if self.ndim else 1
+        if not 0 <= k <= n:
+            raise IndexRangeError(f"topk: k={k} is out of range for dimension {d} of size {n}")
+        values, indices = self.sort(d, descending=largest)
+        arg = [None] * self.ndim
+        if self.ndim:
+            arg[d] = (0, k)
+        return values.shrink(arg), indices.shrink(arg)
 
     def _arg_first_max(self, axis, keepdim: bool) -> Tensor:
         if axis is None:
@@ -969,7 +1393,7 @@ class Tensor(metaclass=_NoGradMeta):
         rev = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int32)
         rev = rev.reshape((n,) + (1,) * (self.ndim - axis - 1))
         best = is_max.where(rev, 0).max(axis, keepdim)
-        return (n - best).cast(dtypes.int64)
+        return (n - best).cast(dtypes.default_int)
 
     def argmax(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
@@ -1002,6 +1426,7 @@ class Tensor(metaclass=_NoGradMeta):
         axis = dim if dim is not None else axis
         x = self._float()
         m = x.max(axis, keepdim=True).detach()
+        m = m.isinf().where(0, m)  # an all -inf row gives -inf, a +inf gives inf (not nan)
         out = (x - m).exp().sum(axis, keepdim=True).log() + m
         return (
             out
@@ -1009,31 +1434,54 @@ class Tensor(metaclass=_NoGradMeta):
             else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in x._axes(axis, "lse")))
         )
 
-    def cumsum(self, axis: int = 0, dim=None) -> Tensor:
-        axis = _normalize_axis(dim if dim is not None else axis, self.ndim, "cumsum")
-        if self.ndim == 0:
-            return self
-        n = self.shape[axis]
-        x = self.transpose(axis, -1)
+    def _prefixes(self, axis: int, fill, op: str) -> tuple[Tensor, int]:
+        """For each position i along axis, the row of elements 0..i (the rest `fill`) on a new last axis:
+        (..., n) with axis moved last -> (..., n, n). Cumulative ops reduce that last axis."""
+        axis = _normalize_axis(axis, self.ndim, op)
+        x = self.reshape(1) if self.ndim == 0 else self
+        n = x.shape[axis]
         idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32)
         lower = idx.reshape(n, 1) >= idx.reshape(1, n)  # lower[i, j] = j <= i
-        out = lower.where(x.unsqueeze(-2), 0).sum(-1, dtype=x.dtype if x.dtype.is_float else None)
-        return out.transpose(axis, -1)
+        return lower.where(x.transpose(axis, -1).unsqueeze(-2), fill), axis
 
-    def cumprod(self, axis: int = 0) -> Tensor:
-        axis = _normalize_axis(axis, self.ndim, "cumprod")
-        n = self.shape[axis]
-        x = self.transpose(axis, -1)
-        idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32)
-        lower = idx.reshape(n, 1) >= idx.reshape(1, n)
-        return lower.where(x.unsqueeze(-2), 1).prod(-1).transpose(axis, -1)
+    def _unprefix(self, out: Tensor, axis: int) -> Tensor:
+        """The result of a cumulative op back in this tensor's layout."""
+        return out.transpose(axis, -1).reshape(self.shape)
+
+    def cumsum(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._prefixes(dim if dim is not None else axis, 0, "cumsum")
+        return self._unprefix(rows.sum(-1, dtype=self.dtype if self.dtype.is_float else None), axis)
+
+    def cumprod(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._prefixes(dim if dim is not None else axis, 1, "cumprod")
+        return self._unprefix(rows.prod(-1), axis)
+
+    def cummax(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
+        """(values, indices) of the running maximum; the index is the last position of the maximum."""
+        low = -math.inf if self.dtype.is_float else (False if self.dtype == dtypes.bool else self.dtype.min)
+        rows, axis = self._prefixes(dim if dim is not None else axis, low, "cummax")
+        values = rows.max(-1)
+        n = rows.shape[-1]
+        pos = Tensor.arange(n, device=self.device, dtype=dtypes.default_int)
+        hit = (rows == values.unsqueeze(-1)) & (pos.reshape(n, 1) >= pos)  # only j <= i can be the max
+        indices = hit.where(pos, -1).max(-1)
+        return self._unprefix(values, axis), self._unprefix(indices, axis)
+
+    def cummin(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
+        """(values, indices) of the running minimum; the index is the last position of the minimum."""
+        values, indices = (-self if self.dtype.is_float else ~self).cummax(axis, dim)
+        return (-values if self.dtype.is_float else ~values), indices
+
+    def logcumsumexp(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._float()._prefixes(dim if dim is not None else axis, -math.inf, "logcumsumexp")
+        return self._unprefix(rows.logsumexp(-1), axis)
 
     # ----------------------------------------------------------------------------------------------
     # movement (views; no copies)
 
     def reshape(self, *shape) -> Tensor:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(self.shape[i] if s is None else int(s) for i, s in enumerate(shape))  # None: keep
         if shape.count(-1) > 1:
             raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
         if -1 in shape:
@@ -1080,8 +1528,6 @@ class Tensor(metaclass=_NoGradMeta):
     def squeeze(self, dim=None) -> Tensor:
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        if self.ndim == 0:
-            return self
         dims = {_normalize_axis(d, self.ndim, "squeeze") for d in ((dim,) if isinstance(dim, int) else dim)}
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in dims or s != 1))
 
@@ -1113,8 +1559,13 @@ class Tensor(metaclass=_NoGradMeta):
             raise ShapeError(f"pad: need one (before, after) pair per axis of {self.shape}, got {padding}")
         return tuple((0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding)
 
-    def pad(self, padding, value: float = 0.0) -> Tensor:
+    def pad(self, padding, value: float = 0.0, mode: str = "constant") -> Tensor:
+        """Pad with value (negative padding crops); padding is one (before, after) pair per axis or
+        PyTorch's flat form (last axis first). mode "reflect", "replicate" or "circular" (F.pad's) fill
+        from the tensor itself, mapping each new position to a source position (a gather per axis)."""
         arg = self._pad_arg(padding)
+        if mode != "constant":
+            return self._pad_from_self(arg, mode)
         if any(lo < 0 or hi < 0 for lo, hi in arg):  # negative padding crops
             crop = tuple((-min(lo, 0), s + min(hi, 0)) for (lo, hi), s in zip(arg, self.shape))
             return self.shrink(crop).pad(tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg), value)
@@ -1123,6 +1574,33 @@ class Tensor(metaclass=_NoGradMeta):
             inside = Tensor(g.move(g.const(True, dtypes.bool, self.device, self.shape), Op.PAD, arg))
             out = inside.where(out, value)
         return out
+
+    def _pad_from_self(self, arg: tuple[tuple[int, int], ...], mode: str) -> Tensor:
+        x = self
+        if mode == "circular":  # PyTorch crops first, then wraps around what is left
+            x = x.shrink(tuple((max(-lo, 0), s - max(-hi, 0)) for (lo, hi), s in zip(arg, x.shape)))
+            arg = tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg)
+        for axis, ((lo, hi), n) in enumerate(zip(arg, x.shape)):
+            if (lo, hi) == (0, 0):
+                continue
+            src = np.arange(-lo, n + hi)
+            if mode == "reflect":
+                if lo >= n or hi >= n:
+                    raise ArgumentError(f"pad: reflect padding {(lo, hi)} must be < size {n} of axis {axis}")
+                src = np.abs(src)
+                src = np.where(src >= n, 2 * (n - 1) - src, src)
+            elif mode == "replicate":
+                if n == 0:
+                    raise ArgumentError(f"pad: replicate cannot pad the empty axis {axis}")
+                src = np.clip(src, 0, n - 1)
+            elif mode == "circular":
+                if lo > n or hi > n:
+                    raise ArgumentError(f"pad: circular padding {(lo, hi)} must be <= size {n}, axis {axis}")
+                src = src % n
+            else:
+                raise ModeError(f"pad: mode must be constant, reflect, replicate or circular, not {mode!r}")
+            x = x._take(axis, Tensor(src, device=self.device))
+        return x
 
     def shrink(self, arg) -> Tensor:
         arg = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
@@ -1133,6 +1611,8 @@ class Tensor(metaclass=_NoGradMeta):
     def flip(self, axis) -> Tensor:
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
         axes = tuple(_normalize_axis(a, self.ndim, "flip") for a in axes)
+        if len(set(axes)) != len(axes):
+            raise ShapeError(f"flip: axis {axis} repeats an axis")
         return self._from(g.move(self.node, Op.FLIP, axes), self)
 
     def repeat(self, *repeats) -> Tensor:
@@ -1167,9 +1647,19 @@ class Tensor(metaclass=_NoGradMeta):
             start += t.shape[d]
         return out
 
-    @staticmethod
-    def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-        tensors = list(tensors)
+    def stack(self, *others, dim: int = 0) -> Tensor:
+        """Join tensors along a new axis: Tensor.stack([a, b]), Tensor.stack(a, b) or a.stack(b, dim=)."""
+        if isinstance(self, (list, tuple)):  # Tensor.stack([a, b]) or Tensor.stack([a, b], 1)
+            if len(others) > 1 or (others and not isinstance(others[0], int)):
+                raise ArgumentError("stack: pass the tensors as one list or as arguments, not both")
+            tensors, dim = list(self), others[0] if others else dim
+        else:
+            tensors = [self, *others]
+        if not tensors:
+            raise ShapeError("stack: needs at least one tensor")
+        for t in tensors[1:]:
+            if t.shape != tensors[0].shape:
+                raise ShapeError(f"stack: tensors need the same shape, got {[t.shape for t in tensors]}")
         d = _normalize_axis(dim, tensors[0].ndim + 1, "stack")
         return tensors[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in tensors[1:]], dim=d)
 
@@ -1188,38 +1678,167 @@ class Tensor(metaclass=_NoGradMeta):
             start += s
         return out
 
+    def roll(self, shifts, dims=None) -> Tensor:
+        """Shift elements along dims, wrapping around (PyTorch's roll; dims=None rolls the flat tensor)."""
+        if dims is None:
+            if not isinstance(shifts, int) and len(shifts) != 1:
+                raise ShapeError(f"roll: {len(shifts)} shifts need as many dims")
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(shifts) != len(dims):
+            raise ShapeError(f"roll: shifts {shifts} and dims {dims} differ in length")
+        x = self
+        for shift, d in zip(shifts, dims):
+            d = _normalize_axis(d, self.ndim, "roll")
+            n = x.shape[d]
+            if n == 0 or shift % n == 0:
+                continue
+            cut = n - shift % n
+            x = x.split([cut, n - cut], d)[1].cat(x.split([cut, n - cut], d)[0], dim=d)
+        return x
+
+    def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
+        """Each element repeated `repeats` times along dim (the flattened tensor when dim is None)."""
+        x = self.flatten() if dim is None else self
+        d = 0 if dim is None else _normalize_axis(dim, self.ndim, "repeat_interleave")
+        big = x.shape[: d + 1] + (repeats,) + x.shape[d + 1 :]
+        return x.unsqueeze(d + 1).expand(big).flatten(d, d + 1)
+
+    def unfold(self, dimension: int, size: int, step: int) -> Tensor:
+        """Windows of `size` every `step` along dimension, on a new last axis (PyTorch's Tensor.unfold)."""
+        d = _normalize_axis(dimension, self.ndim, "unfold")
+        n = self.shape[d] if self.ndim else 1
+        if step <= 0 or not 0 <= size <= n:
+            raise ShapeError(f"unfold: size {size} and step {step} do not fit dimension {d} of size {n}")
+        count = (n - size) // step + 1
+        idx = Tensor.arange(count, device=self.device).reshape(count, 1) * step + Tensor.arange(
+            size, device=self.device
+        )  # (count, size) positions
+        x = self.reshape(1) if self.ndim == 0 else self
+        return x._take(d, idx).movedim(d + 1, -1) if self.ndim else x._take(0, idx).reshape(count, size)[0]
+
+    def movedim(self, source: int, destination: int) -> Tensor:
+        s = _normalize_axis(source, self.ndim, "movedim")
+        e = _normalize_axis(destination, self.ndim, "movedim")
+        order = [i for i in range(self.ndim) if i != s]
+        order.insert(e, s)
+        return self.permute(order)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        """The lower triangle of the last two axes (j - i <= diagonal); the rest 0."""
+        return self._triangle(diagonal, upper=False)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        """The upper triangle of the last two axes (j - i >= diagonal); the rest 0."""
+        return self._triangle(diagonal, upper=True)
+
+    def _triangle(self, diagonal: int, upper: bool) -> Tensor:
+        if self.ndim < 2:
+            raise ShapeError(f"tril/triu: needs at least 2 dimensions, got shape {self.shape}")
+        r, c = self.shape[-2:]
+        offset = Tensor.arange(c, device=self.device) - Tensor.arange(r, device=self.device).reshape(r, 1)
+        keep = offset >= diagonal if upper else offset <= diagonal
+        return keep.where(self, False if self.dtype == dtypes.bool else 0)
+
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The diagonal of the (dim1, dim2) planes on a new last axis (PyTorch's)."""
+        a, b = _normalize_axis(dim1, self.ndim, "diagonal"), _normalize_axis(dim2, self.ndim, "diagonal")
+        if a == b:
+            raise ShapeError(f"diagonal: dim1 and dim2 are the same axis {a}")
+        x = self.permute([i for i in range(self.ndim) if i not in (a, b)] + [a, b])
+        x = x[..., :, offset:] if offset >= 0 else x[..., -offset:, :]
+        n = min(x.shape[-2:])
+        x = x[..., :n, :n].flatten(-2)
+        return x[..., :: n + 1] if n else x
+
+    def diag(self, diagonal: int = 0) -> Tensor:
+        """1-d: a square matrix with self on the diagonal; 2-d: the diagonal (PyTorch's diag)."""
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise ShapeError(f"diag: needs a 1-d or 2-d tensor, got shape {self.shape}")
+        n = self.shape[0] + abs(diagonal)
+        x = self.pad(((0, abs(diagonal)),))
+        x = x.reshape(n, 1) if diagonal >= 0 else x.reshape(1, n)  # above the diagonal by row, else by column
+        offset = Tensor.arange(n, device=self.device) - Tensor.arange(n, device=self.device).reshape(n, 1)
+        return (offset == diagonal).where(x.expand(n, n), 0)
+
+    def meshgrid(self, *others: Tensor, indexing: str = "ij") -> list[Tensor]:
+        """Coordinate grids from 1-d tensors (PyTorch's meshgrid; indexing "ij" or "xy")."""
+        if indexing not in ("ij", "xy"):
+            raise ArgumentError(f"meshgrid: indexing must be 'ij' or 'xy', not {indexing!r}")
+        ts = [self, *others]
+        if indexing == "xy" and len(ts) >= 2:
+            ts[0], ts[1] = ts[1], ts[0]
+        shape = tuple(t.numel() for t in ts)
+        grids = [t.reshape(tuple(-1 if j == i else 1 for j in range(len(ts)))) for i, t in enumerate(ts)]
+        grids = [t.expand(shape) for t in grids]
+        if indexing == "xy" and len(ts) >= 2:
+            grids[0], grids[1] = grids[1], grids[0]
+        return grids
+
     def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
         n = self.shape[_normalize_axis(dim, self.ndim, "chunk")]
         return self.split(math.ceil(n / chunks) if n else 1, dim) if n else [self]
 
     # indexing
 
+    def _index_tensors(self, index: tuple) -> tuple:
+        """Index entries that select by data as integer Tensors: lists, tuples and arrays become tensors, a
+        bool mask becomes one integer tensor per axis it covers (its nonzero positions, read now)."""
+        out, axis = [], 0  # axis: where the entry applies, while no ellipsis came before it
+        for v in index:
+            if isinstance(v, (list, tuple, np.ndarray)):
+                host = np.asarray(v)
+                if host.dtype.kind in "iu" and axis is not None and axis < self.ndim and host.size:
+                    n = self.shape[axis]
+                    if host.min() < -n or host.max() >= n:  # host data: checked here, unlike tensor indices
+                        raise IndexRangeError(f"index {host.max() if host.max() >= n else host.min()} is out "
+                                              f"of bounds for axis {axis} with size {n}")
+                v = Tensor(host, device=self.device)
+            if isinstance(v, Tensor) and v.dtype.is_float:
+                raise IndexRangeError(f"tensors used as indices must be integer or bool, got {v.dtype.name}")
+            if isinstance(v, Tensor) and v.dtype == dtypes.bool:
+                if axis is not None and v.shape != self.shape[axis : axis + v.ndim]:
+                    raise IndexRangeError(
+                        f"the mask shape {v.shape} does not match the indexed shape {self.shape[axis:]}"
+                    )
+                if v.ndim == 0:
+                    raise IndexRangeError("a 0-d bool index is not supported; use where()")
+                out.extend(Tensor(c, device=self.device) for c in np.nonzero(v.numpy()))
+                axis = None if axis is None else axis + v.ndim
+                continue
+            out.append(v)
+            if v is Ellipsis:
+                axis = None
+            elif v is not None and axis is not None:
+                axis += 1
+        return tuple(out)
+
     def __getitem__(self, index) -> Tensor:
-        if not isinstance(index, tuple):
-            index = (index,)
-        tensor_pos = [i for i, v in enumerate(index) if isinstance(v, (Tensor, list, np.ndarray))]
-        if len(tensor_pos) > 1:
-            raise NotImplementedError(
-                "indexing with more than one tensor index is not supported; index one axis at a time"
-            )
+        """Basic indexing (ints, slices with steps, None, ...) is a view; integer tensors, lists and bool
+        masks gather (PyTorch's advanced indexing: index tensors broadcast together; their result dims go
+        where the first one stood when they are adjacent, else first)."""
+        index = self._index_tensors(index if isinstance(index, tuple) else (index,))
         n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
         if n_real > self.ndim:
-            raise ShapeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
+            raise IndexRangeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
         if sum(1 for v in index if v is Ellipsis) > 1:
-            raise ShapeError("an index can only have one ellipsis (...)")
-        if Ellipsis in [v for v in index if not isinstance(v, (Tensor, np.ndarray, list))]:
-            pos = next(i for i, v in enumerate(index) if v is Ellipsis and not isinstance(v, (Tensor, list)))
+            raise IndexRangeError("an index can only have a single ellipsis (...)")
+        if any(v is Ellipsis for v in index):
+            pos = next(i for i, v in enumerate(index) if v is Ellipsis)
             index = index[:pos] + (slice(None),) * (self.ndim - n_real) + index[pos + 1 :]
         index = index + (slice(None),) * (self.ndim - sum(1 for v in index if v is not None))
-        x, axis, out_shape, gather = self, 0, [], None
-        shrink, flips, steps, squeeze = [], [], [], []
+        x, axis, out_shape, gathers = self, 0, [], []
+        shrink, flips, steps = [], [], []
         for v in index:
             if v is None:
                 out_shape.append(("new",))
                 continue
             n = self.shape[axis]
-            if isinstance(v, (Tensor, list, np.ndarray)):
-                gather = (axis, v if isinstance(v, Tensor) else Tensor(v, device=self.device))
+            if isinstance(v, Tensor):
+                gathers.append((axis, v))
                 shrink.append((0, n))
                 steps.append(1)
                 out_shape.append(("gather", axis))
@@ -1235,11 +1854,10 @@ class Tensor(metaclass=_NoGradMeta):
             elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
                 i = int(v)
                 if not -n <= i < n:
-                    raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+                    raise IndexRangeError(f"index {i} is out of bounds for axis {axis} with size {n}")
                 i %= n
                 shrink.append((i, i + 1))
                 steps.append(1)
-                squeeze.append(axis)
                 out_shape.append(("drop", axis))
             else:
                 raise TypeError(f"unsupported index {v!r}; use ints, slices, None, ... or an integer tensor")
@@ -1250,19 +1868,86 @@ class Tensor(metaclass=_NoGradMeta):
         if any(s != 1 for s in steps):
             x = x._stride(steps)
         # reshape: drop int-indexed axes, add None axes
-        final = []
-        for kind in out_shape:
-            if kind[0] == "new":
-                final.append(1)
-            elif kind[0] in ("keep", "gather"):
-                final.append(x.shape[kind[1]])
-        gather_axis = None
-        if gather is not None:
-            gather_axis = [k for k in out_shape if k[0] != "drop"].index(("gather", gather[0]))
+        final = [1 if k[0] == "new" else x.shape[k[1]] for k in out_shape if k[0] != "drop"]
         x = x.reshape(tuple(final))
-        if gather is not None:
-            x = x._take(gather_axis, gather[1])
-        return x
+        if not gathers:
+            return x
+        kept = [k for k in out_shape if k[0] != "drop"]
+        where = [kept.index(("gather", a)) for a, _ in gathers]
+        return x._gather_axes(where, [t for _, t in gathers])
+
+    def __setitem__(self, index, value) -> None:
+        """t[index] = value (PyTorch's): ints, slices, None and ... write a box (a padded mask); slices
+        with steps, integer tensors and masks write through scatter. Done with assign(): the tensor's
+        buffer is updated in place, and gradients flow to value and to the elements not written."""
+        index = index if isinstance(index, tuple) else (index,)
+        box = self._box(index)
+        if box is not None:
+            region, keep = box
+            shape = tuple(e - b for b, e in region)
+            v = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
+            while v.ndim > len(keep) and v.shape[0] == 1:  # leading 1s broadcast away, as in PyTorch
+                v = v.reshape(v.shape[1:])
+            v = v.cast(self.dtype)._broadcast_to(tuple(shape[i] for i in keep)).reshape(shape)
+            pads = tuple((b, n - e) for (b, e), n in zip(region, self.shape))
+            inside = Tensor.ones(*shape, dtype=dtypes.bool, device=self.device).pad(pads)
+            self.assign(inside.where(v.pad(pads), self))
+            return
+        positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
+        v = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
+        v = v.cast(self.dtype)._broadcast_to(positions.shape)
+        flat = self.flatten().scatter(0, positions.flatten(), v.flatten())
+        self.assign(flat.reshape(self.shape))
+
+    def _box(self, index: tuple):
+        """For an index of ints, step-1 slices, None and ...: the (begin, end) region per axis and which
+        axes remain in the indexed result; None for anything else."""
+        def basic(v) -> bool:
+            integer = isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            return v is None or v is Ellipsis or integer or isinstance(v, slice) and v.step in (None, 1)
+
+        if not all(basic(v) for v in index):
+            return None
+        real = [v for v in index if v is not None]
+        if sum(v is Ellipsis for v in real) > 1 or len(real) - (Ellipsis in real) > self.ndim:
+            return None  # __getitem__'s errors
+        if Ellipsis in real:
+            pos = real.index(Ellipsis)
+            real = real[:pos] + [slice(None)] * (self.ndim - len(real) + 1) + real[pos + 1 :]
+        real += [slice(None)] * (self.ndim - len(real))
+        region, keep = [], []
+        for axis, (v, n) in enumerate(zip(real, self.shape)):
+            if isinstance(v, slice):
+                b, e, _ = v.indices(n)
+                region.append((b, max(b, e)))
+                keep.append(axis)
+            else:
+                if not -n <= int(v) < n:
+                    raise IndexRangeError(f"index {int(v)} is out of bounds for axis {axis} with size {n}")
+                region.append((int(v) % n, int(v) % n + 1))
+        return region, keep
+
+    def _gather_axes(self, axes: list[int], indices: list[Tensor]) -> Tensor:
+        """Advanced indexing of several axes at once by integer tensors that broadcast together."""
+        if len(axes) == 1:
+            return self._take(axes[0], indices[0])
+        shape = _broadcast_shape(*(t.shape for t in indices))
+        sizes = [self.shape[a] for a in axes]
+        flat = None
+        for t, n in zip(indices, sizes):  # one index into the flattened indexed axes, row-major
+            t = (t < 0).where(t + n, t).cast(dtypes.default_int)._broadcast_to(shape)
+            flat = t if flat is None else flat * n + t
+        rest = [a for a in range(self.ndim) if a not in axes]
+        x = self.permute(rest + axes).reshape(tuple(self.shape[a] for a in rest) + (math.prod(sizes),))
+        x = x._take(len(rest), flat)  # rest dims + index dims
+        if axes != list(range(axes[0], axes[0] + len(axes))):
+            return x.permute(
+                tuple(range(len(rest), x.ndim)) + tuple(range(len(rest)))
+            )  # not adjacent: index dims first, as numpy and PyTorch
+        first = axes[0]
+        nb = len(shape)
+        order = list(range(first)) + list(range(len(rest), len(rest) + nb)) + list(range(first, len(rest)))
+        return x.permute(order)
 
     def _stride(self, steps: list[int]) -> Tensor:
         """Every step-th element along each axis (after a shrink that made lengths fit)."""
@@ -1309,6 +1994,108 @@ class Tensor(metaclass=_NoGradMeta):
         oh = index.unsqueeze(-1) == Tensor.arange(n, device=self.device, dtype=index.dtype)
         return oh.where(xe, 0).sum(-1, dtype=self.dtype)
 
+    def _scatter_mask(self, dim: int, index: Tensor, src, op: str) -> tuple[Tensor, Tensor, Tensor, int]:
+        """For scatter ops: (mask, values, positions) of shape self.shape + (j,), where mask[..., k, ..., j]
+        says that source element j along dim goes to output position k; and the normalized dim."""
+        d = _normalize_axis(dim, self.ndim, op)
+        if not isinstance(src, Tensor):
+            src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        if index.dtype.is_float:
+            raise DTypeError(f"{op}: index must be an integer tensor, got {index.dtype.name}")
+        if src.dtype != self.dtype:
+            raise DTypeError(f"{op}: src is {src.dtype.name} but self is {self.dtype.name}")
+        if not index.ndim == self.ndim == src.ndim or any(
+            i > s or (a != d and i > t) for a, (i, s, t) in enumerate(zip(index.shape, src.shape, self.shape))
+        ):
+            raise ShapeError(
+                f"{op}: index {index.shape} must not be larger than src {src.shape} in any dimension, nor "
+                f"than self {self.shape} outside dim {d}"
+            )
+        src = src.shrink(tuple((0, i) for i in index.shape))
+        n = self.shape[d]
+        places = Tensor.arange(n, device=self.device, dtype=index.dtype)
+        mask = (index.unsqueeze(-1) == places).transpose(d, -1)
+        values = src.unsqueeze(-1).expand(src.shape + (n,)).transpose(d, -1)
+        grow = tuple((0, t - m) for t, m in zip(self.shape, mask.shape)) + ((0, 0),)
+        j = index.shape[d]
+        pos = Tensor.arange(j, device=self.device, dtype=dtypes.int32)
+        return mask.pad(grow), values.pad(grow), pos, d
+
+    def scatter(self, dim: int, index: Tensor, src, reduce: str | None = None) -> Tensor:
+        """out[..., index[..., j, ...], ...] = src[..., j, ...] along dim (PyTorch's scatter); where two
+        sources hit one place the last one wins. reduce="add" / "multiply" accumulate instead."""
+        if reduce not in (None, "add", "multiply"):
+            raise ArgumentError(f"scatter: reduce must be None, 'add' or 'multiply', not {reduce!r}")
+        if reduce is not None:
+            if isinstance(src, Tensor):
+                raise DTypeError("scatter: reduce= needs a scalar src; use scatter_reduce for a tensor src")
+            return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
+        mask, values, pos, _ = self._scatter_mask(dim, index, src, "scatter")
+        last = mask.where(pos, -1).max(-1, keepdim=True)
+        pick = mask & (pos == last)
+        zero = False if self.dtype == dtypes.bool else 0
+        return mask.any(-1).where(pick.where(values, zero).sum(-1, dtype=self.dtype), self)
+
+    def scatter_reduce(self, dim: int, index: Tensor, src, reduce: str, include_self: bool = True) -> Tensor:
+        """PyTorch's scatter_reduce: reduce ("sum", "prod", "mean", "amax", "amin") the src values that
+        index sends to each place, together with self's value there unless include_self=False."""
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ArgumentError(
+                f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', not {reduce!r}"
+            )
+        mask, values, _, _ = self._scatter_mask(dim, index, src, "scatter_reduce")
+        hit = mask.any(-1)
+
+        def own(neutral) -> Tensor:  # self's part of the reduction
+            return self if include_self else hit.where(neutral, self)
+
+        if reduce == "sum":
+            return mask.where(values, 0).sum(-1, dtype=self.dtype) + own(0)
+        if reduce == "prod":
+            return mask.where(values, 1).prod(-1, dtype=self.dtype) * own(1)
+        if reduce == "amax":
+            return mask.where(values, self.dtype.min).max(-1).maximum(own(self.dtype.min))
+        if reduce == "amin":
+            return mask.where(values, self.dtype.max).min(-1).minimum(own(self.dtype.max))
+        count = mask.sum(-1) + (1 if include_self else hit.where(0, 1))
+        total = mask.where(values, 0).sum(-1, dtype=self.dtype) + own(0)
+        return total / count if self.dtype.is_float else total // count
+
+    def masked_fill(self, mask: Tensor, value) -> Tensor:
+        """value where mask is True, else self (self's dtype)."""
+        return mask.where(Tensor.full((), value, dtype=self.dtype, device=self.device), self)
+
+    def masked_select(self, mask: Tensor, size: int | None = None, fill_value=0) -> Tensor:
+        """The elements where mask is True, as a 1-d tensor. Its length depends on the data, so the mask is
+        computed now (size= fixes the length: cut, or padded with fill_value)."""
+        shape = _broadcast_shape(self.shape, mask.shape)
+        where = np.flatnonzero(np.broadcast_to(mask.numpy(), shape))
+        picked = self._broadcast_to(shape).flatten()[Tensor(where, device=self.device)]
+        if size is None:
+            return picked
+        if len(where) >= size:
+            return picked[:size]
+        return picked.pad(((0, size - len(where)),), fill_value)
+
+    def nonzero(self, size: int | None = None, fill_value: int = -1) -> Tensor:
+        """Indices of the nonzero elements, (count, ndim) (PyTorch's); computed now, as the count depends
+        on the data (size= fixes the count: cut, or padded with fill_value)."""
+        where = np.argwhere(self.numpy())
+        if size is not None:
+            pad = np.full((max(0, size - len(where)), self.ndim), fill_value, dtype=where.dtype)
+            where = np.concatenate([where[:size], pad])
+        return Tensor(where.reshape(len(where), self.ndim).astype(dtypes.default_int.np), device=self.device)
+
+    def one_hot(self, num_classes: int) -> Tensor:
+        """(..., num_classes) with a 1 at each index (the default integer dtype). num_classes must be given:
+        PyTorch's -1 (count from the data) is refused, like tinygrad, so that no value is read back."""
+        if num_classes < 0:
+            raise ArgumentError(f"one_hot: num_classes must be >= 0, got {num_classes}")
+        if self.dtype.is_float:
+            raise DTypeError(f"one_hot: needs integer class indices, got {self.dtype.name}")
+        classes = Tensor.arange(num_classes, device=self.device, dtype=self.dtype)
+        return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
+
     # ----------------------------------------------------------------------------------------------
     # linear algebra
 
@@ -1338,8 +2125,56 @@ class Tensor(metaclass=_NoGradMeta):
             out = out.squeeze(-1)
         return out
 
+    @staticmethod
+    def einsum(formula: str, *operands, dtype=None) -> Tensor:
+        """Einstein summation (PyTorch's einsum): "ij,jk->ik"; operands as arguments or one list; "..."
+        for broadcast dims; a repeated letter in one operand takes its diagonal; without "->" the output
+        is the "..." dims, then the letters used once, sorted. Multiplies broadcast views, then sums."""
+        one_list = len(operands) == 1 and isinstance(operands[0], (list, tuple))
+        ops = list(operands[0]) if one_list else list(operands)
+        lhs, arrow, rhs = formula.replace(" ", "").partition("->")
+        inputs = lhs.split(",")
+        if len(inputs) != len(ops):
+            raise ArgumentError(f"einsum: {formula!r} names {len(inputs)} operands, got {len(ops)}")
+        n_ell = max([t.ndim - len(s) + 3 for s, t in zip(inputs, ops) if "..." in s], default=0)
+        ell = "".join(chr(0x100 + i) for i in range(n_ell))  # stand-in letters for the "..." dims
+        inputs = [s.replace("...", ell[n_ell - (t.ndim - len(s) + 3) :]) for s, t in zip(inputs, ops)]
+        letters = "".join(inputs)
+        if not arrow:
+            rhs = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+        rhs = rhs.replace("...", ell)
+        sizes: dict[str, int] = {}
+        terms = []
+        for s, t in zip(inputs, ops):
+            if len(s) != t.ndim:
+                raise ShapeError(f"einsum: operand {s!r} has {len(s)} subscripts for shape {t.shape}")
+            for c, n in zip(s, t.shape):
+                if sizes.setdefault(c, n) != n and n != 1 and sizes[c] != 1:
+                    raise ShapeError(f"einsum: subscript {c!r} is {sizes[c]} in one place and {n} in another")
+                sizes[c] = max(sizes[c], n) if n and sizes[c] else 0
+            while len(set(s)) != len(s):  # a repeated letter: its diagonal
+                c = next(c for c in s if s.count(c) > 1)
+                i, j = s.index(c), s.index(c, s.index(c) + 1)
+                t, s = t.diagonal(0, i, j), s[:i] + s[i + 1 : j] + s[j + 1 :] + c
+            terms.append((s, t))
+        if any(c not in sizes for c in rhs):
+            raise ShapeError(f"einsum: output subscripts {rhs!r} name letters no operand has")
+        order = list(rhs) + sorted(set(letters) - set(rhs))
+        product = None
+        for s, t in terms:
+            mine = [c for c in order if c in s]
+            t = t.permute([s.index(c) for c in mine])
+            t = t.reshape(tuple(t.shape[mine.index(c)] if c in s else 1 for c in order))
+            product = t if product is None else product * t
+        out = product._broadcast_to(tuple(sizes[c] for c in order))
+        return out.sum(tuple(range(len(rhs), len(order))), dtype=dtype) if len(order) > len(rhs) else out
+
     def dot(self, w: Tensor) -> Tensor:
         return self.matmul(w)
+
+    def sequential(self, layers) -> Tensor:
+        """Apply each layer (any callable) in turn: x.sequential([l1, relu, l2]) (tinygrad's)."""
+        return functools.reduce(lambda x, f: f(x), layers, self)
 
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """x @ weight.T + bias, with weight of shape (out_features, in_features) as in PyTorch."""
@@ -1367,6 +2202,10 @@ class Tensor(metaclass=_NoGradMeta):
         x = x.reshape(*pre, *[e * i for e, i in zip(e_, i_)])
         x = x.shrink([None] * len(pre) + [(0, k * (i + d)) for k, i, d in zip(kernel, i_, d_)])
         x = x.reshape(*pre, *[v for k, i, d in zip(kernel, i_, d_) for v in (k, i + d)])
+        # a stride longer than the window needs rows of o*s (the padding is never picked)
+        grow = [(0, 0)] * len(pre)
+        grow += [p for i, d, o, s in zip(i_, d_, o_, s_) for p in ((0, 0), (0, max(0, o * s - i - d)))]
+        x = x.pad(grow)
         x = x.shrink([None] * len(pre) + [p for k, o, s in zip(kernel, o_, s_) for p in ((0, k), (0, o * s))])
         x = x.reshape(*pre, *[v for k, o, s in zip(kernel, o_, s_) for v in (k, o, s)])
         x = x.shrink([None] * len(pre) + [p for k, o in zip(kernel, o_) for p in ((0, k), (0, o), (0, 1))])
@@ -1375,43 +2214,156 @@ class Tensor(metaclass=_NoGradMeta):
         return x.permute(*range(n), *[n + 2 * j + 1 for j in range(nk)], *[n + 2 * j for j in range(nk)])
 
     def _pad_spatial(self, padding, nk: int, value: float = 0.0) -> Tensor:
-        p = _tuple(padding, nk)
-        return self.pad(((0, 0),) * (self.ndim - nk) + tuple((q, q) for q in p), value)
+        """Pad the last nk axes: an int, one int per axis (both sides), or 2*nk ints in F.pad order
+        (last axis first: left, right, top, bottom, ...); negative values crop."""
+        return self.pad(_spatial_pads(padding, nk), value)
 
     def conv2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
                groups: int = 1) -> Tensor:
-        """PyTorch's F.conv2d: x (N, Cin, H, W), weight (Cout, Cin/groups, kh, kw), int or pair args."""
-        if self.ndim != 4 or weight.ndim != 4:
-            raise ShapeError(f"conv2d: needs 4-d input and weight, got {self.shape} and {weight.shape}")
-        (bs, cin_all), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        """PyTorch's F.conv1d/conv2d/conv3d by the weight's rank: x (N, Cin, *spatial), weight
+        (Cout, Cin/groups, *kernel); stride, dilation: int or one per axis; padding: also 2 per axis."""
+        nk = weight.ndim - 2
+        if nk < 1 or self.ndim != nk + 2:
+            raise ShapeError(f"conv2d: input {self.shape} and weight {weight.shape} need rank N+2 (N >= 1)")
+        (bs, cin_all), (cout, cin), ks = self.shape[:2], weight.shape[:2], weight.shape[2:]
         if cin_all != groups * cin or cout % groups:
             raise ShapeError(
                 f"conv2d: input has {cin_all} channels but weight {weight.shape} with groups={groups} "
                 f"expects {groups * cin} (and out channels divisible by groups)"
             )
-        x = self._pad_spatial(padding, 2)._pool(hw, stride, dilation)  # (bs, cin_all, oy, ox, kh, kw)
-        oyx, rcout = x.shape[2:4], cout // groups
-        x = x.reshape(bs, groups, 1, cin, *oyx, *hw).expand(bs, groups, rcout, cin, *oyx, *hw)
-        x = x.permute(0, 1, 2, 4, 5, 3, 6, 7)  # (bs, groups, rcout, oy, ox, cin, kh, kw)
-        w = weight.reshape(1, groups, rcout, 1, 1, cin, *hw)
-        out = (x * w).sum((5, 6, 7)).reshape(bs, cout, *oyx)
-        return out if bias is None else out + bias.reshape(1, cout, 1, 1)
+        x = self._pad_spatial(padding, nk)._pool(ks, stride, dilation)  # (bs, cin_all, *out, *ks)
+        out_sp, rcout = x.shape[2 : 2 + nk], cout // groups
+        x = x.reshape(bs, groups, 1, cin, *out_sp, *ks).expand(bs, groups, rcout, cin, *out_sp, *ks)
+        x = x.permute(0, 1, 2, *range(4, 4 + nk), 3, *range(4 + nk, 4 + 2 * nk))  # cin next to the kernel
+        w = weight.reshape(1, groups, rcout, *(1,) * nk, cin, *ks)
+        out = (x * w).sum(tuple(range(-nk - 1, 0))).reshape(bs, cout, *out_sp)
+        return out if bias is None else out + bias.reshape(1, cout, *(1,) * nk)
 
-    def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1) -> Tensor:
-        """PyTorch's F.max_pool2d (stride defaults to kernel_size; padding counts as -inf)."""
-        k = _tuple(kernel_size, 2)
-        x = self._pad_spatial(padding, 2, -math.inf) if padding else self
-        return x._pool(k, stride if stride is not None else k, dilation).max((-2, -1))
+    def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                         output_padding=0, dilation=1, groups: int = 1) -> Tensor:
+        """PyTorch's F.conv_transpose1d/2d/3d by the weight's rank: weight (Cin, Cout/groups, *kernel).
+        The input is spread out with stride-1 zeros between elements, then convolved with the flipped
+        kernel and padding dilation*(k-1)-padding."""
+        nk = weight.ndim - 2
+        if nk < 1 or self.ndim != nk + 2:
+            raise ShapeError(f"conv_transpose2d: input {self.shape} and weight {weight.shape} need rank N+2")
+        cin, rcout, ks = weight.shape[0], weight.shape[1], weight.shape[2:]
+        if self.shape[1] != cin or cin % groups:
+            raise ShapeError(f"conv_transpose2d: input has {self.shape[1]} channels, weight {weight.shape}")
+        s_, d_, op_ = _tuple(stride, nk), _tuple(dilation, nk), _tuple(output_padding, nk)
+        pads = _spatial_pads(padding, nk)[::-1]  # (axis 0 after, axis 0 before, ...) reversed: pairs by axis
+        x = self
+        for axis, s in enumerate(s_):  # n -> n + (n - 1) * (s - 1): s-1 zeros after each element but the last
+            if s > 1:
+                a = 2 + axis
+                x = x.unsqueeze(a + 1).pad(((0, 0),) * (a + 1) + ((0, s - 1),) + ((0, 0),) * (x.ndim - a - 1))
+                keep = [None] * a + [(0, x.shape[a] * s - (s - 1))] + [None] * (nk - axis - 1)
+                x = x.flatten(a, a + 1).shrink(keep)
+        w = weight.reshape(groups, cin // groups, rcout, *ks).transpose(1, 2).flip(tuple(range(3, 3 + nk)))
+        w = w.reshape(groups * rcout, cin // groups, *ks)
+        flat = []
+        for axis in reversed(range(nk)):  # F.pad order: last axis first
+            before, after = pads[2 * axis + 1], pads[2 * axis]
+            edge = d_[axis] * (ks[axis] - 1)
+            flat += [edge - before, edge - after + op_[axis]]
+        return x.conv2d(w, bias, 1, tuple(flat), d_, groups)
 
-    def avg_pool2d(self, kernel_size=2, stride=None, padding=0, count_include_pad: bool = True) -> Tensor:
-        """PyTorch's F.avg_pool2d (stride defaults to kernel_size)."""
+    def _pool_windows(self, kernel_size, stride, padding, dilation, ceil_mode: bool, value: float,
+                      extra: float | None = None) -> tuple[Tensor, tuple[int, ...]]:
+        """Windows (..., *out, *kernel) of the input padded with value (ceil_mode pads more on the right,
+        with `extra` (default value), so a last partial window fits, as PyTorch); also the kernel size."""
+        k = _tuple(kernel_size, len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2)
+        nk = len(k)
+        s = _tuple(stride if stride is not None else k, nk)
+        d = _tuple(dilation, nk)
+        pads = _spatial_pads(padding, nk)
+        more = [0] * (2 * nk)
+        if ceil_mode:
+            for axis in range(nk):
+                j = 2 * (nk - 1 - axis)  # F.pad order
+                n = self.shape[self.ndim - nk + axis] + pads[j] + pads[j + 1]
+                span = d[axis] * (k[axis] - 1) + 1
+                out = -(-(n - span) // s[axis]) + 1
+                if (out - 1) * s[axis] >= self.shape[self.ndim - nk + axis] + pads[j]:
+                    out -= 1  # the last window would start in the right padding
+                more[j + 1] = max(0, (out - 1) * s[axis] + span - n)
+        x = self.pad(pads, value).pad(tuple(more), value if extra is None else extra)
+        return x._pool(k, s, d), k
+
+    def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+                   return_indices: bool = False):
+        """PyTorch's F.max_pool1d/2d/3d over the last len(kernel_size) axes (2 for an int); padding counts
+        as -inf. return_indices=True also gives each maximum's flat index in its input plane (first max)."""
+        x = self if self.dtype.is_float else self.float()
+        win, k = x._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -math.inf)
+        axes = tuple(range(-len(k), 0))
+        out = win.max(axes)
+        out = out if self.dtype.is_float else out.cast(self.dtype)
+        if not return_indices:
+            return out
+        plane = self.shape[-len(k):]
+        flat = Tensor.arange(math.prod(plane), device=self.device, dtype=dtypes.default_int).reshape(plane)
+        where, _ = flat._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -1)
+        first = (win == out.reshape(out.shape + (1,) * len(k))).where(where, math.prod(plane))
+        return out, first.min(axes)
+
+    def max_unpool2d(self, indices: Tensor, kernel_size=2, stride=None, padding=0, output_size=None
+                     ) -> Tensor:
+        """PyTorch's F.max_unpool2d: each value put back at its index in a zero plane."""
         k = _tuple(kernel_size, 2)
-        s = stride if stride is not None else k
-        total = self._pad_spatial(padding, 2)._pool(k, s, 1).sum((-2, -1))
-        if count_include_pad or not padding:
-            return total / (k[0] * k[1])
-        ones = Tensor.ones(*self.shape[-2:], dtype=self.dtype, device=self.device)
-        return total / ones._pad_spatial(padding, 2)._pool(k, s, 1).sum((-2, -1))
+        s, p = _tuple(stride if stride is not None else k, 2), _tuple(padding, 2)
+        if output_size is None:
+            output_size = tuple((i - 1) * st - 2 * pp + kk for i, st, pp, kk in zip(self.shape[-2:], s, p, k))
+        plane = tuple(output_size)[-2:]
+        lead = self.shape[:-2]
+        zeros = Tensor.zeros(*lead, math.prod(plane), dtype=self.dtype, device=self.device)
+        return zeros.scatter(-1, indices.flatten(-2), self.flatten(-2)).reshape(*lead, *plane)
+
+    def avg_pool2d(self, kernel_size=2, stride=None, padding=0, ceil_mode: bool = False,
+                   count_include_pad: bool = True) -> Tensor:
+        """PyTorch's F.avg_pool1d/2d/3d over the last len(kernel_size) axes (stride defaults to kernel_size).
+        With ceil_mode, the part of a window past the padded input is never counted."""
+        win, k = self._float()._pool_windows(kernel_size, stride, padding, 1, ceil_mode, 0.0)
+        axes = tuple(range(-len(k), 0))
+        total = win.sum(axes)
+        ones = Tensor.ones(*self.shape[-len(k):], device=self.device)
+        # count_include_pad: the padding counts, ceil_mode's extra never does
+        counted, _ = ones._pool_windows(k, stride, padding, 1, ceil_mode, float(count_include_pad), 0.0)
+        return total / counted.sum(axes)
+
+    def interpolate(self, size, mode: str = "linear", align_corners: bool = False) -> Tensor:
+        """Resize the last len(size) axes (PyTorch's F.interpolate on (N, C, *spatial)): mode "nearest",
+        "nearest-exact" or "linear" (also "bilinear", "trilinear": linear along each axis). Each axis is
+        a product with a constant (out, in) weight matrix made on the host."""
+        size = (size,) if isinstance(size, int) else tuple(size)
+        if not 0 < len(size) <= self.ndim:
+            raise ShapeError(f"interpolate: size {size} for a tensor of shape {self.shape}")
+        if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
+            raise ArgumentError(f"interpolate: mode must be nearest, nearest-exact or linear, not {mode!r}")
+        if align_corners and mode.startswith("nearest"):
+            raise ArgumentError("interpolate: align_corners needs a linear mode")
+        x = self._float()
+        for axis, out in zip(range(self.ndim - len(size), self.ndim), size):
+            n = self.shape[axis]
+            w = np.zeros((out, n), np.float64)
+            o = np.arange(out, dtype=np.float64)
+            if mode.startswith("nearest"):
+                src = (o + 0.5) * (n / out) if mode == "nearest-exact" else o * np.float32(n / out)
+                w[np.arange(out), np.minimum(np.floor(src).astype(np.int64), n - 1)] = 1.0
+            else:
+                if align_corners:
+                    src = o * ((n - 1) / (out - 1)) if out > 1 else o * 0
+                else:
+                    src = np.maximum((o + 0.5) * (n / out) - 0.5, 0)
+                low = np.minimum(np.floor(src).astype(np.int64), n - 1)
+                frac = src - low
+                np.add.at(w, (np.arange(out), low), 1 - frac)
+                np.add.at(w, (np.arange(out), np.minimum(low + 1, n - 1)), frac)
+            wt = Tensor(w.astype(x.dtype.np), device=self.device)
+            x = (x.unsqueeze(axis) * wt.reshape((out, n) + (1,) * (self.ndim - axis - 1))).sum(axis + 1)
+        if self.dtype.is_float:
+            return x
+        return (x.round() if mode not in ("nearest", "nearest-exact") else x).cast(self.dtype)
 
     def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
                   axis: int = 1) -> Tensor:
@@ -1441,12 +2393,19 @@ class Tensor(metaclass=_NoGradMeta):
         return keep.where(self, 0) * (1 / (1 - p))
 
     def scaled_dot_product_attention(self, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                     is_causal: bool = False) -> Tensor:
-        """PyTorch's F.scaled_dot_product_attention: softmax(q @ k^T / sqrt(d) + mask) @ v."""
+                                     is_causal: bool = False, enable_gqa: bool = False) -> Tensor:
+        """PyTorch's F.scaled_dot_product_attention: softmax(q @ k^T / sqrt(d) + mask) @ v. enable_gqa:
+        key and value heads (axis -3) are shared by groups of query heads."""
+        if enable_gqa and key.shape[-3] != self.shape[-3]:
+            if self.shape[-3] % key.shape[-3]:
+                raise ShapeError(f"scaled_dot_product_attention: {self.shape[-3]} query heads do not split "
+                                 f"into groups for {key.shape[-3]} key heads")
+            group = self.shape[-3] // key.shape[-3]
+            key, value = key.repeat_interleave(group, -3), value.repeat_interleave(group, -3)
         qk = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
         if is_causal:
             if attn_mask is not None:
-                raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+                raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
             n, m = qk.shape[-2:]
             rows = Tensor.arange(n, device=self.device).reshape(n, 1)
             attn_mask = rows >= Tensor.arange(m, device=self.device).reshape(1, m)
@@ -1461,14 +2420,20 @@ class Tensor(metaclass=_NoGradMeta):
         self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100
     ) -> Tensor:
         """PyTorch's F.cross_entropy: class-index targets (N,) or probabilities (N, C); classes on axis 1."""
+        _check_reduction(reduction)
         x = self if self.ndim != 1 else self.unsqueeze(0)
         logp = x.log_softmax(1)
         c = x.shape[1]
-        if target.dtype.is_float and target.shape == x.shape:
-            probs = target
+        if target.dtype.is_float and target.shape == self.shape:
+            probs = target if self.ndim != 1 else target.unsqueeze(0)
             weight = None
         else:
             t = target if self.ndim != 1 else target.reshape(1)
+            if target.dtype.is_float or t.shape != (x.shape[0],) + x.shape[2:]:
+                raise ShapeError(
+                    f"cross_entropy: target {target.shape} ({target.dtype.name}) fits neither class indices "
+                    f"nor probabilities for input {self.shape}"
+                )
             cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
             probs = (t.unsqueeze(1) == cls).float()
             weight = (t != ignore_index).float()
@@ -1500,9 +2465,85 @@ class Tensor(metaclass=_NoGradMeta):
         loss = -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100))
         return _reduce_loss(loss, reduction)
 
-    def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean") -> Tensor:
-        loss = self.relu() - self * y + ((-self.abs()).exp() + 1).log()
+    def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
+                                   ) -> Tensor:
+        """PyTorch's binary_cross_entropy_with_logits; pos_weight scales the positive term."""
+        log_sig, log_one_minus = self.logsigmoid(), (-self).logsigmoid()
+        pos = y * log_sig if pos_weight is None else y * pos_weight * log_sig
+        return _reduce_loss(-(pos + (1 - y) * log_one_minus), reduction)
+
+    def nll_loss(self, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean") -> Tensor:
+        """PyTorch's F.nll_loss: self holds log-probabilities (N, C, ...) or (C,), target class indices."""
+        _check_reduction(reduction)
+        x = self.unsqueeze(0) if self.ndim == 1 else self
+        t = target.reshape(1) if self.ndim == 1 else target
+        if t.shape != (x.shape[0],) + x.shape[2:]:
+            raise ShapeError(f"nll_loss: target shape {target.shape} does not fit input {self.shape}")
+        c = x.shape[1]
+        cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
+        onehot = t.unsqueeze(1) == cls
+        w = (t != ignore_index).cast(x.dtype)
+        if weight is not None:
+            w = w * onehot.where(weight.reshape((1, c) + (1,) * (x.ndim - 2)), 0).sum(1)
+        loss = -onehot.where(x, 0).sum(1) * w
+        if reduction == "none":
+            return loss.reshape(()) if self.ndim == 1 else loss
+        return loss.sum() if reduction == "sum" else loss.sum() / w.sum()
+
+    def mse_loss(self, target: Tensor, reduction: str = "mean") -> Tensor:
+        return _reduce_loss((self - target).square(), reduction)
+
+    def l1_loss(self, target: Tensor, reduction: str = "mean") -> Tensor:
+        return _reduce_loss((self - target).abs(), reduction)
+
+    def smooth_l1_loss(self, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+        """0.5 * d**2 / beta where |d| < beta, else |d| - 0.5 * beta (PyTorch's)."""
+        d = (self - target).abs()
+        loss = (d < beta).where(0.5 * d * d / beta, d - 0.5 * beta) if beta else d
         return _reduce_loss(loss, reduction)
+
+
+def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
+    """a ** b for float tensors as exp2(b * log2|a|), with C pow's signs and special values: a negative
+    base needs an integer exponent (else nan; -inf gives inf or 0), b == 0 gives 1. A Python exponent's
+    cases are decided here (no constant-only expressions in the kernel)."""
+    if not isinstance(b, Tensor):
+        if b == 0:
+            return a.ones_like()
+        mag = (a.abs().log2() * b).exp2()
+        if math.isinf(b):  # |a| < 1 -> 0 or inf, |a| > 1 -> inf or 0, |a| == 1 -> 1, whatever a's sign
+            return (a.abs() == 1).where(1.0, mag)
+        mag = (a == 0).where(0.0 if b > 0 else math.inf, mag)  # not through log2(0): undefined on some GPUs
+        if float(b).is_integer():
+            return (a < 0).where(-mag, mag) if int(b) % 2 else mag
+        return (a < 0).where((a == -math.inf).where(mag, math.nan), mag)
+    mag = (b * a.abs().log2()).exp2()
+    is_int = b.trunc() == b
+    odd = is_int.where((b.abs() % 2) == 1, False)
+    signed = odd.where(-mag, mag)
+    not_int = (a == -math.inf).where(mag, math.nan)
+    out = (a < 0).where(is_int.where(signed, not_int), mag)
+    out = (a == 0).where((b > 0).where(0.0, math.inf), out)  # not through log2(0): undefined on some GPUs
+    return (b == 0).where(1.0, out)
+
+
+def _gradient_only(x: Tensor, slope: Tensor) -> Tensor:
+    """A tensor of zeros whose gradient with respect to x is the constant slope (may be inf, -inf, nan), so
+    that value.detach() + _gradient_only(x, slope) is value with a chosen gradient. Each special slope
+    gets its own term behind a where(), so no inf * 0 from another term reaches x's gradient. Where x is
+    inf or nan, x - x is not 0: there the gradient is 0 instead."""
+    xf = x.isfinite().where(x, 0.0)
+    u = xf - xf.detach()  # 0, gradient 1
+    slope = slope.detach()
+    finite = slope.isfinite()
+    out = finite.where(u, 0.0) * finite.where(slope, 0.0)
+    for hit, sign in ((slope == math.inf, 1.0), (slope == -math.inf, -1.0)):
+        root = hit.where(u, 1.0).sqrt()  # sqrt at 0: value 0, gradient inf
+        out = out + hit.where(root * sign, 0.0)
+    nan = slope.isnan()
+    root = nan.where(u, 1.0).sqrt()
+    return out + nan.where(root * 0.0, 0.0)  # value 0, gradient 0 * inf = nan
 
 
 def _tuple(value, n: int) -> tuple[int, ...]:
@@ -1513,14 +2554,27 @@ def _tuple(value, n: int) -> tuple[int, ...]:
     return tuple(int(v) for v in out)
 
 
+def _check_reduction(reduction: str) -> None:
+    if reduction not in ("mean", "sum", "none"):
+        raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+
+
+def _spatial_pads(padding, nk: int) -> tuple[int, ...]:
+    """Padding of the last nk axes in F.pad order (last axis first, before then after): from an int, nk ints
+    (each both sides) or 2*nk ints (already in that order)."""
+    if isinstance(padding, int):
+        return (padding,) * 2 * nk
+    padding = tuple(int(p) for p in padding)
+    if len(padding) == nk:
+        return tuple(p for q in reversed(padding) for p in (q, q))
+    if len(padding) == 2 * nk:
+        return padding
+    raise ShapeError(f"padding {padding} needs 1, {nk} or {2 * nk} values for {nk} spatial axes")
+
+
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
+    _check_reduction(reduction)
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
 
 
 def _node_from_host(data, device: str, dtype: DType | None) -> Node:
@@ -1534,10 +2588,10 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
             if arr.dtype.kind == "f":
                 arr = arr.astype(dtypes.default_float.np)
             elif arr.dtype.kind in "iu":
-                arr = arr.astype(np.int64)
+                arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
         arr = arr.astype(dtype.np)
-    dt = dtypes.from_any(arr.dtype)
+    dt = _dtype_on(dtypes.from_any(arr.dtype), device)
     buf = driver.upload(arr, device)
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
 

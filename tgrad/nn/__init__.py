@@ -33,21 +33,60 @@ class Linear:
 
 
 class Conv2d:
-    """PyTorch's nn.Conv2d: weight (out, in/groups, kh, kw)."""
+    """PyTorch's nn.Conv2d: weight (out, in/groups, kh, kw). Conv1d and Conv3d differ only in the number
+    of spatial axes."""
+
+    spatial = 2
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True):
         if in_channels % groups or out_channels % groups:
-            raise ShapeError(f"Conv2d: channels {in_channels}->{out_channels} and groups={groups} differ")
-        self.kernel_size = _tuple(kernel_size, 2)
+            raise ShapeError(f"Conv: channels {in_channels}->{out_channels} and groups={groups} differ")
+        self.kernel_size = _tuple(kernel_size, self.spatial)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
-        bound = 1 / math.sqrt(fan_in)
+        bound = 1 / math.sqrt(in_channels // groups * math.prod(self.kernel_size))
         self.weight = _uniform((out_channels, in_channels // groups, *self.kernel_size), bound)
         self.bias = _uniform((out_channels,), bound) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
         return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv1d(Conv2d):
+    """PyTorch's nn.Conv1d: weight (out, in/groups, k)."""
+
+    spatial = 1
+
+
+class Conv3d(Conv2d):
+    """PyTorch's nn.Conv3d: weight (out, in/groups, kd, kh, kw)."""
+
+    spatial = 3
+
+
+class ConvTranspose2d:
+    """PyTorch's nn.ConvTranspose2d: weight (in, out/groups, kh, kw)."""
+
+    spatial = 2
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 output_padding=0, groups: int = 1, bias: bool = True, dilation=1):
+        if in_channels % groups or out_channels % groups:
+            raise ShapeError(f"ConvTranspose: channels {in_channels}->{out_channels}, groups={groups} differ")
+        self.kernel_size = _tuple(kernel_size, self.spatial)
+        self.stride, self.padding, self.output_padding = stride, padding, output_padding
+        self.dilation, self.groups = dilation, groups
+        bound = 1 / math.sqrt(out_channels // groups * math.prod(self.kernel_size))
+        self.weight = _uniform((in_channels, out_channels // groups, *self.kernel_size), bound)
+        self.bias = _uniform((out_channels,), bound) if bias else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.conv_transpose2d(self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                  self.dilation, self.groups)
+
+
+class ConvTranspose1d(ConvTranspose2d):
+    spatial = 1
 
 
 class BatchNorm:
@@ -123,6 +162,91 @@ class GroupNorm:
         return y * self.weight.reshape(shape) + self.bias.reshape(shape)
 
 
+class RMSNorm:
+    """x / sqrt(mean(x**2 over the last len(normalized_shape) axes) + eps) * weight (PyTorch's nn.RMSNorm;
+    eps=None is the dtype's machine epsilon, as there)."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True):
+        self.shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.weight = Tensor.ones(*self.shape, requires_grad=True) if elementwise_affine else None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.shape[-len(self.shape):] != self.shape:
+            raise ShapeError(f"RMSNorm: input {x.shape} does not end in {self.shape}")
+        eps = self.eps if self.eps is not None else float(np.finfo(x.dtype.np).eps)
+        y = x * (x.square().mean(tuple(range(-len(self.shape), 0)), keepdim=True) + eps).rsqrt()
+        return y if self.weight is None else y * self.weight
+
+
+class Dropout:
+    """Zeroes elements with probability p while Tensor.training (PyTorch's nn.Dropout)."""
+
+    def __init__(self, p: float = 0.5):
+        self.p = p
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.dropout(self.p)
+
+
+class LSTMCell:
+    """PyTorch's nn.LSTMCell: (h, c) = cell(x, (h, c)); gates i, f, g, o in that order in the weights."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
+        bound = 1 / math.sqrt(hidden_size)
+        self.hidden_size = hidden_size
+        self.weight_ih = _uniform((4 * hidden_size, input_size), bound)
+        self.weight_hh = _uniform((4 * hidden_size, hidden_size), bound)
+        self.bias_ih = _uniform((4 * hidden_size,), bound) if bias else None
+        self.bias_hh = _uniform((4 * hidden_size,), bound) if bias else None
+
+    def __call__(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        if hc is None:
+            zeros = Tensor.zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype, device=x.device)
+            hc = (zeros, zeros)
+        h, c = hc
+        gates = x.linear(self.weight_ih, self.bias_ih) + h.linear(self.weight_hh, self.bias_hh)
+        i, f, g, o = gates.chunk(4, -1)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        return o.sigmoid() * c.tanh(), c
+
+
+class LSTM:
+    """PyTorch's nn.LSTM (unidirectional): x (T, N, input) or (N, T, input) with batch_first; returns
+    (output, (h_n, c_n)) with h_n and c_n (num_layers, N, hidden). Weights are named like PyTorch's
+    (weight_ih_l0, ...), so state dicts load."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False):
+        self.hidden_size, self.num_layers, self.batch_first = hidden_size, num_layers, batch_first
+        for layer in range(num_layers):
+            cell = LSTMCell(input_size if layer == 0 else hidden_size, hidden_size, bias)
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                setattr(self, f"{name}_l{layer}", getattr(cell, name))
+
+    def _cell(self, layer: int) -> LSTMCell:
+        cell = LSTMCell.__new__(LSTMCell)
+        cell.hidden_size = self.hidden_size
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            setattr(cell, name, getattr(self, f"{name}_l{layer}"))
+        return cell
+
+    def __call__(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None):
+        x = x.transpose(0, 1) if self.batch_first else x  # (T, N, input)
+        hs, cs = [], []
+        for layer in range(self.num_layers):
+            cell = self._cell(layer)
+            state = None if hc is None else (hc[0][layer], hc[1][layer])
+            outs = []
+            for t in range(x.shape[0]):
+                state = cell(x[t], state)
+                outs.append(state[0])
+            x = Tensor.stack(outs)
+            hs.append(state[0])
+            cs.append(state[1])
+        return (x.transpose(0, 1) if self.batch_first else x), (Tensor.stack(hs), Tensor.stack(cs))
+
+
 class Embedding:
     """Rows of weight (vocab_size, embed_size) picked by integer indices; weight ~ N(0, 1) like PyTorch."""
 
@@ -134,5 +258,6 @@ class Embedding:
         return self.weight[idx]
 
 
-__all__ = ["Linear", "Conv2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm",
+__all__ = ["Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm",
+           "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "LSTMCell", "LSTM",
            "Embedding"]

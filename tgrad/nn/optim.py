@@ -140,4 +140,106 @@ class AdamW(LAMB):
         super().__init__(params, lr, b1, b2, eps, weight_decay, adam=True)
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LAMB"]
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """Scale the gradients so that their joint norm is at most max_norm (PyTorch's
+    torch.nn.utils.clip_grad_norm_); returns the norm before clipping. Lazy: works inside TinyJit."""
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return Tensor(0.0)
+    with Tensor.no_grad:
+        grads = [p.grad.detach().float().flatten() for p in params]
+        if norm_type == math.inf:
+            total = Tensor.stack([g.abs().max() for g in grads]).max()
+        else:
+            total = Tensor.stack([g.abs().pow(norm_type).sum() for g in grads]).sum().pow(1 / norm_type)
+        scale = (max_norm / (total + 1e-6)).minimum(1.0)
+        for p in params:
+            p.grad = p.grad * scale.cast(p.grad.dtype)
+    return total
+
+
+class LRScheduler:
+    """Changes optimizer.lr (a tensor) on each step(). The step count is a tensor too and the new lr is
+    computed lazily from it. With TinyJit, call step() outside the jitted function: the replayed kernels
+    read the lr tensor, so they use each new value. Like PyTorch's: after construction lr is the value
+    at step 0; each step() moves to the next."""
+
+    def __init__(self, optimizer: Optimizer):
+        self.optimizer = optimizer
+        self.base_lr = float(optimizer.lr.numpy()[0])
+        self.step_count = Tensor([0.0], device=optimizer.lr.device)
+        self.optimizer.lr.assign(self.lr_at(self.step_count)).realize()
+
+    def lr_at(self, step: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Advance one step (lazily: the new lr is computed with the next realize that reads it)."""
+        with Tensor.no_grad:
+            self.step_count.assign(self.step_count + 1)
+            self.optimizer.lr.assign(self.lr_at(self.step_count))
+
+    def get_last_lr(self) -> list[float]:
+        return [float(self.optimizer.lr.numpy()[0])]
+
+
+class StepLR(LRScheduler):
+    """lr * gamma ** (step // step_size)."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1):
+        self.step_size, self.gamma = step_size, gamma
+        super().__init__(optimizer)
+
+    def lr_at(self, step: Tensor) -> Tensor:
+        return self.base_lr * ((step / self.step_size).floor() * math.log2(self.gamma)).exp2()
+
+
+class CosineAnnealingLR(LRScheduler):
+    """eta_min + (lr - eta_min) * (1 + cos(pi * step / T_max)) / 2 (PyTorch's closed form)."""
+
+    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0):  # noqa: N803
+        self.t_max, self.eta_min = T_max, eta_min
+        super().__init__(optimizer)
+
+    def lr_at(self, step: Tensor) -> Tensor:
+        return self.eta_min + (self.base_lr - self.eta_min) * (1 + (step * (math.pi / self.t_max)).cos()) / 2
+
+
+class LinearLR(LRScheduler):
+    """Linear warm-up: lr * factor, factor going from start_factor to end_factor over total_iters steps."""
+
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5):
+        self.start, self.end, self.total = start_factor, end_factor, total_iters
+        super().__init__(optimizer)
+
+    def lr_at(self, step: Tensor) -> Tensor:
+        done = step.minimum(self.total) / self.total
+        return self.base_lr * (self.start + (self.end - self.start) * done)
+
+
+class OneCycleLR(LRScheduler):
+    """PyTorch's OneCycleLR (cosine annealing): from max_lr/div_factor up to max_lr over pct_start of
+    total_steps, then down to max_lr/div_factor/final_div_factor."""
+
+    def __init__(self, optimizer: Optimizer, max_lr: float, total_steps: int, pct_start: float = 0.3,
+                 div_factor: float = 25.0, final_div_factor: float = 1e4):
+        self.max_lr, self.initial = max_lr, max_lr / div_factor
+        self.min_lr = self.initial / final_div_factor
+        self.up_end = float(pct_start * total_steps) - 1
+        self.down_end = float(total_steps - 1)
+        super().__init__(optimizer)
+
+    @staticmethod
+    def _cos(start: float, end: float, pct: Tensor) -> Tensor:
+        return end + (start - end) / 2 * ((pct * math.pi).cos() + 1)
+
+    def lr_at(self, step: Tensor) -> Tensor:
+        up = self._cos(self.initial, self.max_lr, step / self.up_end)
+        down = self._cos(self.max_lr, self.min_lr, (step - self.up_end) / (self.down_end - self.up_end))
+        return (step <= self.up_end).where(up, down)
+
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LAMB", "clip_grad_norm_", "LRScheduler", "StepLR",
+           "CosineAnnealingLR", "LinearLR", "OneCycleLR"]

@@ -92,11 +92,90 @@ def safe_save(state: dict[str, Tensor], path: str | Path, metadata: dict[str, st
     save_file({k: np.array(_to_numpy(v), order="C") for k, v in state.items()}, str(path), metadata)
 
 
+_SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16", "I64": np.int64,
+                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+                "U16": np.uint16, "U32": np.uint32, "U64": np.uint64}
+
+
 def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
-    """Read a .safetensors file into a dict of Tensors (file order kept)."""
-    from safetensors.numpy import load_file
+    """Read a .safetensors file into a dict of Tensors (file order kept), with the standard library and
+    numpy: an 8-byte header length, a JSON header, then the data. bfloat16 tensors become float32."""
+    import json
 
-    return {k: Tensor(v, device=device) for k, v in load_file(str(path)).items()}
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for key, info in header.items():
+        if info["dtype"] not in _SAFE_DTYPES:
+            raise StateDictError(f"safe_load: {key} has dtype {info['dtype']}, which tgrad cannot read")
+        begin, end = info["data_offsets"]
+        data, dtype = raw[8 + n + begin : 8 + n + end], _SAFE_DTYPES[info["dtype"]]
+        if dtype == "bfloat16":  # the high half of a float32
+            arr = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = np.frombuffer(data, dtype)
+        out[key] = Tensor(arr.reshape(info["shape"]), device=device)
+    return out
 
 
-__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "StateDictError"]
+# torch.save's storage classes -> numpy dtypes; bfloat16 is widened to float32 when loaded
+_TORCH_STORAGES = {
+    "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
+    "BFloat16Storage": "bfloat16", "LongStorage": np.int64, "IntStorage": np.int32,
+    "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8, "BoolStorage": np.bool_,
+}
+
+
+def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
+    """Read a PyTorch checkpoint (.pt / .pth written by torch.save, zip format) without importing torch:
+    the pickle is read with the standard library, each tensor's storage with numpy. Returns what was
+    saved (usually a state dict) with Tensors in place of torch tensors; bfloat16 becomes float32.
+    The legacy (pre-1.6, non-zip) format is not supported."""
+    import pickle
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        raise StateDictError(f"torch_load: {path} is not a zip checkpoint (the legacy torch.save format "
+                             "is not supported; re-save it with a recent PyTorch)")
+    with zipfile.ZipFile(path) as archive:
+        pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+        root = pkl[: -len("data.pkl")]
+
+        def storage(dtype, key: str) -> np.ndarray:
+            raw = archive.read(f"{root}data/{key}")
+            if dtype == "bfloat16":  # the high half of a float32
+                return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+            return np.frombuffer(raw, dtype)
+
+        def rebuild(stored, offset, size, stride, *_):
+            dtype, key = stored
+            flat = storage(dtype, key)
+            item = flat.itemsize
+            strides = tuple(s * item for s in stride)
+            view = np.lib.stride_tricks.as_strided(flat[offset:], tuple(size), strides)
+            return Tensor(np.array(view), device=device)
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str):
+                if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+                    return rebuild
+                if module == "torch._utils" and name == "_rebuild_parameter":
+                    return lambda data, *_: data
+                if module == "torch" and name in _TORCH_STORAGES:
+                    return _TORCH_STORAGES[name]
+                if module == "collections" and name == "OrderedDict":
+                    return OrderedDict
+                raise StateDictError(f"torch_load: cannot load {module}.{name} from {path}")
+
+            def persistent_load(self, pid):
+                _, dtype, key, _location, _numel = pid  # ("storage", storage class, key, device, numel)
+                return dtype, key
+
+        with archive.open(pkl) as f:
+            return Unpickler(f).load()
+
+
+__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "torch_load",
+           "StateDictError"]

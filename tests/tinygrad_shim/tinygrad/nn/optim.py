@@ -1,0 +1,3 @@
+"""tinygrad.nn.optim: tgrad's optimizers."""
+
+from tgrad.nn.optim import *  # noqa: F403

@@ -1,0 +1,3 @@
+"""tinygrad.nn.state: tgrad's state helpers."""
+
+from tgrad.nn.state import *  # noqa: F403

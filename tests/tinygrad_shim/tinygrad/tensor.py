@@ -1,0 +1,12 @@
+"""tinygrad.tensor: tgrad's Tensor, and the numpy-dtype helper tinygrad's tests import from here."""
+
+import numpy as np
+
+from tgrad import Tensor, dtypes
+
+
+def _to_np_dtype(dtype) -> np.dtype:
+    return dtypes.from_any(dtype).np
+
+
+__all__ = ["Tensor", "_to_np_dtype"]

@@ -1796,6 +1796,8 @@ class Tensor(metaclass=_NoGradMeta):
                     if host.min() < -n or host.max() >= n:  # host data: checked here, unlike tensor indices
                         raise IndexRangeError(f"index {host.max() if host.max() >= n else host.min()} is out "
                                               f"of bounds for axis {axis} with size {n}")
+                if host.dtype.kind == "f":  # before it becomes a tensor (a float64 one on some devices)
+                    raise IndexRangeError(f"indices must be integer or bool, got {host.dtype.name} values")
                 v = Tensor(host, device=self.device)
             if isinstance(v, Tensor) and v.dtype.is_float:
                 raise IndexRangeError(f"tensors used as indices must be integer or bool, got {v.dtype.name}")

@@ -221,3 +221,10 @@ def test_float_to_int_casts_out_of_range_match_torch(dev, dtype):
     want = torch.tensor(x).to(getattr(torch, dtype)).numpy()
     got = Tensor(x, device=dev).cast(dtype).numpy()
     np.testing.assert_array_equal(got, want)
+
+
+def test_negated_negative_constants(device):
+    """-(-0.3) and -(-7) as constants in a kernel: C-style emitters once wrote --0.3f (a decrement)."""
+    x = Tensor(np.ones(3, np.float32))
+    np.testing.assert_allclose((x * 0 + (-Tensor.full((3,), -0.3))).numpy(), np.full(3, 0.3, np.float32))
+    np.testing.assert_array_equal((-Tensor.full((2,), -7, dtype="int32")).numpy(), [7, 7])

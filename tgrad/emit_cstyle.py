@@ -85,6 +85,11 @@ def _max(d: Dialect, e: Expr, a: str, b: str) -> str:
     return f"({a} > {b} ? {a} : {b})"
 
 
+def paren(a: str) -> str:
+    """A negative literal in parentheses: -(-0.3f), not --0.3f (C's decrement)."""
+    return f"({a})" if a.startswith("-") else a
+
+
 def _is_bool(e: Expr) -> bool:
     return e.dtype == dtypes.bool
 
@@ -105,7 +110,7 @@ code_for_op: dict[str, Callable[..., str]] = {
     "XOR": lambda d, e, a, b: f"({a} ^ {b})",
     "WHERE": lambda d, e, c, a, b: f"({c} ? {a} : {b})",
     "RECIP": lambda d, e, a: f"({d.const(1, e.dtype)} / {a})",
-    "NEG": lambda d, e, a: f"(!{a})" if _is_bool(e) else f"(-{a})",
+    "NEG": lambda d, e, a: f"(!{a})" if _is_bool(e) else f"(-{paren(a)})",
     "CAST": lambda d, e, a: d.cast(e.srcs[0].dtype, e.dtype, a),
 }
 

@@ -267,7 +267,8 @@ def _math(op: str):
 
 
 def _neg(d: Dialect, e: Expr, a: str) -> str:
-    return _wrap_small(e.dtype, f"(0u - {a})" if d.type_name(e.dtype) == "u32" else f"(-{a})")
+    negated = f"(0u - {a})" if d.type_name(e.dtype) == "u32" else f"(-{emit_cstyle.paren(a)})"
+    return _wrap_small(e.dtype, negated)
 
 
 # C's rules (emit_cstyle.code_for_op) with WGSL's where they differ: op -> f(dialect, expr, *sources)

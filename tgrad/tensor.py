@@ -1268,6 +1268,9 @@ class Tensor(metaclass=_NoGradMeta):
         axes = self._axes(axis, op)
         if self.ndim == 0:
             return self
+        if kind == "MAX" and op != "any" and any(self.shape[a] == 0 for a in axes):
+            # no identity to return (PyTorch raises too; any() of nothing is False)
+            raise IndexRangeError(f"{op}(): the reduced dimension of shape {self.shape} has size 0")
         out = self._from(g.reduce(self.node, kind, axes))
         if keepdim:
             return out
@@ -1389,7 +1392,12 @@ class Tensor(metaclass=_NoGradMeta):
             return self.reshape(-1)._arg_first_max(0, keepdim=False)
         axis = _normalize_axis(axis, self.ndim, "argmax")
         n = self.shape[axis]
-        is_max = self == self.max(axis, keepdim=True)
+        if n == 0:
+            raise IndexRangeError(f"argmax/argmin: dimension {axis} of shape {self.shape} has size 0")
+        m = self.max(axis, keepdim=True)
+        is_max = self == m
+        if self.dtype.is_float:  # a NaN is the maximum (PyTorch: the first NaN's index)
+            is_max = is_max | (self.isnan() & m.isnan())
         rev = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int32)
         rev = rev.reshape((n,) + (1,) * (self.ndim - axis - 1))
         best = is_max.where(rev, 0).max(axis, keepdim)
@@ -1937,11 +1945,12 @@ class Tensor(metaclass=_NoGradMeta):
         sizes = [self.shape[a] for a in axes]
         flat = None
         for t, n in zip(indices, sizes):  # one index into the flattened indexed axes, row-major
+            Tensor._check_index(t, -n, n, "index")
             t = (t < 0).where(t + n, t).cast(dtypes.default_int)._broadcast_to(shape)
             flat = t if flat is None else flat * n + t
         rest = [a for a in range(self.ndim) if a not in axes]
         x = self.permute(rest + axes).reshape(tuple(self.shape[a] for a in rest) + (math.prod(sizes),))
-        x = x._take(len(rest), flat)  # rest dims + index dims
+        x = x._take(len(rest), flat, checked=True)  # rest dims + index dims
         if axes != list(range(axes[0], axes[0] + len(axes))):
             return x.permute(
                 tuple(range(len(rest), x.ndim)) + tuple(range(len(rest)))
@@ -1968,11 +1977,33 @@ class Tensor(metaclass=_NoGradMeta):
             x = x.shrink(arg).reshape(x.shape[:axis] + (count,) + x.shape[axis + 2 :])
         return x
 
-    def _take(self, axis: int, index: Tensor) -> Tensor:
+    @staticmethod
+    def _check_index(index: Tensor, low: int, high: int, op: str, ignore: int | None = None) -> None:
+        """Raise IndexRangeError, naming op, a bad value and the bounds, if an index (other than `ignore`)
+        is outside [low, high). The indices are on the device: their min and max are computed and read
+        by a host step right here (TinyJit replays it, so a replayed step checks its indices too); without
+        it an out-of-range index would select nothing and read 0."""
+        if index.numel() == 0:
+            return
+        x = index if ignore is None else (index == ignore).where(low, index)
+
+        def check(values: list[np.ndarray], _outputs: list[np.ndarray]) -> None:
+            lo, hi = int(values[0]), int(values[1])
+            if lo < low or hi >= high:
+                bad = lo if lo < low else hi
+                size = high if low == 0 else f"{high} (indices from {low})"
+                raise IndexRangeError(f"{op}: index {bad} is out of bounds for size {size}")
+
+        step = driver.HostStep(f"{op} index bounds", check, [], index.device, key=(op, low, high, ignore))
+        Tensor.run_host(step, x.min(), x.max())
+
+    def _take(self, axis: int, index: Tensor, checked: bool = False) -> Tensor:
         """Take along one axis with an integer tensor: shape[:a] + index.shape + shape[a+1:]."""
         if index.dtype.is_float:
             raise DTypeError(f"tensor indices must be integers, got {index.dtype.name}")
         n = self.shape[axis]
+        if not checked:
+            Tensor._check_index(index, -n, n, "index")
         idx = (index < 0).where(index + n, index)
         onehot = idx.unsqueeze(-1) == Tensor.arange(
             n, device=self.device, dtype=idx.dtype
@@ -1991,6 +2022,7 @@ class Tensor(metaclass=_NoGradMeta):
         if index.ndim != self.ndim:
             raise ShapeError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
         n = self.shape[d]
+        Tensor._check_index(index, 0, n, "gather")
         x = self.shrink(tuple((0, s) if i == d else (0, index.shape[i]) for i, s in enumerate(self.shape)))
         xe = x.unsqueeze(-1).transpose(d, -1)
         oh = index.unsqueeze(-1) == Tensor.arange(n, device=self.device, dtype=index.dtype)
@@ -2015,6 +2047,7 @@ class Tensor(metaclass=_NoGradMeta):
             )
         src = src.shrink(tuple((0, i) for i in index.shape))
         n = self.shape[d]
+        Tensor._check_index(index, 0, n, op)
         places = Tensor.arange(n, device=self.device, dtype=index.dtype)
         mask = (index.unsqueeze(-1) == places).transpose(d, -1)
         values = src.unsqueeze(-1).expand(src.shape + (n,)).transpose(d, -1)
@@ -2095,6 +2128,7 @@ class Tensor(metaclass=_NoGradMeta):
             raise ArgumentError(f"one_hot: num_classes must be >= 0, got {num_classes}")
         if self.dtype.is_float:
             raise DTypeError(f"one_hot: needs integer class indices, got {self.dtype.name}")
+        Tensor._check_index(self, 0, num_classes, "one_hot")
         classes = Tensor.arange(num_classes, device=self.device, dtype=self.dtype)
         return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
 
@@ -2436,6 +2470,7 @@ class Tensor(metaclass=_NoGradMeta):
                     f"cross_entropy: target {target.shape} ({target.dtype.name}) fits neither class indices "
                     f"nor probabilities for input {self.shape}"
                 )
+            Tensor._check_index(t, 0, c, "cross_entropy (target)", ignore=ignore_index)
             cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
             probs = (t.unsqueeze(1) == cls).float()
             weight = (t != ignore_index).float()
@@ -2462,14 +2497,22 @@ class Tensor(metaclass=_NoGradMeta):
             y, reduction=reduction, label_smoothing=label_smoothing, ignore_index=ignore_index
         )
 
+    def _same_shape_target(self, y: Tensor, op: str) -> None:
+        if not isinstance(y, Tensor) or y.shape != self.shape:
+            shape = y.shape if isinstance(y, Tensor) else type(y).__name__
+            raise ShapeError(f"{op}: target {shape} must have the input's shape {self.shape} (PyTorch does "
+                             "not broadcast it either)")
+
     def binary_crossentropy(self, y: Tensor, reduction: str = "mean") -> Tensor:
         """self are probabilities; log is clamped at -100 like PyTorch."""
+        self._same_shape_target(y, "binary_crossentropy")
         loss = -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100))
         return _reduce_loss(loss, reduction)
 
     def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
                                    ) -> Tensor:
         """PyTorch's binary_cross_entropy_with_logits; pos_weight scales the positive term."""
+        self._same_shape_target(y, "binary_crossentropy_logits")
         log_sig, log_one_minus = self.logsigmoid(), (-self).logsigmoid()
         pos = y * log_sig if pos_weight is None else y * pos_weight * log_sig
         return _reduce_loss(-(pos + (1 - y) * log_one_minus), reduction)
@@ -2483,6 +2526,7 @@ class Tensor(metaclass=_NoGradMeta):
         if t.shape != (x.shape[0],) + x.shape[2:]:
             raise ShapeError(f"nll_loss: target shape {target.shape} does not fit input {self.shape}")
         c = x.shape[1]
+        Tensor._check_index(t, 0, c, "nll_loss (target)", ignore=ignore_index)
         cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
         onehot = t.unsqueeze(1) == cls
         w = (t != ignore_index).cast(x.dtype)

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from tgrad.errors import ShapeError
+from tgrad.errors import DTypeError, ShapeError
 from tgrad.tensor import Tensor, _tuple
 
 
@@ -255,7 +255,11 @@ class Embedding:
         self.weight = Tensor.randn(vocab_size, embed_size, requires_grad=True)
 
     def __call__(self, idx: Tensor) -> Tensor:
-        return self.weight[idx]
+        if not isinstance(idx, Tensor) or idx.dtype.is_float:
+            got = getattr(idx, "dtype", type(idx).__name__)
+            raise DTypeError(f"Embedding: indices must be an integer Tensor, got {got}")
+        Tensor._check_index(idx, 0, self.vocab_size, "Embedding")  # no negative ids, as in PyTorch
+        return self.weight._take(0, idx, checked=True)
 
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm",

@@ -1123,30 +1123,52 @@ class Tensor(metaclass=_NoGradMeta):
         return (self.exp() + (-self).exp()) * 0.5
 
     def asin(self) -> Tensor:
-        """Abramowitz & Stegun 4.4.46 (|error| <= 2e-8); nan outside [-1, 1]."""
+        """Abramowitz & Stegun 4.4.46 (|error| <= 2e-8) on a = |x|, the sign put back by where(): the
+        gradient is 1 at 0 and inf at +-1 as PyTorch's; nan outside [-1, 1]."""
         x = self._float()
-        a = x.abs()
+        pos = x >= 0
+        a = pos.where(x, -x)
         poly = a * 0
         for c in (-0.0012624911, 0.0066700901, -0.0170881256, 0.0308918810, -0.0501743046, 0.0889789874,
                   -0.2145988016, 1.5707963050):
             poly = poly * a + c
-        return x.sign() * (math.pi / 2 - (1 - a).sqrt() * poly)
+        y = math.pi / 2 - (1 - a).sqrt() * poly
+        return pos.where(y, -y)
 
     def acos(self) -> Tensor:
         return math.pi / 2 - self.asin()
 
     def atan(self) -> Tensor:
+        """Abramowitz & Stegun 4.4.49 on [-1, 1] (|error| <= 2e-8), and pi/2 - atan(1/x) beyond, written
+        with where() on safe inputs so that the gradient is right at 0, large |x| and +-inf."""
         x = self._float()
-        inside = (x / (1 + x * x).sqrt()).asin()
-        return x.isinf().where(x.sign() * (math.pi / 2), inside)
+        big = (x > 1) | (x < -1)
+        z = big.where(1 / big.where(x, 1.0), x)  # |z| <= 1
+        z2, poly = z * z, z * 0
+        for c in (0.0028662257, -0.0161657367, 0.0429096138, -0.0752896400, 0.1065626393, -0.1420889944,
+                  0.1999355085, -0.3333314528, 1.0):
+            poly = poly * z2 + c
+        near = z * poly
+        return big.where((x > 0).where(math.pi / 2, -math.pi / 2) - near, near)
 
     def asinh(self) -> Tensor:
+        """log(a + sqrt(a^2 + 1)) on a = |x| (log(2a) beyond 1e4), with the sign put back by where():
+        gradient 1 at 0 and 0 at +-inf."""
         x = self._float()
-        return x.sign() * (x.abs() + (x * x + 1).sqrt()).log()
+        pos = x >= 0
+        a = pos.where(x, -x)
+        big = a > 1e4
+        small = big.where(0.0, a)
+        y = big.where(big.where(a, 1.0).log() + math.log(2), (small + (small * small + 1).sqrt()).log())
+        return pos.where(y, -y)
 
     def acosh(self) -> Tensor:
+        """log(x + sqrt(x^2 - 1)), log(2x) beyond 1e4 (gradient 0 at inf); nan below 1."""
         x = self._float()
-        return (x + (x * x - 1).sqrt()).log()
+        big = x > 1e4
+        small = big.where(2.0, x)
+        y = big.where(big.where(x, 2.0).log() + math.log(2), (small + (small * small - 1).sqrt()).log())
+        return (x < 1).where(math.nan, y)
 
     def atanh(self) -> Tensor:
         x = self._float()
@@ -1169,7 +1191,9 @@ class Tensor(metaclass=_NoGradMeta):
         return self.leakyrelu(negative_slope)
 
     def elu(self, alpha: float = 1.0) -> Tensor:
-        return (self > 0).where(self, (self.exp() - 1) * alpha)
+        """x above 0, alpha * (exp(x) - 1) at or below (exp of 0 elsewhere: no inf * 0 in the gradient)."""
+        neg = (self < 0) | (self == 0)  # not `<=`: NaN takes the linear side, as in PyTorch
+        return neg.where((neg.where(self, 0).exp() - 1) * alpha, self)
 
     def sigmoid(self) -> Tensor:
         """1 / (1 + exp(-x)) for x >= 0, exp(x) / (1 + exp(x)) below: exp never overflows, so the gradient
@@ -1183,13 +1207,18 @@ class Tensor(metaclass=_NoGradMeta):
         return 2.0 * (2.0 * self).sigmoid() - 1.0
 
     def erf(self) -> Tensor:
-        """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
+        """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7) on a = |x| capped at 10 (erf is 1 there), the sign
+        put back by where(): the gradient is 2/sqrt(pi) at 0 and 0 at +-inf."""
         x = self._float()
-        t = 1.0 / (1.0 + 0.3275911 * x.abs())
+        pos = x >= 0
+        a = pos.where(x, -x)
+        a = (a > 10).where(10.0, a)
+        t = 1.0 / (1.0 + 0.3275911 * a)
         poly = t * (
             0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
         )
-        return x.sign() * (1.0 - poly * (-x * x).exp())
+        y = 1.0 - poly * (-a * a).exp()
+        return pos.where(y, -y)
 
     def gelu(self, approximate: str = "none") -> Tensor:
         if approximate not in ("none", "tanh"):
@@ -1210,26 +1239,38 @@ class Tensor(metaclass=_NoGradMeta):
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
         # max(bx, 0) + log(1 + exp(-|bx|)): no overflow, so no inf * 0 in the gradient (and 1/2 at 0)
         bx = self * beta
+        linear = bx > threshold
+        bx = linear.where(0.0, bx)  # the smooth branch never sees inf (no inf - inf in its gradient)
         m = bx.maximum(0)
-        return (bx > threshold).where(self, (m + (1 + (bx - 2 * m).exp()).log()) * (1 / beta))
+        return linear.where(self, (m + (1 + (bx - 2 * m).exp()).log()) * (1 / beta))
 
     def mish(self) -> Tensor:
         return self * self.softplus().tanh()
 
     def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
-        return self.clip(min_val, max_val)
+        """clip, with PyTorch's gradient: 0 at the bounds too (clip's is 1 there)."""
+        outside = (self < min_val) | (self == min_val) | (self > max_val) | (self == max_val)
+        return outside.where(self.clip(min_val, max_val).detach(), self)  # NaN is inside, as in PyTorch
 
     def hardsigmoid(self) -> Tensor:
-        return (self / 6 + 0.5).clip(0, 1)
+        """x / 6 + 1/2 clipped to [0, 1]; PyTorch's gradient: 1/6 strictly inside (-3, 3), else 0 (NaN
+        too)."""
+        inside = (self > -3) & (self < 3)
+        return inside.where(self / 6 + 0.5, (self / 6 + 0.5).clip(0, 1).detach())
 
     def relu6(self) -> Tensor:
-        return self.clip(0, 6)
+        return self.hardtanh(0, 6)
 
     def hardswish(self) -> Tensor:
-        return self * (self + 3).relu6() * (1 / 6)
+        # PyTorch's pieces: 0 below -3, x (x + 3) / 6 up to 3 (gradient -0.5 at -3), x above (and at NaN)
+        low = self < -3
+        mid = low.logical_not() & ((self < 3) | (self == 3))
+        xm = mid.where(self, 0.0)  # the middle piece never sees +-inf (no inf * 0 in its gradient)
+        return low.where(self * 0, mid.where(xm * (xm + 3) * (1 / 6), self))
 
     def celu(self, alpha: float = 1.0) -> Tensor:
-        return self.maximum(0) + ((self / alpha).exp() - 1).minimum(0) * alpha
+        neg = (self < 0) | (self == 0)
+        return neg.where(((neg.where(self, 0) / alpha).exp() - 1) * alpha, self)
 
     def selu(self) -> Tensor:
         alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946

@@ -6,7 +6,7 @@ import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test lo
 
 from tgrad import Tensor
 from tgrad.device import Stats
-from tgrad.errors import AutogradError
+from tgrad.errors import AutogradError, ShapeError
 from tgrad.nn import BatchNorm, Linear
 from tgrad.nn.optim import LAMB, SGD, Adam, AdamW
 
@@ -147,3 +147,35 @@ def test_optimizer_errors():
         SGD([])
     with pytest.raises(AutogradError, match="requires a gradient"):
         SGD([Tensor.ones(3)])
+
+
+def test_setting_lr_after_tinyjit_captured_the_step(device):
+    """opt.lr = x writes into the tensor the captured kernels read (it used to rebind the attribute, and
+    the replayed step kept the old rate)."""
+    from tgrad.jit import TinyJit
+
+    w0 = np.array([1.0, -2.0, 0.5], np.float32)
+    w, wt = Tensor(w0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+    opt, topt = SGD([w], lr=0.1), torch.optim.SGD([wt], lr=0.1)
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = (w * w * x).sum()
+        loss.backward()
+        opt.step(loss)
+        return loss
+
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    for i in range(6):
+        if i == 4:
+            opt.lr = 0.01
+            topt.param_groups[0]["lr"] = 0.01
+        step(Tensor(x)).numpy()
+        topt.zero_grad()
+        (wt * wt * torch.tensor(x)).sum().backward()
+        topt.step()
+    np.testing.assert_allclose(w.numpy(), wt.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert step.replays >= 2 or device == "NUMPY"  # the reference has no kernels: it always runs plainly
+    with pytest.raises(ShapeError):
+        opt.lr = Tensor([0.1, 0.2])

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from tgrad.errors import AutogradError
+from tgrad.errors import AutogradError, ShapeError
 from tgrad.tensor import Tensor
 
 
@@ -30,8 +30,23 @@ class Optimizer:
         if not self.params:
             raise AutogradError("no parameter requires a gradient; create them with requires_grad=True")
         Tensor.realize(*self.params, *self.buffers)
-        # lr is a tensor so that changing it (opt.lr.assign(...)) also works under TinyJit
-        self.lr = Tensor([lr], device=self.params[0].device)
+        # lr is a tensor so that changing it also works under TinyJit (see the lr property)
+        self._lr = Tensor([lr], device=self.params[0].device).realize()
+
+    @property
+    def lr(self) -> Tensor:
+        """The learning rate, a 1-element tensor the update kernels read."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        """`opt.lr = 0.01` writes into that tensor (realized now), so a step TinyJit captured earlier
+        uses the new rate too; rebinding it to another tensor would leave the captured kernels reading
+        the old one."""
+        new = value if isinstance(value, Tensor) else Tensor([float(value)], device=self._lr.device)
+        if new.numel() != 1:
+            raise ShapeError(f"Optimizer.lr: expected one number, got a tensor of shape {new.shape}")
+        self._lr.assign(new.reshape(1).cast(self._lr.dtype).to(self._lr.device)).realize()
 
     def zero_grad(self) -> None:
         for t in self.params:

@@ -726,13 +726,13 @@ class Tensor(metaclass=_NoGradMeta):
         # it, on inputs masked so that no inf * 0 reaches a or b from the other places. Elsewhere (0, inf,
         # negative bases) PyTorch's slopes are put in as constants: d/da = b * a**(b-1) (0 where b == 0),
         # d/db = a**b * log(a) (0 where a == 0 <= b); there the second derivative is 0.
-        regular = (a > 0).where(a.isfinite(), False).where(b.isfinite(), False)
+        regular = (a > 0) & a.isfinite() & b.isfinite()
         smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
         ad, bd = a.detach(), b.detach()
         # the slopes are 0 where the smooth branch is taken: an inf slope there would get a 0 gradient
         # from the where() below, and 0 * inf is nan
         da = regular.where(0.0, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
-        db = regular.where(0.0, (ad == 0).where(bd >= 0, False).where(0.0, value * ad.log()))
+        db = regular.where(0.0, ((ad == 0) & (bd >= 0)).where(0.0, value * ad.log()))
         edge = value + _gradient_only(a, da) + _gradient_only(b, db)
         return regular.where(smooth, edge)
 
@@ -741,7 +741,7 @@ class Tensor(metaclass=_NoGradMeta):
         value = _pow_value(self.detach(), e)
         if Tensor.no_grad or e == 0:
             return value
-        regular = (self > 0).where(self.isfinite(), False)
+        regular = (self > 0) & self.isfinite()
         smooth = (regular.where(self, 1.0).log2() * e).exp2()
         slope = e * _pow_value(self.detach(), e - 1)  # PyTorch's d/dx at 0, inf and negative x
         return regular.where(smooth, value + _gradient_only(self, regular.where(0.0, slope)))
@@ -759,7 +759,7 @@ class Tensor(metaclass=_NoGradMeta):
             value = mag
             if c < 0:
                 is_int = self.trunc() == self
-                signed = is_int.where((self.abs() % 2) == 1, False).where(-mag, mag)
+                signed = (is_int & ((self.abs() % 2) == 1)).where(-mag, mag)
                 value = is_int.where(signed, mag if c == -math.inf else math.nan)
         value = (self == 0).where(1.0, value).detach()
         if Tensor.no_grad:
@@ -1081,14 +1081,13 @@ class Tensor(metaclass=_NoGradMeta):
         return self != self
 
     def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
-        # where() instead of | and &: Triton's interpreter cannot combine bools derived from constants
         pos, neg = self == math.inf, self == -math.inf
         if detect_positive and detect_negative:
-            return pos.where(True, neg)
+            return pos | neg
         return pos if detect_positive else neg if detect_negative else self.zeros_like(dtype=dtypes.bool)
 
     def isfinite(self) -> Tensor:
-        return self.isinf().where(False, self.isnan().logical_not())
+        return (self.isinf() | self.isnan()).logical_not()
 
     def isclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
         """|self - other| <= atol + rtol * |other| elementwise (PyTorch's); an inf only equals itself."""
@@ -2607,7 +2606,7 @@ def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
         return (a < 0).where((a == -math.inf).where(mag, math.nan), mag)
     mag = (b * a.abs().log2()).exp2()
     is_int = b.trunc() == b
-    odd = is_int.where((b.abs() % 2) == 1, False)
+    odd = is_int & ((b.abs() % 2) == 1)
     signed = odd.where(-mag, mag)
     not_int = (a == -math.inf).where(mag, math.nan)
     out = (a < 0).where(is_int.where(signed, not_int), mag)

@@ -25,11 +25,11 @@ class Stats:
     misses = 0
 
 
-_cache: OrderedDict[tuple, list[tuple] | None] = OrderedDict()
+_cache: OrderedDict[tuple, list[tuple]] = OrderedDict()
 
 
-def _walk(outputs: list[Node]) -> tuple[tuple, list[Node]]:
-    """(structure key, nodes in walk order) of the graph fuse.schedule would see."""
+def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[int, int]]:
+    """(structure key, nodes in walk order, id(node) -> its position) of the graph fuse.schedule sees."""
     position: dict[int, int] = {}
     buffers: dict[int, int] = {}
     nodes: list[Node] = []
@@ -54,12 +54,12 @@ def _walk(outputs: list[Node]) -> tuple[tuple, list[Node]]:
                 srcs = tuple(position[id(s)] for s in node.srcs)
                 entries.append((node.op, arg, node.shape, node.dtype, node.device, srcs))
     outs = tuple(position[id(n)] for n in outputs)
-    return (tuple(entries), outs), nodes
+    return (tuple(entries), outs), nodes, position
 
 
 def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
     """fuse.schedule(outputs), from the cache when a graph of the same structure was scheduled before."""
-    key, nodes = _walk(outputs)
+    key, nodes, index = _walk(outputs)
     template = _cache.get(key)
     if template is not None:
         _cache.move_to_end(key)
@@ -68,7 +68,6 @@ def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
                 for k, out, ins, tgt in template]
     Stats.misses += 1
     items = fuse.schedule(outputs)
-    index = {id(n): i for i, n in enumerate(nodes)}
     try:
         _cache[key] = [(it.kernel, index[id(it.out)], [index[id(n)] for n in it.inputs],
                         None if it.target is None else index[id(it.target)]) for it in items]

@@ -9,6 +9,7 @@ NON_DIFFERENTIABLE; backward() through an op in neither raises AutogradError.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 from tgrad.errors import AutogradError
@@ -216,8 +217,36 @@ NON_DIFFERENTIABLE: frozenset[Op] = frozenset(
 )
 
 
+# ---------------------------------------------------------------------------------------------------
+# custom gradients: an op built from primitives whose composed gradient is slow (conv2d: the gradient
+# of its sliding-window view is a col2im reduce) says how its gradient is computed instead
+
+# identity node -> (the inputs the gradient flows to, rule(g) -> one gradient per input)
+CUSTOM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def custom_gradient(value: Node, inputs: tuple[Node, ...], rule: Callable[[Node], tuple[Node | None, ...]],
+                    name: str) -> Node:
+    """The value of `value`, with its gradient given by rule(g) for `inputs` (instead of the gradient of
+    the graph that computed `value`). The result is a DETACH node named `name`, which fusion looks
+    through; the same (value, name) pair gives the same node, so the latest rule wins, and it computes
+    the same value from the same inputs, so any of them is right."""
+    out = Node(Op.DETACH, (value,), name, value.shape, value.dtype, value.device)
+    CUSTOM[out] = (inputs, rule)
+    return out
+
+
+def _sources(node: Node) -> tuple[Node, ...]:
+    custom = CUSTOM.get(node)
+    return custom[0] if custom is not None else node.srcs
+
+
 def grad_rule(node: Node, g: Node) -> tuple[Node | None, ...]:
-    """Gradients of node's sources given the gradient g of node (None: no gradient to that source)."""
+    """Gradients of node's sources given the gradient g of node (None: no gradient to that source); for a
+    node with a custom gradient, of its custom inputs."""
+    custom = CUSTOM.get(node)
+    if custom is not None:
+        return custom[1](g)
     if node.op in NON_DIFFERENTIABLE:
         return (None,) * len(node.srcs)
     rule = GRADIENTS.get(node.op)
@@ -236,20 +265,21 @@ def gradients(root: Node, seed: Node, targets: set[Node]) -> dict[Node, Node]:
     while stack:
         node, done = stack.pop()
         if done:
-            on_path[node] = node in targets or any(on_path.get(s, False) for s in node.srcs)
+            on_path[node] = node in targets or any(on_path.get(s, False) for s in _sources(node))
             order.append(node)
             continue
         if node in on_path:
             continue
         on_path[node] = False
         stack.append((node, True))
-        stack.extend((s, False) for s in node.srcs if s not in on_path)
+        stack.extend((s, False) for s in _sources(node) if s not in on_path)
     grads: dict[Node, Node] = {root: seed}
     for node in reversed(order):
         g = grads.get(node)
-        if g is None or not on_path[node] or not node.srcs:
+        srcs = _sources(node)
+        if g is None or not on_path[node] or not srcs:
             continue
-        for src, sg in zip(node.srcs, grad_rule(node, g)):
+        for src, sg in zip(srcs, grad_rule(node, g)):
             if sg is None or not on_path.get(src, False):
                 continue
             grads[src] = alu(Op.ADD, grads[src], sg) if src in grads else sg

@@ -391,6 +391,21 @@ def _top_reduces(root: Node, realize: set[Node]) -> set[Node]:
 
 EXPENSIVE = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.IDIV, Op.MOD}
 RECOMPUTE_LIMIT = 1 << 16  # elements an expand may recompute expensive elementwise work for
+RECOMPUTE_OPS = 8  # ALU ops (through movement ops) a big expand may recompute for every element
+
+
+def _alu_work(node: Node, realize: set[Node], limit: int = RECOMPUTE_OPS) -> int:
+    """ALU ops computed for one element of node in its kernel, through movement ops (not through
+    reduces or nodes realized or to be realized); stops counting at limit."""
+    count, stack, seen = 0, [node], set()
+    while stack and count < limit:
+        n = stack.pop()
+        if n in seen or n.realized or n in realize or n.op is Op.REDUCE or n.op is Op.CONST:
+            continue
+        seen.add(n)
+        count += n.op in ALU and n.op is not Op.CAST
+        stack.extend(n.srcs[1:] if n.op is Op.ASSIGN else n.srcs)
+    return count
 
 
 def _elementwise_closure(node: Node) -> list[Node]:
@@ -431,7 +446,7 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
             if (
                 n.op is Op.EXPAND
                 and prod(n.shape) >= RECOMPUTE_LIMIT
-                and any(c.op in EXPENSIVE for c in closure)
+                and (any(c.op in EXPENSIVE for c in closure) or _alu_work(x, realize) >= RECOMPUTE_OPS)
             ):
                 forced.add(x)
                 realize.add(x)

@@ -1,0 +1,133 @@
+"""Convolution and pooling gradients against PyTorch on every device.
+
+conv2d gives its input a custom gradient (a transposed convolution, autodiff.custom_gradient) instead of
+the composed gradient of its sliding-window view, and pools whose windows tile the input (stride ==
+kernel) are a reshape: these tests cover the shapes where either could go wrong (strides, padding on one
+side or negative, dilation, groups, sizes the windows do not divide, 1-d and 3-d, transposed convs,
+second derivatives).
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import helper_test_op
+from tgrad import Tensor, autodiff
+
+CONV2D = [
+    dict(),
+    dict(stride=2),
+    dict(padding=1),
+    dict(dilation=2),
+    dict(stride=2, padding=2, dilation=2),
+    dict(groups=2),
+    dict(stride=3, padding=1, groups=4),
+    dict(padding=(1, 2)),
+    dict(stride=(2, 1), dilation=(1, 3)),
+]
+
+
+@pytest.mark.parametrize("kw", CONV2D, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+@pytest.mark.parametrize("size", [(9, 11, 3), (8, 8, 2), (7, 6, 1)], ids=lambda s: "x".join(map(str, s)))
+def test_conv2d_gradients(device, kw, size):
+    h, w, k = size
+    g = kw.get("groups", 1)
+    helper_test_op(
+        [(2, 4, h, w), (8, 4 // g, k, k), (8,)],
+        lambda x, wt, b: F.conv2d(x, wt, b, **kw),
+        lambda x, wt, b: x.conv2d(wt, b, **kw),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+
+
+@pytest.mark.parametrize("padding", [(1, 0, 2, 1), (-1, 0, 0, -1), (0, 3, 0, 0)])
+def test_conv2d_gradients_padding_per_side(device, padding):
+    """F.pad order (left, right, top, bottom); negative values crop, as PyTorch's F.pad."""
+    helper_test_op(
+        [(2, 3, 7, 8), (5, 3, 3, 2)],
+        lambda x, wt: F.conv2d(F.pad(x, padding), wt),
+        lambda x, wt: x.conv2d(wt, padding=padding),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+
+
+def test_conv1d_conv3d_gradients(device):
+    helper_test_op(
+        [(2, 3, 13), (4, 3, 4)],
+        lambda x, wt: F.conv1d(x, wt, stride=2, padding=1, dilation=2),
+        lambda x, wt: x.conv2d(wt, stride=2, padding=1, dilation=2),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+    helper_test_op(
+        [(1, 2, 5, 6, 4), (3, 2, 2, 3, 2)],
+        lambda x, wt: F.conv3d(x, wt, padding=1, stride=(1, 2, 1)),
+        lambda x, wt: x.conv2d(wt, padding=1, stride=(1, 2, 1)),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(stride=2, padding=1, output_padding=1), dict(groups=2, dilation=2)]
+)
+def test_conv_transpose2d_gradients(device, kw):
+    g = kw.get("groups", 1)
+    helper_test_op(
+        [(2, 4, 5, 6), (4, 6 // g, 3, 3)],
+        lambda x, wt: F.conv_transpose2d(x, wt, **kw),
+        lambda x, wt: x.conv_transpose2d(wt, **kw),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+
+
+def test_conv2d_second_derivative(device):
+    """d/dx of |d conv(x, w)/d w|^2, through the custom gradient (and the custom gradient of the
+    transposed conv inside it), against torch.autograd.grad with create_graph=True."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    out = F.conv2d(tx, tw, stride=2, padding=1)
+    gx_t, gw_t = torch.autograd.grad(out.square().sum(), (tx, tw), create_graph=True)
+    (gx_t.square().sum() + gw_t.square().sum()).backward()
+    X, W = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    out = X.conv2d(W, stride=2, padding=1)
+    gx, gw = out.square().sum().gradient(X, W)
+    np.testing.assert_allclose(gx.numpy(), gx_t.detach().numpy(), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(gw.numpy(), gw_t.detach().numpy(), atol=1e-4, rtol=1e-4)
+    ggx, ggw = (gx.square().sum() + gw.square().sum()).gradient(X, W)
+    np.testing.assert_allclose(ggx.numpy(), tx.grad.numpy(), atol=1e-3, rtol=1e-3)
+    np.testing.assert_allclose(ggw.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-3)
+
+
+def test_conv2d_gradient_is_a_convolution():
+    """The input gradient is the transposed convolution, not the sliding-window view's col2im reduce: the
+    node conv2d returns carries a custom rule."""
+    x, w = Tensor.randn(1, 2, 6, 6, requires_grad=True), Tensor.randn(3, 2, 3, 3, requires_grad=True)
+    out = x.conv2d(w)
+    assert out.node in autodiff.CUSTOM
+    with Tensor.no_grad:
+        assert x.conv2d(w).node not in autodiff.CUSTOM
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((2, 3, 20, 20), dict(kernel_size=2)),
+        ((2, 3, 7, 9), dict(kernel_size=2)),  # the last row and column are in no window
+        ((2, 3, 8, 12), dict(kernel_size=(2, 4))),
+        ((2, 3, 7, 9), dict(kernel_size=3, stride=3, padding=1, ceil_mode=True)),
+        ((2, 3, 7, 9), dict(kernel_size=2, padding=1, ceil_mode=True)),
+        ((2, 3, 9), dict(kernel_size=(3,))),  # 1-d
+    ],
+)
+def test_tiling_pool_gradients(device, op, shape, kw):
+    """Windows that tile the input (stride == kernel) are a reshape of it; overlapping ones a strided view."""
+    fn = getattr(F, op if len(shape) == 4 else op.replace("2d", "1d"))
+    helper_test_op([shape], lambda x: fn(x, **kw), lambda x: getattr(x, op)(**kw), atol=1e-5)

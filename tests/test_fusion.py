@@ -181,3 +181,43 @@ def test_cpu_plain_matmul_writes_the_output_directly(cpu):
     w = Tensor(A.copy()).realize()
     w.assign(w @ b).realize()  # the output buffer is also an input: BLAS must not read what it writes
     np.testing.assert_allclose(w.numpy(), A @ B, rtol=1e-5, atol=1e-5)
+
+
+def _eval_index(e, env):
+    """Evaluate an index Expr with C semantics (division truncating toward zero)."""
+    if e.op == "IDX":
+        return env[e.arg[0]]
+    if e.op == "CONST":
+        return e.arg
+    a, b = (_eval_index(s, env) for s in e.srcs)
+    if e.op == "ADD":
+        return a + b
+    if e.op == "MUL":
+        return a * b
+    q = abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1)
+    return q if e.op == "IDIV" else a - q * b
+
+
+def test_index_division_by_terms():
+    """idiv/imod drop the multiples of the divisor from each coefficient (i + 29*j mod 28 is i + j when
+    that stays below 28: what the sliding windows of a conv index), and stay exact everywhere else."""
+    import itertools
+    import random
+
+    from tgrad.fuse import IDX_DT, Expr, const, iadd, idiv, imod, imul
+
+    i2, i5 = Expr("IDX", (), (0, 24), IDX_DT), Expr("IDX", (), (1, 5), IDX_DT)
+    window = iadd(i2, imul(i5, 29))
+    assert "MOD" not in repr(imod(window, 28)) and "IDIV" not in repr(idiv(window, 28))
+    rng = random.Random(0)
+    for _ in range(300):
+        sizes = [rng.randint(1, 7) for _ in range(3)]
+        axes = [Expr("IDX", (), (n, s), IDX_DT) for n, s in enumerate(sizes)]
+        e = const(rng.randint(-10, 40), IDX_DT)
+        for ax in axes:
+            e = iadd(e, imul(ax, rng.randint(-3, 40)))
+        c = rng.randint(1, 30)
+        for fn, op in ((idiv, "IDIV"), (imod, "MOD")):
+            plain, simplified = Expr(op, (e, const(c, IDX_DT)), None, IDX_DT), fn(e, c)
+            for env in itertools.product(*map(range, sizes)):
+                assert _eval_index(simplified, env) == _eval_index(plain, env), (op, e, c, env, simplified)

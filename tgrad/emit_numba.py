@@ -507,8 +507,14 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
     def operand(e: Expr) -> Operand | None:
         op = _operand(e, naxes, dtype)
         if op is None and e.dtype == dtype and "ACC" not in _ops(e):
-            # a computed operand: a prologue kernel writes it row-major over the axes it uses
+            # a computed operand: a prologue kernel writes it row-major over the axes it uses, the
+            # output's axes first or the reduce axes first, whichever puts the longer axis innermost
+            # (a conv's im2col loops over a row of the image, not over a row of the 5x5 window)
             axes = sorted(_axes(e))
+            outer = [a for a in axes if a < k.n_global]
+            inner = [a for a in axes if a >= k.n_global]
+            if outer and inner and k.shape[outer[-1]] > k.shape[inner[-1]]:
+                axes = inner + outer
             sizes = [k.shape[a] for a in axes]
             remap = {a: Expr("IDX", (), (pos, k.shape[a]), IDX_DT) for pos, a in enumerate(axes)}
             strides, acc = [0] * naxes, 1

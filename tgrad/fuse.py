@@ -161,9 +161,21 @@ def imul(a: Expr, c: int) -> Expr:
     return _from_terms([(k * c, t) for k, t in linear_terms(a)])
 
 
+def _split_terms(a: Expr, c: int) -> tuple[Expr, Expr] | None:
+    """(q, r) with a == q * c + r, r's coefficients in [0, c), when a and its atoms are >= 0 (then
+    a // c == q + r // c and a % c == r % c): i + 29 * j mod 28 is i + j mod 28, which bounds can drop."""
+    terms = linear_terms(a)
+    if a.vmin < 0 or any(t is not None and _bounds(t)[0] < 0 for _, t in terms):
+        return None
+    return _from_terms([(k // c, t) for k, t in terms]), _from_terms([(k % c, t) for k, t in terms])
+
+
 def idiv(a: Expr, c: int) -> Expr:
     if c == 1:
         return a
+    split = _split_terms(a, c)
+    if split is not None and split[1].vmax < c:
+        return split[0]
     terms = linear_terms(a)
     whole = [(k // c, t) for k, t in terms if k % c == 0]
     rest = [(k, t) for k, t in terms if k % c != 0]
@@ -181,6 +193,9 @@ def imod(a: Expr, c: int) -> Expr:
         return const(0, IDX_DT)
     if a.vmin < 0:
         return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
+    split = _split_terms(a, c)
+    if split is not None and split[1].vmax < c:
+        return split[1]
     rest = _from_terms([(k, t) for k, t in linear_terms(a) if k % c != 0])
     if rest.vmin < 0:
         # dropping multiples of c left a value that can be negative (4 - i becomes -i): C, WGSL and

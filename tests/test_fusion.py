@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from tgrad import Tensor
 from tgrad.device import Stats
@@ -221,3 +222,28 @@ def test_index_division_by_terms():
             plain, simplified = Expr(op, (e, const(c, IDX_DT)), None, IDX_DT), fn(e, c)
             for env in itertools.product(*map(range, sizes)):
                 assert _eval_index(simplified, env) == _eval_index(plain, env), (op, e, c, env, simplified)
+
+
+def test_cpu_reduce_axes_merge_into_one_loop(cpu):
+    """Reduce axes that every load walks as one (a BatchNorm sum over (N, H, W) rows of an image) are one
+    loop on the CPU, global axes of a reduce stay (threads, interchange); values match numpy."""
+    from tgrad import emit_numba
+
+    x = Tensor.rand(16, 8, 10, 12)
+    for axes in ((0, 2, 3), (2, 3), (0,), (1, 3)):
+        (item,) = kernels((x + 1).sum(axes))
+        merged = emit_numba.merge_axes(emit_numba.compact(item.kernel))
+        assert merged.n_global == item.kernel.n_global
+        if axes == (2, 3):
+            assert merged.shape == (16, 8, 120)
+        np.testing.assert_allclose((x + 1).sum(axes).numpy(), (x.numpy() + 1).sum(axes), rtol=1e-5)
+    y = Tensor.rand(40, 30, 20)
+    np.testing.assert_allclose(y.max(0).numpy(), y.numpy().max(0))
+    np.testing.assert_allclose(y.sum((0, 2)).numpy(), y.numpy().sum((0, 2)), rtol=1e-5)
+    # a pooled window's index into the pooled output (y // 2, x // 2) keeps the axes apart but needs no
+    # division by a flat index
+    z = Tensor.rand(4, 3, 8, 8, requires_grad=True)
+    z.max_pool2d(2).sum().backward()
+    expect = torch.tensor(z.numpy(), requires_grad=True)
+    torch.nn.functional.max_pool2d(expect, 2).sum().backward()
+    np.testing.assert_allclose(z.grad.numpy(), expect.grad.numpy())

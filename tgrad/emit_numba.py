@@ -25,6 +25,7 @@ from tgrad.fuse import (
     Kernel,
     StatementPlacer,
     const,
+    from_terms,
     iadd,
     imul,
     is_const,
@@ -339,6 +340,7 @@ def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
     if flat is not None:
         fname, body = "E_n", _Renderer(flat, length="n").render("E_n", parallel)
     else:
+        compacted = merge_axes(compacted)  # (scratch sizes below follow the merged axes)
         fname, body = kernel.name, _Renderer(compacted).render(kernel.name, parallel)
     temps = tuple((size, storage_dtype(dt)) for _, size, dt in scratch(compacted, parallel))
     ins = tuple(storage_dtype(kernel.in_dtypes[i]) for i in reads)
@@ -426,6 +428,85 @@ def flatten(kernel: Kernel) -> Kernel | None:
     return Kernel(
         name=k.name, shape=(size,), n_global=1, reduce_op=None, reduce_expr=None, expr=expr,
         out_index=flat_idx, out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
+    )
+
+
+def merge_axes(kernel: Kernel) -> Kernel:
+    """Neighbouring axes of one kind (both global or both reduce) that every load and the store index as
+    one (coefficient of the outer = that of the inner * the inner's size) and nothing else uses become one
+    axis: a reduce over (128, 20, 20) rows of an image is a loop of 400 inside a loop of 128, which
+    vectorizes, instead of 2560 loops of 20."""
+    k = kernel
+    roots, nonlinear, seen = [], set(), set()
+
+    def visit(e: Expr) -> None:  # IDX found here (outside a load or store index's linear terms)
+        if e in seen:
+            return
+        seen.add(e)
+        if e.op == "IDX":
+            nonlinear.add(e.arg[0])
+        elif e.op == "LOAD":
+            roots.append(e.srcs[0])
+            for _, atom in linear_terms(e.srcs[0]):
+                if atom is not None and atom.op != "IDX":
+                    visit(atom)
+            visit(e.srcs[1])
+        for src in e.srcs if e.op != "LOAD" else ():
+            visit(src)
+
+    for e in (k.expr, k.reduce_expr):
+        if e is not None:
+            visit(e)
+    roots.append(k.out_index)
+    for _, atom in linear_terms(k.out_index):
+        if atom is not None and atom.op != "IDX":
+            visit(atom)
+    coefs = []
+    for root in roots:
+        c: dict[int, int] = {}
+        for coef, atom in linear_terms(root):
+            if atom is not None and atom.op == "IDX":
+                c[atom.arg[0]] = c.get(atom.arg[0], 0) + coef
+        coefs.append(c)
+    # a reduce kernel keeps its global axes (threads split the first; an interchanged reduce keeps the
+    # last innermost, the first outside it): only its reduce axes merge
+    ng = k.n_global if k.reduce_expr is not None else 0
+    merged: list[list[int]] = [[a] for a in range(ng)]  # runs of old axes that become one new axis
+    for a in range(ng, len(k.shape)):
+        run = merged[-1] if merged and (a - 1 >= k.n_global) == (a >= k.n_global) and a - 1 >= ng else None
+        if (run is not None and a not in nonlinear and run[-1] not in nonlinear
+                and all(c.get(run[-1], 0) == c.get(a, 0) * k.shape[a] for c in coefs)):
+            run.append(a)
+        else:
+            merged.append([a])
+    if len(merged) == len(k.shape):
+        return k
+    shape = tuple(math.prod(k.shape[a] for a in run) for run in merged)
+    new_of = {run[-1]: Expr("IDX", (), (i, shape[i]), IDX_DT) for i, run in enumerate(merged)}
+    memo: dict[Expr, Expr] = {}
+
+    def walk(e: Expr) -> Expr:
+        hit = memo.get(e)
+        if hit is None:
+            if e.op == "IDX":  # only the innermost axis of a run is used alone (others are merged)
+                hit = new_of[e.arg[0]]
+            elif e.op == "LOAD" or e is k.out_index:
+                index = e.srcs[0] if e.op == "LOAD" else e
+                terms = [(c, walk(t) if t is not None else None) for c, t in linear_terms(index)
+                         if t is None or t.op != "IDX" or t.arg[0] in new_of]
+                hit = from_terms(terms)
+                if e.op == "LOAD":
+                    hit = Expr("LOAD", (hit, walk(e.srcs[1])), e.arg, e.dtype)
+            else:
+                hit = Expr(e.op, tuple(walk(s) for s in e.srcs), e.arg, e.dtype) if e.srcs else e
+            memo[e] = hit
+        return hit
+
+    n_global = sum(1 for run in merged if run[0] < k.n_global)
+    return Kernel(
+        name=k.name, shape=shape, n_global=n_global, reduce_op=k.reduce_op,
+        reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
+        out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
     )
 
 
@@ -555,6 +636,8 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             n.append(axis)
         else:
             return None
+    if not m and not n:  # dot products: the generated reduce loop streams both operands once
+        return None
     if not m and n:  # keep A the operand with the M axes
         a, b, m, n = b, a, n, m
     rows = max(math.prod(k.shape[x] for x in (*batch, *side)) for side in (m, n))

@@ -137,7 +137,7 @@ def linear_terms(e: Expr) -> list[tuple[int, Expr | None]]:
     return [(1, e)]
 
 
-def _from_terms(terms: list[tuple[int, Expr | None]]) -> Expr:
+def from_terms(terms: list[tuple[int, Expr | None]]) -> Expr:
     merged: dict[Expr | None, int] = {}
     for c, a in terms:
         merged[a] = merged.get(a, 0) + c
@@ -154,11 +154,11 @@ def _from_terms(terms: list[tuple[int, Expr | None]]) -> Expr:
 
 
 def iadd(a: Expr, b: Expr) -> Expr:
-    return _from_terms(linear_terms(a) + linear_terms(b))
+    return from_terms(linear_terms(a) + linear_terms(b))
 
 
 def imul(a: Expr, c: int) -> Expr:
-    return _from_terms([(k * c, t) for k, t in linear_terms(a)])
+    return from_terms([(k * c, t) for k, t in linear_terms(a)])
 
 
 def _split_terms(a: Expr, c: int) -> tuple[Expr, Expr] | None:
@@ -167,22 +167,41 @@ def _split_terms(a: Expr, c: int) -> tuple[Expr, Expr] | None:
     terms = linear_terms(a)
     if a.vmin < 0 or any(t is not None and _bounds(t)[0] < 0 for _, t in terms):
         return None
-    return _from_terms([(k // c, t) for k, t in terms]), _from_terms([(k % c, t) for k, t in terms])
+    return from_terms([(k // c, t) for k, t in terms]), from_terms([(k % c, t) for k, t in terms])
+
+
+def _common_factor(r: Expr, c: int) -> tuple[int, Expr, Expr] | None:
+    """(g, A, B) with r == g * A + B, 0 <= B < g, g a divisor of c above 1 (r's terms all >= 0):
+    then r // c == A // (c / g) and r % c == g * (A % (c / g)) + B. (20 * y + x) // 40 with x < 20 is
+    y // 2: how a pooled gradient's index into the pooled output reads."""
+    terms = linear_terms(r)
+    for g in sorted({k for k, t in terms if t is not None and k > 1 and c % k == 0}, reverse=True):
+        big = [(k // g, t) for k, t in terms if t is not None and k % g == 0]
+        small = [(k, t) for k, t in terms if t is not None and k % g != 0]
+        k0 = sum(k for k, t in terms if t is None)
+        rest = from_terms([*small, (k0 % g, None)])
+        if rest.vmin >= 0 and rest.vmax < g:
+            return g, from_terms([*big, (k0 // g, None)]), rest
+    return None
 
 
 def idiv(a: Expr, c: int) -> Expr:
     if c == 1:
         return a
     split = _split_terms(a, c)
-    if split is not None and split[1].vmax < c:
-        return split[0]
+    if split is not None:  # a // c == q + r // c
+        q, r = split
+        if r.vmax < c:
+            return q
+        f = _common_factor(r, c)
+        return iadd(q, idiv(f[1], c // f[0]) if f else Expr("IDIV", (r, const(c, IDX_DT)), None, IDX_DT))
     terms = linear_terms(a)
     whole = [(k // c, t) for k, t in terms if k % c == 0]
     rest = [(k, t) for k, t in terms if k % c != 0]
-    rest_e = _from_terms(rest)
+    rest_e = from_terms(rest)
     lo, hi = rest_e.vmin, rest_e.vmax
     if lo >= 0 and hi < c and all(_bounds(t)[0] >= 0 for _, t in whole if t is not None):
-        return _from_terms(whole)
+        return from_terms(whole)
     if a.vmin >= 0 and a.vmax < c:
         return const(0, IDX_DT)
     return Expr("IDIV", (a, const(c, IDX_DT)), None, IDX_DT)
@@ -194,9 +213,15 @@ def imod(a: Expr, c: int) -> Expr:
     if a.vmin < 0:
         return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
     split = _split_terms(a, c)
-    if split is not None and split[1].vmax < c:
-        return split[1]
-    rest = _from_terms([(k, t) for k, t in linear_terms(a) if k % c != 0])
+    if split is not None:  # a % c == r % c
+        r = split[1]
+        if r.vmax < c:
+            return r
+        f = _common_factor(r, c)
+        if f is None:
+            return Expr("MOD", (r, const(c, IDX_DT)), None, IDX_DT)
+        return iadd(imul(imod(f[1], c // f[0]), f[0]), f[2])
+    rest = from_terms([(k, t) for k, t in linear_terms(a) if k % c != 0])
     if rest.vmin < 0:
         # dropping multiples of c left a value that can be negative (4 - i becomes -i): C, WGSL and
         # Triton truncate, so bring it back to >= 0 with a multiple of c (floor mod is unchanged)

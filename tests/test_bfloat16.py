@@ -16,9 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tgrad import Device, Tensor, dtypes
+from tests.helpers import has_float64
+from tgrad import Device, Tensor, TinyJit, dtypes
 from tgrad.dtype import promote
-from tgrad.errors import DTypeError
+from tgrad.errors import AutogradError, DTypeError, ShapeError
 
 BF = dtypes.bfloat16
 F32_MAX = float(np.finfo(np.float32).max)
@@ -319,3 +320,116 @@ def test_random_and_constructors(device):
     z = Tensor.zeros(3, dtype=BF)
     z.assign(Tensor([0.1, 0.2, 1e39], dtype=dtypes.float32).cast(BF)).realize()
     assert_bf16("assign", z, torch.tensor([0.1, 0.2, 1e39]).bfloat16())
+
+
+# ------------------------------------------------------------------------------------------------
+# bitcast: PyTorch's view(dtype)
+
+BITCASTS = [
+    (np.float32, dtypes.int32, torch.int32),
+    (np.float32, dtypes.uint32, torch.uint32),
+    (np.int32, dtypes.float32, torch.float32),
+    (np.float16, dtypes.int16, torch.int16),
+    (np.float16, dtypes.uint16, torch.uint16),
+    (np.int16, dtypes.float16, torch.float16),
+    (np.float32, dtypes.uint8, torch.uint8),  # the last axis takes the bytes: (2, 3) -> (2, 12)
+    (np.int8, dtypes.int16, torch.int16),  # (2, 4) -> (2, 2)
+    (np.uint8, dtypes.bool, torch.bool),
+    (np.float64, dtypes.int64, torch.int64),
+]
+
+
+def _source(np_dtype) -> np.ndarray:
+    if np.dtype(np_dtype).kind == "f":
+        values = [0.0, -0.0, 1.0, -2.5, np.inf, -np.inf, 1e-40 if np_dtype != np.float16 else 6e-8, 0.1]
+        return np.array(values, np_dtype).reshape(2, 4)
+    if np_dtype == np.uint8:
+        return np.array([[0, 1, 2, 255], [7, 0, 128, 1]], np.uint8)
+    info = np.iinfo(np_dtype)
+    return np.array([[0, 1, -1, info.min], [info.max, 0x3F80 % info.max, 12345 % info.max, -7]], np_dtype)
+
+
+@pytest.mark.parametrize("src,dt,tdt", BITCASTS, ids=lambda v: getattr(v, "name", str(v)))
+def test_bitcast_like_torch_view(device, src, dt, tdt):
+    a = _source(src)
+    on_device = (
+        device in dtypes.HOST_DEVICES or dt not in dtypes.HOST_ONLY and a.dtype.name not in ("uint16",)
+    )
+    if (dt == dtypes.float64 or a.dtype == np.float64) and not has_float64(device):
+        return
+    if device == "WEBGPU" and dt == dtypes.int64 and not Device[device].target.int64:
+        with pytest.raises(DTypeError, match="int64"):  # held as int32 there (README)
+            Tensor(a).bitcast(dt).numpy()
+        return
+    if not on_device:
+        with pytest.raises(DTypeError, match=dt.name):
+            Tensor(a).bitcast(dt)
+        return
+    want = torch.from_numpy(a).view(tdt)
+    got = Tensor(a).bitcast(dt)
+    assert got.dtype == dt and got.shape == tuple(want.shape)
+    if dt.is_float:  # NaN-free here: compare the bits
+        np.testing.assert_array_equal(
+            got.numpy().view(f"u{dt.itemsize}"), want.numpy().view(f"u{dt.itemsize}")
+        )
+    else:
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # a view (not a whole buffer) is bitcast too
+    view, view_t = (
+        (Tensor(a)[:, ::2], torch.from_numpy(a)[:, ::2])
+        if dt.itemsize == a.itemsize
+        else (Tensor(a)[1:], torch.from_numpy(a)[1:])
+    )
+    got, want = view.bitcast(dt).numpy(), np.ascontiguousarray(view_t.view(tdt).numpy())
+    if dt == dtypes.bool:  # PyTorch keeps the byte (2 is a True holding 2); tgrad's True is 1
+        got, want = got.view(np.uint8) != 0, want.view(np.uint8) != 0
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_bitcast_bfloat16(device):
+    if not needs_bf16(device):
+        return
+    x = np.array([[1.0, -2.5, np.inf, 0.1], [-0.0, 3e38, 1e-40, -3.4e38]], np.float32)
+    tb = torch.from_numpy(x).bfloat16()
+    np.testing.assert_array_equal(
+        Tensor(x).bfloat16().bitcast(dtypes.int16).numpy(), tb.view(torch.int16).numpy()
+    )
+    np.testing.assert_array_equal(
+        Tensor(x).bfloat16().bitcast(dtypes.uint16).numpy(), tb.view(torch.uint16).numpy()
+    )
+    np.testing.assert_array_equal(
+        Tensor(x).bfloat16().bitcast(dtypes.uint8).numpy(), tb.view(torch.uint8).numpy()
+    )
+    i = np.array([0x7F81, -1, 0x3F80, -32768, 0x7F80, 1, 0x0080, -0x7F80], np.int16)  # NaNs, -0.0, subnormal
+    t, tt = Tensor(i).bitcast(BF), torch.from_numpy(i).view(torch.bfloat16)
+    assert t.dtype == BF
+    np.testing.assert_array_equal(np.isnan(t.numpy()), tt.float().isnan().numpy())
+    np.testing.assert_array_equal(t.numpy()[2:], tt.float().numpy()[2:])
+    np.testing.assert_array_equal(t.bitcast(dtypes.int16).numpy(), i)  # NaN payloads kept
+    f16 = np.array([1.0, -2.0, 0.5], np.float16)
+    assert_bf16(
+        "float16 bits as bfloat16", Tensor(f16).bitcast(BF), torch.from_numpy(f16).view(torch.bfloat16)
+    )
+
+
+def test_bitcast_errors_and_jit(device):
+    with pytest.raises(
+        ShapeError, match=r"bitcast: int8 \(2, 3\) -> int32 needs a last axis whose size in bytes \(3\)"
+    ):
+        Tensor(np.zeros((2, 3), np.int8)).bitcast(dtypes.int32)
+    with pytest.raises(ShapeError, match="0-d"):
+        Tensor(np.float32(1.0)).bitcast(dtypes.int16)
+    with pytest.raises(AutogradError, match="bitcast is not differentiable"):
+        Tensor([1.0, 2.0], requires_grad=True).bitcast(dtypes.float16)
+    assert Tensor([1.0, 2.0], requires_grad=True).detach().bitcast(dtypes.float16).shape == (4,)
+    assert not Tensor([1.0], requires_grad=True).bitcast(dtypes.int32).requires_grad
+
+    @TinyJit
+    def step(x):
+        return (x * 2).bitcast(dtypes.int32) + 1
+
+    for k in range(4):
+        v = np.array([1.5, -k, 3.0], np.float32)
+        np.testing.assert_array_equal(
+            step(Tensor(v)).numpy(), (torch.from_numpy(v) * 2).view(torch.int32).numpy() + 1
+        )

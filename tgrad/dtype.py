@@ -146,13 +146,34 @@ def promote_scalar(t: DType, x) -> DType:
 def round_bf16(x) -> np.ndarray:
     """Values rounded to the nearest bfloat16 (ties to even), as float32: PyTorch's rounding, on the bits
     (x + 0x7FFF + the lowest kept bit, the low 16 bits cleared). Overflow gives inf, subnormals round like
-    any other value, NaN becomes PyTorch's 0x7FC0 NaN. Other float dtypes go through float32 first, as in
-    PyTorch's conversions."""
+    any other value. A NaN keeps its high 16 bits (with the quiet bit set where low bits are dropped, so
+    it stays NaN); a value that already is a bfloat16 is unchanged, NaN payloads included. Other float
+    dtypes go through float32 first, as in PyTorch's conversions."""
     with np.errstate(over="ignore", invalid="ignore"):
         a = np.asarray(x).astype(np.float32)
     bits = a.view(np.uint32)
+    high, low = bits & np.uint32(0xFFFF0000), bits & np.uint32(0xFFFF)
     kept = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return np.where(a != a, np.float32(np.nan), kept.view(np.float32))
+    nan = high | np.where(low != 0, np.uint32(0x00400000), np.uint32(0))
+    return np.where(a != a, nan, kept).astype(np.uint32).view(np.float32)
+
+
+def to_bytes(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """The bytes of dtype's values (host arrays as dtype.np holds them; bfloat16 as its 2 bytes each)."""
+    values = np.ascontiguousarray(values)
+    if dtype == dtypes.bfloat16:
+        values = (values.astype(np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return values.reshape(-1).view(np.uint8)
+
+
+def from_bytes(raw: np.ndarray, dtype: DType) -> np.ndarray:
+    """Bytes (to_bytes' layout, native order) as a flat array of dtype's host values."""
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    if dtype == dtypes.bfloat16:
+        return (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    if dtype == dtypes.bool:
+        return raw != 0
+    return raw.view(dtype.np)
 
 
 def host_values(x, dtype: DType) -> np.ndarray:

@@ -13,7 +13,7 @@ from tgrad import autodiff
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
-from tgrad.dtype import DType, dtypes, host_values, promote, promote_scalar, round_bf16
+from tgrad.dtype import DType, dtypes, from_bytes, host_values, promote, promote_scalar, round_bf16, to_bytes
 from tgrad.errors import (
     ArgumentError,
     AutogradError,
@@ -585,6 +585,29 @@ class Tensor(metaclass=_NoGradMeta):
         if not dtype.is_float:
             out._requires_grad = False
         return out
+
+    def bitcast(self, dtype) -> Tensor:
+        """The same bits read as another dtype (PyTorch's view(dtype), tinygrad's bitcast). Between dtypes
+        of different sizes the last axis takes the bytes (PyTorch's rule: float32 (2, 3) as uint8 is
+        (2, 12)). Runs on the host between kernels (a HostStep, which TinyJit replays); not differentiable."""
+        dtype = _dtype_on(dtypes.from_any(dtype), self.device)
+        src, shape = self.dtype, self.shape
+        if dtype == src:
+            return self
+        if dtype.itemsize != src.itemsize:
+            if not shape or shape[-1] * src.itemsize % dtype.itemsize:
+                nbytes = shape[-1] * src.itemsize if shape else "a 0-d tensor has none"
+                raise ShapeError(f"bitcast: {src.name} {shape} -> {dtype.name} needs a last axis whose size "
+                                 f"in bytes ({nbytes}) is a multiple of {dtype.itemsize}")
+            shape = (*shape[:-1], shape[-1] * src.itemsize // dtype.itemsize)
+        if self.requires_grad and dtype.is_float and not Tensor.no_grad:
+            raise AutogradError("bitcast is not differentiable; bitcast x.detach()")
+
+        def reinterpret(inputs, outputs):
+            outputs[0][...] = from_bytes(to_bytes(inputs[0], src), dtype).reshape(shape)
+
+        step = driver.HostStep("bitcast", reinterpret, [(shape, dtype)], self.device, key=(src, dtype))
+        return Tensor.run_host(step, self)[0]
 
     def float(self) -> Tensor:
         return self.cast(dtypes.float32)
@@ -2762,8 +2785,9 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
 
 
 def copy_node(node: Node) -> Node:
-    """A node computing a contiguous copy of node (one elementwise kernel when realized)."""
-    zero = g.const_like(node, False if node.dtype == dtypes.bool else 0)
+    """A node computing a contiguous copy of node (one elementwise kernel when realized). Floats add -0.0,
+    which keeps every value, -0.0 included (x + 0.0 turned -0.0 into 0.0)."""
+    zero = g.const_like(node, False if node.dtype == dtypes.bool else (-0.0 if node.dtype.is_float else 0))
     return g.alu(Op.OR if node.dtype == dtypes.bool else Op.ADD, node, zero)
 
 

@@ -1,10 +1,14 @@
-"""State dicts and safetensors files, checked against PyTorch's safetensors loader and state_dict."""
+"""State dicts, safetensors files and torch.save checkpoints, checked against PyTorch's safetensors loader,
+state_dict and torch.save (both formats)."""
+
+import json
+
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tgrad import Tensor
+from tgrad import Tensor, dtypes
 from tgrad.errors import ShapeError
 from tgrad.nn import BatchNorm2d, Conv2d, Linear
 from tgrad.nn.state import (
@@ -14,6 +18,7 @@ from tgrad.nn.state import (
     load_state_dict,
     safe_load,
     safe_save,
+    torch_load,
 )
 
 
@@ -95,3 +100,148 @@ def test_safetensors_round_trip_with_torch(tmp_path):
     del back["half"]
     load_state_dict(net, back)
     np.testing.assert_array_equal(net.conv.bias.numpy(), tsd["conv.bias"].numpy())
+
+
+def _bits(t) -> np.ndarray:
+    """The raw bytes of a torch tensor or a tgrad Tensor (bfloat16 as its 2 bytes)."""
+    if isinstance(t, Tensor):
+        return t.bitcast(dtypes.uint8).numpy() if t.dtype != dtypes.bool else t.numpy().view(np.uint8)
+    return t.contiguous().view(torch.uint8).numpy() if t.dtype != torch.bool else t.numpy().view(np.uint8)
+
+
+def _write_safetensors(path, tensors: dict) -> bytes:
+    """A .safetensors file built by hand from torch tensors' bytes (the format's spec, no library)."""
+    names = {
+        torch.bfloat16: "BF16",
+        torch.float16: "F16",
+        torch.float32: "F32",
+        torch.int64: "I64",
+        torch.bool: "BOOL",
+        torch.int8: "I8",
+    }
+    header, data = {"__metadata__": {"format": "pt"}}, b""
+    for key, t in tensors.items():
+        raw = _bits(t).tobytes()
+        header[key] = {
+            "dtype": names[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
+        data += raw
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+    return data
+
+
+def _read_safetensors(path) -> dict:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header.pop("__metadata__", None)
+    return {
+        k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0] : 8 + n + v["data_offsets"][1]])
+        for k, v in header.items()
+    }
+
+
+def test_safetensors_bfloat16_and_half_bits(device, tmp_path):
+    edges = [0.0, -0.0, 1.0 + 2**-7, -3.0e38, float("inf"), -float("inf"), 1e-40, 0.1]
+    tensors = {
+        "bf16": torch.tensor(edges).bfloat16().reshape(2, 4),
+        "half": torch.tensor([0.5, -0.0, 65504.0, 6e-8, float("inf")]).half(),
+        "f32": torch.tensor(edges),
+        "i64": torch.tensor([2**30, -1]),
+        "bool": torch.tensor([True, False]),
+        "empty": torch.zeros(0, 3).bfloat16(),
+    }
+    _write_safetensors(tmp_path / "hand.safetensors", tensors)
+    loaded = safe_load(tmp_path / "hand.safetensors")
+    host = device in dtypes.HOST_DEVICES
+    assert loaded["bf16"].dtype == (dtypes.bfloat16 if host else dtypes.float32)  # float32 holds them exactly
+    assert loaded["half"].dtype == dtypes.float16 and loaded["bool"].dtype == dtypes.bool
+    for key, t in tensors.items():
+        assert loaded[key].shape == tuple(t.shape), key
+        if host or t.dtype != torch.bfloat16:
+            np.testing.assert_array_equal(_bits(loaded[key]), _bits(t), err_msg=key)
+        np.testing.assert_array_equal(
+            loaded[key].numpy(), t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy(), err_msg=key
+        )
+    # saved back: the same dtypes and bytes (BF16 stays BF16 where the device has bfloat16)
+    safe_save(loaded, tmp_path / "back.safetensors")
+    back = _read_safetensors(tmp_path / "back.safetensors")
+    for key, t in tensors.items():
+        code, shape, raw = back[key]
+        if not host and t.dtype == torch.bfloat16:
+            assert code == "F32" and raw == t.float().numpy().tobytes()
+            continue
+        assert (code, shape) == (
+            {"bf16": "BF16", "half": "F16", "f32": "F32", "i64": "I64", "bool": "BOOL", "empty": "BF16"}[key],
+            list(t.shape),
+        ), key
+        assert raw == _bits(t).tobytes(), key
+    # PyTorch's safetensors reads our file, and we read its
+    theirs = load_file(str(tmp_path / "back.safetensors"))
+    if host:
+        assert theirs["bf16"].dtype == torch.bfloat16
+        np.testing.assert_array_equal(_bits(theirs["bf16"]), _bits(tensors["bf16"]))
+    save_file(tensors, str(tmp_path / "torch.safetensors"))
+    ours = safe_load(tmp_path / "torch.safetensors")
+    for key, t in tensors.items():
+        np.testing.assert_array_equal(
+            ours[key].numpy(), t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy(), err_msg=key
+        )
+    # torch bfloat16 tensors (numpy has none) can be saved and loaded into a model directly
+    safe_save({"w": tensors["bf16"]}, tmp_path / "w.safetensors")
+    assert _read_safetensors(tmp_path / "w.safetensors")["w"][::2] == (
+        "BF16",
+        _bits(tensors["bf16"]).tobytes(),
+    )
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_torch_load_both_formats(device, tmp_path, zip_format):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+    bf = (torch.randn(3, 5, generator=torch.Generator().manual_seed(0)) * 1e3).bfloat16()
+    state = {
+        "f32": base,
+        "transposed": base.T,  # strided view
+        "slice": base[1:3, ::2],  # offset and steps into the same storage
+        "same_storage": base.view(24)[5:],
+        "half": torch.tensor([0.5, -0.0, 65504.0, float("inf")]).half(),
+        "bf16": bf,
+        "bf16_view": bf.T[1:],
+        "i64": torch.tensor([[2**30, -3], [7, 0]]),
+        "bool": torch.tensor([True, False, True]),
+        "i8": torch.tensor([-128, 127], dtype=torch.int8),
+        "nested": {"list": [torch.tensor([1.0, 2.0]), 3], "scalar": torch.tensor(5.0)},
+    }
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    state["model"] = model.state_dict()
+    torch.save(state, tmp_path / "ckpt.pt", _use_new_zipfile_serialization=zip_format)
+    loaded = torch_load(tmp_path / "ckpt.pt")
+    host = device in dtypes.HOST_DEVICES
+
+    def check(ours, theirs, key):
+        if isinstance(theirs, dict):
+            assert list(ours) == list(theirs), key
+            for k in theirs:
+                check(ours[k], theirs[k], f"{key}.{k}")
+        elif isinstance(theirs, list):
+            for i, (a, b) in enumerate(zip(ours, theirs)):
+                check(a, b, f"{key}[{i}]")
+        elif isinstance(theirs, torch.Tensor):
+            assert isinstance(ours, Tensor) and ours.shape == tuple(theirs.shape) and ours.device == device, (
+                key
+            )
+            if theirs.dtype == torch.bfloat16:
+                assert ours.dtype == (dtypes.bfloat16 if host else dtypes.float32), key
+                np.testing.assert_array_equal(ours.numpy(), theirs.float().numpy(), err_msg=key)
+                if host:
+                    np.testing.assert_array_equal(_bits(ours), _bits(theirs), err_msg=key)
+            else:
+                assert ours.dtype == dtypes.from_any(theirs.dtype), key
+                np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=key)
+        else:
+            assert ours == theirs, key
+
+    check(loaded, state, "state")

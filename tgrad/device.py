@@ -121,8 +121,9 @@ class Runtime:
         self.runners: dict = {}  # Kernel -> Runner
 
     def supports(self, dtype: DType) -> bool:
-        """Whether this device holds and computes `dtype` (where not, using it raises a DTypeError)."""
-        return True
+        """Whether this device holds and computes `dtype` (where not, using it raises a DTypeError).
+        bfloat16 lives on the host devices (CPU, NUMPY) only."""
+        return dtype not in dtypes.HOST_FLOATS or self.name in dtypes.HOST_DEVICES
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         return Buffer(self.name, size, dtype)

@@ -18,6 +18,9 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
+        """The numpy dtype of this dtype's values on the host (bfloat16, which numpy lacks: float32)."""
+        if self.name == "bfloat16":
+            return np.dtype(np.float32)
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
     @property
@@ -54,6 +57,9 @@ class dtypes:
     int32 = DType("int32", 4, "i", 4)
     int64 = DType("int64", 8, "i", 5)
     float16 = DType("float16", 2, "f", 6)
+    # PyTorch's: float32's exponent with 8 significand bits. Held as float32 values rounded to bfloat16
+    # (numpy has no bfloat16); every op computes in float32 and rounds; CPU and NUMPY devices only
+    bfloat16 = DType("bfloat16", 2, "f", 6)
     float32 = DType("float32", 4, "f", 7)
     float64 = DType("float64", 8, "f", 8)
     # like PyTorch's: storage and arithmetic among themselves (and with Python scalars), no promotion
@@ -62,15 +68,18 @@ class dtypes:
     uint32 = DType("uint32", 4, "u", 10)
     uint64 = DType("uint64", 8, "u", 11)
     half = float16
+    bf16 = bfloat16
     float = float32
     double = float64
     int = int32
     long = int64
     default_float = float32
     default_int = int64
-    all = (bool, uint8, int8, int16, int32, int64, float16, float32, float64, uint16, uint32, uint64)
-    # the dtypes only some devices have, and those devices
+    all = (bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64,
+           uint16, uint32, uint64)
+    # the dtypes only some devices have (HOST_ONLY: no promotion with other dtypes either), and those devices
     HOST_ONLY = (uint16, uint32, uint64)
+    HOST_FLOATS = (bfloat16,)
     HOST_DEVICES = ("CPU", "NUMPY")
 
     @staticmethod
@@ -116,6 +125,8 @@ def promote(a: DType, b: DType) -> DType:
             return b
         if b.kind != "f":
             return a
+        if a.rank == b.rank:  # float16 with bfloat16: neither holds the other (PyTorch: float32)
+            return dtypes.float32
         return a if a.rank > b.rank else b
     if {a.kind, b.kind} == {"u", "i"}:
         signed = a if a.kind == "i" else b
@@ -130,3 +141,43 @@ def promote_scalar(t: DType, x) -> DType:
     if isinstance(x, int):
         return t if t.kind != "b" else dtypes.default_int
     return t if t.is_float else dtypes.default_float
+
+
+def round_bf16(x) -> np.ndarray:
+    """Values rounded to the nearest bfloat16 (ties to even), as float32: PyTorch's rounding, on the bits
+    (x + 0x7FFF + the lowest kept bit, the low 16 bits cleared). Overflow gives inf, subnormals round like
+    any other value. A NaN keeps its high 16 bits (with the quiet bit set where low bits are dropped, so
+    it stays NaN); a value that already is a bfloat16 is unchanged, NaN payloads included. Other float
+    dtypes go through float32 first, as in PyTorch's conversions."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.asarray(x).astype(np.float32)
+    bits = a.view(np.uint32)
+    high, low = bits & np.uint32(0xFFFF0000), bits & np.uint32(0xFFFF)
+    kept = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    nan = high | np.where(low != 0, np.uint32(0x00400000), np.uint32(0))
+    return np.where(a != a, nan, kept).astype(np.uint32).view(np.float32)
+
+
+def to_bytes(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """The bytes of dtype's values (host arrays as dtype.np holds them; bfloat16 as its 2 bytes each)."""
+    values = np.ascontiguousarray(values)
+    if dtype == dtypes.bfloat16:
+        values = (values.astype(np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return values.reshape(-1).view(np.uint8)
+
+
+def from_bytes(raw: np.ndarray, dtype: DType) -> np.ndarray:
+    """Bytes (to_bytes' layout, native order) as a flat array of dtype's host values."""
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    if dtype == dtypes.bfloat16:
+        return (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    if dtype == dtypes.bool:
+        return raw != 0
+    return raw.view(dtype.np)
+
+
+def host_values(x, dtype: DType) -> np.ndarray:
+    """x as a numpy array of dtype's host values (dtype.np; rounded to bfloat16 for bfloat16)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.asarray(x).astype(dtype.np)
+    return round_bf16(out) if dtype == dtypes.bfloat16 else out

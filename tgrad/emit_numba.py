@@ -8,7 +8,9 @@ big enough to be worth threads), the reduce axes inside with a scalar accumulato
 one local variable, placed at the shallowest loop level whose indices it uses, so loads that do not
 depend on the reduce axes are hoisted out of the reduce loop. float16 is computed in float32 (Numba
 has no float16 on the CPU): the runtime widens float16 buffers on the way in and narrows on the way
-out, and a CAST to float16 inside a kernel rounds with `_f16`.
+out, and a CAST to float16 inside a kernel rounds with `_f16`. bfloat16 buffers hold float32 values
+already rounded to bfloat16; every op with a bfloat16 result, a CAST to bfloat16 and a bfloat16
+accumulator's value round with `_bf16` (float32 arithmetic, then rounded: PyTorch's CPU semantics).
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ HEADER = f"""import numpy as np
 from numba import prange
 
 from tgrad.runtime.numba_rt import (  # runtime {_RT_DIGEST}
-    _acc_add, _acc_mul, _exp2f, _f16, _idiv, _maximum, kernel,
+    _acc_add, _acc_mul, _bf16, _exp2f, _f16, _idiv, _maximum, kernel,
 )
 """
 
-NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32"}
+NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32", dtypes.bfloat16: "np.float32"}
+# ops whose bfloat16 result is rounded (the others are exact on bfloat16 values: NEG MAX WHERE TRUNC)
+ROUNDED = {"ADD", "SUB", "MUL", "EXP2", "LOG2", "SIN", "SQRT", "RECIP"}
 
 
 def np_type(dtype: DType) -> str:
@@ -62,7 +66,9 @@ def np_type(dtype: DType) -> str:
 def storage_dtype(dtype: DType) -> DType:
     """The element type of a kernel's pointer: float16 buffers are widened to float32 by the runtime,
     bool is read and written as uint8 bytes (Numba cannot store its 1-bit bool through a pointer)."""
-    return {dtypes.float16: dtypes.float32, dtypes.bool: dtypes.uint8}.get(dtype, dtype)
+    return {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32, dtypes.bool: dtypes.uint8}.get(
+        dtype, dtype
+    )
 
 
 def _ld(element: str, dtype: DType) -> str:
@@ -136,6 +142,8 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
         return f"({text} != 0)"
     if dtype == dtypes.float16:
         return f"_f16(np.float32({text}))"
+    if dtype == dtypes.bfloat16:
+        return f"_bf16(np.float32({text}))"
     if dtype.is_int and src.dtype.is_float:
         # float -> int32 (int64 for int64), then wrap to a smaller int: what numpy and PyTorch do on x86,
         # so inf, nan and out-of-range values give their INT_MIN ("integer indefinite") too
@@ -172,8 +180,8 @@ class _Renderer(StatementPlacer):
             return f"i{e.arg[0]}"
         if e.op == "CONST":
             return render_const(e.arg, e.dtype)
-        if e.op == "ACC":
-            return "acc"
+        if e.op == "ACC":  # a bfloat16 sum accumulates in float32; its value is rounded
+            return "_bf16(acc)" if e.dtype == dtypes.bfloat16 and self.k.reduce_op != "MAX" else "acc"
         name = self.names.get(e)
         if name is None:
             srcs = [self.ref(s) for s in e.srcs]
@@ -185,6 +193,8 @@ class _Renderer(StatementPlacer):
                 text = _cast(e.srcs[0], e.dtype, srcs[0])
             else:
                 text = code_for_op[e.op](e.dtype, *srcs)
+                if e.dtype == dtypes.bfloat16 and e.op in ROUNDED:
+                    text = f"_bf16({text})"
             name = self.names[e] = f"v{self.count}"
             self.count += 1
             self.place(e, f"{name} = {text}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from tgrad.dtype import DType, dtypes
+from tgrad.dtype import DType, dtypes, round_bf16
 
 
 class Op(Enum):
@@ -339,6 +339,8 @@ def cast(node: Node, dtype: DType) -> Node:
 def const(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> Node:
     """A constant broadcast to shape (no memory: a stride-0 view of a scalar)."""
     value = bool(value) if dtype.kind == "b" else (int(value) if dtype.is_int else float(value))
+    if dtype == dtypes.bfloat16:  # the bfloat16 nearest the value (through float32, as in PyTorch)
+        value = float(round_bf16(value))
     node = Node(Op.CONST, (), value, (), dtype, device)
     if shape:
         node = move(move(node, Op.RESHAPE, (1,) * len(shape)), Op.EXPAND, shape)

@@ -59,6 +59,7 @@ from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
 from tgrad.device import Stats, get_runtime
+from tgrad.dtype import host_values
 from tgrad.errors import JitError
 from tgrad.graph import Op
 from tgrad.tensor import Tensor
@@ -548,7 +549,7 @@ class TinyJit:
         for ref, k in v.grad_ins:
             remap[k] = _bare(ref().grad).node.buffer
         for k, draw, dt, dev in v.randoms:  # the same draws, in the same order, as running it
-            arr = np.ascontiguousarray(draw(Tensor._rng).astype(dt.np))
+            arr = np.ascontiguousarray(host_values(draw(Tensor._rng), dt))
             remap[k] = get_runtime(dev).from_numpy(arr)
         for k, size, dtype, dev in v.fresh:
             remap[k] = dev.alloc(max(1, size), dtype)

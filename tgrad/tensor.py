@@ -13,7 +13,7 @@ from tgrad import autodiff
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
-from tgrad.dtype import DType, dtypes, promote, promote_scalar
+from tgrad.dtype import DType, dtypes, from_bytes, host_values, promote, promote_scalar, round_bf16, to_bytes
 from tgrad.errors import (
     ArgumentError,
     AutogradError,
@@ -49,9 +49,10 @@ def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
-    if dtype in dtypes.HOST_ONLY and device not in dtypes.HOST_DEVICES:
+    if dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS and device not in dtypes.HOST_DEVICES:
+        instead = "float32 or float16" if dtype.is_float else "a signed integer type"
         raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
-                         "cast to a signed integer type first")
+                         f"cast to {instead} first")
     return dtype
 
 
@@ -298,7 +299,7 @@ class Tensor(metaclass=_NoGradMeta):
         device = Device.canonicalize(device)
         if device == self.device:
             return self
-        out = Tensor(self.numpy(), device=device)
+        out = Tensor(self.numpy(), device=device, dtype=self.dtype)
         if self.requires_grad:
             out.requires_grad = True
         return out
@@ -507,7 +508,7 @@ class Tensor(metaclass=_NoGradMeta):
         """A tensor of host random numbers: draw(rng) -> ndarray, with Tensor._rng (see manual_seed).
         Every random constructor comes through here, so that TinyJit can draw again on each replay."""
         dt = dtypes.from_any(dtype) if dtype is not None else (default or dtypes.default_float)
-        t = Tensor(draw(Tensor._rng).astype(dt.np), device=device, dtype=dt, requires_grad=requires_grad)
+        t = Tensor(draw(Tensor._rng), device=device, dtype=dt, requires_grad=requires_grad)
         if not t.requires_grad:
             driver.report_random(t.node.buffer, draw, dt, t.device)
         return t
@@ -515,6 +516,11 @@ class Tensor(metaclass=_NoGradMeta):
     @staticmethod
     def rand(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
+        # float16 and bfloat16 draw multiples of 2**-11 and 2**-8 (PyTorch's), so none rounds up to 1
+        steps = {dtypes.float16: 2**11, dtypes.bfloat16: 2**8}.get(dtypes.from_any(dtype) if dtype else None)
+        if steps:
+            return Tensor._random(lambda rng: np.floor(rng.random(shape) * steps) / steps, dtype, device,
+                                  requires_grad)
         return Tensor._random(lambda rng: rng.random(shape), dtype, device, requires_grad)
 
     @staticmethod
@@ -580,11 +586,37 @@ class Tensor(metaclass=_NoGradMeta):
             out._requires_grad = False
         return out
 
+    def bitcast(self, dtype) -> Tensor:
+        """The same bits read as another dtype (PyTorch's view(dtype), tinygrad's bitcast). Between dtypes
+        of different sizes the last axis takes the bytes (PyTorch's rule: float32 (2, 3) as uint8 is
+        (2, 12)). Runs on the host between kernels (a HostStep, which TinyJit replays); not differentiable."""
+        dtype = _dtype_on(dtypes.from_any(dtype), self.device)
+        src, shape = self.dtype, self.shape
+        if dtype == src:
+            return self
+        if dtype.itemsize != src.itemsize:
+            if not shape or shape[-1] * src.itemsize % dtype.itemsize:
+                nbytes = shape[-1] * src.itemsize if shape else "a 0-d tensor has none"
+                raise ShapeError(f"bitcast: {src.name} {shape} -> {dtype.name} needs a last axis whose size "
+                                 f"in bytes ({nbytes}) is a multiple of {dtype.itemsize}")
+            shape = (*shape[:-1], shape[-1] * src.itemsize // dtype.itemsize)
+        if self.requires_grad and dtype.is_float and not Tensor.no_grad:
+            raise AutogradError("bitcast is not differentiable; bitcast x.detach()")
+
+        def reinterpret(inputs, outputs):
+            outputs[0][...] = from_bytes(to_bytes(inputs[0], src), dtype).reshape(shape)
+
+        step = driver.HostStep("bitcast", reinterpret, [(shape, dtype)], self.device, key=(src, dtype))
+        return Tensor.run_host(step, self)[0]
+
     def float(self) -> Tensor:
         return self.cast(dtypes.float32)
 
     def half(self) -> Tensor:
         return self.cast(dtypes.float16)
+
+    def bfloat16(self) -> Tensor:
+        return self.cast(dtypes.bfloat16)
 
     def double(self) -> Tensor:
         return self.cast(dtypes.float64)
@@ -2621,6 +2653,76 @@ class Tensor(metaclass=_NoGradMeta):
         return _reduce_loss(loss, reduction)
 
 
+
+# PyTorch computes a bfloat16 op in float32 and rounds its result once. tgrad's primitive ops do that by
+# themselves (each bfloat16 node is rounded); these composite ops (several primitives, whose intermediate
+# results PyTorch does not round) run on float32 copies of their bfloat16 tensors, and a float32 result
+# whose inputs were bfloat16 (and no other float dtype) is rounded back to bfloat16. mul and div belong
+# here for Python scalars too: PyTorch multiplies by a scalar in float32 (add and sub round it first).
+# Division computes in float64, so that a * (1 / b) rounds to float32's correctly rounded a / b (PyTorch's
+# quotient); `scalar / x` is PyTorch's x.reciprocal() * scalar. pow rounds a scalar exponent to bfloat16
+# first, as PyTorch does.
+_BF16_IN_FLOAT32 = (
+    "mul mod fmod pow exp log rsqrt cos tan logaddexp log10 sinh cosh asin acos atan asinh acosh atanh "
+    "lerp leaky_relu elu sigmoid tanh erf gelu quick_gelu silu swish softplus mish hardsigmoid hardswish "
+    "celu selu softsign logsigmoid mean var std std_mean var_mean normalize softmin softmax log_softmax "
+    "logsumexp cumsum cumprod logcumsumexp isclose matmul dot linear einsum conv2d conv_transpose2d "
+    "avg_pool2d interpolate batchnorm layernorm scaled_dot_product_attention cross_entropy "
+    "sparse_categorical_crossentropy binary_crossentropy binary_crossentropy_logits nll_loss mse_loss "
+    "l1_loss smooth_l1_loss"
+).split()
+
+
+def _bf16_in_float32(fn, wide: DType = dtypes.float32):
+    def up(x):
+        if isinstance(x, (list, tuple)):
+            return type(x)(map(up, x))
+        if isinstance(x, float) and fn.__name__ == "pow":
+            return float(round_bf16(x))
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and wide == dtypes.float64:
+            return float(np.float32(x))  # PyTorch's float32 scalar
+        return x.cast(wide) if isinstance(x, Tensor) and x.dtype == dtypes.bfloat16 else x
+
+    def op(*args, **kwargs):
+        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
+                   if isinstance(t, Tensor)]
+        if all(t.dtype != dtypes.bfloat16 for t in tensors):
+            return fn(*args, **kwargs)
+        back = all(t.dtype == dtypes.bfloat16 or not t.dtype.is_float for t in tensors)
+        down = lambda t: t.cast(dtypes.bfloat16) if back and t.dtype == wide else t  # noqa: E731
+        out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
+        return type(out)(map(down, out)) if isinstance(out, tuple) else down(out)
+
+    return _named_like(op, fn)
+
+
+def _named_like(op, fn):
+    """op with fn's name and docstring, also on its code (errors name the Tensor method the user called)."""
+    names = {"co_name": fn.__name__}
+    if hasattr(op.__code__, "co_qualname"):
+        names["co_qualname"] = fn.__qualname__
+    op.__code__ = op.__code__.replace(**names)
+    return functools.wraps(fn)(op)
+
+
+def _bf16_div(div):
+    in_float64 = _bf16_in_float32(div, dtypes.float64)
+
+    def op(self, y, reverse=False, rounding_mode=None):
+        scalar = isinstance(y, (int, float)) and not isinstance(y, bool)
+        if reverse and scalar and self.dtype == dtypes.bfloat16:
+            return self.reciprocal().mul(y)
+        return in_float64(self, y, reverse, rounding_mode)
+
+    return _named_like(op, div)
+
+
+Tensor.div = _bf16_div(Tensor.div)
+for _name in _BF16_IN_FLOAT32:
+    _raw = Tensor.__dict__[_name]
+    _wrapped = _bf16_in_float32(_raw.__func__ if isinstance(_raw, staticmethod) else _raw)
+    setattr(Tensor, _name, staticmethod(_wrapped) if isinstance(_raw, staticmethod) else _wrapped)
+
 def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
     """a ** b for float tensors as exp2(b * log2|a|), with C pow's signs and special values: a negative
     base needs an integer exponent (else nan; -inf gives inf or 0), b == 0 gives 1. A Python exponent's
@@ -2707,15 +2809,16 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
-        arr = arr.astype(dtype.np)
-    dt = _dtype_on(dtypes.from_any(arr.dtype), device)
+        arr = host_values(arr, dtype)
+    dt = _dtype_on(dtype if dtype == dtypes.bfloat16 else dtypes.from_any(arr.dtype), device)
     buf = driver.upload(arr, device)
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
 
 
 def copy_node(node: Node) -> Node:
-    """A node computing a contiguous copy of node (one elementwise kernel when realized)."""
-    zero = g.const_like(node, False if node.dtype == dtypes.bool else 0)
+    """A node computing a contiguous copy of node (one elementwise kernel when realized). Floats add -0.0,
+    which keeps every value, -0.0 included (x + 0.0 turned -0.0 into 0.0)."""
+    zero = g.const_like(node, False if node.dtype == dtypes.bool else (-0.0 if node.dtype.is_float else 0))
     return g.alu(Op.OR if node.dtype == dtypes.bool else Op.ADD, node, zero)
 
 

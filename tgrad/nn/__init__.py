@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from tgrad.dtype import dtypes
 from tgrad.errors import DTypeError, ShapeError
 from tgrad.tensor import Tensor, _tuple
 
@@ -174,7 +175,9 @@ class RMSNorm:
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-len(self.shape):] != self.shape:
             raise ShapeError(f"RMSNorm: input {x.shape} does not end in {self.shape}")
-        eps = self.eps if self.eps is not None else float(np.finfo(x.dtype.np).eps)
+        # PyTorch's default: the input dtype's epsilon (bfloat16's 2**-7; its host values are float32)
+        finfo_eps = 2.0**-7 if x.dtype == dtypes.bfloat16 else float(np.finfo(x.dtype.np).eps)
+        eps = self.eps if self.eps is not None else finfo_eps
         y = x * (x.square().mean(tuple(range(-len(self.shape), 0)), keepdim=True) + eps).rsqrt()
         return y if self.weight is None else y * self.weight
 

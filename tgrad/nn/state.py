@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import json
+import pickle
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tgrad.device import Device
+from tgrad.dtype import DType, dtypes, from_bytes, to_bytes
 from tgrad.errors import ShapeError, TgradError
 from tgrad.tensor import Tensor
 
@@ -80,28 +86,56 @@ def load_state_dict(obj: Any, state: dict[str, Any], strict: bool = True) -> Non
 def _to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, Tensor):
         return value.numpy()
-    if hasattr(value, "detach"):  # a torch tensor
-        return value.detach().cpu().numpy()
+    if hasattr(value, "detach"):  # a torch tensor (numpy has no bfloat16: through float32, exactly)
+        value = value.detach().cpu()
+        return (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
     return np.asarray(value)
 
 
-def safe_save(state: dict[str, Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """Write tensors to a .safetensors file (readable by safetensors.torch.load_file and tinygrad)."""
-    from safetensors.numpy import save_file
+def _dtype_of(value: Any) -> DType:
+    if isinstance(value, Tensor):
+        return value.dtype
+    if hasattr(value, "detach"):
+        return dtypes.from_any(value.dtype)
+    return dtypes.from_any(np.asarray(value).dtype)
 
-    save_file({k: np.array(_to_numpy(v), order="C") for k, v in state.items()}, str(path), metadata)
+
+_SAFE_DTYPES = {"F64": dtypes.float64, "F32": dtypes.float32, "F16": dtypes.float16, "BF16": dtypes.bfloat16,
+                "I64": dtypes.int64, "I32": dtypes.int32, "I16": dtypes.int16, "I8": dtypes.int8,
+                "U8": dtypes.uint8, "BOOL": dtypes.bool, "U16": dtypes.uint16, "U32": dtypes.uint32,
+                "U64": dtypes.uint64}
 
 
-_SAFE_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": "bfloat16", "I64": np.int64,
-                "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
-                "U16": np.uint16, "U32": np.uint32, "U64": np.uint64}
+def safe_save(state: dict[str, Any], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors (Tensors, numpy arrays or torch tensors) to a .safetensors file, readable by
+    safetensors.torch.load_file and tinygrad: an 8-byte header length, a JSON header padded to 8 bytes,
+    then the data, little-endian. bfloat16 is stored as BF16 (2 bytes each)."""
+    codes = {dt: code for code, dt in _SAFE_DTYPES.items()}
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    chunks, offset = [], 0
+    for key, value in state.items():
+        dtype = _dtype_of(value)
+        values = _to_numpy(value)
+        data = to_bytes(values, dtype).tobytes()  # native order: little-endian on every host tgrad runs on
+        header[key] = {"dtype": codes[dtype], "shape": list(values.shape),
+                       "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    Path(path).write_bytes(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+
+
+def _host_dtype(dtype: DType, device: str | None) -> DType:
+    """dtype, or float32 for bfloat16 on a device without it (the values are exact in float32)."""
+    if dtype == dtypes.bfloat16 and not Device[Device.canonicalize(device)].supports(dtype):
+        return dtypes.float32
+    return dtype
 
 
 def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
     """Read a .safetensors file into a dict of Tensors (file order kept), with the standard library and
-    numpy: an 8-byte header length, a JSON header, then the data. bfloat16 tensors become float32."""
-    import json
-
+    numpy. BF16 tensors load as bfloat16 (as float32 on devices without bfloat16)."""
     raw = Path(path).read_bytes()
     n = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + n])
@@ -111,70 +145,85 @@ def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
         if info["dtype"] not in _SAFE_DTYPES:
             raise StateDictError(f"safe_load: {key} has dtype {info['dtype']}, which tgrad cannot read")
         begin, end = info["data_offsets"]
-        data, dtype = raw[8 + n + begin : 8 + n + end], _SAFE_DTYPES[info["dtype"]]
-        if dtype == "bfloat16":  # the high half of a float32
-            arr = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            arr = np.frombuffer(data, dtype)
-        out[key] = Tensor(arr.reshape(info["shape"]), device=device)
+        dtype = _SAFE_DTYPES[info["dtype"]]
+        data = np.frombuffer(raw, np.uint8, end - begin, 8 + n + begin)
+        values = from_bytes(data, dtype)
+        out[key] = Tensor(values.reshape(info["shape"]), device=device, dtype=_host_dtype(dtype, device))
     return out
 
 
-# torch.save's storage classes -> numpy dtypes; bfloat16 is widened to float32 when loaded
+# torch.save's storage classes
 _TORCH_STORAGES = {
-    "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
-    "BFloat16Storage": "bfloat16", "LongStorage": np.int64, "IntStorage": np.int32,
-    "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8, "BoolStorage": np.bool_,
+    "FloatStorage": dtypes.float32, "DoubleStorage": dtypes.float64, "HalfStorage": dtypes.float16,
+    "BFloat16Storage": dtypes.bfloat16, "LongStorage": dtypes.int64, "IntStorage": dtypes.int32,
+    "ShortStorage": dtypes.int16, "CharStorage": dtypes.int8, "ByteStorage": dtypes.uint8,
+    "BoolStorage": dtypes.bool,
 }
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a legacy torch.save file
 
 
 def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
-    """Read a PyTorch checkpoint (.pt / .pth written by torch.save, zip format) without importing torch:
-    the pickle is read with the standard library, each tensor's storage with numpy. Returns what was
-    saved (usually a state dict) with Tensors in place of torch tensors; bfloat16 becomes float32.
-    The legacy (pre-1.6, non-zip) format is not supported."""
-    import pickle
-    import zipfile
+    """Read a PyTorch checkpoint (.pt / .pth written by torch.save) without importing torch: the pickle is
+    read with the standard library, each tensor's storage with numpy. Returns what was saved (usually a
+    state dict) with Tensors in place of torch tensors (bfloat16 stays bfloat16, float32 on devices without
+    it). Both formats: zip (PyTorch >= 1.6) and legacy (`_use_new_zipfile_serialization=False`: pickles,
+    then each storage's element count as 8 bytes and its raw bytes)."""
+    raw = Path(path).read_bytes()
+    storages: dict[str, np.ndarray] = {}  # key -> the storage's values, flat
+    kinds: dict[str, DType] = {}  # key -> dtype, from the persistent ids
 
-    if not zipfile.is_zipfile(path):
-        raise StateDictError(f"torch_load: {path} is not a zip checkpoint (the legacy torch.save format "
-                             "is not supported; re-save it with a recent PyTorch)")
-    with zipfile.ZipFile(path) as archive:
-        pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-        root = pkl[: -len("data.pkl")]
+    def rebuild(stored, offset, size, stride, *_):
+        dtype, key = stored
+        flat = storages.get(key)
+        if flat is None:  # the legacy format's first pass: storages come after the pickle
+            return None
+        item = flat.itemsize
+        view = np.lib.stride_tricks.as_strided(flat[offset:], tuple(size), tuple(s * item for s in stride))
+        return Tensor(np.array(view), device=device, dtype=_host_dtype(dtype, device))
 
-        def storage(dtype, key: str) -> np.ndarray:
-            raw = archive.read(f"{root}data/{key}")
-            if dtype == "bfloat16":  # the high half of a float32
-                return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
-            return np.frombuffer(raw, dtype)
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+                return rebuild
+            if module == "torch._utils" and name == "_rebuild_parameter":
+                return lambda data, *_: data
+            if module == "torch" and name in _TORCH_STORAGES:
+                return _TORCH_STORAGES[name]
+            if module == "collections" and name == "OrderedDict":
+                return OrderedDict
+            raise StateDictError(f"torch_load: cannot load {module}.{name} from {path}")
 
-        def rebuild(stored, offset, size, stride, *_):
-            dtype, key = stored
-            flat = storage(dtype, key)
-            item = flat.itemsize
-            strides = tuple(s * item for s in stride)
-            view = np.lib.stride_tricks.as_strided(flat[offset:], tuple(size), strides)
-            return Tensor(np.array(view), device=device)
+        def persistent_load(self, pid):
+            # ("storage", storage class, key, device, numel[, view metadata]): the dtype and the key
+            kinds[str(pid[2])] = pid[1]
+            return pid[1], str(pid[2])
 
-        class Unpickler(pickle.Unpickler):
-            def find_class(self, module: str, name: str):
-                if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
-                    return rebuild
-                if module == "torch._utils" and name == "_rebuild_parameter":
-                    return lambda data, *_: data
-                if module == "torch" and name in _TORCH_STORAGES:
-                    return _TORCH_STORAGES[name]
-                if module == "collections" and name == "OrderedDict":
-                    return OrderedDict
-                raise StateDictError(f"torch_load: cannot load {module}.{name} from {path}")
-
-            def persistent_load(self, pid):
-                _, dtype, key, _location, _numel = pid  # ("storage", storage class, key, device, numel)
-                return dtype, key
-
-        with archive.open(pkl) as f:
-            return Unpickler(f).load()
+    if zipfile.is_zipfile(io.BytesIO(raw)):
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+            root = pkl[: -len("data.pkl")]
+            with archive.open(pkl) as f:
+                Unpickler(f).load()  # learns the storages it needs
+            for key, dtype in kinds.items():
+                storages[key] = from_bytes(np.frombuffer(archive.read(f"{root}data/{key}"), np.uint8), dtype)
+            with archive.open(pkl) as f:
+                return Unpickler(f).load()
+    f = io.BytesIO(raw)
+    try:
+        magic = pickle.load(f)
+    except Exception:
+        magic = None
+    if magic != _LEGACY_MAGIC:
+        raise StateDictError(f"torch_load: {path} is neither a zip nor a legacy torch.save checkpoint")
+    pickle.load(f), pickle.load(f)  # the protocol version, sys_info
+    start = f.tell()
+    Unpickler(f).load()  # the object, without its storages: learns their keys and dtypes
+    for key in pickle.load(f):  # the storage keys, in the order their data follows
+        numel = int.from_bytes(f.read(8), "little")
+        dtype = kinds[str(key)]
+        storages[str(key)] = from_bytes(np.frombuffer(f.read(numel * dtype.itemsize), np.uint8), dtype)
+    f.seek(start)
+    return Unpickler(f).load()
 
 
 __all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "torch_load",

@@ -41,11 +41,11 @@ class MetalRuntime(Runtime):
         self.pending: list = []
 
     def supports(self, dtype: DType) -> bool:
-        return dtype != dtypes.float64
+        return super().supports(dtype) and dtype != dtypes.float64
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         if not self.supports(dtype):
-            raise DTypeError("Metal has no float64; use float32")
+            raise DTypeError(f"Metal has no {dtype.name}; use float32")
         mem = self.dev.newBufferWithLength_options_(max(1, size * dtype.itemsize), 0)  # shared storage
         return Buffer(self.name, size, dtype, mem)
 

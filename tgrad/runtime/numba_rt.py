@@ -135,6 +135,33 @@ def _exp2f(typingctx, x):
     return types.float32(types.float32), codegen
 
 
+@intrinsic
+def _bf16(typingctx, x):
+    """Round a float to the nearest bfloat16 value (ties to even), kept as float32: PyTorch's rounding on
+    the bits (bits + 0x7FFF + the lowest kept bit, the low 16 bits cleared; overflow gives inf); a NaN as
+    `tgrad.dtype.round_bf16` keeps it. Integer IR only, so loops over it vectorize."""
+    x = types.unliteral(x)
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f32, i32 = ir.FloatType(), ir.IntType(32)
+        v = args[0] if x == types.float32 else builder.fptrunc(args[0], f32)
+        bits = builder.bitcast(v, i32)
+        lowest_kept = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        rounded = builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)), lowest_kept)
+        out = builder.bitcast(builder.and_(rounded, ir.Constant(i32, 0xFFFF0000 - (1 << 32))), f32)
+        # a NaN keeps its high bits, with the quiet bit set where low bits are dropped (round_bf16's rule)
+        high = builder.and_(bits, ir.Constant(i32, 0xFFFF0000 - (1 << 32)))
+        low = builder.and_(bits, ir.Constant(i32, 0xFFFF))
+        dropped = builder.icmp_unsigned("!=", low, ir.Constant(i32, 0))
+        quiet = builder.select(dropped, ir.Constant(i32, 0x00400000), ir.Constant(i32, 0))
+        nan = builder.bitcast(builder.or_(high, quiet), f32)
+        return builder.select(builder.fcmp_unordered("uno", v, v), nan, out)
+
+    return types.float32(x), codegen
+
+
 @njit
 def _f16(x):
     """Round a float32 to the nearest float16 value (kept as float32)."""

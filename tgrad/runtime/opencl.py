@@ -57,11 +57,12 @@ class CLRuntime(Runtime):
         return (gpus or found)[0]
 
     def supports(self, dtype: DType) -> bool:
-        return dtype != dtypes.float64 or "cl_khr_fp64" in self.exts
+        return super().supports(dtype) and (dtype != dtypes.float64 or "cl_khr_fp64" in self.exts)
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         if not self.supports(dtype):
-            raise DTypeError(f"OpenCL device {self.device.name} has no float64 (cl_khr_fp64); use float32")
+            ext = " (cl_khr_fp64)" if dtype == dtypes.float64 else ""
+            raise DTypeError(f"OpenCL device {self.device.name} has no {dtype.name}{ext}; use float32")
         mem = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(1, size * dtype.itemsize))
         return Buffer(self.name, size, dtype, mem)
 

@@ -100,7 +100,7 @@ class WebGPURuntime(Runtime):
             )
 
     def supports(self, dtype: DType) -> bool:
-        return dtype != dtypes.float64 or self.target.float64
+        return super().supports(dtype) and (dtype != dtypes.float64 or self.target.float64)
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         self.target.check(dtype)

@@ -177,6 +177,7 @@ class _Recorder(driver.Recorder):
         self.fresh: dict[int, tuple[tuple[int, ...], tuple[g.Node, ...]]] = {}
         self.randoms: list[tuple] = []  # (buffer, draw, dtype, device)
         self.hosts: list[tuple] = []  # (buffer, host array)
+        self.evaluated = False  # whether a graph-evaluating device (NUMPY) computed something
 
     def launch(self, runner, out, inputs, fresh: bool, node: g.Node) -> None:
         self.launches.append((runner, out, inputs))
@@ -199,6 +200,9 @@ class _Recorder(driver.Recorder):
 
     def random(self, buf, draw, dtype, device) -> None:
         self.randoms.append((buf, draw, dtype, device))
+
+    def evaluate(self, device: str) -> None:
+        self.evaluated = True  # nothing to replay: the function runs plainly every call
 
     def read(self, node) -> None:
         raise JitError(
@@ -437,7 +441,7 @@ class TinyJit:
                 if t.grad is not None:
                     t.grad = Tensor(g.Node.from_buffer(t.grad.node.buffer, *_meta(t.grad)))
         ret = _rebuild(ret, iter(outs))
-        if plain:
+        if plain or log.evaluated:  # (the NUMPY reference computed part of it: e.g. after x.to("NUMPY"))
             return ret
         ret_others = [x for x in _flatten(ret) if not isinstance(x, Tensor)]
         random_ids = {id(b) for b, *_ in log.randoms}

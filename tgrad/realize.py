@@ -46,6 +46,9 @@ class Recorder:
     def read(self, node: Node) -> None:
         """A value is about to be read back to the host (.numpy(), .item(), ...)."""
 
+    def evaluate(self, device: str) -> None:
+        """A device that evaluates graphs (no kernels to record: the NUMPY reference) computed nodes."""
+
 
 RECORDER: Recorder | None = None
 
@@ -222,6 +225,8 @@ def realize(nodes: list[Node]) -> None:
     for name, group in by_device.items():
         rt = get_runtime(name)
         if rt.evaluates_graphs:
+            if RECORDER is not None:
+                RECORDER.evaluate(name)
             rt.evaluate(group)
         else:
             run_schedule(schedule_cache.schedule(group))

@@ -296,13 +296,28 @@ class Tensor(metaclass=_NoGradMeta):
         return self.numpy().reshape(-1)[0].item()
 
     def to(self, device: str) -> Tensor:
+        """This tensor's value on another device. The copy is part of the graph: gradients flow back to
+        the source device, and TinyJit replays it (a host step between the two devices' kernels)."""
         device = Device.canonicalize(device)
         if device == self.device:
             return self
-        out = Tensor(self.numpy(), device=device, dtype=self.dtype)
-        if self.requires_grad:
-            out.requires_grad = True
-        return out
+        _dtype_on(self.dtype, device)
+        if not get_runtime(device).supports(self.dtype):
+            raise DTypeError(f"to({device!r}): {device} has no {self.dtype.name}; cast first")
+        source = self.device
+
+        def copy(inputs, outputs):
+            outputs[0][...] = inputs[0]
+
+        step = driver.HostStep("to", copy, [(self.shape, self.dtype)], device, key=(source, device))
+        (out,) = Tensor.run_host(step, self)
+        if Tensor.no_grad or not self.dtype.is_float:
+            return out
+
+        def rule(grad: Node) -> tuple[Node]:
+            return (Tensor(grad).to(source).node,)
+
+        return self._from(autodiff.custom_gradient(out.node, (self.node,), rule, f"to {source}"), self)
 
     def detach(self) -> Tensor:
         """The same value, with no gradient flowing back through it."""

@@ -325,3 +325,23 @@ def test_safe_load_bfloat16_and_half(device, tmp_path):
         np.testing.assert_array_equal(
             loaded[key].numpy(), value.float().numpy() if key == "bf16" else value.numpy()
         )
+
+
+def test_contiguous_is_a_kernel_of_its_own(device):
+    """contiguous() of a view is a row-major copy that users read as a buffer (tinygrad's contiguous, a
+    PyTorch copy of a non-contiguous tensor); a whole buffer or an elementwise result is itself; gradients
+    flow through."""
+    from tgrad.fuse import schedule
+
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), requires_grad=True)
+    t = x.T.contiguous()
+    assert [it.out for it in schedule([(t * 2).node])][0] is t.node.srcs[0]  # the copy runs first
+    assert len(schedule([(t * 2).node])) == 2 and len(schedule([(x.T * 2).node])) == 1
+    np.testing.assert_array_equal(t.numpy(), np.arange(12).reshape(3, 4).T)
+    assert x.contiguous() is x and (x + 1).contiguous().node is (x + 1).node
+    (t * torch_like_weights(t.shape)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), torch_like_weights(t.shape).numpy().T)
+
+
+def torch_like_weights(shape):
+    return Tensor(np.arange(np.prod(shape), dtype=np.float32).reshape(shape))

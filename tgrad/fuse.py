@@ -470,6 +470,9 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
             roots.append(base)
     nodes = _walk(roots)
     forced = set(roots) | {n for n in nodes if n.op is Op.ASSIGN}
+    # Tensor.contiguous(): its copy is a kernel of its own
+    forced |= {n.srcs[0] for n in nodes if n.op is Op.DETACH and n.arg == "contiguous"
+               and not n.srcs[0].realized}
     realize = set(forced)
     # a value that goes through a movement op (other than reshape) after a reduce is realized where the
     # movement starts, so the reduce's elementwise epilogue is computed once, in the reduce's kernel

@@ -25,6 +25,7 @@ from tgrad.errors import (
     TgradError,
     ValueOverflowError,
 )
+from tgrad.graph import MOVEMENT as MOVEMENT_OPS
 from tgrad.graph import Node, Op
 
 Scalar = int | float | bool
@@ -327,8 +328,14 @@ class Tensor(metaclass=_NoGradMeta):
         return self._from(self.node)
 
     def contiguous(self) -> Tensor:
-        """Kept for PyTorch code: tgrad tensors are always usable as they are; fusion decides layout."""
-        return self
+        """This value in a buffer of its own, row-major (tinygrad's contiguous; PyTorch's copy of a
+        non-contiguous tensor): fusion never recomputes it inside its users' kernels. A whole buffer or an
+        unrealized elementwise result is returned as it is. Gradients flow through."""
+        if self.node.op not in MOVEMENT_OPS:
+            return self
+        copy = Node(Op.CAST, (self.node,), self.dtype, self.shape, self.dtype, self.device)
+        node = autodiff.custom_gradient(copy, (self.node,), lambda grad: (grad,), "contiguous")
+        return self._from(node)
 
     def assign(self, x: Tensor | Any) -> Tensor:
         """Replace this tensor's value (same shape and dtype); writes into its buffer when it has one."""
@@ -2361,6 +2368,12 @@ class Tensor(metaclass=_NoGradMeta):
             )
         xp = self._pad_spatial(padding, nk)
         x = xp._pool(ks, stride, dilation)  # (bs, cin_all, *out, *ks)
+        if weight.requires_grad and not Tensor.no_grad and self.node.op is not Op.BUFFER:
+            # the windows of a computed input (im2col) are made once, for the forward matmul and again
+            # for the weight's gradient: keep them, laid out (cin, *ks, bs, *out) as both matmuls read them
+            order = (1, *range(2 + nk, 2 + 2 * nk), 0, *range(2, 2 + nk))
+            back = tuple(sorted(range(len(order)), key=order.__getitem__))
+            x = x.permute(*order).contiguous().permute(*back)
         out_sp, rcout = x.shape[2 : 2 + nk], cout // groups
         x = x.reshape(bs, groups, 1, cin, *out_sp, *ks).expand(bs, groups, rcout, cin, *out_sp, *ks)
         x = x.permute(0, 1, 2, *range(4, 4 + nk), 3, *range(4 + nk, 4 + 2 * nk))  # cin next to the kernel

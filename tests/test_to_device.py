@@ -72,3 +72,12 @@ def test_to_under_tinyjit(device):
         assert loss.device == device
         np.testing.assert_allclose(loss.item(), tl.item(), rtol=1e-5)
         np.testing.assert_allclose(grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_to_of_a_computed_tensor_keeps_its_graph(device):
+    """gradient() of a target that does not require grad, through .to() of a value computed from it (the
+    copy realizes that value first; the gradient still reaches the target)."""
+    other = "NUMPY" if device != "NUMPY" else "CPU"
+    x = Tensor([1.0, -2.0, 0.5], device=device)
+    (gx,) = ((x * 3).to(other).square().sum()).gradient(x)
+    np.testing.assert_allclose(gx.numpy(), 18 * np.array([1.0, -2.0, 0.5]), rtol=1e-6)

@@ -1,0 +1,100 @@
+"""Indexing a big table by an integer tensor (Embedding, t[idx], index_select-like takes) against PyTorch on
+every device. On the host devices (CPU, NUMPY) it is numpy's take in a host step (the one-hot form costs
+rows times as much); elsewhere the one-hot form. Bounds, gradients with repeated indices, second
+derivatives and TinyJit replays are checked on both paths."""
+
+import numpy as np
+import pytest
+import torch
+
+from tgrad import Tensor, dtypes
+from tgrad.errors import IndexRangeError
+from tgrad.jit import TinyJit
+from tgrad.nn import Embedding
+
+VOCAB, DIM = 5000, 16  # 80 ids x 5000 rows: above HOST_TAKE_MIN, so CPU and NUMPY take on the host
+
+
+def _ids(seed=0, shape=(8, 10)):
+    ids = np.random.default_rng(seed).integers(0, VOCAB, shape)
+    ids[0, :3] = ids[1, 0]  # repeated ids: their gradients add up
+    return ids
+
+
+def test_embedding_forward_backward(device):
+    emb = Embedding(VOCAB, DIM)
+    w = emb.weight.numpy()
+    ids, c = _ids(), np.random.default_rng(1).standard_normal((8, 10, DIM)).astype(np.float32)
+    tw = torch.tensor(w, requires_grad=True)
+    out_t = torch.nn.functional.embedding(torch.tensor(ids), tw)
+    (out_t * torch.tensor(c)).square().sum().backward()
+    out = emb(Tensor(ids))
+    (out * Tensor(c)).square().sum().backward()
+    np.testing.assert_array_equal(out.numpy(), out_t.detach().numpy())
+    np.testing.assert_allclose(emb.weight.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_index_by_tensor_with_negative_indices(device, axis):
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((VOCAB, 7) if axis == 0 else (7, VOCAB)).astype(np.float32)
+    idx = rng.integers(-VOCAB, VOCAB, (6, 9))
+    t = torch.tensor(table, requires_grad=True)
+    x = Tensor(table, requires_grad=True)
+    got = x[Tensor(idx)] if axis == 0 else x[:, Tensor(idx)]
+    want = t[torch.tensor(idx)] if axis == 0 else t[:, torch.tensor(idx)]
+    np.testing.assert_array_equal(got.numpy(), want.detach().numpy())
+    w = rng.standard_normal(want.shape).astype(np.float32)
+    (want * torch.tensor(w)).sum().backward()
+    (got * Tensor(w)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_take_second_derivative(device):
+    """d/dW of sum(dL/dW * r), L = sum(c * W[ids]^2): the gradient's own gradient is a take again."""
+    rng = np.random.default_rng(3)
+    w, ids = rng.standard_normal((VOCAB, 4)).astype(np.float32), _ids(4)
+    c = rng.standard_normal((8, 10, 4)).astype(np.float32)
+    r = rng.standard_normal((VOCAB, 4)).astype(np.float32)
+    tw = torch.tensor(w, requires_grad=True)
+    loss = (torch.tensor(c) * tw[torch.tensor(ids)].square()).sum()
+    (gt,) = torch.autograd.grad(loss, tw, create_graph=True)
+    (gt * torch.tensor(r)).sum().backward()
+    W = Tensor(w)
+    (g,) = (Tensor(c) * W[Tensor(ids)].square()).sum().gradient(W)
+    np.testing.assert_allclose(g.numpy(), gt.detach().numpy(), rtol=1e-5, atol=1e-5)
+    (gg,) = (g * Tensor(r)).sum().gradient(W)
+    np.testing.assert_allclose(gg.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "bool", "float16"])
+def test_take_other_dtypes(device, dtype):
+    table = (np.arange(VOCAB * 3).reshape(VOCAB, 3) % 5).astype(dtype)
+    dt = getattr(dtypes, dtype)
+    idx = _ids(5)
+    np.testing.assert_array_equal(Tensor(table, dtype=dt)[Tensor(idx)].numpy(), table[idx])
+
+
+def test_take_out_of_range_raises(device):
+    x = Tensor.rand(VOCAB, 3)
+    for bad in (VOCAB, -VOCAB - 1):
+        idx = np.zeros((8, 10), dtype=np.int64)
+        idx[3, 4] = bad
+        with pytest.raises(IndexRangeError, match=f"index {bad} is out of bounds for size {VOCAB}"):
+            x[Tensor(idx)].numpy()
+    with pytest.raises(IndexRangeError, match="Embedding"):
+        Embedding(VOCAB, 2)(Tensor(np.full((8, 10), -1)))
+
+
+def test_take_under_tinyjit(device):
+    """Replays take each call's indices (and check them)."""
+    emb = Embedding(VOCAB, DIM)
+    w = emb.weight.numpy()
+    step = TinyJit(lambda ids: emb(ids).sum(1).realize())
+    for seed in range(4):
+        ids = _ids(seed)
+        np.testing.assert_allclose(step(Tensor(ids)).numpy(), w[ids].sum(1), rtol=1e-5, atol=1e-5)
+    bad = _ids(9)
+    bad[2, 2] = VOCAB + 3
+    with pytest.raises(IndexRangeError):
+        step(Tensor(bad)).numpy()

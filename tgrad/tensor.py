@@ -733,7 +733,7 @@ class Tensor(metaclass=_NoGradMeta):
         # it, on inputs masked so that no inf * 0 reaches a or b from the other places. Elsewhere (0, inf,
         # negative bases) PyTorch's slopes are put in as constants: d/da = b * a**(b-1) (0 where b == 0),
         # d/db = a**b * log(a) (0 where a == 0 <= b); there the second derivative is 0.
-        regular = (a > 0) & a.isfinite() & b.isfinite()
+        regular = (a >= _tiny(a)) & a.isfinite() & b.isfinite()  # subnormal a: 1 / a would overflow
         smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
         ad, bd = a.detach(), b.detach()
         # the slopes are 0 where the smooth branch is taken: an inf slope there would get a 0 gradient
@@ -750,7 +750,7 @@ class Tensor(metaclass=_NoGradMeta):
             return value
         if math.isnan(e):  # gradient nan everywhere, as e * x**(e - 1) is
             return value + _gradient_only(self, value * math.nan)
-        regular = (self > 0) & self.isfinite()
+        regular = (self >= _tiny(self)) & self.isfinite()  # a subnormal's 1 / x overflows: an edge case
         smooth = (regular.where(self, 1.0).log2() * e).exp2()
         slope = e * _pow_value(self.detach(), e - 1)  # PyTorch's d/dx at 0, inf and negative x
         return regular.where(smooth, value + _gradient_only(self, regular.where(0.0, slope)))
@@ -1127,9 +1127,10 @@ class Tensor(metaclass=_NoGradMeta):
     def logaddexp(self, other) -> Tensor:
         """log(exp(self) + exp(other)) without overflow."""
         a, b = self._float()._broadcasted(other)
-        m = a.maximum(b).detach()
-        m = m.isinf().where(0, m)  # both -inf (or an inf): shift by 0
-        return ((a - m).exp() + (b - m).exp()).log() + m
+        # max + log(1 + exp(-|a - b|)): its gradient is PyTorch's also at an inf (1 and 0, not inf / inf)
+        same = a == b  # the same infinity included, where a - b is nan: kept out of the other branch
+        d = same.where(0.0, -(a - b).abs())
+        return same.where((a + b) * 0.5 + math.log(2), a.maximum(b) + (d.exp() + 1).log())
 
     def log10(self) -> Tensor:
         return self.log2() * math.log10(2)
@@ -2737,6 +2738,11 @@ def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
     out = (a == 0).where(zero_base, out)  # not through log2(0): undefined on some GPUs
     one = (a == 1) | ((a == -1) & b.isinf())  # C's pow(1, nan) and pow(-1, +-inf) are 1
     return ((b == 0) | one).where(1.0, out)
+
+
+def _tiny(a: Tensor) -> float:
+    """The smallest normal number of a's float type."""
+    return {dtypes.float16: 2.0**-14, dtypes.float64: 2.0**-1022}.get(a.dtype, 2.0**-126)
 
 
 def _signbit(a: Tensor) -> Tensor:

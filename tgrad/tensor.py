@@ -676,6 +676,10 @@ class Tensor(metaclass=_NoGradMeta):
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
+        if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
+            edge = _DIVISOR_EDGE.get(a.dtype, 100)
+            if y == 0 or not math.isfinite(y) or 2.0**-edge <= abs(y) <= 2.0**edge:  # 1 / y is a number
+                return a._alu(Op.MUL, b.reciprocal())
         return _true_divide(a, b)
 
     def floordiv(self, y, reverse=False) -> Tensor:
@@ -2750,12 +2754,15 @@ def _signbit(a: Tensor) -> Tensor:
     return (a < 0) | ((a == 0) & (a.reciprocal() < 0))
 
 
+_DIVISOR_EDGE = {dtypes.float16: 12, dtypes.float64: 1000}  # else (float32) 100: see _true_divide
+
+
 def _true_divide(a: Tensor, b: Tensor, refine: bool = False) -> Tensor:
     """a / b for float tensors as a * (1 / b), scaled so that 1 / b cannot overflow (|b| tiny) or
     underflow (|b| huge) where a / b itself is a number: 1e-5 / 1e-40 is 1e35, not inf. refine: one Newton
     step more, for the callers that round the quotient (a * (1 / a) can be 0.99999994, trunc 0)."""
     # |b| outside 2**-edge .. 2**edge is scaled by 2**+-scale: also the gradient's 1 / (b * s)**2 is finite
-    edge = {dtypes.float16: 12, dtypes.float64: 1000}.get(a.dtype, 100)
+    edge = _DIVISOR_EDGE.get(a.dtype, 100)
     scale = {dtypes.float16: 8, dtypes.float64: 1000}.get(a.dtype, 100)
     mag = b.abs()
     up, down, one = mag._const(2.0**scale), mag._const(2.0**-scale), mag._const(1.0)

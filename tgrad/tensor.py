@@ -1500,7 +1500,7 @@ class Tensor(metaclass=_NoGradMeta):
     def softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.shape[_normalize_axis(axis, x.ndim, "softmax")] == 0 if x.ndim else False:
+        if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "softmax")] == 0:
             return x  # nothing to normalize (PyTorch returns the empty tensor too)
         # the result does not depend on the shift, so no gradient flows through the max
         e = (x - x.max(axis, keepdim=True).detach()).exp()
@@ -1509,7 +1509,7 @@ class Tensor(metaclass=_NoGradMeta):
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.shape[_normalize_axis(axis, x.ndim, "log_softmax")] == 0 if x.ndim else False:
+        if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "log_softmax")] == 0:
             return x
         m = x - x.max(axis, keepdim=True).detach()
         return m - m.exp().sum(axis, keepdim=True).log()
@@ -1562,9 +1562,8 @@ class Tensor(metaclass=_NoGradMeta):
             same = same | (rows.isnan() & values.unsqueeze(-1).isnan())
         hit = same & (pos.reshape(n, 1) >= pos)  # only j <= i can be the max
         indices = hit.where(pos, -1).max(-1)
-        if self.requires_grad:  # the value taken at its index: the gradient goes there alone (ties, nan)
-            zero = False if self.dtype == dtypes.bool else 0
-            values = (pos == indices.unsqueeze(-1)).where(rows, zero).sum(-1, dtype=self.dtype)
+        if self.dtype.is_float:  # the value taken at its index: the gradient goes there alone (ties, nan)
+            values = (pos == indices.unsqueeze(-1)).where(rows, 0).sum(-1, dtype=self.dtype)
         return self._unprefix(values, axis), self._unprefix(indices, axis)
 
     def cummin(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:

@@ -2506,6 +2506,8 @@ class Tensor(metaclass=_NoGradMeta):
         size = (size,) if isinstance(size, int) else tuple(size)
         if not 0 < len(size) <= self.ndim:
             raise ShapeError(f"interpolate: size {size} for a tensor of shape {self.shape}")
+        if any(n == 0 for n in self.shape[self.ndim - len(size) :]) or any(n <= 0 for n in size):
+            raise ShapeError(f"interpolate: input {self.shape} and size {size} must be non-empty")
         if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
             raise ArgumentError(f"interpolate: mode must be nearest, nearest-exact or linear, not {mode!r}")
         if align_corners and mode.startswith("nearest"):

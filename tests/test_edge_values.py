@@ -88,6 +88,11 @@ def test_pow_at_special_values(device):
             same(lambda a, c=c: c**a, lambda a, c=c: c**a, exp[np.isfinite(exp)])
 
 
+def test_logaddexp_of_equal_huge_values(device):
+    x = np.array([3e38, -3e38, 1.0], np.float32)
+    same(lambda a, b: a.logaddexp(b), torch.logaddexp, x, x.copy())
+
+
 def test_clamp_with_a_nan_bound_is_nan(device):
     x = np.array([-1.0, 0.5, 2.0, NAN], np.float32)
     same(lambda t: t.clamp(min=NAN), lambda t: t.clamp(min=NAN), x, grad=False)

@@ -1134,7 +1134,7 @@ class Tensor(metaclass=_NoGradMeta):
         # max + log(1 + exp(-|a - b|)): its gradient is PyTorch's also at an inf (1 and 0, not inf / inf)
         same = a == b  # the same infinity included, where a - b is nan: kept out of the other branch
         d = same.where(0.0, -(a - b).abs())
-        return same.where((a + b) * 0.5 + math.log(2), a.maximum(b) + (d.exp() + 1).log())
+        return same.where(a * 0.5 + b * 0.5 + math.log(2), a.maximum(b) + (d.exp() + 1).log())
 
     def log10(self) -> Tensor:
         return self.log2() * math.log10(2)

@@ -585,6 +585,7 @@ def check_edge(op, arrays, params):
     np.testing.assert_allclose(gg, gt, rtol=1e-3, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")  # PyTorch's and numpy's own
 @seed(SEED)
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(edge_cases())

@@ -1,6 +1,6 @@
-"""Every differentiable op of the sweep below, forward and gradient, at extreme inputs (+-1e4, +-350, +-30,
-+-1, denormals, 0, +-inf, nan) against PyTorch on every device: no nan where PyTorch has a number, no
-0 where it has a slope."""
+"""Every differentiable op of the sweeps below (unary, binary, losses), forward and gradient, at extreme
+inputs (+-1e4, +-350, +-30, +-1, denormals, 0, +-inf, nan) against PyTorch on every device: no nan where
+PyTorch has a number, no 0 where it has a slope."""
 
 import numpy as np
 import pytest
@@ -82,4 +82,127 @@ def test_op_at_extreme_inputs(device, name):
             grad_ok = np.allclose(xg.grad.numpy(), xt.grad.numpy(), rtol=1e-3, atol=1e-5, equal_nan=True)
             if defined and (name, v) not in TORCH_NAN and not grad_ok:
                 wrong.append(f"d {name}({v}) = {xg.grad.numpy()}, torch {xt.grad.numpy()}")
+    assert not wrong, "\n".join(wrong)
+
+
+# binary ops: every pair of V and W, forward and both gradients
+W = np.array([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 1e-40, 1e4, np.inf, -np.inf, np.nan], np.float32)
+BINARY = {
+    "add": (lambda a, b: a + b, torch.add),
+    "sub": (lambda a, b: a - b, torch.sub),
+    "mul": (lambda a, b: a * b, torch.mul),
+    "div": (lambda a, b: a / b, torch.div),
+    "pow": (lambda a, b: a**b, torch.pow),
+    "maximum": (lambda a, b: a.maximum(b), torch.maximum),
+    "minimum": (lambda a, b: a.minimum(b), torch.minimum),
+    "fmod": (lambda a, b: a.fmod(b), torch.fmod),
+    "remainder": (lambda a, b: a % b, torch.remainder),
+    "logaddexp": (lambda a, b: a.logaddexp(b), torch.logaddexp),
+    "copysign": (lambda a, b: a.copysign(b), torch.copysign),
+}
+# PyTorch's gradient is nan (inf / inf or inf * 0 in its formula) where tgrad's is the limit: logaddexp of
+# the same infinity twice (0.5 each), copysign at an infinite a (+-1); at a nan a, tgrad's copysign and pow
+# slopes are 0 (README: pow), PyTorch's nan (pow(nan, 1): 1)
+BINARY_TORCH_NAN = {"logaddexp", "copysign"}
+
+
+def _pairs(device):
+    a, b = (x.ravel() for x in np.meshgrid(V, W, indexing="ij"))
+    if device == "WEBGPU":
+        keep = ~((a != 0) & (np.abs(a) < SUBNORMAL)) & ~((b != 0) & (np.abs(b) < SUBNORMAL))
+        a, b = a[keep], b[keep]
+    return a, b
+
+
+def _mismatches(name, what, got, want, a, b, skip):
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isclose(got, want, rtol=1e-3, atol=1e-5, equal_nan=True) & ~skip
+    return [f"{what} {name}({a[i]}, {b[i]}) = {got[i]}, torch {want[i]}" for i in np.flatnonzero(bad)[:10]]
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_op_at_extreme_inputs(device, name):
+    fg, ft = BINARY[name]
+    a, b = _pairs(device)
+    ag, bg = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+    at, bt = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    yg, yt = fg(ag, bg), ft(at, bt)
+    yg.sum().backward()
+    yt.sum().backward()
+    want = yt.detach().numpy()
+    skip = np.zeros(a.shape, bool)
+    if name in ("fmod", "remainder"):
+        # tgrad's fmod is exact for |a / b| < 2**29 (README); PyTorch's CPU reads a subnormal b as 0 (nan)
+        with np.errstate(all="ignore"):
+            skip = (np.abs(a / b) >= 2**29) & np.isfinite(a) & (b != 0)
+    wrong = _mismatches(name, "", yg.numpy(), want, a, b, skip)
+    with np.errstate(invalid="ignore"):
+        undefined = np.isnan(want) & ~np.isnan(a) & ~np.isnan(b)  # outside the domain: not compared
+    for what, x, xt in (("d/da", ag, at), ("d/db", bg, bt)):
+        got = x.grad.numpy() if x.grad is not None else np.zeros(a.shape, np.float32)
+        skip_grad = skip | undefined
+        if name in BINARY_TORCH_NAN:
+            skip_grad |= np.isnan(xt.grad.numpy()) & ~np.isnan(a) & ~np.isnan(b)
+        if name in ("pow", "copysign"):  # README: pow's gradient is 0 at an inf or nan base, and for b at an
+            skip_grad |= ~np.isfinite(a) | (~np.isfinite(b) if what == "d/db" else False)  # inf/nan exponent
+        wrong += _mismatches(name, what, got, xt.grad.numpy(), a, b, skip_grad)
+    assert not wrong, "\n".join(wrong)
+
+
+# losses: inputs from V against ordinary targets (bce: probabilities near 0 and 1), value and both gradients
+T = np.array([0.0, 1.0, -1.0, 0.5, 30.0], np.float32)
+P = np.array([0.0, 1e-40, 1e-30, 1e-7, 0.5, 1 - 1e-7, 1.0], np.float32)
+LOSSES = {
+    "mse": (Tensor.mse_loss, F.mse_loss, {}),
+    "l1": (Tensor.l1_loss, F.l1_loss, {}),
+    "smooth_l1": (Tensor.smooth_l1_loss, F.smooth_l1_loss, {}),
+    "smooth_l1_beta0": (Tensor.smooth_l1_loss, F.smooth_l1_loss, {"beta": 0.0}),
+    "bce_logits": (Tensor.binary_crossentropy_logits, F.binary_cross_entropy_with_logits, {}),
+    "bce": (Tensor.binary_crossentropy, F.binary_cross_entropy, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_loss_at_extreme_inputs(device, name):
+    fg, ft, kw = LOSSES[name]
+    xs, ts = (P, np.array([0.0, 0.3, 1.0], np.float32)) if name == "bce" else (V, T)
+    x, t = (v.ravel() for v in np.meshgrid(xs, ts, indexing="ij"))
+    if name == "bce_logits":
+        t = t.clip(0, 1)
+    if device == "WEBGPU":
+        keep = (x == 0) | (np.abs(x) >= SUBNORMAL)
+        x, t = x[keep], t[keep]
+    xg, tg = Tensor(x, requires_grad=True), Tensor(t, requires_grad=True)
+    xt, tt = torch.tensor(x, requires_grad=True), torch.tensor(t, requires_grad=True)
+    yg, yt = fg(xg, tg, reduction="none", **kw), ft(xt, tt, reduction="none", **kw)
+    yg.sum().backward()
+    yt.sum().backward()
+    # PyTorch's bce_with_logits is nan at a -inf logit ((1 - t) * x + ...: 0 * inf); tgrad's the limit, inf
+    skip = np.isinf(x) & np.isnan(yt.detach().numpy()) if name == "bce_logits" else np.zeros(x.shape, bool)
+    wrong = _mismatches(name, "", yg.numpy(), yt.detach().numpy(), x, t, skip)
+    wrong += _mismatches(name, "d/dx", xg.grad.numpy(), xt.grad.numpy(), x, t, skip)
+    wrong += _mismatches(name, "d/dt", tg.grad.numpy(), tt.grad.numpy(), x, t, skip)
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_cross_entropy_and_nll_at_extreme_logits(device, label_smoothing):
+    values = V[(V == 0) | (np.abs(V) >= SUBNORMAL)] if device == "WEBGPU" else V
+    rows = np.stack([values, np.zeros_like(values), np.ones_like(values)], 1)
+    rows = np.concatenate([rows, rows]).astype(np.float32)
+    labels = np.repeat([0, 1], len(values))
+    xg, xt = Tensor(rows, requires_grad=True), torch.tensor(rows, requires_grad=True)
+    lg = xg.cross_entropy(Tensor(labels), label_smoothing=label_smoothing, reduction="none")
+    lt = F.cross_entropy(xt, torch.tensor(labels), label_smoothing=label_smoothing, reduction="none")
+    ng = xg.log_softmax(1).nll_loss(Tensor(labels), reduction="none")
+    nt = F.nll_loss(xt.log_softmax(1), torch.tensor(labels), reduction="none")
+    (lg.sum() + ng.sum()).backward()
+    (lt.sum() + nt.sum()).backward()
+    first = rows[:, 0]
+    no_skip = np.zeros(len(rows), bool)
+    wrong = _mismatches("cross_entropy", "", lg.numpy(), lt.detach().numpy(), first, labels, no_skip)
+    wrong += _mismatches("nll_loss", "", ng.numpy(), nt.detach().numpy(), first, labels, no_skip)
+    for c in range(3):
+        wrong += _mismatches(f"class {c}", "d", xg.grad.numpy()[:, c], xt.grad.numpy()[:, c], first, labels,
+                             no_skip)
     assert not wrong, "\n".join(wrong)

@@ -476,7 +476,7 @@ class _Renderer:
         if ragged_r:
             val = f"tl.where(r_ok, {val}, {ident})"
         if acc_dt == dtypes.bool:
-            update = f"acc & {val}" if k.reduce_op == "PROD" else f"acc | {val}"
+            update = _bits("&" if k.reduce_op == "PROD" else "|")(acc_dt, "acc", val)  # a 0-d val: via int8
         else:
             combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
             update = code_for_op[combine](tile_dt, "acc", val)

@@ -263,7 +263,14 @@ def _logic(sym: str, bool_sym: str):
 
 
 def _math(op: str):
-    return lambda d, e, a: f"{F64_MATH[op] if e.dtype == dtypes.float64 else MATH[op]}({a})"
+    def rule(d: Dialect, e: Expr, a: str) -> str:
+        if e.dtype == dtypes.float64:
+            return f"{F64_MATH[op]}({a})"
+        if op == "EXP2":  # Mesa rewrites exp2(log2(x) * y) as a pow that gives 0 for a nan x: nan stays nan
+            return f"select(exp2({a}), {a}, nan32({a}))"
+        return f"{MATH[op]}({a})"
+
+    return rule
 
 
 def _neg(d: Dialect, e: Expr, a: str) -> str:

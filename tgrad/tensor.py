@@ -474,7 +474,7 @@ class Tensor(metaclass=_NoGradMeta):
         if stop is None:
             start, stop = 0, start
         if step == 0:
-            raise ValueError("arange: step must not be zero")
+            raise ArgumentError("arange: step must not be zero")
         all_int = all(isinstance(v, int) for v in (start, stop, step))
         if dtype is not None:
             dt = dtypes.from_any(dtype)
@@ -498,11 +498,15 @@ class Tensor(metaclass=_NoGradMeta):
         dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
         if dt == dtypes.bool:
             raise DTypeError("linspace: bool is not a supported dtype")
+        if not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise ArgumentError(f"linspace: steps must be an int >= 0, got {steps!r}")
         return Tensor(np.linspace(start, stop, steps).astype(dt.np), device=device, dtype=dt)
 
     @staticmethod
     def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad=None) -> Tensor:
         dt = dtypes.from_any(dtype) if dtype is not None else dtypes.default_float
+        if n < 0 or (m is not None and m < 0):
+            raise ShapeError(f"eye: sizes must be >= 0, got n={n}, m={m}")
         return Tensor(
             np.eye(n, m if m is not None else n, dtype=dt.np),
             device=device,
@@ -556,6 +560,8 @@ class Tensor(metaclass=_NoGradMeta):
     @staticmethod
     def randint(*shape, low=0, high=10, dtype=None, device=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
+        if low >= high:
+            raise ArgumentError(f"randint: low ({low}) must be below high ({high})")
         return Tensor._random(lambda rng: rng.integers(low, high, shape), dtype, device, default=dtypes.int32)
 
     @staticmethod
@@ -719,7 +725,7 @@ class Tensor(metaclass=_NoGradMeta):
     def div(self, y, reverse=False, rounding_mode: str | None = None) -> Tensor:
         if rounding_mode == "trunc":
             a, b = self._broadcasted(y, reverse)
-            return a._alu(Op.IDIV, b) if a.dtype.is_int else (a / b).trunc()
+            return a._alu(Op.IDIV, b) if a.dtype.is_int else _rounded_quotient(a, b).trunc()
         if rounding_mode == "floor":
             return self.floordiv(y, reverse)
         if rounding_mode is not None:
@@ -727,12 +733,16 @@ class Tensor(metaclass=_NoGradMeta):
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
-        return a._alu(Op.MUL, b.reciprocal())
+        if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
+            edge = _DIVISOR_EDGE.get(a.dtype, 100)
+            if y == 0 or not math.isfinite(y) or 2.0**-edge <= abs(y) <= 2.0**edge:  # 1 / y is a number
+                return a._alu(Op.MUL, b.reciprocal())
+        return _true_divide(a, b)
 
     def floordiv(self, y, reverse=False) -> Tensor:
         a, b = self._broadcasted(y, reverse)
         if a.dtype.is_float:
-            return (a / b).floor()
+            return _float_floordiv(a, b)
         q = a._alu(Op.IDIV, b)
         r = a._alu(Op.MOD, b)
         adjust = (r != 0) & ((r < 0) ^ (b < 0))
@@ -740,15 +750,16 @@ class Tensor(metaclass=_NoGradMeta):
 
     def mod(self, y, reverse=False) -> Tensor:
         a, b = self._broadcasted(y, reverse)
-        if a.dtype.is_float:
-            return a - (a / b).floor() * b
+        if a.dtype.is_float:  # PyTorch's (and Python's): fmod, moved into b's sign
+            r = _float_fmod(a, b)
+            return ((r != 0) & ((r < 0) ^ (b < 0))).where(r + b, r)
         r = a._alu(Op.MOD, b)
         adjust = (r != 0) & ((r < 0) ^ (b < 0))
         return r + adjust.where(b, 0)
 
     def fmod(self, y) -> Tensor:
         a, b = self._broadcasted(y)
-        return a._alu(Op.MOD, b) if a.dtype.is_int else a - (a / b).trunc() * b
+        return a._alu(Op.MOD, b) if a.dtype.is_int else _float_fmod(a, b)
 
     def pow(self, y, reverse=False) -> Tensor:
         """self ** y. Small integer exponents multiply; integer tensors to integer powers stay integers
@@ -783,7 +794,7 @@ class Tensor(metaclass=_NoGradMeta):
         # it, on inputs masked so that no inf * 0 reaches a or b from the other places. Elsewhere (0, inf,
         # negative bases) PyTorch's slopes are put in as constants: d/da = b * a**(b-1) (0 where b == 0),
         # d/db = a**b * log(a) (0 where a == 0 <= b); there the second derivative is 0.
-        regular = (a > 0) & a.isfinite() & b.isfinite()
+        regular = (a >= _tiny(a)) & a.isfinite() & b.isfinite()  # subnormal a: 1 / a would overflow
         smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
         ad, bd = a.detach(), b.detach()
         # the slopes are 0 where the smooth branch is taken: an inf slope there would get a 0 gradient
@@ -798,19 +809,23 @@ class Tensor(metaclass=_NoGradMeta):
         value = _pow_value(self.detach(), e)
         if Tensor.no_grad or e == 0:
             return value
-        regular = (self > 0) & self.isfinite()
+        if math.isnan(e):  # gradient nan everywhere, as e * x**(e - 1) is
+            return value + _gradient_only(self, value * math.nan)
+        regular = (self >= _tiny(self)) & self.isfinite()  # a subnormal's 1 / x overflows: an edge case
         smooth = (regular.where(self, 1.0).log2() * e).exp2()
         slope = e * _pow_value(self.detach(), e - 1)  # PyTorch's d/dx at 0, inf and negative x
         return regular.where(smooth, value + _gradient_only(self, regular.where(0.0, slope)))
 
     def _pow_scalar_base(self, c: float) -> Tensor:
         """c ** self for a Python base c (c ** 0 is 1 for every c, as in C)."""
+        if c == 1:  # 1 ** nan and 1 ** inf are 1 too; gradient 0
+            return self.ones_like() + _gradient_only(self, self.zeros_like())
         if c > 0 and math.isfinite(c):
             return (self * math.log2(c)).exp2()
         if math.isnan(c):
             value = self * math.nan
         elif c == 0:
-            value = (self > 0).where(0.0, math.inf)
+            value = (self > 0).where(0.0, (self < 0).where(math.inf, math.nan))
         else:  # negative or infinite
             mag = (self * math.log2(abs(c))).exp2()
             value = mag
@@ -818,6 +833,8 @@ class Tensor(metaclass=_NoGradMeta):
                 is_int = self.trunc() == self
                 signed = (is_int & ((self.abs() % 2) == 1)).where(-mag, mag)
                 value = is_int.where(signed, mag if c == -math.inf else math.nan)
+            if c == -1:
+                value = self.isinf().where(1.0, value)
         value = (self == 0).where(1.0, value).detach()
         if Tensor.no_grad:
             return value
@@ -872,10 +889,16 @@ class Tensor(metaclass=_NoGradMeta):
         return self._binop(Op.CMPLT, y, reverse=True)
 
     def __le__(self, y) -> Tensor:
-        return (self > y).logical_not()
+        a, b = self._broadcasted(y)
+        if a.dtype.is_float:  # not (a > b) would be True where either is nan
+            return (a < b) | (a == b)
+        return (a > b).logical_not()
 
     def __ge__(self, y) -> Tensor:
-        return (self < y).logical_not()
+        a, b = self._broadcasted(y)
+        if a.dtype.is_float:
+            return (a > b) | (a == b)
+        return (a < b).logical_not()
 
     def __ne__(self, y) -> Tensor:  # type: ignore[override]
         return self._binop(Op.CMPNE, y)
@@ -1165,9 +1188,10 @@ class Tensor(metaclass=_NoGradMeta):
     def logaddexp(self, other) -> Tensor:
         """log(exp(self) + exp(other)) without overflow."""
         a, b = self._float()._broadcasted(other)
-        m = a.maximum(b).detach()
-        m = m.isinf().where(0, m)  # both -inf (or an inf): shift by 0
-        return ((a - m).exp() + (b - m).exp()).log() + m
+        # max + log(1 + exp(-|a - b|)): its gradient is PyTorch's also at an inf (1 and 0, not inf / inf)
+        same = a == b  # the same infinity included, where a - b is nan: kept out of the other branch
+        d = same.where(0.0, -(a - b).abs())
+        return same.where(a * 0.5 + b * 0.5 + math.log(2), a.maximum(b) + (d.exp() + 1).log())
 
     def log10(self) -> Tensor:
         return self.log2() * math.log10(2)
@@ -1189,6 +1213,14 @@ class Tensor(metaclass=_NoGradMeta):
                   -0.2145988016, 1.5707963050):
             poly = poly * a + c
         y = math.pi / 2 - (1 - a).sqrt() * poly
+        # near 0 that formula's absolute error (1e-7: asin(0) would be 1.2e-7) is larger than asin itself:
+        # the Taylor series there, x + x**3/6 + 3x**5/40 + ... (8 terms: below 1e-9 relative for a < 1/4)
+        small = a < 0.25
+        s = small.where(a, 0.0)
+        s2, series = s * s, s * 0
+        for c in (143 / 10240, 231 / 13312, 63 / 2816, 35 / 1152, 5 / 112, 3 / 40, 1 / 6, 1.0):
+            series = series * s2 + c
+        y = small.where(s * series, y)
         return pos.where(y, -y)
 
     def acos(self) -> Tensor:
@@ -1343,9 +1375,9 @@ class Tensor(metaclass=_NoGradMeta):
             raise ArgumentError("clip needs min or max (or both)")
         out = self
         if min_ is not None:
-            out = (out < min_).where(min_, out)
+            out = _or_nan_bound(out < min_, min_).where(min_, out)
         if max_ is not None:
-            out = (out > max_).where(max_, out)
+            out = _or_nan_bound(out > max_, max_).where(max_, out)
         return out
 
     def clamp(self, min=None, max=None) -> Tensor:  # noqa: A002 - PyTorch's names
@@ -1357,9 +1389,14 @@ class Tensor(metaclass=_NoGradMeta):
     def _axes(self, axis, op: str) -> tuple[int, ...]:
         if axis is None:
             return tuple(range(self.ndim))
-        if isinstance(axis, int):
+        if isinstance(axis, (int, np.integer)):
             axis = (axis,)
-        return tuple(sorted({_normalize_axis(a, self.ndim, op) for a in axis}))
+        if not isinstance(axis, (tuple, list)) or not all(isinstance(a, (int, np.integer)) for a in axis):
+            raise DTypeError(f"{op}: dim must be an int or a tuple of ints, got {axis!r}")
+        axes = [_normalize_axis(a, self.ndim, op) for a in axis]
+        if len(set(axes)) != len(axes):
+            raise IndexRangeError(f"{op}: dim {tuple(axis)} names an axis more than once")
+        return tuple(sorted(axes))
 
     def _reduce(self, kind: str, axis, keepdim: bool, op: str) -> Tensor:
         axes = self._axes(axis, op)
@@ -1419,7 +1456,10 @@ class Tensor(metaclass=_NoGradMeta):
         if unbiased is not None:
             correction = int(unbiased)
         x = self._float()
-        n = math.prod(self.shape[a] for a in self._axes(axis, "var"))
+        axes = self._axes(axis, "var")
+        n = math.prod(self.shape[a] for a in axes)
+        if n:  # shifted by one element (var does not change): no overflowing mean of [3e38, 3e38]
+            x = x - x.shrink(tuple((0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape))).detach()
         sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
         return sq / max(0, n - correction)  # n <= correction: x / 0, inf or nan like PyTorch
 
@@ -1517,19 +1557,25 @@ class Tensor(metaclass=_NoGradMeta):
     def softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
+        if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "softmax")] == 0:
+            return x  # nothing to normalize (PyTorch returns the empty tensor too)
         # the result does not depend on the shift, so no gradient flows through the max
         e = (x - x.max(axis, keepdim=True).detach()).exp()
-        return e / e.sum(axis, keepdim=True)
+        return e * e.sum(axis, keepdim=True).reciprocal()  # the sum is >= 1: no overflowing reciprocal
 
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
+        if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "log_softmax")] == 0:
+            return x
         m = x - x.max(axis, keepdim=True).detach()
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
+        if any(x.shape[a] == 0 for a in x._axes(axis, "logsumexp")):
+            return x.exp().sum(axis, keepdim=keepdim).log()  # log(0): -inf as in PyTorch (no max to shift by)
         m = x.max(axis, keepdim=True).detach()
         m = m.isinf().where(0, m)  # an all -inf row gives -inf, a +inf gives inf (not nan)
         out = (x - m).exp().sum(axis, keepdim=True).log() + m
@@ -1568,8 +1614,13 @@ class Tensor(metaclass=_NoGradMeta):
         values = rows.max(-1)
         n = rows.shape[-1]
         pos = Tensor.arange(n, device=self.device, dtype=dtypes.default_int)
-        hit = (rows == values.unsqueeze(-1)) & (pos.reshape(n, 1) >= pos)  # only j <= i can be the max
+        same = rows == values.unsqueeze(-1)
+        if self.dtype.is_float:  # a nan is the maximum from where it appears on: the last nan's index
+            same = same | (rows.isnan() & values.unsqueeze(-1).isnan())
+        hit = same & (pos.reshape(n, 1) >= pos)  # only j <= i can be the max
         indices = hit.where(pos, -1).max(-1)
+        if self.dtype.is_float:  # the value taken at its index: the gradient goes there alone (ties, nan)
+            values = (pos == indices.unsqueeze(-1)).where(rows, 0).sum(-1, dtype=self.dtype)
         return self._unprefix(values, axis), self._unprefix(indices, axis)
 
     def cummin(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
@@ -1623,7 +1674,10 @@ class Tensor(metaclass=_NoGradMeta):
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         if self.ndim == 0:
             return self.reshape(1)
-        s, e = _normalize_axis(start_dim, self.ndim), _normalize_axis(end_dim, self.ndim)
+        s = _normalize_axis(start_dim, self.ndim, "flatten")
+        e = _normalize_axis(end_dim, self.ndim, "flatten")
+        if s > e:
+            raise IndexRangeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
         return self.reshape(self.shape[:s] + (math.prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
 
     def unflatten(self, dim: int, sizes) -> Tensor:
@@ -1805,6 +1859,8 @@ class Tensor(metaclass=_NoGradMeta):
 
     def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
         """Each element repeated `repeats` times along dim (the flattened tensor when dim is None)."""
+        if not isinstance(repeats, (int, np.integer)) or repeats < 0:
+            raise ArgumentError(f"repeat_interleave: repeats must be an int >= 0, got {repeats!r}")
         x = self.flatten() if dim is None else self
         d = 0 if dim is None else _normalize_axis(dim, self.ndim, "repeat_interleave")
         big = x.shape[: d + 1] + (repeats,) + x.shape[d + 1 :]
@@ -1884,6 +1940,8 @@ class Tensor(metaclass=_NoGradMeta):
         return grids
 
     def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
+        if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
+            raise ArgumentError(f"chunk: chunks must be an int > 0, got {chunks!r}")
         n = self.shape[_normalize_axis(dim, self.ndim, "chunk")]
         return self.split(math.ceil(n / chunks) if n else 1, dim) if n else [self]
 
@@ -1896,6 +1954,8 @@ class Tensor(metaclass=_NoGradMeta):
         for v in index:
             if isinstance(v, (list, tuple, np.ndarray)):
                 host = np.asarray(v)
+                if host.size == 0 and not isinstance(v, np.ndarray):  # [] selects nothing (numpy: float64)
+                    host = host.astype(np.int64)
                 if host.dtype.kind in "iu" and axis is not None and axis < self.ndim and host.size:
                     n = self.shape[axis]
                     if host.min() < -n or host.max() >= n:  # host data: checked here, unlike tensor indices
@@ -1906,6 +1966,9 @@ class Tensor(metaclass=_NoGradMeta):
                 v = Tensor(host, device=self.device)
             if isinstance(v, Tensor) and v.dtype.is_float:
                 raise IndexRangeError(f"tensors used as indices must be integer or bool, got {v.dtype.name}")
+            if isinstance(v, Tensor) and v.dtype == dtypes.uint8:  # PyTorch reads them as (deprecated) masks
+                raise IndexRangeError("a uint8 index tensor is ambiguous (PyTorch reads it as a mask); "
+                                      "use .bool() for a mask or .long() for indices")
             if isinstance(v, Tensor) and v.dtype == dtypes.bool:
                 if axis is not None and v.shape != self.shape[axis : axis + v.ndim]:
                     raise IndexRangeError(
@@ -1967,7 +2030,8 @@ class Tensor(metaclass=_NoGradMeta):
                 steps.append(1)
                 out_shape.append(("drop", axis))
             else:
-                raise TypeError(f"unsupported index {v!r}; use ints, slices, None, ... or an integer tensor")
+                raise IndexRangeError(f"unsupported index {v!r} ({type(v).__name__}); use ints, slices, "
+                                      "None, ... or an integer tensor (a bool scalar: where())")
             axis += 1
         if flips:
             x = x.flip(flips)
@@ -2094,6 +2158,24 @@ class Tensor(metaclass=_NoGradMeta):
         step = driver.HostStep(f"{op} index bounds", check, [], index.device, key=(op, low, high, ignore))
         Tensor.run_host(step, x.min(), x.max())
 
+    @staticmethod
+    def _check_within(x: Tensor, low: float, high: float, op: str, what: str) -> None:
+        """Raise ArgumentError naming op and `what` if a value of x is outside [low, high] or nan (PyTorch's
+        binary_cross_entropy checks its inputs so); read by a host step like _check_index's."""
+        if x.numel() == 0:
+            return
+
+        def check(values: list[np.ndarray], _outputs: list[np.ndarray]) -> None:
+            lo, hi, nan = float(values[0]), float(values[1]), bool(values[2])
+            if nan or lo < low or hi > high:
+                bad = "nan" if nan else lo if lo < low else hi
+                raise ArgumentError(f"{op}: every element of {what} must be between {low} and {high}, "
+                                    f"found {bad}")
+
+        step = driver.HostStep(f"{op} {what} range", check, [], x.device, key=(op, what, low, high))
+        x = x.detach()
+        Tensor.run_host(step, x.min(), x.max(), x.isnan().any())
+
     def _take(self, axis: int, index: Tensor, checked: bool = False) -> Tensor:
         """Take along one axis with an integer tensor: shape[:a] + index.shape + shape[a+1:]."""
         if index.dtype.is_float:
@@ -2163,6 +2245,9 @@ class Tensor(metaclass=_NoGradMeta):
     def gather(self, dim: int, index: Tensor) -> Tensor:
         """out[i][j] = self[i][index[i][j]] for dim=1 (PyTorch's torch.gather)."""
         d = _normalize_axis(dim, self.ndim, "gather")
+        if not isinstance(index, Tensor) or not index.dtype.is_int:
+            kind = index.dtype.name if isinstance(index, Tensor) else type(index).__name__
+            raise DTypeError(f"gather: index must be an integer tensor, got {kind}")
         if index.ndim != self.ndim:
             raise ShapeError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
         n = self.shape[d]
@@ -2241,12 +2326,19 @@ class Tensor(metaclass=_NoGradMeta):
         return total / count if self.dtype.is_float else total // count
 
     def masked_fill(self, mask: Tensor, value) -> Tensor:
-        """value where mask is True, else self (self's dtype)."""
-        return mask.where(Tensor.full((), value, dtype=self.dtype, device=self.device), self)
+        """value where mask is True, else self (self's dtype). mask must be bool (PyTorch's rule: a 0/1
+        float mask is often an additive or keep-mask mistaken for this one), value a number or 0-d."""
+        _check_mask(mask, "masked_fill")
+        if isinstance(value, Tensor) and value.ndim != 0:
+            raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}")
+        fill = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor.full(
+            (), value, dtype=self.dtype, device=self.device)
+        return mask.where(fill, self)
 
     def masked_select(self, mask: Tensor, size: int | None = None, fill_value=0) -> Tensor:
         """The elements where mask is True, as a 1-d tensor. Its length depends on the data, so the mask is
         computed now (size= fixes the length: cut, or padded with fill_value)."""
+        _check_mask(mask, "masked_select")
         shape = _broadcast_shape(self.shape, mask.shape)
         where = np.flatnonzero(np.broadcast_to(mask.numpy(), shape))
         picked = self._broadcast_to(shape).flatten()[Tensor(where, device=self.device)]
@@ -2555,6 +2647,8 @@ class Tensor(metaclass=_NoGradMeta):
         size = (size,) if isinstance(size, int) else tuple(size)
         if not 0 < len(size) <= self.ndim:
             raise ShapeError(f"interpolate: size {size} for a tensor of shape {self.shape}")
+        if any(n == 0 for n in self.shape[self.ndim - len(size) :]) or any(n <= 0 for n in size):
+            raise ShapeError(f"interpolate: input {self.shape} and size {size} must be non-empty")
         if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
             raise ArgumentError(f"interpolate: mode must be nearest, nearest-exact or linear, not {mode!r}")
         if align_corners and mode.startswith("nearest"):
@@ -2601,7 +2695,7 @@ class Tensor(metaclass=_NoGradMeta):
     def dropout(self, p: float = 0.5) -> Tensor:
         """Zero each element with probability p and scale the rest by 1/(1-p), only when Tensor.training."""
         if not 0 <= p <= 1:
-            raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+            raise ArgumentError(f"dropout: p must be in [0, 1], got {p}")
         if not Tensor.training or p == 0:
             return self
         if p == 1:
@@ -2638,34 +2732,45 @@ class Tensor(metaclass=_NoGradMeta):
     ) -> Tensor:
         """PyTorch's F.cross_entropy: class-index targets (N,) or probabilities (N, C); classes on axis 1."""
         _check_reduction(reduction)
+        _check_target(target, "cross_entropy")
         x = self if self.ndim != 1 else self.unsqueeze(0)
         logp = x.log_softmax(1)
         c = x.shape[1]
+        keep = None  # which rows count (not ignore_index)
         if target.dtype.is_float and target.shape == self.shape:
+            if ignore_index >= 0:  # PyTorch's rule (a negative one can match no class)
+                raise ArgumentError("cross_entropy: ignore_index is not supported for probability targets")
+            _check_smoothing(label_smoothing)
             probs = target if self.ndim != 1 else target.unsqueeze(0)
-            weight = None
+            if label_smoothing:
+                probs = probs * (1 - label_smoothing) + label_smoothing / c
+            loss = -(logp * probs).sum(1)  # as PyTorch's: a 0 probability of a -inf logit is nan
         else:
             t = target if self.ndim != 1 else target.reshape(1)
+            if target.dtype == dtypes.bool:
+                raise DTypeError("cross_entropy: class labels must be integers, got bool")
             if target.dtype.is_float or t.shape != (x.shape[0],) + x.shape[2:]:
                 raise ShapeError(
                     f"cross_entropy: target {target.shape} ({target.dtype.name}) fits neither class indices "
                     f"nor probabilities for input {self.shape}"
                 )
-            Tensor._check_index(t, 0, c, "cross_entropy (target)", ignore=ignore_index)
+            ignore = ignore_index if t.dtype.min <= ignore_index <= t.dtype.max else None  # none can be it
+            Tensor._check_index(t, 0, c, "cross_entropy (target)", ignore=ignore)
+            _check_smoothing(label_smoothing)
             cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
-            probs = (t.unsqueeze(1) == cls).float()
-            weight = (t != ignore_index).float()
-        if label_smoothing:
-            probs = probs * (1 - label_smoothing) + label_smoothing / c
-        loss = -(logp * probs).sum(1)
-        if weight is not None:
-            loss = loss * weight
+            # picked with where(), not multiplied by a one-hot: another class's -inf logit is no 0 * -inf
+            loss = -(t.unsqueeze(1) == cls).where(logp, 0).sum(1)
+            if label_smoothing:
+                loss = loss * (1 - label_smoothing) - logp.sum(1) * (label_smoothing / c)
+            if ignore is not None:
+                keep = t != ignore
+                loss = keep.where(loss, 0)  # not loss * 0: an ignored row's inf or nan stays out
         if reduction == "none":
             return loss if self.ndim != 1 else loss.reshape(())
         if reduction == "sum":
             return loss.sum()
-        if weight is not None:
-            return loss.sum() / weight.sum()
+        if keep is not None:
+            return loss.sum() / keep.sum().cast(loss.dtype)
         return loss.mean()
 
     def sparse_categorical_crossentropy(
@@ -2679,15 +2784,26 @@ class Tensor(metaclass=_NoGradMeta):
         )
 
     def _same_shape_target(self, y: Tensor, op: str) -> None:
-        if not isinstance(y, Tensor) or y.shape != self.shape:
+        _check_target(y, op)
+        if y.shape != self.shape:
             shape = y.shape if isinstance(y, Tensor) else type(y).__name__
             raise ShapeError(f"{op}: target {shape} must have the input's shape {self.shape} (PyTorch does "
                              "not broadcast it either)")
 
     def binary_crossentropy(self, y: Tensor, reduction: str = "mean") -> Tensor:
-        """self are probabilities; log is clamped at -100 like PyTorch."""
+        """self are probabilities; log is clamped at -100 like PyTorch. Both must lie in [0, 1] (checked
+        like PyTorch, by a host step that reads their min and max)."""
         self._same_shape_target(y, "binary_crossentropy")
-        loss = -(y * self.log().maximum(-100) + (1 - y) * (1 - self).log().maximum(-100))
+        _check_reduction(reduction)
+        Tensor._check_within(self, 0.0, 1.0, "binary_crossentropy", "input")
+        Tensor._check_within(y, 0.0, 1.0, "binary_crossentropy", "target")
+        p, t = self.detach(), y.detach()
+        loss = -(t * p.log().maximum(-100) + (1 - t) * (1 - p).log().maximum(-100))
+        # PyTorch's gradients: (p - y) / max(p (1 - p), 1e-12), finite at p = 0 and 1 where the clamped
+        # logs' own would be 0 * inf = nan; for the target log(1 - p) - log(p), not clamped
+        loss = loss + _gradient_only(self, (p - t) / (p * (1 - p)).maximum(1e-12))
+        if y.dtype.is_float:
+            loss = loss + _gradient_only(y, (1 - p).log() - p.log())
         return _reduce_loss(loss, reduction)
 
     def binary_crossentropy_logits(self, y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
@@ -2702,18 +2818,24 @@ class Tensor(metaclass=_NoGradMeta):
                  reduction: str = "mean") -> Tensor:
         """PyTorch's F.nll_loss: self holds log-probabilities (N, C, ...) or (C,), target class indices."""
         _check_reduction(reduction)
+        _check_target(target, "nll_loss")
+        if not target.dtype.is_int:
+            raise DTypeError(f"nll_loss: target must hold integer class labels, got {target.dtype.name}")
         x = self.unsqueeze(0) if self.ndim == 1 else self
         t = target.reshape(1) if self.ndim == 1 else target
         if t.shape != (x.shape[0],) + x.shape[2:]:
             raise ShapeError(f"nll_loss: target shape {target.shape} does not fit input {self.shape}")
         c = x.shape[1]
-        Tensor._check_index(t, 0, c, "nll_loss (target)", ignore=ignore_index)
+        if weight is not None and weight.shape != (c,):
+            raise ShapeError(f"nll_loss: weight must have one value per class ({c},), got {weight.shape}")
+        ignore = ignore_index if t.dtype.min <= ignore_index <= t.dtype.max else None  # none can be it
+        Tensor._check_index(t, 0, c, "nll_loss (target)", ignore=ignore)
         cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
         onehot = t.unsqueeze(1) == cls
-        w = (t != ignore_index).cast(x.dtype)
+        w = (t != ignore).cast(x.dtype) if ignore is not None else t.ones_like(dtype=x.dtype)
         if weight is not None:
             w = w * onehot.where(weight.reshape((1, c) + (1,) * (x.ndim - 2)), 0).sum(1)
-        loss = -onehot.where(x, 0).sum(1) * w
+        loss = (w != 0).where(-onehot.where(x, 0).sum(1) * w, 0)  # an ignored row's nan or inf stays out
         if reduction == "none":
             return loss.reshape(()) if self.ndim == 1 else loss
         return loss.sum() if reduction == "sum" else loss.sum() / w.sum()
@@ -2726,8 +2848,12 @@ class Tensor(metaclass=_NoGradMeta):
 
     def smooth_l1_loss(self, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
         """0.5 * d**2 / beta where |d| < beta, else |d| - 0.5 * beta (PyTorch's)."""
+        if not beta >= 0:
+            raise ArgumentError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
         d = (self - target).abs()
-        loss = (d < beta).where(0.5 * d * d / beta, d - 0.5 * beta) if beta else d
+        small = (d < beta) | d.isnan()  # nan: PyTorch's gradient is nan there (d / beta)
+        dq = small.where(d, 0)  # the square only sees |d| < beta: no 0 * inf gradient from an inf d
+        loss = small.where(0.5 * dq * dq / beta, d - 0.5 * beta) if beta else d
         return _reduce_loss(loss, reduction)
 
 
@@ -2808,12 +2934,14 @@ def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
     if not isinstance(b, Tensor):
         if b == 0:
             return a.ones_like()
+        if math.isnan(b):  # C's pow(1, nan) is 1
+            return (a == 1).where(1.0, math.nan)
         mag = (a.abs().log2() * b).exp2()
         if math.isinf(b):  # |a| < 1 -> 0 or inf, |a| > 1 -> inf or 0, |a| == 1 -> 1, whatever a's sign
             return (a.abs() == 1).where(1.0, mag)
         mag = (a == 0).where(0.0 if b > 0 else math.inf, mag)  # not through log2(0): undefined on some GPUs
         if float(b).is_integer():
-            return (a < 0).where(-mag, mag) if int(b) % 2 else mag
+            return _signbit(a).where(-mag, mag) if int(b) % 2 else mag  # (-0.0) ** -3 is -inf
         return (a < 0).where((a == -math.inf).where(mag, math.nan), mag)
     mag = (b * a.abs().log2()).exp2()
     is_int = b.trunc() == b
@@ -2821,8 +2949,85 @@ def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
     signed = odd.where(-mag, mag)
     not_int = (a == -math.inf).where(mag, math.nan)
     out = (a < 0).where(is_int.where(signed, not_int), mag)
-    out = (a == 0).where((b > 0).where(0.0, math.inf), out)  # not through log2(0): undefined on some GPUs
-    return (b == 0).where(1.0, out)
+    zero_base = (b > 0).where(0.0, (b < 0).where(b._const(math.inf), math.nan))  # 0 ** nan is nan
+    zero_base = (odd & _signbit(a)).where(-zero_base, zero_base)  # (-0.0) ** -3 is -inf
+    out = (a == 0).where(zero_base, out)  # not through log2(0): undefined on some GPUs
+    one = (a == 1) | ((a == -1) & b.isinf())  # C's pow(1, nan) and pow(-1, +-inf) are 1
+    return ((b == 0) | one).where(1.0, out)
+
+
+def _tiny(a: Tensor) -> float:
+    """The smallest normal number of a's float type."""
+    return {dtypes.float16: 2.0**-14, dtypes.float64: 2.0**-1022}.get(a.dtype, 2.0**-126)
+
+
+def _signbit(a: Tensor) -> Tensor:
+    """a < 0, and True at -0.0 too (1 / -0.0 is -inf)."""
+    return (a < 0) | ((a == 0) & (a.reciprocal() < 0))
+
+
+_DIVISOR_EDGE = {dtypes.float16: 12, dtypes.float64: 1000}  # else (float32) 100: see _true_divide
+
+
+def _true_divide(a: Tensor, b: Tensor, refine: bool = False) -> Tensor:
+    """a / b for float tensors as a * (1 / b), scaled so that 1 / b cannot overflow (|b| tiny) or
+    underflow (|b| huge) where a / b itself is a number: 1e-5 / 1e-40 is 1e35, not inf. refine: one Newton
+    step more, for the callers that round the quotient (a * (1 / a) can be 0.99999994, trunc 0)."""
+    # |b| outside 2**-edge .. 2**edge is scaled by 2**+-scale: also the gradient's 1 / (b * s)**2 is finite
+    edge = _DIVISOR_EDGE.get(a.dtype, 100)
+    scale = {dtypes.float16: 8, dtypes.float64: 1000}.get(a.dtype, 100)
+    mag = b.abs()
+    up, down, one = mag._const(2.0**scale), mag._const(2.0**-scale), mag._const(1.0)
+    s = (mag < 2.0**-edge).where(up, (mag > 2.0**edge).where(down, one))
+    a, b = a * s, b * s
+    inv = b.reciprocal()
+    q = a._alu(Op.MUL, inv)
+    if not refine:
+        return q
+    better = q + (a - q * b) * inv
+    return better.isfinite().where(better, q)
+
+
+def _wider(a: Tensor) -> DType | None:
+    """The next wider float type, where a's device has it (exact products and rounded quotients)."""
+    wide = {dtypes.float16: dtypes.float32, dtypes.float32: dtypes.float64}.get(a.dtype)
+    return wide if wide is not None and get_runtime(a.device).supports(wide) else None
+
+
+def _rounded_quotient(a: Tensor, b: Tensor) -> Tensor:
+    """a / b rounded once, as PyTorch's (what trunc and floor see): in the wider type where there is one."""
+    wide = _wider(a)
+    if wide is None:
+        return _true_divide(a, b, refine=True)
+    return _true_divide(a.cast(wide), b.cast(wide), refine=True).cast(a.dtype)
+
+
+def _float_fmod(a: Tensor, b: Tensor) -> Tensor:
+    """C's fmod for floats (the sign of a): nan where a is inf or b is 0 or either is nan, a where b is inf.
+    Else a - trunc(a / b) * b in the next wider float type where the device has it: there t * b is exact
+    while |a / b| < 2**29 (float32 inputs), and the result is moved back into (-|b|, |b|) where the rounded
+    quotient was one off, so it is exact like PyTorch's; in the input's own type it is within an ulp of a."""
+    wide = _wider(a)
+    x, y = (a.cast(wide), b.cast(wide)) if wide is not None else (a, b)
+    r = x - _true_divide(x, y, refine=True).trunc() * y
+    step = (x < 0).where(-y.abs(), y.abs())
+    r = ((r != 0) & ((r < 0) ^ (x < 0))).where(r + step, r)
+    r = (r.abs() >= y.abs()).where(r - step, r)
+    r = r.cast(a.dtype) if wide is not None else r
+    return (b.isinf() & a.isfinite()).where(a, r)
+
+
+def _float_floordiv(a: Tensor, b: Tensor) -> Tensor:
+    """floor(a / b) as PyTorch and Python compute it (from fmod, so inf // 2 is nan and -0.5 // inf is
+    -1): a / b where b is 0."""
+    mod = _float_fmod(a, b)
+    div = _true_divide(a - mod, b, refine=True)
+    div = ((mod != 0) & ((b < 0) ^ (mod < 0))).where(div - 1, div)
+    fl = div.floor()
+    fl = (div - fl > 0.5).where(fl + 1, fl)
+    quotient = _true_divide(a, b).detach()  # PyTorch's floor division has no gradient (0) anywhere
+    fl = (div == 0).where((quotient < 0).where(fl._const(-0.0), 0.0), fl)
+    return (b == 0).where(quotient, fl)
 
 
 def _gradient_only(x: Tensor, slope: Tensor) -> Tensor:
@@ -2841,6 +3046,31 @@ def _gradient_only(x: Tensor, slope: Tensor) -> Tensor:
     nan = slope.isnan()
     root = nan.where(u, 1.0).sqrt()
     return out + nan.where(root * 0.0, 0.0)  # value 0, gradient 0 * inf = nan
+
+
+def _check_smoothing(label_smoothing: float) -> None:
+    if not 0.0 <= label_smoothing <= 1.0:  # also nan; PyTorch ignores a negative one silently
+        raise ArgumentError(f"cross_entropy: label_smoothing must be between 0 and 1, got {label_smoothing}")
+
+
+def _check_target(target, op: str) -> None:
+    if not isinstance(target, Tensor):
+        raise DTypeError(f"{op}: target must be a Tensor, got {type(target).__name__}")
+
+
+def _check_mask(mask, op: str) -> None:
+    if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool:
+        kind = mask.dtype.name if isinstance(mask, Tensor) else type(mask).__name__
+        raise DTypeError(f"{op}: mask must be a bool tensor, got {kind}; compare (mask != 0) or use where()")
+
+
+def _or_nan_bound(hit: Tensor, bound) -> Tensor:
+    """Where clip takes the bound: hit, and everywhere the bound is nan (PyTorch's clamp gives nan)."""
+    if isinstance(bound, Tensor) and bound.dtype.is_float:
+        return hit | bound.isnan()
+    if isinstance(bound, float) and math.isnan(bound):
+        return hit.ones_like()
+    return hit
 
 
 def _tuple(value, n: int) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ import torch
 
 from tests.helpers import compare
 from tgrad import Tensor, TinyJit, dtypes
+from tgrad.errors import ArgumentError
 from tgrad.nn import (
     LSTM,
     Conv1d,
@@ -345,3 +346,52 @@ def test_contiguous_is_a_kernel_of_its_own(device):
 
 def torch_like_weights(shape):
     return Tensor(np.arange(np.prod(shape), dtype=np.float32).reshape(shape))
+
+
+@pytest.mark.parametrize(
+    "opt_name,kw",
+    [("SGD", {}), ("SGD_momentum", {"anneal_strategy": "linear", "pct_start": 0.5}), ("Adam", {}),
+     ("AdamW", {"cycle_momentum": False})],
+)
+def test_one_cycle_trains_like_pytorch(device, opt_name, kw):
+    """OneCycleLR cycles the momentum (SGD) or beta1 (Adam) by default, as PyTorch: the weights after 10
+    steps of training match PyTorch's, with the scheduler stepped outside a TinyJit step."""
+    from tgrad.nn.optim import Adam, AdamW
+
+    x = np.array([[0.5, -1.0, 2.0], [0.25, 2.0, -0.5]], np.float32)
+    w0 = np.array([0.3, -0.2, 0.1], np.float32)
+    make = {"SGD": (SGD, torch.optim.SGD, {}), "SGD_momentum": (SGD, torch.optim.SGD, {"momentum": 0.9}),
+            "Adam": (Adam, torch.optim.Adam, {}), "AdamW": (AdamW, torch.optim.AdamW, {})}[opt_name]
+    tw = torch.nn.Parameter(torch.tensor(w0))
+    topt = make[1]([tw], lr=0.1, **make[2])
+    tsched = torch.optim.lr_scheduler.OneCycleLR(topt, 0.2, total_steps=10, **kw)
+    w = Tensor(w0, requires_grad=True)
+    opt = make[0]([w], lr=0.1, **make[2])
+    sched = OneCycleLR(opt, 0.2, 10, **kw)
+
+    @TinyJit
+    def step(x):
+        opt.zero_grad()
+        loss = (x @ w).tanh().square().sum()
+        loss.backward()
+        opt.step(loss)
+        return loss
+
+    for _ in range(9):
+        topt.zero_grad()
+        (torch.tensor(x) @ tw).tanh().square().sum().backward()
+        topt.step()
+        tsched.step()
+        step(Tensor(x))
+        sched.step()
+        compare("weights", w.numpy(), tw.detach().numpy(), 1e-5, 1e-4)
+        assert abs(sched.get_last_lr()[0] - tsched.get_last_lr()[0]) < 1e-6
+
+
+def test_one_cycle_bad_arguments():
+    opt = SGD([Tensor.zeros(2, requires_grad=True)], lr=0.5)
+    bad = (({"anneal_strategy": "cosine"}, "anneal_strategy"), ({"three_phase": True}, "three_phase"),
+           ({"pct_start": 1.5}, "pct_start"))
+    for kw, match in bad:
+        with pytest.raises(ArgumentError, match=match):
+            OneCycleLR(opt, 1.0, 10, **kw)

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from tgrad.errors import AutogradError, ShapeError
+from tgrad.errors import ArgumentError, AutogradError, ShapeError
 from tgrad.tensor import Tensor
 
 
@@ -75,6 +75,12 @@ class Optimizer:
     def _step(self) -> list[Tensor]:
         raise NotImplementedError
 
+    def momentum_tensor(self) -> Tensor:
+        """The momentum (SGD) or beta1 (Adam, AdamW, LAMB) as a 1-element tensor the update kernels read,
+        made so on first use: what OneCycleLR's cycle_momentum changes (PyTorch's cycle_momentum)."""
+        name = type(self).__name__
+        raise ArgumentError(f"{name} has no momentum or beta1 to cycle; use cycle_momentum=False")
+
 
 class SGD(Optimizer):
     """PyTorch's torch.optim.SGD (dampening 0)."""
@@ -92,11 +98,17 @@ class SGD(Optimizer):
             grad = t.grad.detach()
             if self.wd:
                 grad = grad + self.wd * t.detach()
-            if self.momentum:
+            if self.bufs:
                 buf = self.bufs[i].assign(self.momentum * self.bufs[i] + grad)
                 grad = grad + self.momentum * buf if self.nesterov else buf
             t.assign(t.detach() - self.lr * grad)
         return self.bufs
+
+    def momentum_tensor(self) -> Tensor:
+        if not isinstance(self.momentum, Tensor):
+            self.momentum = Tensor([float(self.momentum)], device=self.params[0].device).realize()
+            self.bufs = self.bufs or [_state(t) for t in self.params]
+        return self.momentum
 
 
 class LAMB(Optimizer):
@@ -114,7 +126,8 @@ class LAMB(Optimizer):
     def _step(self) -> list[Tensor]:
         step = self.t.assign(self.t + 1)
         # 1 - b**t as exp2(t * log2(b)): one small expression instead of two running products
-        c1 = 1 - (step * math.log2(self.b1)).exp2()
+        log_b1 = self.b1.log2() if isinstance(self.b1, Tensor) else math.log2(self.b1)
+        c1 = 1 - (step * log_b1).exp2()  # with the current beta1, as PyTorch when OneCycleLR cycles it
         c2 = 1 - (step * math.log2(self.b2)).exp2()
         for t, m, v in zip(self.params, self.m, self.v):
             grad = self._grad(t)
@@ -132,6 +145,11 @@ class LAMB(Optimizer):
 
     def _grad(self, t: Tensor) -> Tensor:
         return t.grad.detach()
+
+    def momentum_tensor(self) -> Tensor:
+        if not isinstance(self.b1, Tensor):
+            self.b1 = Tensor([float(self.b1)], device=self.params[0].device).realize()
+        return self.b1
 
 
 class Adam(LAMB):
@@ -185,15 +203,25 @@ class LRScheduler:
         self.base_lr = float(optimizer.lr.numpy()[0])
         self.step_count = Tensor([0.0], device=optimizer.lr.device)
         self.optimizer.lr.assign(self.lr_at(self.step_count)).realize()
+        momentum = self.momentum_at(self.step_count)
+        if momentum is not None:
+            self.optimizer.momentum_tensor().assign(momentum).realize()
 
     def lr_at(self, step: Tensor) -> Tensor:
         raise NotImplementedError
+
+    def momentum_at(self, step: Tensor) -> Tensor | None:
+        """The momentum (beta1) at a step, for schedulers that cycle it; None: left alone."""
+        return None
 
     def step(self) -> None:
         """Advance one step (lazily: the new lr is computed with the next realize that reads it)."""
         with Tensor.no_grad:
             self.step_count.assign(self.step_count + 1)
             self.optimizer.lr.assign(self.lr_at(self.step_count))
+            momentum = self.momentum_at(self.step_count)
+            if momentum is not None:
+                self.optimizer.momentum_tensor().assign(momentum)
 
     def get_last_lr(self) -> list[float]:
         return [float(self.optimizer.lr.numpy()[0])]
@@ -235,25 +263,54 @@ class LinearLR(LRScheduler):
 
 
 class OneCycleLR(LRScheduler):
-    """PyTorch's OneCycleLR (cosine annealing): from max_lr/div_factor up to max_lr over pct_start of
-    total_steps, then down to max_lr/div_factor/final_div_factor."""
+    """PyTorch's OneCycleLR (two phases): lr from max_lr/div_factor up to max_lr over pct_start of
+    total_steps, then down to max_lr/div_factor/final_div_factor, by cosine (or linear) annealing. With
+    cycle_momentum (the default, as PyTorch), the optimizer's momentum (SGD) or beta1 (Adam...) goes the
+    other way, from max_momentum down to base_momentum and back."""
 
     def __init__(self, optimizer: Optimizer, max_lr: float, total_steps: int, pct_start: float = 0.3,
-                 div_factor: float = 25.0, final_div_factor: float = 1e4):
+                 anneal_strategy: str = "cos", cycle_momentum: bool = True, base_momentum: float = 0.85,
+                 max_momentum: float = 0.95, div_factor: float = 25.0, final_div_factor: float = 1e4,
+                 three_phase: bool = False):
+        if anneal_strategy not in ("cos", "linear"):
+            raise ArgumentError(
+                f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', not {anneal_strategy!r}"
+            )
+        if three_phase:
+            raise ArgumentError("OneCycleLR: three_phase=True is not supported")
+        if not isinstance(total_steps, int) or total_steps <= 0:
+            raise ArgumentError(f"OneCycleLR: total_steps must be a positive int, got {total_steps!r}")
+        if not 0 <= pct_start <= 1:
+            raise ArgumentError(f"OneCycleLR: pct_start must be in [0, 1], got {pct_start}")
         self.max_lr, self.initial = max_lr, max_lr / div_factor
         self.min_lr = self.initial / final_div_factor
         self.up_end = float(pct_start * total_steps) - 1
         self.down_end = float(total_steps - 1)
+        self.anneal = self._cos if anneal_strategy == "cos" else self._linear
+        self.momenta = (max_momentum, base_momentum) if cycle_momentum else None
         super().__init__(optimizer)
 
     @staticmethod
     def _cos(start: float, end: float, pct: Tensor) -> Tensor:
         return end + (start - end) / 2 * ((pct * math.pi).cos() + 1)
 
-    def lr_at(self, step: Tensor) -> Tensor:
-        up = self._cos(self.initial, self.max_lr, step / self.up_end)
-        down = self._cos(self.max_lr, self.min_lr, (step - self.up_end) / (self.down_end - self.up_end))
+    @staticmethod
+    def _linear(start: float, end: float, pct: Tensor) -> Tensor:
+        return start + (end - start) * pct
+
+    def _phases(self, step: Tensor, start: float, peak: float, end: float) -> Tensor:
+        up = self.anneal(start, peak, step / self.up_end)
+        down = self.anneal(peak, end, (step - self.up_end) / (self.down_end - self.up_end))
         return (step <= self.up_end).where(up, down)
+
+    def lr_at(self, step: Tensor) -> Tensor:
+        return self._phases(step, self.initial, self.max_lr, self.min_lr)
+
+    def momentum_at(self, step: Tensor) -> Tensor | None:
+        if self.momenta is None:
+            return None
+        high, low = self.momenta
+        return self._phases(step, high, low, high)
 
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LAMB", "clip_grad_norm_", "LRScheduler", "StepLR",

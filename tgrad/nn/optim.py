@@ -133,7 +133,9 @@ class LAMB(Optimizer):
             grad = self._grad(t)
             m.assign(m * self.b1 + grad * (1 - self.b1))
             v.assign(v * self.b2 + grad * grad * (1 - self.b2))
-            up = (m / c1) / ((v / c2).sqrt() + self.eps)
+            # multiplications by reciprocals: c1, c2 and the denominator are never tiny (>= 1 - b, >= eps),
+            # so the guarded division (Tensor.div, ~10 more graph nodes each) has nothing to guard here
+            up = m * c1.reciprocal() * ((v * c2.reciprocal()).sqrt() + self.eps).reciprocal()
             if self.wd:
                 up = up + self.wd * t.detach()
             if not self.adam:

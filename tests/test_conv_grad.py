@@ -131,3 +131,22 @@ def test_tiling_pool_gradients(device, op, shape, kw):
     """Windows that tile the input (stride == kernel) are a reshape of it; overlapping ones a strided view."""
     fn = getattr(F, op if len(shape) == 4 else op.replace("2d", "1d"))
     helper_test_op([shape], lambda x: fn(x, **kw), lambda x: getattr(x, op)(**kw), atol=1e-5)
+
+
+def test_conv2d_weight_used_twice(device):
+    """conv(relu(conv(x, w, b)), w, b): the weight's gradient is the sum over both convs, each counted once
+    (tinygrad's test_biased_conv2d; the custom rule once added the first conv's share twice)."""
+    helper_test_op(
+        [(1, 8, 5, 5), (8, 8, 1, 1), (8,)],
+        lambda x, w, b: F.conv2d(F.conv2d(x, w, b).relu(), w, b),
+        lambda x, w, b: x.conv2d(w, b).relu().conv2d(w, b),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+    helper_test_op(
+        [(2, 3, 9, 9), (3, 3, 3, 3)],
+        lambda x, w: F.conv2d(F.conv2d(x, w, padding=1).tanh(), w, stride=2),
+        lambda x, w: x.conv2d(w, padding=1).tanh().conv2d(w, stride=2),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )

@@ -256,8 +256,10 @@ def grad_rule(node: Node, g: Node) -> tuple[Node | None, ...]:
     return rule(node, g)
 
 
-def gradients(root: Node, seed: Node, targets: set[Node]) -> dict[Node, Node]:
-    """d root / d t for every t in targets reachable from root (as lazy nodes)."""
+def gradients(root: Node, seed: Node, targets: set[Node],
+              constants: frozenset = frozenset()) -> dict[Node, Node]:
+    """d root / d t for every t in targets reachable from root (as lazy nodes). Nodes in `constants` count
+    as inputs: no gradient flows past them (a custom rule differentiating only its own op uses it)."""
     # nodes on a path from root to a target, in topological order (sources first)
     order: list[Node] = []
     on_path: dict[Node, bool] = {}
@@ -272,12 +274,13 @@ def gradients(root: Node, seed: Node, targets: set[Node]) -> dict[Node, Node]:
             continue
         on_path[node] = False
         stack.append((node, True))
-        stack.extend((s, False) for s in _sources(node) if s not in on_path)
+        if node not in constants:
+            stack.extend((s, False) for s in _sources(node) if s not in on_path)
     grads: dict[Node, Node] = {root: seed}
     for node in reversed(order):
         g = grads.get(node)
         srcs = _sources(node)
-        if g is None or not on_path[node] or not srcs:
+        if g is None or not on_path[node] or not srcs or node in constants:
             continue
         for src, sg in zip(srcs, grad_rule(node, g)):
             if sg is None or not on_path.get(src, False):

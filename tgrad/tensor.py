@@ -2543,7 +2543,9 @@ class Tensor(metaclass=_NoGradMeta):
         def rule(grad: Node) -> tuple[Node | None, Node | None]:
             gt = Tensor(grad)
             gx = gt.conv_transpose2d(Tensor(weight_node), None, s_, 0, extra, d_, groups)
-            gw = autodiff.gradients(value, grad, {w_node}).get(w_node)
+            # this conv's own product only: the input is a constant here (its graph may hold the same
+            # weight, as in conv(conv(x, w), w), whose gradient the outer walk adds through that conv)
+            gw = autodiff.gradients(value, grad, {w_node}, frozenset({x_node})).get(w_node)
             return gx.node, gw
 
         return self._from(autodiff.custom_gradient(self.node, (x_node, w_node), rule, "conv"), xp, w)

@@ -160,3 +160,20 @@ def test_masked_fill_with_a_0d_tensor_and_empty_list_index(device):
     same(lambda a: a[[]], lambda a: a[[]], x)
     with pytest.raises(DTypeError, match="mask"):
         Tensor(x).masked_fill(Tensor(m.astype(np.float32)), 0.0)
+
+
+def test_shim_regressions(device):
+    """Found by tinygrad's test_ops.py through tests/tinygrad_shim: acosh's gradient below -1 is PyTorch's
+    1 / sqrt(x^2 - 1) (the value there is nan), cummax/cummin over an empty tensor are empty, logsumexp of
+    a 0-d tensor over dim 0 or -1 is the value."""
+    x = np.array([-300.5, -1.836, -1.0, -0.5, 1.0, 1.5, 300.0, INF, -INF, NAN], np.float32)
+    same(lambda t: t.acosh(), lambda t: t.acosh(), x)
+    for shape, axis in (((2, 0, 4), 1), ((0, 3), 0), ((2, 3, 0), 2), ((2, 0, 4), 0)):
+        z = np.zeros(shape, np.float32)
+        for op in ("cummax", "cummin"):
+            v, i = getattr(Tensor(z), op)(axis)
+            want = getattr(torch, op)(torch.tensor(z), axis)
+            assert v.shape == tuple(want.values.shape) and i.shape == tuple(want.indices.shape)
+            assert i.dtype.name == "int64" or i.dtype.name == "int32"
+    for axis in (0, -1):
+        same(lambda t, a=axis: t.logsumexp(a), lambda t, a=axis: torch.logsumexp(t, a), np.float32(1.5))

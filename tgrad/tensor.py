@@ -1256,7 +1256,16 @@ class Tensor(metaclass=_NoGradMeta):
         big = x > 1e4
         small = big.where(2.0, x)
         y = big.where(big.where(x, 2.0).log() + math.log(2), (small + (small * small - 1).sqrt()).log())
-        return (x < 1).where(math.nan, y)
+        out = (x < 1).where(math.nan, y)
+        if Tensor.no_grad:
+            return out
+        x_node = x.node
+
+        def rule(grad: Node) -> tuple[Node]:  # PyTorch's 1 / sqrt(x^2 - 1) everywhere (also below -1)
+            t = Tensor(x_node)
+            return ((Tensor(grad) * (t * t - 1).sqrt().reciprocal()).node,)
+
+        return x._from(autodiff.custom_gradient(out.node, (x_node,), rule, "acosh"))
 
     def atanh(self) -> Tensor:
         x = self._float()
@@ -1574,7 +1583,7 @@ class Tensor(metaclass=_NoGradMeta):
     def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        if any(x.shape[a] == 0 for a in x._axes(axis, "logsumexp")):
+        if x.ndim and any(x.shape[a] == 0 for a in x._axes(axis, "logsumexp")):
             return x.exp().sum(axis, keepdim=keepdim).log()  # log(0): -inf as in PyTorch (no max to shift by)
         m = x.max(axis, keepdim=True).detach()
         m = m.isinf().where(0, m)  # an all -inf row gives -inf, a +inf gives inf (not nan)
@@ -1610,6 +1619,9 @@ class Tensor(metaclass=_NoGradMeta):
     def cummax(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
         """(values, indices) of the running maximum; the index is the last position of the maximum."""
         low = -math.inf if self.dtype.is_float else (False if self.dtype == dtypes.bool else self.dtype.min)
+        if self.numel() == 0:  # nothing to scan: empty values and indices of the same shape
+            self._axes(dim if dim is not None else axis, "cummax")
+            return self, Tensor.zeros(*self.shape, dtype=dtypes.default_int, device=self.device)
         rows, axis = self._prefixes(dim if dim is not None else axis, low, "cummax")
         values = rows.max(-1)
         n = rows.shape[-1]

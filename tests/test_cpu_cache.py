@@ -231,3 +231,34 @@ def test_an_unwritable_cache_warns_once_and_still_runs(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match=r"cannot write compiled kernels to .*Set TGRAD_CACHE to a writable"):
         np.testing.assert_allclose(_compile_fresh(src * 5 - 1), x * 5 - 1)
     np.testing.assert_allclose(_compile_fresh(src * 7 - 1), x * 7 - 1)  # no second warning (not an error)
+
+
+def test_cache_dir_is_absolute_and_never_shadows_the_package(tmp_path, monkeypatch):
+    """An empty or relative XDG_CACHE_HOME is ignored (the XDG rule); a relative TGRAD_CACHE is made
+    absolute; a cache directory named tgrad in the working directory (an import path) is refused with a
+    warning, and a new process run from there still imports tgrad (the folder once shadowed it)."""
+    from tgrad.device import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TGRAD_CACHE", raising=False)
+    default = tmp_path / ".cache" / "tgrad"
+    for xdg in ("", "relative/dir"):
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert cache_dir() == default
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "tgrad"
+    monkeypatch.setenv("TGRAD_CACHE", "kernels")
+    assert cache_dir() == tmp_path / "kernels" and cache_dir().is_absolute()
+    monkeypatch.setenv("TGRAD_CACHE", "tgrad")
+    with pytest.warns(UserWarning, match="would shadow the tgrad package"):
+        assert cache_dir() == default
+    env = {**os.environ, "XDG_CACHE_HOME": "", "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+           "DEVICE": "CPU"}
+    env.pop("TGRAD_CACHE", None)
+    code = "from tgrad import Tensor; print((Tensor([1.0, 2.0]) * 3).sum().item())"
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.strip() == "9.0", proc.stderr[-2000:]
+    assert not (tmp_path / "tgrad").exists() and (tmp_path / ".cache" / "tgrad").exists()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -47,13 +49,26 @@ def getenv(name: str, default: str = "") -> str:
 
 
 def cache_dir() -> Path | None:
-    """Where compiled kernels are kept (TGRAD_CACHE: a directory, or 0 for no disk cache)."""
+    """Where compiled kernels are kept, an absolute path: TGRAD_CACHE (a directory, or 0 for no disk
+    cache), else $XDG_CACHE_HOME/tgrad when that is an absolute path (the XDG rule: an empty or relative
+    one is ignored), else ~/.cache/tgrad. A directory named tgrad in an import path (the working directory,
+    a sys.path entry) would shadow the package on the next `import tgrad`: it is refused with a warning."""
     value = getenv("TGRAD_CACHE")
     if value == "0":
         return None
+    default = Path.home() / ".cache" / "tgrad"
     if value and value != "1":
-        return Path(value)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tgrad"
+        path = Path(value).expanduser().absolute()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        path = Path(xdg) / "tgrad" if xdg and Path(xdg).is_absolute() else default
+    if path.name == "tgrad" and path != default:
+        imports = {Path(p or os.getcwd()).absolute() for p in sys.path} | {Path.cwd()}
+        if path.parent in imports:
+            warnings.warn(f"tgrad: a kernel cache at {path} would shadow the tgrad package on import; "
+                          f"using {default} (set TGRAD_CACHE to another directory)", stacklevel=2)
+            return default
+    return path
 
 
 class Stats:

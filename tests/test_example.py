@@ -21,3 +21,19 @@ def test_beautiful_mnist_mlp_learns_digits(example):
     assert result["final_loss"] < 0.5
     # the jitted step replays the same kernels each time
     assert result["kernels_per_step"] == sum(result["kernel_names"].values())
+
+
+def test_beautiful_mnist_cnn_learns_digits(example):
+    """The conv net path (the demo trains the 28x28 CNN by default; here the small 8x8 one, for time)."""
+    result = example.train("cnn", steps=40, batch_size=32, lr=3e-3, dataset="digits", quiet=True, size=8)
+    assert result["model"] == "cnn" and result["accuracy"] >= 0.85, result
+
+
+def test_digits_scaled_to_28(example):
+    import numpy as np
+
+    x = np.arange(2 * 64, dtype=np.float32).reshape(2, 8, 8)
+    big = example.to_28(x)
+    assert big.shape == (2, 28, 28) and big[:, :2].sum() == 0 and big[:, :, -2:].sum() == 0
+    np.testing.assert_array_equal(big[:, 2:26:3, 2:26:3], x)
+    np.testing.assert_array_equal(big[:, 4:26:3, 4:26:3], x)

@@ -630,8 +630,7 @@ class TgradContender(Contender):
         for layer, w, b in ((l1, "w1", "b1"), (l2, "w2", "b2")):
             layer.weight = Tensor(d[w], device=self.device, requires_grad=True).realize()
             layer.bias = Tensor(d[b], device=self.device, requires_grad=True).realize()
-        params = [l1.weight, l1.bias, l2.weight, l2.bias]
-        opt = optim.Adam(params, lr=1e-3)
+        opt = optim.Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-3)
         x, y = Tensor(d["x"], device=self.device).realize(), Tensor(d["y"], device=self.device).realize()
 
         def step(x, y):
@@ -640,8 +639,10 @@ class TgradContender(Contender):
                 opt.zero_grad()
                 loss = l2(l1(x).relu()).cross_entropy(y)
                 loss.backward()
-                opt.step()
-                return loss.realize(*params)
+                # realize the loss with the update: realized after step(), it would read the updated
+                # weights (step() overwrites the parameters' buffers in place)
+                opt.step(loss)
+                return loss
             finally:
                 Tensor.training = old
 

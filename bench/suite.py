@@ -200,7 +200,9 @@ def cross_check(wl: Workload, rows: list[dict], tol: float | None = None) -> Non
     if ref is None:
         return
     want = ref["losses"][1]
-    tol = tol if tol is not None else max(wl.rtol, 2e-3)  # Adam's first update is ~lr * sign(grad)
+    # Adam's first update is ~lr * sign(grad): a tiny gradient whose sign differs between libraries moves
+    # its weight by 2 lr; measured differences are ~1e-6 (tgrad) to ~5e-5 (tinygrad's CNN) relative
+    tol = tol if tol is not None else 5e-4
     for r in rows:
         if r["workload"] != wl.name or r is ref or len(r.get("losses", ())) < 2 or r["status"] != "ok":
             continue

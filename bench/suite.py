@@ -313,8 +313,8 @@ def plot(rows: list[dict], workloads: list[Workload], path: str) -> bool:
     return True
 
 
-def show_saved(path: str) -> int:
-    """Print the table of a results file written by --json."""
+def show_saved(path: str, plot_path: str | None = None) -> int:
+    """Print the table of a results file written by --json (and plot it with plot_path)."""
     saved = json.loads(Path(path).read_text())
     m = saved["machine"]
     print(f"tgrad bench {m['date']}: {m['cpu']}, {m['cores']} cores, {m['threads']} threads; "
@@ -325,13 +325,17 @@ def show_saved(path: str) -> int:
     for s in saved["contenders"]:
         print(f"  {s['contender']:14s} {s['version'] if s['available'] else 'unavailable: ' + s['reason']}")
     print(table(saved["results"], [w["name"] for w in saved["workloads"]]))
+    if plot_path:
+        from types import SimpleNamespace
+
+        plot(saved["results"], [SimpleNamespace(**w) for w in saved["workloads"]], plot_path)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.show:
-        return show_saved(args.show)
+        return show_saved(args.show, args.plot)
     limiter = set_threads(args.threads)
     devices = [d.upper() for d in _split(args.device)] or TGRAD_DEVICES
     baselines = _split(args.baselines)

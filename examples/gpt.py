@@ -5,8 +5,9 @@ Python has), with Adam and a TinyJit training step; prints a sample of generated
     python examples/gpt.py --steps 1000 --device CL
     DEVICE=CL python examples/gpt.py              # the same: the model is made on the default device
 
-The loss starts at ln(vocab) ~ 4.6 (a uniform guess over ~100 characters) and falls below ~2.5 within
-the default 300 steps; the sample then looks like Python-ish words, indentation and `self.`.
+The loss starts at ln(vocab) ~ 4.6 (a uniform guess over ~100 characters) and falls to ~1.9 within the
+default 300 steps (19 s of training, 26 s in all from a warm kernel cache, 2 cores); the sample then has
+Python's indentation, `>>>`, `#` comments, parentheses and word-like runs of letters.
 """
 
 from __future__ import annotations

@@ -82,6 +82,9 @@ def test_show_prints_a_saved_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| elementwise | numpy" in out and "2.000" in out and "1.500" in out
     assert "unavailable: no OpenCL" in out
+    if _has("matplotlib"):  # --show r.json --plot p.png plots the saved results
+        assert show_saved(str(tmp_path / "r.json"), str(tmp_path / "p.png")) == 0
+        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_skips_say_why(tmp_path):

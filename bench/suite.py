@@ -200,9 +200,11 @@ def cross_check(wl: Workload, rows: list[dict], tol: float | None = None) -> Non
     if ref is None:
         return
     want = ref["losses"][1]
-    # Adam's first update is ~lr * sign(grad): a tiny gradient whose sign differs between libraries moves
-    # its weight by 2 lr; measured differences are ~1e-6 (tgrad) to ~5e-5 (tinygrad's CNN) relative
-    tol = tol if tol is not None else 5e-4
+    # Adam's first update is ~lr * sign(grad): a near-zero gradient whose sign differs between libraries by
+    # rounding moves that weight by 2 lr. Measured: tgrad within ~1e-6 relative of PyTorch everywhere;
+    # tinygrad's CNN at batch 16 3.3e-3 (one of 25600 conv2 weight gradients flipped sign; its gradients
+    # agree with PyTorch's within 2e-4), at batch 128 5e-5. A step changes these losses by 2-50%.
+    tol = tol if tol is not None else 5e-3
     for r in rows:
         if r["workload"] != wl.name or r is ref or len(r.get("losses", ())) < 2 or r["status"] != "ok":
             continue
@@ -344,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown baselines {sorted(unknown)}; choose from {BASELINES}", file=sys.stderr)
         return 2
     workloads = select(all_workloads(args.size_scale, args.quick), _split(args.only))
+    if args.quick and not args.only:
+        # the model steps cost minutes of first-run compiles on the default devices (CL ~40 s per model,
+        # tinygrad ~20 s): --quick leaves them out unless --only names them
+        workloads = [w for w in workloads if w.kind not in ("cnn", "gpt")]
+        print("--quick: cnn_step and gpt_step left out (--only cnn_step,gpt_step runs them)", file=sys.stderr)
     if not workloads:
         print(f"--only {args.only!r} matches no workload", file=sys.stderr)
         return 2

@@ -268,7 +268,35 @@ class TorchContender(Contender):
         return self._mlp(d)
 
     def build_mlp_jit(self, wl, d):
-        raise NotApplicable("PyTorch has no TinyJit; its eager step is the mlp_step row")
+        raise NotApplicable("PyTorch has no TinyJit; its eager step is the eager_mlp_step row")
+
+    def _train(self, model, x, y):
+        """One eager training step (PyTorch has no TinyJit) of `model` on the batch (x, y), Adam."""
+        torch = self.torch
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x, y = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+
+        def step():
+            opt.zero_grad()
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    def build_cnn(self, wl, d):
+        from bench.models import torch_cnn
+
+        return self._train(torch_cnn(self.torch, d), d["x"], d["y"])
+
+    def build_gpt(self, wl, d):
+        from bench.models import torch_gpt
+        from bench.workloads import GPT_HEADS
+
+        return self._train(torch_gpt(self.torch, d, GPT_HEADS), d["x"], d["y"])
 
     def host(self, result) -> np.ndarray:
         return result.detach().numpy()
@@ -400,6 +428,44 @@ class TinygradContender(Contender):
 
     def build_mlp_jit(self, wl, d):
         return self._mlp(d, True)
+
+    def _train(self, make_model, d):
+        """A TinyJit training step, Adam lr 1e-3, on the fixed batch (d['x'], d['y'])."""
+        from tinygrad import Context, TinyJit, nn
+
+        Tensor = self.Tensor
+        # layers make their own tensors (BatchNorm's running statistics) on tinygrad's default device,
+        # which is not CPU where OpenCL works
+        with Context(DEV=self.device):
+            model = make_model(nn, lambda a: Tensor(a, device=self.device).realize())
+        opt = nn.optim.Adam(nn.state.get_parameters(model), lr=1e-3)
+        x, y = Tensor(d["x"], device=self.device).realize(), Tensor(d["y"], device=self.device).realize()
+
+        @TinyJit
+        def step(x, y):
+            with Context(TRAINING=1):
+                opt.zero_grad()
+                loss = model(x).sparse_categorical_crossentropy(y)
+                loss.backward()
+                return loss.realize(*opt.schedule_step())
+
+        def run():
+            loss = step(x, y)
+            self.Device[self.device].synchronize()
+            return loss
+
+        return run
+
+    def build_cnn(self, wl, d):
+        from bench.models import TinyCNN
+
+        return self._train(lambda nn, param: TinyCNN(nn, param, d), d)
+
+    def build_gpt(self, wl, d):
+        from bench.models import TinyGPT
+        from bench.workloads import GPT_HEADS
+
+        return self._train(lambda nn, param: TinyGPT(nn, param, d, GPT_HEADS, lambda t: t.gelu()), d)
 
     def host(self, result) -> np.ndarray:
         return result.numpy()
@@ -564,8 +630,7 @@ class TgradContender(Contender):
         for layer, w, b in ((l1, "w1", "b1"), (l2, "w2", "b2")):
             layer.weight = Tensor(d[w], device=self.device, requires_grad=True).realize()
             layer.bias = Tensor(d[b], device=self.device, requires_grad=True).realize()
-        params = [l1.weight, l1.bias, l2.weight, l2.bias]
-        opt = optim.Adam(params, lr=1e-3)
+        opt = optim.Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-3)
         x, y = Tensor(d["x"], device=self.device).realize(), Tensor(d["y"], device=self.device).realize()
 
         def step(x, y):
@@ -574,8 +639,10 @@ class TgradContender(Contender):
                 opt.zero_grad()
                 loss = l2(l1(x).relu()).cross_entropy(y)
                 loss.backward()
-                opt.step()
-                return loss.realize(*params)
+                # realize the loss with the update: realized after step(), it would read the updated
+                # weights (step() overwrites the parameters' buffers in place)
+                opt.step(loss)
+                return loss
             finally:
                 Tensor.training = old
 
@@ -593,6 +660,59 @@ class TgradContender(Contender):
 
     def build_mlp_jit(self, wl, d):
         return self._mlp(d, True)
+
+    def _train(self, make_model, d):
+        """A TinyJit training step, Adam lr 1e-3, on the fixed batch (d['x'], d['y'])."""
+        try:
+            from tgrad import nn
+            from tgrad.jit import TinyJit
+            from tgrad.nn import optim
+            from tgrad.nn.state import get_parameters
+        except ImportError as e:
+            raise Skip(f"tgrad.nn / tgrad.jit are not in this tgrad yet: {e}") from e
+        Tensor = self.tgrad.Tensor
+        # layers make their own tensors (BatchNorm's running statistics) on the default device
+        old_device = os.environ.get("DEVICE")
+        os.environ["DEVICE"] = self.device
+        try:
+            model = make_model(nn, lambda a: Tensor(a, device=self.device, requires_grad=True).realize())
+        finally:
+            if old_device is None:
+                del os.environ["DEVICE"]
+            else:
+                os.environ["DEVICE"] = old_device
+        opt = optim.Adam(get_parameters(model), lr=1e-3)
+        x, y = Tensor(d["x"], device=self.device).realize(), Tensor(d["y"], device=self.device).realize()
+
+        @TinyJit
+        def step(x, y):
+            old, Tensor.training = Tensor.training, True
+            try:
+                opt.zero_grad()
+                loss = model(x).sparse_categorical_crossentropy(y)
+                loss.backward()
+                opt.step(loss)
+                return loss
+            finally:
+                Tensor.training = old
+
+        def run():
+            loss = step(x, y)
+            self.dev.synchronize()
+            return loss
+
+        return run
+
+    def build_cnn(self, wl, d):
+        from bench.models import TinyCNN
+
+        return self._train(lambda nn, param: TinyCNN(nn, param, d), d)
+
+    def build_gpt(self, wl, d):
+        from bench.models import TinyGPT
+        from bench.workloads import GPT_HEADS
+
+        return self._train(lambda nn, param: TinyGPT(nn, param, d, GPT_HEADS, lambda t: t.gelu("tanh")), d)
 
     def host(self, result) -> np.ndarray:
         return result.numpy()

@@ -20,7 +20,7 @@ MB = 1 << 20
 @dataclass
 class Workload:
     name: str
-    kind: str  # elementwise softmax reduce matmul conv mlp mlp_jit peak_memory compile
+    kind: str  # elementwise softmax reduce matmul conv mlp mlp_jit cnn gpt peak_memory compile
     arg: object
     make: Callable[[], dict[str, np.ndarray]] = field(repr=False)
     flops: float | None = None
@@ -30,6 +30,11 @@ class Workload:
     # elements of the largest intermediate a node-by-node interpreter (tgrad's NUMPY device) materializes
     interp_elems: int = 0
     description: str = ""
+    # training steps: run() returns the step's loss (`expected`: the first step's, at the initial weights;
+    # float32 losses agree to ~1e-6, so rtol 1e-4); the loss of the second step (after one update) is
+    # compared across contenders (suite.cross_check) against PyTorch's in this row or in `reference`
+    training: bool = False
+    reference: str | None = None
 
 
 def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -138,12 +143,59 @@ def mlp(jit: bool, scale: float = 1.0) -> Workload:
             "b2": rng.uniform(-bound2, bound2, 10).astype(np.float32),
         }
 
+    def expected(d):  # the loss of the first step, at the initial weights (float64)
+        from bench.models import _cross_entropy
+
+        h = np.maximum(d["x"].astype(np.float64) @ d["w1"].T + d["b1"], 0)
+        return np.float32(_cross_entropy(h @ d["w2"].T.astype(np.float64) + d["b2"], d["y"]))
+
     flops = 6 * batch * (784 * 128 + 128 * 10)
-    name = "mlp_step_jit" if jit else "mlp_step"
+    name = "mlp_step_jit" if jit else "eager_mlp_step"
     return Workload(
         name, "mlp_jit" if jit else "mlp", batch, make, flops=flops, nbytes=None,
-        interp_elems=batch * 784 * 128,
+        expected=expected, rtol=1e-4, interp_elems=batch * 784 * 128, training=True,
+        reference="eager_mlp_step" if jit else None,
         description=f"MLP 784-128-10 training step, batch {batch}, Adam" + (", TinyJit" if jit else ""),
+    )
+
+
+CNN_BATCH = 128
+
+
+def cnn(scale: float = 1.0) -> Workload:
+    """tinygrad's beautiful_mnist CNN: one training step (forward, backward, Adam); TinyJit where there
+    is one."""
+    from bench.models import cnn_data, cnn_loss_numpy
+
+    batch = _scaled(CNN_BATCH, scale, 2)
+    # forward multiply-adds per image: the four convs and the head; a step is ~3x the forward
+    macs = 24 * 24 * 32 * 25 + 20 * 20 * 32 * 32 * 25 + 8 * 8 * 64 * 32 * 9 + 6 * 6 * 64 * 64 * 9 + 576 * 10
+    return Workload(
+        "cnn_step", "cnn", batch, lambda: cnn_data(batch), flops=6 * macs * batch, nbytes=None,
+        expected=cnn_loss_numpy, rtol=1e-4, interp_elems=batch * 20 * 20 * 32 * 25, training=True,
+        description=f"beautiful_mnist CNN training step (4 conv, 2 BatchNorm, 2 max_pool), batch {batch}, "
+        "28x28, Adam; TinyJit for tgrad/tinygrad, eager PyTorch",
+    )
+
+
+GPT_BATCH, GPT_CTX, GPT_VOCAB, GPT_WIDTH, GPT_HEADS, GPT_LAYERS = 16, 64, 96, 64, 4, 2
+
+
+def gpt(scale: float = 1.0) -> Workload:
+    """A 2-block character GPT: one training step (forward, backward, Adam)."""
+    from bench.models import gpt_data, gpt_loss_numpy
+
+    batch = _scaled(GPT_BATCH, scale, 2)
+    ctx = GPT_CTX if scale >= 1 / 8 else 16
+    c, v, n = GPT_WIDTH, GPT_VOCAB, GPT_LAYERS
+    params = v * c * 2 + n * 12 * c * c
+    flops = 6 * batch * ctx * params + n * 6 * batch * ctx * ctx * c * 2  # weights + attention (q@k, p@v)
+    return Workload(
+        "gpt_step", "gpt", (batch, ctx), lambda: gpt_data(batch, ctx, v, c, n), flops=flops, nbytes=None,
+        expected=lambda d: gpt_loss_numpy(d, GPT_HEADS), rtol=1e-4,
+        interp_elems=batch * GPT_HEADS * ctx * ctx * 4, training=True,
+        description=f"char GPT training step: {n} blocks, width {c}, {GPT_HEADS} heads, context {ctx}, "
+        f"batch {batch}, vocab {v}, Adam; TinyJit for tgrad/tinygrad, eager PyTorch",
     )
 
 
@@ -191,14 +243,22 @@ def all_workloads(scale: float = 1.0, quick: bool = False) -> list[Workload]:
         conv(scale),
         mlp(False, scale),
         mlp(True, scale),
+        cnn(scale),
+        gpt(scale),
         peak_memory(scale),
         compile_time("cold"),
         compile_time("warm"),
     ]
 
 
+# old names that still select their rows
+ALIASES = {"mlp_step": "eager_mlp_step"}
+
+
 def select(workloads: list[Workload], only: list[str] | None) -> list[Workload]:
-    """Workloads whose name starts with one of `only` (so 'matmul' picks every matmul size)."""
+    """Workloads whose name starts with one of `only` (so 'matmul' picks every matmul size); an old name
+    in ALIASES selects its row too ('mlp_step' picks eager_mlp_step and mlp_step_jit, as before)."""
     if not only:
         return workloads
+    only = list(only) + [ALIASES[o] for o in only if o in ALIASES]
     return [w for w in workloads if any(w.name.startswith(o) or w.kind == o for o in only)]

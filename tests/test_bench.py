@@ -82,6 +82,9 @@ def test_show_prints_a_saved_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| elementwise | numpy" in out and "2.000" in out and "1.500" in out
     assert "unavailable: no OpenCL" in out
+    if _has("matplotlib"):  # --show r.json --plot p.png plots the saved results
+        assert show_saved(str(tmp_path / "r.json"), str(tmp_path / "p.png")) == 0
+        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_skips_say_why(tmp_path):
@@ -122,3 +125,64 @@ def test_predict_skips_a_size_too_slow_to_run():
     done = {("tgrad CPU", "matmul"): (10_000.0, matmul(1024).flops)}
     assert predict_ms(done, "tgrad CPU", matmul(2048)) == pytest.approx(80_000.0)
     assert predict_ms(done, "numpy", matmul(2048)) == 0.0
+
+
+def test_model_rows_agree_with_torch(tmp_path):
+    """cnn_step and gpt_step at batch 2: tgrad (TinyJit) and PyTorch start from the same weights; the
+    first loss matches numpy's forward pass (else the row is 'wrong') and the loss after one Adam update
+    matches PyTorch's (cross_check)."""
+    pytest.importorskip("threadpoolctl")
+    pytest.importorskip("torch")
+    res = run_bench(tmp_path, "--only", "cnn_step,gpt_step", "--device", "CPU", "--baselines", "torch",
+                    "--threads", "1", "--reps", "1")
+    rows = {(r["workload"], r["contender"]): r for r in res["results"]}
+    for wl in ("cnn_step", "gpt_step"):
+        tg, pt = rows[(wl, "tgrad CPU")], rows[(wl, "torch")]
+        assert pt["status"] == "ok" and tg["status"] == "ok", (tg, pt)
+        assert tg["losses"][1] < tg["losses"][0]  # the step learned something
+        np.testing.assert_allclose(tg["losses"], pt["losses"], rtol=2e-3)
+        assert tg["x_torch"] > 0
+
+
+def test_cross_check_catches_a_wrong_step():
+    from bench.suite import cross_check
+    from bench.workloads import gpt, mlp
+
+    wl = gpt(scale=1 / 512)
+    rows = [{"workload": wl.name, "contender": "torch", "status": "ok", "losses": [4.5, 4.1]},
+            {"workload": wl.name, "contender": "tgrad CPU", "status": "ok", "losses": [4.5, 4.1001]},
+            {"workload": wl.name, "contender": "tinygrad", "status": "ok", "losses": [4.5, 4.2]}]
+    cross_check(wl, rows)
+    assert rows[1]["status"] == "ok" and rows[2]["status"] == "wrong", rows
+    assert "PyTorch's 4.1" in rows[2]["reason"]
+    # mlp_step_jit has no PyTorch row: it is checked against PyTorch's eager_mlp_step
+    jit = mlp(True)
+    rows = [{"workload": "eager_mlp_step", "contender": "torch", "status": "ok", "losses": [2.4, 1.6]},
+            {"workload": jit.name, "contender": "tgrad CPU", "status": "ok", "losses": [2.4, 1.7]}]
+    cross_check(jit, rows)
+    assert rows[1]["status"] == "wrong"
+
+
+def test_old_row_names_still_select():
+    names = [w.name for w in select(all_workloads(), ["mlp_step", "conv2d_fwd_bwd"])]
+    assert names == ["conv2d_fwd_bwd", "eager_mlp_step", "mlp_step_jit"]
+    assert [w.name for w in select(all_workloads(), ["cnn", "gpt"])] == ["cnn_step", "gpt_step"]
+
+
+def test_plot_ratios_or_skip(tmp_path, monkeypatch, capsys):
+    from bench.suite import add_ratios, plot
+    from bench.workloads import mlp
+
+    rows = [{"workload": "eager_mlp_step", "contender": "torch", "status": "ok", "ms": 2.0},
+            {"workload": "eager_mlp_step", "contender": "tgrad CPU", "status": "ok", "ms": 4.0},
+            {"workload": "mlp_step_jit", "contender": "tgrad CPU", "status": "ok", "ms": 1.0}]
+    add_ratios(rows, {"mlp_step_jit": "eager_mlp_step"})
+    assert rows[1]["x_torch"] == pytest.approx(0.5) and rows[2]["x_torch"] == pytest.approx(2.0)
+    assert rows[2]["torch_ref"] == "eager_mlp_step"
+    out = tmp_path / "p.png"
+    if _has("matplotlib"):
+        assert plot(rows, [mlp(False), mlp(True)], str(out))
+        assert out.read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert plot(rows, [mlp(False), mlp(True)], str(tmp_path / "q.png")) is False
+    assert "matplotlib is not installed" in capsys.readouterr().err

@@ -150,3 +150,26 @@ def test_conv2d_weight_used_twice(device):
         atol=1e-4,
         grad_atol=1e-3,
     )
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(kernel_size=2), dict(kernel_size=2, padding=1), dict(kernel_size=3, stride=1, padding=1),
+           dict(kernel_size=2, stride=2, ceil_mode=True)], ids=["tile", "pad", "overlap", "ceil"]
+)
+def test_max_pool_ties_and_nan_pick_like_pytorch(device, kw):
+    """Each window's pick is its first maximum (the last NaN if it has one), as PyTorch's: the gradient
+    goes there alone (tinygrad shares ties), return_indices names it; an all -inf window picks its first
+    element inside the input."""
+    cases = [np.zeros((1, 2, 4, 4), np.float32),
+             np.array([[[[1, 1, 0, 2], [1, 1, 2, 2], [np.nan, 1, 3, 3], [1, np.nan, 3, 3]]]], np.float32),
+             np.full((1, 1, 3, 3), -np.inf, np.float32)]
+    for x in cases:
+        tx = torch.tensor(x, requires_grad=True)
+        to, ti = F.max_pool2d(tx, return_indices=True, **kw)
+        to.sum().backward()
+        X = Tensor(x, requires_grad=True)
+        o, i = X.max_pool2d(return_indices=True, **kw)
+        o.sum().backward()
+        np.testing.assert_array_equal(o.numpy(), to.detach().numpy())
+        np.testing.assert_array_equal(i.numpy(), ti.numpy())
+        np.testing.assert_array_equal(X.grad.numpy(), tx.grad.numpy())

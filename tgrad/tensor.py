@@ -2616,19 +2616,46 @@ class Tensor(metaclass=_NoGradMeta):
     def max_pool2d(self, kernel_size=2, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
                    return_indices: bool = False):
         """PyTorch's F.max_pool1d/2d/3d over the last len(kernel_size) axes (2 for an int); padding counts
-        as -inf. return_indices=True also gives each maximum's flat index in its input plane (first max)."""
+        as -inf. As PyTorch, each window's pick is its first maximum (its last NaN, if it has one): the
+        gradient goes to that element alone, and return_indices=True gives its flat index in the plane."""
         x = self if self.dtype.is_float else self.float()
         win, k = x._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -math.inf)
         axes = tuple(range(-len(k), 0))
         out = win.max(axes)
-        out = out if self.dtype.is_float else out.cast(self.dtype)
-        if not return_indices:
-            return out
         plane = self.shape[-len(k):]
-        flat = Tensor.arange(math.prod(plane), device=self.device, dtype=dtypes.default_int).reshape(plane)
-        where, _ = flat._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -1)
-        first = (win == out.reshape(out.shape + (1,) * len(k))).where(where, math.prod(plane))
-        return out, first.min(axes)
+        padded = ceil_mode or any(_spatial_pads(padding, len(k)))
+
+        def where_in_plane() -> Tensor:  # each window position's flat index in the plane (-1: padding)
+            flat = Tensor.arange(math.prod(plane), device=self.device, dtype=dtypes.default_int)
+            flat = flat.reshape(plane)
+            return flat._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -1)[0]
+
+        def pick(win: Tensor, out: Tensor) -> Tensor:  # bool mask of each window's picked element
+            n = math.prod(k)
+            pos = Tensor.arange(n, device=self.device, dtype=dtypes.default_int).reshape(k)
+            top = out.reshape(out.shape + (1,) * len(k))
+            hit = win == top
+            if padded:
+                hit = hit & (where_in_plane() >= 0)
+            first = hit.where(pos, n).min(axes)
+            last_nan = win.isnan().where(pos, -1).max(axes)
+            chosen = (last_nan >= 0).where(last_nan, first)
+            return pos == chosen.reshape(chosen.shape + (1,) * len(k))
+
+        result = out if self.dtype.is_float else out.cast(self.dtype)
+        if self.dtype.is_float and not Tensor.no_grad:
+            x_node, win_node = x.node, win.node
+
+            def rule(grad: Node) -> tuple[Node | None]:
+                w = Tensor(win_node)
+                alt = pick(w, w.max(axes)).where(w, 0).sum(axes)
+                return (autodiff.gradients(alt.node, grad, {x_node}, frozenset({x_node})).get(x_node),)
+
+            result = x._from(autodiff.custom_gradient(out.node, (x_node,), rule, "max_pool"))
+        if not return_indices:
+            return result
+        index = pick(win, out).where(where_in_plane(), math.prod(plane)).min(axes)
+        return result, index
 
     def max_unpool2d(self, indices: Tensor, kernel_size=2, stride=None, padding=0, output_size=None
                      ) -> Tensor:

@@ -1,17 +1,22 @@
-"""The README demo learns: a short MLP run of examples/beautiful_mnist.py on sklearn digits."""
+"""The examples learn: short runs of examples/beautiful_mnist.py (MLP and conv net) on sklearn digits and
+of examples/gpt.py."""
 import importlib.util
 from pathlib import Path
 
 import pytest
 
 
-@pytest.fixture(scope="module")
-def example():
-    path = Path(__file__).resolve().parent.parent / "examples" / "beautiful_mnist.py"
-    spec = importlib.util.spec_from_file_location("beautiful_mnist", path)
+def _load(name: str):
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def example():
+    return _load("beautiful_mnist")
 
 
 def test_beautiful_mnist_mlp_learns_digits(example):
@@ -41,11 +46,7 @@ def test_digits_scaled_to_28(example):
 
 @pytest.fixture(scope="module")
 def gpt_example():
-    path = Path(__file__).resolve().parent.parent / "examples" / "gpt.py"
-    spec = importlib.util.spec_from_file_location("gpt_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("gpt")
 
 
 def test_gpt_example_learns_and_writes_text(gpt_example, capsys):

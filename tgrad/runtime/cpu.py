@@ -34,6 +34,14 @@ from tgrad.program import Program
 from tgrad.runtime import cpu_pool
 from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, on_disk
 
+# Numba's OpenMP threading layer keeps its threads spinning after each parallel kernel, which starves
+# OpenBLAS's threads in the matmul that follows (the CNN step with 2 threads: 374 -> 274 ms with the
+# workqueue layer, whose threads sleep). A threading layer the user chose wins.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
+    if "numba" in sys.modules:  # imported before tgrad: its config has read the environment already
+        sys.modules["numba"].config.THREADING_LAYER = "workqueue"
+
 PAGE = 4096
 
 

@@ -358,23 +358,28 @@ class Tensor(metaclass=_NoGradMeta):
     # ----------------------------------------------------------------------------------------------
     # autograd
 
-    def backward(self, gradient: Tensor | None = None) -> Tensor:
+    def _seed(self, gradient: Tensor | None, op: str) -> Node:
+        """The gradient of self that backward()/gradient() start from: ones for a one-element tensor."""
         if gradient is None:
             if self.numel() != 1:
                 raise AutogradError(
-                    f"backward() needs a scalar (one element) but this tensor has shape {self.shape}; "
+                    f"{op}() needs a scalar (one element) but this tensor has shape {self.shape}; "
                     "reduce it first (e.g. .sum() or .mean()) or pass gradient="
                 )
             gradient = Tensor.ones(*self.shape, device=self.device, dtype=self.dtype)
         elif gradient.shape != self.shape:
-            raise ShapeError(f"backward: gradient shape {gradient.shape} does not match {self.shape}")
+            raise ShapeError(f"{op}: gradient shape {gradient.shape} does not match {self.shape}")
+        return gradient.cast(self.dtype).node
+
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        seed = self._seed(gradient, "backward")
         if not self.requires_grad:
             raise AutogradError(
                 "backward(): nothing in this graph requires a gradient; create leaves with requires_grad=True"
             )
         leaves = [t for t in list(_grad_leaves.values()) if t.requires_grad]
         targets = {t.node for t in leaves}
-        grads = autodiff.gradients(self.node, gradient.cast(self.dtype).node, targets)
+        grads = autodiff.gradients(self.node, seed, targets)
         for t in leaves:
             gn = grads.get(t.node)
             if gn is None:
@@ -387,19 +392,11 @@ class Tensor(metaclass=_NoGradMeta):
         """d self / d target for each target, as new lazy tensors (tinygrad's functional autograd): no
         .grad is touched and the targets need not require gradients. A target self does not depend on
         gets zeros. Differentiating the result again gives higher derivatives."""
-        if gradient is None:
-            if self.numel() != 1:
-                raise AutogradError(
-                    f"gradient() needs a scalar (one element) but this tensor has shape {self.shape}; "
-                    "reduce it first or pass gradient="
-                )
-            gradient = Tensor.ones(*self.shape, device=self.device, dtype=self.dtype)
-        elif gradient.shape != self.shape:
-            raise ShapeError(f"gradient: gradient shape {gradient.shape} does not match {self.shape}")
+        seed = self._seed(gradient, "gradient")
         for t in (self, *targets):
             if not t.dtype.is_float:
                 raise AutogradError(f"gradient: only float tensors have gradients, got {t.dtype.name}")
-        grads = autodiff.gradients(self.node, gradient.cast(self.dtype).node, {t.node for t in targets})
+        grads = autodiff.gradients(self.node, seed, {t.node for t in targets})
         return [Tensor(grads[t.node]) if t.node in grads else t.zeros_like() for t in targets]
 
     # ----------------------------------------------------------------------------------------------

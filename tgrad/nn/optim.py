@@ -204,10 +204,7 @@ class LRScheduler:
         self.optimizer = optimizer
         self.base_lr = float(optimizer.lr.numpy()[0])
         self.step_count = Tensor([0.0], device=optimizer.lr.device)
-        self.optimizer.lr.assign(self.lr_at(self.step_count)).realize()
-        momentum = self.momentum_at(self.step_count)
-        if momentum is not None:
-            self.optimizer.momentum_tensor().assign(momentum).realize()
+        Tensor.realize(*self._apply())
 
     def lr_at(self, step: Tensor) -> Tensor:
         raise NotImplementedError
@@ -220,10 +217,15 @@ class LRScheduler:
         """Advance one step (lazily: the new lr is computed with the next realize that reads it)."""
         with Tensor.no_grad:
             self.step_count.assign(self.step_count + 1)
-            self.optimizer.lr.assign(self.lr_at(self.step_count))
-            momentum = self.momentum_at(self.step_count)
-            if momentum is not None:
-                self.optimizer.momentum_tensor().assign(momentum)
+            self._apply()
+
+    def _apply(self) -> list[Tensor]:
+        """Assign the lr (and the momentum, if this scheduler cycles it) at step_count; returns them."""
+        out = [self.optimizer.lr.assign(self.lr_at(self.step_count))]
+        momentum = self.momentum_at(self.step_count)
+        if momentum is not None:
+            out.append(self.optimizer.momentum_tensor().assign(momentum))
+        return out
 
     def get_last_lr(self) -> list[float]:
         return [float(self.optimizer.lr.numpy()[0])]

@@ -71,3 +71,40 @@ def test_thousand_jitted_steps_keep_live_buffers_flat():
         if i in (10, 999):
             counts.append(live())
     assert counts[0] == counts[1], counts
+
+
+def test_batchnorm_steps_without_its_statistics_in_the_optimizer_keep_memory_flat(device):
+    # the running statistics' assign() reads the step's activations; when no optimizer realized it (the
+    # user passed only the weights, as with PyTorch's model.parameters()) each step kept the one before
+    # it alive: +1 step of activations per step (~200 MB per step for the MNIST CNN)
+    import numpy as np
+    import torch
+
+    from tgrad.nn import BatchNorm2d, Conv2d
+    from tgrad.nn.optim import SGD
+
+    Tensor.manual_seed(0)
+    conv, bn = Conv2d(2, 4, 3), BatchNorm2d(4)
+    tconv, tbn = torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4)
+    with torch.no_grad():
+        tconv.weight.copy_(torch.from_numpy(conv.weight.numpy()))
+        tconv.bias.copy_(torch.from_numpy(conv.bias.numpy()))
+    opt = SGD([conv.weight, conv.bias, bn.weight, bn.bias], lr=0.1)
+    topt = torch.optim.SGD([*tconv.parameters(), *tbn.parameters()], lr=0.1)
+    xs = np.random.default_rng(0).random((8, 8, 2, 10, 10), dtype=np.float32)
+    Tensor.training = True
+    try:
+        counts = []
+        for x in xs:
+            opt.zero_grad()
+            bn(conv(Tensor(x))).relu().mean().backward()
+            opt.step()
+            counts.append((live(), Stats.live_bytes))
+            topt.zero_grad()
+            tbn(tconv(torch.from_numpy(x))).relu().mean().backward()
+            topt.step()
+    finally:
+        Tensor.training = False
+    assert counts[-1] == counts[3], counts
+    np.testing.assert_allclose(bn.running_mean.numpy(), tbn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn.running_var.numpy(), tbn.running_var.numpy(), rtol=1e-5, atol=1e-6)

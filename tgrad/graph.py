@@ -120,6 +120,14 @@ class Node:
     def realized(self) -> bool:
         return self.buffer is not None
 
+    def written(self, buffer) -> None:
+        """An ASSIGN ran: its value is now `buffer` (its target's). The expression it wrote is dropped
+        (ASSIGN has no gradient), so a later graph that reads this node does not keep that expression, and
+        every buffer it read, alive: BatchNorm's running statistics read their previous value each step,
+        and would otherwise hold every step's activations."""
+        self.buffer = buffer
+        self.srcs = self.srcs[:1]
+
     @property
     def base(self) -> Node:
         """The node under a chain of movement ops."""

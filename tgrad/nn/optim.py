@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
-from tgrad.tensor import Tensor
+from tgrad.tensor import Tensor, pending_assigns
 
 
 def _state(t: Tensor, value: float = 0.0) -> Tensor:
@@ -69,8 +69,10 @@ class Optimizer:
         call, before any parameter buffer is overwritten."""
         tensors = self.schedule_step()
         # the gradients too: they read the parameters' old values, which the update overwrites, so
-        # computing them later (reading p.grad after the step) would see the new ones
-        Tensor.realize(*also, *tensors, *[t.grad for t in self.params])
+        # computing them later (reading p.grad after the step) would see the new ones. Pending assigns
+        # (BatchNorm's running statistics when this optimizer was not given them) run too: each reads
+        # this step's activations, which it would keep alive until the next step's forward
+        Tensor.realize(*also, *tensors, *[t.grad for t in self.params], *pending_assigns())
 
     def _step(self) -> list[Tensor]:
         raise NotImplementedError

@@ -120,7 +120,7 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
                 out = _reduce(node.arg[0], srcs[0], node.arg[1], node.dtype)
             elif node.op is Op.ASSIGN:
                 node.srcs[0].buffer.data[:] = srcs[1].reshape(-1)
-                node.buffer = node.srcs[0].buffer  # done: a later realize must not write it again
+                node.written(node.srcs[0].buffer)  # done: a later realize must not write it again
                 out = srcs[1]
             else:
                 raise NotImplementedError(f"NUMPY device: no rule for {node.op}")
@@ -148,7 +148,7 @@ class NumpyRuntime(Runtime):
                 continue
             value = np.ascontiguousarray(evaluate(base, memo)).reshape(-1)
             if base.op is Op.ASSIGN:
-                base.buffer = base.srcs[0].buffer
+                base.written(base.srcs[0].buffer)
             else:
                 base.buffer = Buffer(self.name, value.size, base.dtype, value.copy())
 

@@ -32,6 +32,7 @@ from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_pool
+from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
 from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, on_disk
 
 # Numba's OpenMP threading layer keeps its threads spinning after each parallel kernel, which starves
@@ -41,25 +42,6 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
     if "numba" in sys.modules:  # imported before tgrad: its config has read the environment already
         sys.modules["numba"].config.THREADING_LAYER = "workqueue"
-
-PAGE = 4096
-
-
-def page_aligned(size: int, dtype) -> np.ndarray:
-    """np.empty(size, dtype), starting on a page boundary when it is bigger than a page. A kernel that
-    reads one array and writes another streams both; when the output starts a little after the input
-    modulo 4 KiB (the usual case for two equal-size numpy allocations) each store looks to the CPU like
-    it may feed a later load ("4K aliasing") and the loop runs up to 5x slower (softmax's last kernel:
-    18 ms instead of 3.6, one thread). With every large buffer page-aligned, the offset is 0 and nothing
-    stalls."""
-    dtype = np.dtype(dtype)
-    nbytes = size * dtype.itemsize
-    if nbytes <= PAGE:
-        return np.empty(size, dtype)
-    raw = np.empty(nbytes + PAGE, np.uint8)
-    start = -raw.ctypes.data % PAGE
-    return raw[start : start + nbytes].view(dtype)
-
 
 # ---------------------------------------------------------------------------------------------------
 # native functions: loaded from object code, called through ctypes
@@ -214,17 +196,24 @@ class CPURuntime(Runtime):
         if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
             raise DeviceError("the CPU device needs numba: pip install numba")
         self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
+        self.memory = HostMemory()  # buffers and BLAS operands, big blocks reused (host_memory.py)
         if _cold_cache():  # start them now: their set-up overlaps the program's own start
             self.pool.start(cpu_pool.default_workers())
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
-        return Buffer(self.name, size, dtype, page_aligned(size, dtype.np))
+        return self._buffer(self.memory.array(size, dtype.np), dtype)
 
     def from_numpy(self, array: np.ndarray) -> Buffer:
         flat = np.ascontiguousarray(array).reshape(-1)
-        data = page_aligned(flat.size, flat.dtype)
+        data = self.memory.array(flat.size, flat.dtype)
         data[:] = flat
-        return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), data)
+        return self._buffer(data, dtypes.from_any(flat.dtype))
+
+    def _buffer(self, data: np.ndarray, dtype: DType) -> Buffer:
+        buf = Buffer(self.name, data.size, dtype, data)
+        if data.nbytes >= MIN_KEEP:  # its block goes back to self.memory when the Buffer is gone
+            weakref.finalize(buf, self.memory.release, data)
+        return buf
 
     def render(self, kernel: Kernel) -> Program:
         hit = self.rendered.pop(kernel, None)
@@ -259,6 +248,7 @@ class CPURuntime(Runtime):
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
         any_widen = any(widen)
+        memory = self.memory
 
         def run(out: Buffer, *inputs: Buffer) -> None:
             try:
@@ -269,17 +259,22 @@ class CPURuntime(Runtime):
                 if plan is None:
                     fn(*args)
                 else:
-                    operands = list(args[1:])
+                    operands, scratch = list(args[1:]), []
                     for pk, pfn in zip(plan.prologues, prologues):
                         dtype = emit_numba.storage_dtype(pk.out_dtype).np
-                        operands.append(np.empty(math.prod(pk.shape), dtype))
-                        pfn(operands[-1], *args[1:])
+                        scratch.append(memory.array(math.prod(pk.shape), dtype))
+                        operands.append(scratch[-1])
+                        pfn(scratch[-1], *args[1:])
                     if fn is None:  # BLAS writes the output itself when the layout allows
-                        acc = run_blas(plan, kernel, operands, out=args[0])
+                        acc = run_blas(plan, kernel, operands, memory, out=args[0])
                         if acc is not None:
                             args[0][:] = acc
                     else:
-                        fn(*args, run_blas(plan, kernel, operands))
+                        acc = run_blas(plan, kernel, operands, memory)
+                        fn(*args, acc)
+                    for array in (*scratch, acc):
+                        if array is not None:
+                            memory.release(array)
             except Exception as e:
                 raise KernelError(
                     f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
@@ -375,11 +370,12 @@ def _inner_run(v: np.ndarray) -> int:
     return run
 
 
-def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape) -> np.ndarray:
+def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: HostMemory,
+            temps: list) -> np.ndarray:
     """The operand as a (batch, rows, cols) array. One whose axes do not merge (a conv's sliding windows)
-    is copied (im2col), in the order (rows, cols) or (cols, rows) whose innermost run of neighbouring
-    elements is longer: numpy copies a 20-element run ~4x faster than a 5-element one (a 5x5 window's
-    rows); BLAS reads the transposed copy through its flags."""
+    is copied (im2col) into an array from `memory` (appended to `temps`), in the order (rows, cols) or
+    (cols, rows) whose innermost run of neighbouring elements is longer: numpy copies a 20-element run ~4x
+    faster than a 5-element one (a 5x5 window's rows); BLAS reads the transposed copy through its flags."""
     size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
     nb, nr, nc = size(batch), size(rows), size(cols)
     v = _view(array, op, [*batch, *rows, *cols], shape)
@@ -388,27 +384,41 @@ def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape) -> np.ndar
     except ValueError:  # the axes do not merge: a copy
         pass
     t = _view(array, op, [*batch, *cols, *rows], shape)
-    if _inner_run(t) > _inner_run(v):
-        return t.reshape(nb, nc, nr).swapaxes(1, 2)
-    return v.reshape(nb, nr, nc)
+    src, transposed = (t, True) if _inner_run(t) > _inner_run(v) else (v, False)
+    copy = memory.array(src.size, src.dtype)
+    temps.append(copy)
+    copy.reshape(src.shape)[...] = src
+    return copy.reshape(nb, nc, nr).swapaxes(1, 2) if transposed else copy.reshape(nb, nr, nc)
 
 
-def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], out: np.ndarray | None = None):
-    """The reduce result of a matmul-shaped kernel, row-major over its global axes. With `out` (the
-    kernel's flat output) and a result already in that order, BLAS writes into it and this returns None."""
+def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
+             out: np.ndarray | None = None) -> np.ndarray | None:
+    """The reduce result of a matmul-shaped kernel, row-major over its global axes, in an array from
+    `memory` (the caller releases it). With `out` (the kernel's flat output) and a result already in that
+    order, BLAS writes into it and this returns None."""
     shape = kernel.shape
     r = list(range(kernel.n_global, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
     size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    a = _matrix(arrays[plan.a.input], plan.a, plan.batch, plan.m, r, shape)
-    b = _matrix(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, shape)
+    temps: list[np.ndarray] = []  # im2col copies
+    a = _matrix(arrays[plan.a.input], plan.a, plan.batch, plan.m, r, shape, memory, temps)
+    b = _matrix(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, shape, memory, temps)
     order = [*plan.batch, *plan.m, *plan.n]
-    if (
-        out is not None
-        and order == list(range(kernel.n_global))
-        and out.dtype == np.result_type(a, b)
-        and out.flags.c_contiguous
-    ):
-        np.matmul(a, b, out=out.reshape(size(plan.batch), size(plan.m), size(plan.n)))
-        return None
-    c = np.matmul(a, b).reshape(tuple(shape[x] for x in (*plan.batch, *plan.m, *plan.n)))
-    return np.ascontiguousarray(c.transpose([order.index(x) for x in range(kernel.n_global)])).reshape(-1)
+    dims = (size(plan.batch), size(plan.m), size(plan.n))
+    dtype = np.result_type(a, b)
+    try:
+        if out is not None and order == list(range(kernel.n_global)) and out.dtype == dtype \
+                and out.flags.c_contiguous:
+            np.matmul(a, b, out=out.reshape(dims))
+            return None
+        c = np.matmul(a, b, out=memory.array(math.prod(dims), dtype).reshape(dims))
+        if order == sorted(order):
+            return c.reshape(-1)
+        acc = memory.array(c.size, dtype)
+        c = c.reshape(tuple(shape[x] for x in order))
+        back = [order.index(x) for x in range(kernel.n_global)]
+        acc.reshape(tuple(shape[: kernel.n_global]))[...] = c.transpose(back)
+        memory.release(c)
+        return acc
+    finally:
+        for copy in temps:
+            memory.release(copy)

@@ -1,0 +1,107 @@
+"""Host memory for the CPU runtime: page-aligned arrays, the big ones kept for reuse when freed.
+
+Every fresh allocation of N bytes costs the operating system N / 4 KiB page faults (or N / 2 MiB with
+huge pages), each handing out zeroed memory, the first time it is written. That is system time in the
+middle of a kernel: the im2col operand of the CNN's conv input gradient (236 MB, a new array on every
+step) took 7 ms to fill and 30-600 ms of system time to fault in on this shared VM; an eager training step
+spent more time in page faults (500-860 ms) than in its kernels. PyTorch keeps freed blocks for the same
+reason (its CPU caching allocator); so does tinygrad's LRU allocator.
+
+`HostMemory.array` hands out arrays of at least MIN_KEEP bytes from kept blocks; `release` gives one back.
+A block is reused only when nothing can still see it: a freed Buffer's array may live on in a numpy view
+the user holds (`t.numpy()` returns the buffer's array itself), so released blocks wait in `pending` until
+the numpy array owning their memory is referenced by the block alone (CPython's reference count; every
+view of the memory holds the owner).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+
+import numpy as np
+
+PAGE = 4096
+MIN_KEEP = 1 << 20  # smaller arrays come from malloc's free lists, already warm
+# bytes of free blocks kept at most (TGRAD_HOST_CACHE_MB; 0 keeps none)
+LIMIT = int(float(os.environ.get("TGRAD_HOST_CACHE_MB", "1024")) * (1 << 20))
+
+
+def page_aligned(size: int, dtype) -> np.ndarray:
+    """np.empty(size, dtype), starting on a page boundary when it is bigger than a page. A kernel that
+    reads one array and writes another streams both; when the output starts a little after the input
+    modulo 4 KiB (the usual case for two equal-size numpy allocations) each store looks to the CPU like
+    it may feed a later load ("4K aliasing") and the loop runs up to 5x slower (softmax's last kernel:
+    18 ms instead of 3.6, one thread). With every large buffer page-aligned, the offset is 0 and nothing
+    stalls."""
+    dtype = np.dtype(dtype)
+    nbytes = size * dtype.itemsize
+    if nbytes <= PAGE:
+        return np.empty(size, dtype)
+    raw = np.empty(nbytes + PAGE, np.uint8)
+    start = -raw.ctypes.data % PAGE
+    return raw[start : start + nbytes].view(dtype)
+
+
+class HostMemory:
+    """Page-aligned arrays; blocks of MIN_KEEP bytes or more are kept when released and handed out again
+    (the smallest free block that fits within 25%), up to `limit` bytes of free blocks (oldest dropped)."""
+
+    def __init__(self, limit: int = LIMIT):
+        self.limit = limit
+        self.free: list[np.ndarray] = []  # uint8 blocks nobody sees, oldest first
+        self.pending: list[np.ndarray] = []  # released blocks that a view may still see
+        self.lock = threading.Lock()
+        self.owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> owner, made here
+        self.reused = self.made = 0  # counters for tests and DEBUG
+
+    def array(self, size: int, dtype) -> np.ndarray:
+        """An uninitialised array of `size` elements of `dtype` (flat, page-aligned when big)."""
+        dtype = np.dtype(dtype)
+        nbytes = size * dtype.itemsize
+        if nbytes < MIN_KEEP or self.limit <= 0:
+            return page_aligned(size, dtype)
+        with self.lock:
+            self._sweep()
+            fits = [i for i, b in enumerate(self.free) if nbytes <= b.nbytes <= nbytes + nbytes // 4 + PAGE]
+            block = self.free.pop(min(fits, key=lambda i: self.free[i].nbytes)) if fits else None
+            self.reused += block is not None
+        if block is None:
+            block = page_aligned(-(-nbytes // PAGE) * PAGE, np.uint8)
+            with self.lock:
+                self.owners[id(block.base)] = block.base
+                self.made += 1
+        return block[:nbytes].view(dtype)
+
+    def release(self, array: np.ndarray) -> None:
+        """`array` (from `array()`) is no longer used by its holder; its block is reused once no view of
+        it is left."""
+        owner = array.base
+        with self.lock:
+            if owner is None or self.owners.get(id(owner)) is not owner:
+                return  # not made here (a user's array, a view of one): never reused
+            if any(o is owner for o in self.pending) or any(b.base is owner for b in self.free):
+                raise RuntimeError("tgrad: a host memory block was released twice")
+            self.pending.append(owner)
+
+    def kept_bytes(self) -> int:
+        with self.lock:
+            self._sweep()
+            return sum(b.nbytes for b in self.free)
+
+    def _sweep(self) -> None:
+        """Move pending blocks that only this pool references to `free` (holding the lock)."""
+        still = []
+        for owner in self.pending:
+            # references: the list, the loop variable, getrefcount's argument; any view adds one
+            if sys.getrefcount(owner) > 3:
+                still.append(owner)
+                continue
+            block = owner[-owner.ctypes.data % PAGE :] if owner.ctypes.data % PAGE else owner
+            self.free.append(block[: block.nbytes // PAGE * PAGE])
+        self.pending = still
+        total = sum(b.nbytes for b in self.free)
+        while self.free and total > self.limit:
+            total -= self.free.pop(0).nbytes

@@ -247,3 +247,21 @@ def test_cpu_reduce_axes_merge_into_one_loop(cpu):
     expect = torch.tensor(z.numpy(), requires_grad=True)
     torch.nn.functional.max_pool2d(expect, 2).sum().backward()
     np.testing.assert_allclose(z.grad.numpy(), expect.grad.numpy())
+
+
+def test_a_computed_input_read_through_conv_windows_is_computed_once(cpu):
+    # a conv's windows read each input element k*k times: an input computed from several buffers (the
+    # gradient arriving at a conv: relu mask, BatchNorm backward) is realized first instead of being
+    # recomputed in the im2col copy for every window position (46 ms instead of 14 in the MNIST CNN)
+    rng = np.random.default_rng(0)
+    shapes = [(8, 4, 12, 12)] * 5 + [(6, 4, 3, 3)]
+    a, b, c, d, e, w = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    ta, tb, tc, td, te, tw = (Tensor(v) for v in (a, b, c, d, e, w))
+    x = ta * tb + tc * td + (te - te.mean((0, 2, 3), keepdim=True))
+    out = x.conv2d(tw)
+    items = kernels(out)
+    assert any(it.out.shape == x.shape for it in items[:-1])  # x is a kernel of its own
+    assert len(items[-1].inputs) == 2  # the conv reads x and the weight
+    ta, tb, tc, td, te, tw = (torch.from_numpy(v) for v in (a, b, c, d, e, w))
+    ref = torch.nn.functional.conv2d(ta * tb + tc * td + (te - te.mean((0, 2, 3), keepdim=True)), tw)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)

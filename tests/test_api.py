@@ -330,8 +330,8 @@ def test_safe_load_bfloat16_and_half(device, tmp_path):
 
 def test_contiguous_is_a_kernel_of_its_own(device):
     """contiguous() of a view is a row-major copy that users read as a buffer (tinygrad's contiguous, a
-    PyTorch copy of a non-contiguous tensor); a whole buffer or an elementwise result is itself; gradients
-    flow through."""
+    PyTorch copy of a non-contiguous tensor); an unrealized result is computed by a kernel of its own
+    instead of inside each user; a whole buffer is itself; gradients flow through."""
     from tgrad.fuse import schedule
 
     x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), requires_grad=True)
@@ -339,7 +339,10 @@ def test_contiguous_is_a_kernel_of_its_own(device):
     assert [it.out for it in schedule([(t * 2).node])][0] is t.node.srcs[0]  # the copy runs first
     assert len(schedule([(t * 2).node])) == 2 and len(schedule([(x.T * 2).node])) == 1
     np.testing.assert_array_equal(t.numpy(), np.arange(12).reshape(3, 4).T)
-    assert x.contiguous() is x and (x + 1).contiguous().node is (x + 1).node
+    assert x.contiguous() is x
+    y = (x + 1).exp()
+    assert len(schedule([(y.contiguous() * 2).node])) == 2 and len(schedule([(y * 2).node])) == 1
+    np.testing.assert_allclose((y.contiguous() * 2).numpy(), np.exp(x.numpy() + 1) * 2, rtol=1e-6)
     (t * torch_like_weights(t.shape)).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), torch_like_weights(t.shape).numpy().T)
 

@@ -204,3 +204,15 @@ def test_convolutions_run_as_blas_matmuls(stride, padding, dilation, groups):
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("shapes", [((300, 64), (300, 8)), ((64, 40), (64, 300)), ((3, 50, 40), (3, 50, 6))])
+def test_blas_with_an_operand_stored_column_by_column(shapes):
+    """a.T @ b: the bigger operand column by column is computed as (b.T @ a).T (run_blas), with a batch
+    axis too; an output in either order lands in the kernel's row-major result."""
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(s).astype(F32) for s in shapes)
+    out = Tensor(a, device="CPU").transpose(-1, -2) @ Tensor(b, device="CPU")
+    ref = torch.from_numpy(a).transpose(-1, -2) @ torch.from_numpy(b)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose((out + 1).numpy(), ref.numpy() + 1, rtol=1e-4, atol=1e-4)  # with an epilogue

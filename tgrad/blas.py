@@ -1,0 +1,200 @@
+"""Matmul-shaped kernels as BLAS calls (the CPU device): `blas_plan` recognises a kernel whose reduce is
+sum_r A[g, r] * B[g, r] over strided (or computed) operands and says how to run it as a batched matmul
+(numpy.matmul on strided views, tgrad/runtime/cpu.py `run_blas`), with generated functions around it:
+prologues that compute computed operands, an epilogue that computes the stored value from the result.
+Pure planning over the Kernel IR, like the emitters: no runtime, no device package."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tgrad.dtype import DType, dtypes
+from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_const, is_true, linear_terms
+
+BLAS_MIN_WORK = 1 << 16  # multiply-adds below which the generated loop beats a BLAS call
+# elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the
+# generated loop runs instead: 256 MiB of float32
+BLAS_MAX_OPERAND = 1 << 26
+
+
+@dataclass(frozen=True)
+class Operand:
+    input: int  # which kernel input
+    offset: int
+    strides: tuple[int, ...]  # element stride per kernel axis (global axes, then the reduce axes)
+
+
+@dataclass(frozen=True)
+class BlasPlan:
+    """sum_r A[g, r] * B[g, r] as a batched matmul: global axes split into batch (both operands),
+    M (A only) and N (B only); the reduce axes r (one for a matmul, three for a conv) are K."""
+
+    a: Operand
+    b: Operand
+    batch: tuple[int, ...]
+    m: tuple[int, ...]
+    n: tuple[int, ...]
+    epilogue: Kernel | None  # the stored value computed from the matmul result, or None if it is ACC
+    prologues: tuple[Kernel, ...] = ()  # operands that are computed (e.g. relu'(x) * g) are made first
+
+
+def _affine(index: Expr, naxes: int) -> tuple[int, tuple[int, ...]] | None:
+    strides = [0] * naxes
+    offset = 0
+    for coef, atom in linear_terms(index):
+        if atom is None:
+            offset += coef
+        elif atom.op == "IDX":
+            strides[atom.arg[0]] += coef
+        else:
+            return None
+    return offset, tuple(strides)
+
+
+def _operand(e: Expr, naxes: int, dtype: DType) -> Operand | None:
+    if e.op != "LOAD" or not is_true(e.srcs[1]) or e.dtype != dtype:
+        return None
+    aff = _affine(e.srcs[0], naxes)
+    return None if aff is None else Operand(e.arg, aff[0], aff[1])
+
+
+def _replace_acc(e: Expr, load: Expr) -> Expr:
+    if e.op == "ACC":
+        return load
+    if not e.srcs:
+        return e
+    return Expr(e.op, tuple(_replace_acc(s, load) for s in e.srcs), e.arg, e.dtype)
+
+
+def blas_plan(kernel: Kernel) -> BlasPlan | None:
+    k = kernel
+    if k.reduce_op != "SUM" or k.reduce_expr.op != "MUL":
+        return None
+    dtype = k.reduce_expr.dtype
+    if dtype not in (dtypes.float32, dtypes.float64) or math.prod(k.shape) < BLAS_MIN_WORK:
+        return None
+    naxes = len(k.shape)
+    prologues: list[Kernel] = []
+
+    def operand(e: Expr) -> Operand | None:
+        op = _operand(e, naxes, dtype)
+        if op is None and e.dtype == dtype and "ACC" not in _ops(e):
+            # a computed operand: a prologue kernel writes it row-major over the axes it uses, the
+            # output's axes first or the reduce axes first, whichever puts the longer axis innermost
+            # (a conv's im2col loops over a row of the image, not over a row of the 5x5 window)
+            axes = sorted(_axes(e))
+            outer = [a for a in axes if a < k.n_global]
+            inner = [a for a in axes if a >= k.n_global]
+            if outer and inner and k.shape[outer[-1]] > k.shape[inner[-1]]:
+                axes = inner + outer
+            sizes = [k.shape[a] for a in axes]
+            remap = {a: Expr("IDX", (), (pos, k.shape[a]), IDX_DT) for pos, a in enumerate(axes)}
+            strides, acc = [0] * naxes, 1
+            for a in reversed(axes):
+                strides[a] = acc
+                acc *= k.shape[a]
+            index = const(0, IDX_DT)
+            for a in axes:
+                index = iadd(index, imul(remap[a], strides[a]))
+            prologues.append(
+                Kernel(
+                    name=f"{k.name}_operand{len(prologues)}",
+                    shape=tuple(sizes),
+                    n_global=len(sizes),
+                    reduce_op=None,
+                    reduce_expr=None,
+                    expr=_remap_idx(e, remap),
+                    out_index=index,
+                    out_dtype=dtype,
+                    in_dtypes=k.in_dtypes,
+                )
+            )
+            op = Operand(len(k.in_dtypes) + len(prologues) - 1, 0, tuple(strides))
+        return op
+
+    a, b = (operand(s) for s in k.reduce_expr.srcs)
+    ng = k.n_global
+    if a is None or b is None or not any(a.strides[ng:]) or not any(b.strides[ng:]):
+        return None
+    batch, m, n = [], [], []
+    for axis in range(k.n_global):
+        sa, sb = a.strides[axis], b.strides[axis]
+        if sa and sb:
+            batch.append(axis)
+        elif sa:
+            m.append(axis)
+        elif sb:
+            n.append(axis)
+        else:
+            return None
+    if not m and not n:  # dot products: the generated reduce loop streams both operands once
+        return None
+    if not m and n:  # keep A the operand with the M axes
+        a, b, m, n = b, a, n, m
+    rows = max(math.prod(k.shape[x] for x in (*batch, *side)) for side in (m, n))
+    if rows * math.prod(k.reduce_shape) > BLAS_MAX_OPERAND:
+        return None
+    epilogue = None
+    row_major = const(0, IDX_DT)
+    acc = 1
+    for axis in reversed(range(k.n_global)):
+        row_major = iadd(row_major, imul(Expr("IDX", (), (axis, k.shape[axis]), IDX_DT), acc))
+        acc *= k.shape[axis]
+    if not (k.expr.op == "ACC" and _same_index(k.out_index, row_major)):
+        load = Expr("LOAD", (row_major, const(True, dtypes.bool)), len(k.in_dtypes), dtype)
+        epilogue = Kernel(
+            name=k.name + "_epilogue",
+            shape=k.global_shape,
+            n_global=k.n_global,
+            reduce_op=None,
+            reduce_expr=None,
+            expr=_replace_acc(k.expr, load),
+            out_index=k.out_index,
+            out_dtype=k.out_dtype,
+            in_dtypes=(*k.in_dtypes, dtype),
+        )
+    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues))
+
+
+def _ops(e: Expr, seen: set | None = None) -> set[str]:
+    seen = set() if seen is None else seen
+    if e in seen:
+        return set()
+    seen.add(e)
+    out = {e.op}
+    for s in e.srcs:
+        out |= _ops(s, seen)
+    return out
+
+
+def _axes(e: Expr, seen: set | None = None) -> set[int]:
+    """The kernel axes whose index e uses."""
+    seen = set() if seen is None else seen
+    if e in seen:
+        return set()
+    seen.add(e)
+    out = {e.arg[0]} if e.op == "IDX" else set()
+    for s in e.srcs:
+        out |= _axes(s, seen)
+    return out
+
+
+def _remap_idx(e: Expr, remap: dict[int, Expr], memo: dict | None = None) -> Expr:
+    memo = {} if memo is None else memo
+    hit = memo.get(e)
+    if hit is None:
+        if e.op == "IDX":
+            hit = remap[e.arg[0]]
+        elif not e.srcs:
+            hit = e
+        else:
+            hit = Expr(e.op, tuple(_remap_idx(s, remap, memo) for s in e.srcs), e.arg, e.dtype)
+        memo[e] = hit
+    return hit
+
+
+def _same_index(a: Expr, b: Expr) -> bool:
+    """Whether two index expressions are the same sum of terms (in any order)."""
+    diff = iadd(a, imul(b, -1))
+    return is_const(diff) and diff.arg == 0

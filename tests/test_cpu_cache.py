@@ -117,12 +117,11 @@ def test_bool_reductions_through_a_row_of_accumulators(reduce, monkeypatch):
 # compile workers (tgrad/runtime/cpu_pool.py)
 
 GOOD = """import numpy as np
-from numba import prange
 
 from tgrad.runtime.numba_rt import kernel
 
 
-@kernel(parallel=False)
+@kernel()
 def triple(out, in0, n):
     for i in range(n):
         out[i] = in0[i] * np.float32(3.0)

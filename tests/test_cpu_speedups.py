@@ -166,20 +166,25 @@ def test_integer_division_edges_on_cpu(dtype):
     np.testing.assert_array_equal((ta % tb).numpy(), np.where(nonzero, want_mod, a))
 
 
-@pytest.mark.parametrize("axis", [0, 1, 2])
-def test_threaded_reductions_over_each_axis(axis):
-    """Reductions big enough for threads (prange), including the interchanged ones whose row of
-    accumulators is scratch memory: each thread needs rows of its own (a shared row raced)."""
+@pytest.mark.parametrize("axis", [0, 1, 2, None])
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+def test_threaded_reductions_over_each_axis(axis, threads, monkeypatch):
+    """Reductions big enough for threads (each runs a range [lo, hi) of the outer loop; 3 threads split
+    64 rows unevenly), including the interchanged ones whose row of accumulators is scratch memory: each
+    thread needs rows of its own (a shared row raced), and full reductions (partials, then one combine)."""
     from tgrad import emit_numba, fuse
 
-    x = np.random.default_rng(axis).standard_normal((64, 128, 256)).astype(F32)
+    monkeypatch.setenv("TGRAD_THREADS", threads)
+    x = np.random.default_rng(axis or 3).standard_normal((64, 128, 256)).astype(F32)
     t = Tensor(x, device="CPU")
     (item,) = fuse.schedule([t.sum(axis).node])
-    source = emit_numba.render(item.kernel).source
-    assert "prange" in source, source
-    if axis < 2:
-        assert "accs[i0 * " in source, source  # interchanged, one row of accumulators per iteration
-    np.testing.assert_allclose(t.sum(axis).numpy(), x.astype(np.float64).sum(axis), rtol=1e-4, atol=1e-3)
+    program = emit_numba.render(item.kernel)
+    assert "range(lo, hi)" in program.source and program.launch["split"] > 1, program.source
+    if axis is not None and axis < 2:
+        assert "accs[i0 * " in program.source, program.source  # interchanged, a row of accumulators each
+    ref = x.astype(np.float64).sum(axis)
+    np.testing.assert_allclose(t.sum(axis).numpy(), ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose((t * 2 + 1).exp().numpy(), np.exp(x * 2 + 1), rtol=1e-5)  # elementwise
     np.testing.assert_array_equal((t > 1.5).any(axis).numpy(), (x > 1.5).any(axis))
     np.testing.assert_allclose(t.max(axis).numpy(), x.max(axis))
 

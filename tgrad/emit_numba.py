@@ -1,10 +1,12 @@
 """Render a Kernel as Python source for Numba (the CPU device).
 
 The source is a plain Python function over raw pointers (`out[i] = in0[j] * in1[j]`), marked with
-`@kernel(parallel=...)`: the options Numba compiles it with (tgrad/runtime/cpu.py compiles it as a
-native function without Python wrappers and keeps its object code on disk).
-The kernel becomes nested loops: the global axes outermost (the first one a `prange` when the kernel is
-big enough to be worth threads), the reduce axes inside with a scalar accumulator. Each Expr node is
+`@kernel()` (tgrad/runtime/cpu.py compiles it with Numba as a native function without Python wrappers
+and keeps its object code on disk).
+The kernel becomes nested loops: the global axes outermost, the reduce axes inside with a scalar
+accumulator. A kernel big enough to be worth threads runs its outer loop over [lo, hi) (two more
+arguments): the runtime's threads each call it on a range (Numba's own parallel loops cost 0.5 s of
+compile time each, against 0.1 s serial, and start a threading layer). Each Expr node is
 one local variable, placed at the shallowest loop level whose indices it uses, so loads that do not
 depend on the reduce axes are hoisted out of the reduce loop. float16 is computed in float32 (Numba
 has no float16 on the CPU): the runtime widens float16 buffers on the way in and narrows on the way
@@ -43,7 +45,6 @@ PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads 
 _RT_PATH = Path(__file__).parent / "runtime" / "numba_rt.py"
 _RT_DIGEST = hashlib.sha256(_RT_PATH.read_bytes()).hexdigest()[:12]
 HEADER = f"""import numpy as np
-from numba import prange
 
 from tgrad.runtime.numba_rt import (  # runtime {_RT_DIGEST}
     _acc_add, _acc_mul, _bf16, _exp2f, _f16, _idiv, _maximum, kernel,
@@ -224,20 +225,22 @@ class _Renderer(StatementPlacer):
         self.acc_dt = k.acc_dtype
         names = ["out"] + [f"in{i}" for i in range(len(k.in_dtypes))]
         names += [name for name, _, _ in scratch(k, parallel)] + (["n"] if self.length else [])
+        names += ["lo", "hi"] if parallel else []  # the range of the outer loop this call runs
         args = ", ".join(names)
         # float sums and products accumulate through _acc_add/_acc_mul, which LLVM may reorder (so the
         # reduce loop vectorizes); nothing else is reordered and no other fast-math flag is on
-        out = [f"@kernel(parallel={parallel})", f"def {fname}({args}):"]
+        out = ["@kernel()", f"def {fname}({args}):"]
 
         def emit(depth: int, stmts: list[str]) -> None:
             out.extend("    " * (depth + 1) + s for s in stmts)
 
         if k.reduce_expr is not None and ng == 0 and parallel:
-            # a full reduction: SPLIT threads each reduce a chunk of the outermost axis, then one combines
+            # a full reduction: threads each reduce chunks [lo, hi) of the outermost axis into `partial`;
+            # the call with lo == chunks (after every chunk) combines them
             chunks = min(SPLIT, k.shape[0])
             size = -(-k.shape[0] // chunks)
             emit(0, self.levels[0])
-            emit(0, [f"for p in prange({chunks}):"])
+            emit(0, ["for p in range(lo, hi):"])
             emit(1, [f"acc = {init}", f"for i0 in range(p * {size}, min({k.shape[0]}, (p + 1) * {size})):"])
             for depth in range(1, n + 1):
                 emit(depth + 1, self.levels[depth])
@@ -245,9 +248,9 @@ class _Renderer(StatementPlacer):
                     emit(depth + 1, [f"for i{depth} in range({k.shape[depth]}):"])
             emit(n + 1, [f"acc = {update('acc', val)}"])
             emit(1, [f"partial[p] = {_st('acc', acc_dt)}"])
-            emit(0, [f"acc = {init}", f"for p in range({chunks}):"])
-            emit(1, [f"acc = {update('acc', _ld('partial[p]', acc_dt))}"])
-            emit(0, self.post + [store])
+            emit(0, [f"if lo == {chunks}:", f"    acc = {init}", f"    for p in range({chunks}):"])
+            emit(2, [f"acc = {update('acc', _ld('partial[p]', acc_dt))}"])
+            emit(1, self.post + [store])
             return "\n".join(out) + "\n"
         if k.reduce_expr is not None and want_interchange(k):
             return self._render_interchanged(out, emit, val, init, update, parallel)
@@ -256,8 +259,8 @@ class _Renderer(StatementPlacer):
             if depth == ng and k.reduce_expr is not None:
                 emit(depth, [f"acc = {init}"])
             if depth < n:
-                rng = "prange" if (depth == 0 and parallel) else "range"
-                emit(depth, [f"for i{depth} in {rng}({self.length or k.shape[depth]}):"])
+                bounds = "lo, hi" if (depth == 0 and parallel) else (self.length or k.shape[depth])
+                emit(depth, [f"for i{depth} in range({bounds}):"])
         if k.reduce_expr is not None:
             emit(n, [f"acc = {update('acc', val)}"])
             emit(ng, self.post + [store])
@@ -271,7 +274,7 @@ class _Renderer(StatementPlacer):
         k = self.k
         n, ng = len(k.shape), k.n_global
         g = ng - 1
-        threaded = parallel and g > 0  # a prange over axis 0: each of its iterations has a row of its own
+        threaded = parallel and g > 0  # threads split axis 0: each of its iterations has a row of its own
         cell = f"accs[i0 * {k.shape[g]} + i{g}]" if threaded else f"accs[i{g}]"
         for depth in range(n):  # depth < g: outer global axes; g..n-2: reduce axes; n-1: axis g
             axis = depth if depth < g else (depth + 1 if depth < n - 1 else g)
@@ -279,8 +282,8 @@ class _Renderer(StatementPlacer):
             if depth == g:
                 first = _st(init, self.acc_dt)
                 emit(depth, [f"for i{g} in range({k.shape[g]}):", f"    {cell} = {first}"])
-            rng = "prange" if (depth == 0 and threaded) else "range"
-            emit(depth, [f"for i{axis} in {rng}({k.shape[axis]}):"])
+            bounds = "lo, hi" if (depth == 0 and threaded) else k.shape[axis]
+            emit(depth, [f"for i{axis} in range({bounds}):"])
         emit(n, self.levels[n])
         acc = _ld(cell, self.acc_dt)
         emit(n, [f"{cell} = {_st(update(acc, val), self.acc_dt)}"])
@@ -338,23 +341,33 @@ def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
     `reads` the inputs it loads (the runtime passes only those), then `scratch` arrays, then `args`: the
     length of a kernel that `flatten` made 1-D (so its source does not depend on its shape). Launch facts:
     `storage`, the pointers' element types (output, inputs read, scratch); `parallel`, whether it runs
-    threads (by `want_parallel` unless given)."""
+    threads (by `want_parallel` unless given); `split`, for a threaded function, how many iterations its
+    outer loop has: the function then takes two more ints `lo, hi` and runs iterations [lo, hi), so the
+    runtime's threads each run a range (`combine`: a full reduction, whose call with lo == split after
+    all the others adds the threads' partial results)."""
     if parallel is None:
         parallel = want_parallel(kernel)
     reads = used_inputs(kernel)
     compacted = compact(kernel, reads)
     flat = flatten(compacted)
+    if flat is None:
+        compacted = merge_axes(compacted)  # (scratch sizes below follow the merged axes)
+        k = compacted
+        # an interchanged reduce over one global axis keeps that axis innermost: nothing to split
+        parallel = parallel and not (k.reduce_expr is not None and k.n_global == 1 and want_interchange(k))
+    combine = parallel and flat is None and compacted.reduce_expr is not None and compacted.n_global == 0
     if flat is not None:
         fname, body = "E_n", _Renderer(flat, length="n").render("E_n", parallel)
+        split = math.prod(kernel.shape)
     else:
-        compacted = merge_axes(compacted)  # (scratch sizes below follow the merged axes)
         fname, body = kernel.name, _Renderer(compacted).render(kernel.name, parallel)
+        split = (min(SPLIT, compacted.shape[0]) if combine else compacted.shape[0]) if parallel else 0
     temps = tuple((size, storage_dtype(dt)) for _, size, dt in scratch(compacted, parallel))
     ins = tuple(storage_dtype(kernel.in_dtypes[i]) for i in reads)
     storage = (storage_dtype(kernel.out_dtype), *ins, *(dt for _, dt in temps))
     args = (math.prod(kernel.shape),) if flat is not None else ()
-    return Program(fname, HEADER + "\n\n" + body, reads=reads, scratch=temps, args=args,
-                   launch={"storage": storage, "parallel": parallel})
+    launch = {"storage": storage, "parallel": parallel, "split": split if parallel else 0, "combine": combine}
+    return Program(fname, HEADER + "\n\n" + body, reads=reads, scratch=temps, args=args, launch=launch)
 
 
 def used_inputs(kernel: Kernel) -> tuple[int, ...]:

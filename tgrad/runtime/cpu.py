@@ -3,12 +3,14 @@ ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul) with generated co
 
 Numba compiles each function once (tgrad/runtime/numba_compile.py: no Python wrappers), tgrad keeps its
 object code on disk (`TGRAD_CACHE/cpu`) and loads it with llvmlite alone, so a process with a warm cache
-never imports Numba for serial kernels (threaded ones need Numba's threading layer, started on demand).
+never imports Numba. Threaded kernels run on tgrad's own threads (`_Threads`), one range of the outer
+loop each, not in Numba's threading layer.
 With a cold cache, compile worker processes (cpu_pool.py) build part of each schedule's new kernels.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import dataclasses
 import functools
@@ -18,6 +20,7 @@ import math
 import os
 import pickle
 import sys
+import threading
 import warnings
 import weakref
 from pathlib import Path
@@ -35,19 +38,66 @@ from tgrad.runtime import cpu_pool
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
 from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, on_disk
 
-# Numba's OpenMP threading layer keeps its threads spinning after each parallel kernel, which starves
-# OpenBLAS's threads in the matmul that follows (the CNN step with 2 threads: 374 -> 274 ms with the
-# workqueue layer, whose threads sleep). A threading layer the user chose wins.
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
-    if "numba" in sys.modules:  # imported before tgrad: its config has read the environment already
-        sys.modules["numba"].config.THREADING_LAYER = "workqueue"
-
 # ---------------------------------------------------------------------------------------------------
 # native functions: loaded from object code, called through ctypes
 
-_RET, _EXC = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()  # Numba's return-value and exception slots
 _RET_OK = (0, -2)  # Numba's status codes for "returned" and "returned None"
+_RET, _EXC = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()  # Numba's return-value and exception slots
+_SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run holding the GIL)
+
+
+def threads() -> int:
+    """Threads a threaded kernel runs on: NUMBA_NUM_THREADS (the name Numba users know) or TGRAD_THREADS,
+    else the cores this process may use."""
+    for name in ("TGRAD_THREADS", "NUMBA_NUM_THREADS"):
+        text = os.environ.get(name, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise DeviceError(f"{name}={text!r}: expected a number of threads (1 or more)")
+            return int(text)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class _Threads:
+    """The threads that run a threaded kernel (emit_numba's `split`): its outer loop cut into one range per
+    thread, each range a call of the native function (which releases the GIL), the caller running the
+    first. Numba's own parallel loops cost 0.5 s of compile time per kernel (0.1 s serial), started a
+    threading layer (whose OpenMP threads spin and starved OpenBLAS, and which slowed PyTorch's CPU
+    attention 70x when started before torch was imported)."""
+
+    def __init__(self):
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.local = threading.local()  # per thread: Numba's return-value and exception slots
+
+    def call(self, native, args: tuple, lo: int, hi: int) -> None:
+        slots = getattr(self.local, "slots", None)
+        if slots is None:
+            ret, exc = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()
+            slots = self.local.slots = (ret, exc, ctypes.addressof(ret), ctypes.addressof(exc))
+        status = native(slots[2], slots[3], *args, lo, hi)
+        if status not in _RET_OK:
+            raise RuntimeError(f"the compiled function returned error status {status}")
+
+    def run(self, native, args: tuple, n: int, combine: bool) -> None:
+        count = min(threads(), n)
+        if count > 1:
+            if self.executor is None or self.executor._max_workers < count - 1:
+                self.executor = concurrent.futures.ThreadPoolExecutor(count - 1, "tgrad-cpu")
+            cuts = [n * i // count for i in range(count + 1)]
+            futures = [self.executor.submit(self.call, native, args, cuts[i], cuts[i + 1])
+                       for i in range(1, count)]
+            try:
+                self.call(native, args, 0, cuts[1])
+            finally:
+                for f in futures:
+                    f.result()
+        else:
+            self.call(native, args, 0, n)
+        if combine:
+            self.call(native, args, n, n)
+
+
+_THREADS = _Threads()
 _ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weakref to the array, address of its data)
 
 
@@ -76,12 +126,10 @@ def _native_key() -> str:
 @functools.cache
 def _numba_runtime() -> None:
     """Start what Numba-compiled code may call into: its C helpers and math symbols (registered with its
-    code generator) and its threading layer (parallel kernels)."""
+    code generator)."""
     from numba.core.registry import cpu_target
-    from numba.np.ufunc.parallel import _launch_threads
 
     cpu_target.target_context.codegen()
-    _launch_threads()
 
 
 def _load_object(entry: dict) -> tuple[object, int] | None:
@@ -158,20 +206,25 @@ class _Native:
 
     @property
     def key(self) -> tuple:  # the same source serves buffers of other dtypes (a copy): one function each
-        return (self.digest, *self.storage, len(self.program.args))
+        return (self.digest, *self.storage, _n_ints(self.program))
 
     @property
     def job(self) -> tuple:  # the arguments of numba_compile.compile_object
         prg = self.program
         return (prg.source, prg.name, f"tgrad_kernel_{self.digest}", [d.name for d in self.storage],
-                len(prg.args))
+                _n_ints(prg))
+
+
+def _n_ints(program: Program) -> int:
+    """The int64 arguments of a kernel's native function: its `args`, then lo, hi when it is threaded."""
+    return len(program.args) + (2 if program.launch.get("split") else 0)
 
 
 def _native(program: Program) -> _Native:
     path, cdir = None, cache_dir()
     storage = program.launch["storage"]
     if cdir is not None:
-        signature = ",".join(d.name for d in storage) + f"+{len(program.args)}"
+        signature = ",".join(d.name for d in storage) + f"+{_n_ints(program)}"
         name = hashlib.sha256(f"{program.source}\0{signature}\0{_native_key()}".encode()).hexdigest()[:32]
         path = cdir / "cpu" / f"{name}.pkl"
     return _Native(program, hashlib.sha256(program.source.encode()).hexdigest()[:20], path)
@@ -292,8 +345,8 @@ class CPURuntime(Runtime):
         hit = self.functions.get(nat.key)
         if hit is None:
             hit = self.functions[nat.key] = self._load(nat, kernel_name)
-        native, ret, exc = hit[0], ctypes.addressof(_RET), ctypes.addressof(_EXC)
-        used, extra = program.reads, program.args
+        native, used, extra = hit[0], program.reads, program.args
+        split, combine = program.launch.get("split", 0), program.launch.get("combine", False)
         scratch = tuple((size, dt.np) for size, dt in program.scratch)
         address, pool = _address, []  # scratch arrays between launches (pop/append are atomic)
 
@@ -301,14 +354,16 @@ class CPURuntime(Runtime):
             ptrs = [address(out)]
             for i in used:
                 ptrs.append(address(inputs[i]))
-            if not scratch:
-                status = native(ret, exc, *ptrs, *extra)
+            tmp = (pool.pop() if pool else [np.empty(size, dt) for size, dt in scratch]) if scratch else ()
+            args = (*ptrs, *map(address, tmp), *extra)
+            if split:
+                _THREADS.run(native, args, split, combine)
             else:
-                tmp = pool.pop() if pool else [np.empty(size, dt) for size, dt in scratch]
-                status = native(ret, exc, *ptrs, *map(address, tmp), *extra)
+                status = native(_SLOTS[0], _SLOTS[1], *args)
+                if status not in _RET_OK:
+                    raise RuntimeError(f"the compiled function returned error status {status}")
+            if scratch:
                 pool.append(tmp)
-            if status not in _RET_OK:
-                raise RuntimeError(f"the compiled function returned error status {status}")
 
         return call
 
@@ -331,7 +386,7 @@ class CPURuntime(Runtime):
             prg = nat.program
             try:
                 entry = compile_native(prg.source, prg.name, f"tgrad_kernel_{nat.digest}", nat.storage,
-                                       len(prg.args))
+                                       _n_ints(prg))
             except Exception as e:
                 raise KernelError(
                     f"kernel {kernel_name} failed to build: {type(e).__name__}: {e}\n{numbered(prg.source)}"
@@ -339,9 +394,11 @@ class CPURuntime(Runtime):
             _write_entry(nat.path, entry)
             loaded = entry["library"], entry["address"]
         keep, address = loaded
-        args = [ctypes.c_void_p] * (2 + len(nat.storage)) + [ctypes.c_int64] * len(nat.program.args)
-        # called holding the GIL, like a Numba dispatcher (threaded kernels release it inside)
-        proto = ctypes.PYFUNCTYPE(ctypes.c_int32, *args)
+        args = [ctypes.c_void_p] * (2 + len(nat.storage)) + [ctypes.c_int64] * _n_ints(nat.program)
+        # a serial kernel is called holding the GIL, like a Numba dispatcher; a threaded one releases it,
+        # so that each thread runs its range at the same time
+        threaded = nat.program.launch.get("split")
+        proto = (ctypes.CFUNCTYPE if threaded else ctypes.PYFUNCTYPE)(ctypes.c_int32, *args)
         return proto(address), keep
 
 

@@ -221,3 +221,21 @@ def test_blas_with_an_operand_stored_column_by_column(shapes):
     ref = torch.from_numpy(a).transpose(-1, -2) @ torch.from_numpy(b)
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose((out + 1).numpy(), ref.numpy() + 1, rtol=1e-4, atol=1e-4)  # with an epilogue
+
+
+def test_threaded_kernels_run_in_a_forked_child():
+    """A child forked after the parent ran threaded kernels has none of the parent's threads: it starts
+    its own instead of waiting forever on the parent's."""
+    import multiprocessing
+
+    x = np.random.default_rng(5).random(1 << 21, dtype=F32)
+    want = x.astype(np.float64).sum()
+    np.testing.assert_allclose(Tensor(x, device="CPU").sum().item(), want, rtol=1e-5)  # threads started
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_child_sum, (x,)).get(timeout=120)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def _child_sum(x):
+    return Tensor(x * 1, device="CPU").sum().item()

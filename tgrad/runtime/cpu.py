@@ -67,6 +67,7 @@ class _Threads:
 
     def __init__(self):
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pid = os.getpid()  # a forked child has none of its parent's threads: it starts its own
         self.local = threading.local()  # per thread: Numba's return-value and exception slots
 
     def call(self, native, args: tuple, lo: int, hi: int) -> None:
@@ -81,8 +82,9 @@ class _Threads:
     def run(self, native, args: tuple, n: int, combine: bool) -> None:
         count = min(threads(), n)
         if count > 1:
-            if self.executor is None or self.executor._max_workers < count - 1:
+            if self.executor is None or self.executor._max_workers < count - 1 or self.pid != os.getpid():
                 self.executor = concurrent.futures.ThreadPoolExecutor(count - 1, "tgrad-cpu")
+                self.pid = os.getpid()
             cuts = [n * i // count for i in range(count + 1)]
             futures = [self.executor.submit(self.call, native, args, cuts[i], cuts[i + 1])
                        for i in range(1, count)]

@@ -67,6 +67,7 @@ class _Threads:
 
     def __init__(self):
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.workers = 0  # the executor's threads (the caller is one more)
         self.pid = os.getpid()  # a forked child has none of its parent's threads: it starts its own
         self.local = threading.local()  # per thread: Numba's return-value and exception slots
 
@@ -82,9 +83,11 @@ class _Threads:
     def run(self, native, args: tuple, n: int, combine: bool) -> None:
         count = min(threads(), n)
         if count > 1:
-            if self.executor is None or self.executor._max_workers < count - 1 or self.pid != os.getpid():
+            if self.executor is None or self.workers < count - 1 or self.pid != os.getpid():
+                if self.executor is not None and self.pid == os.getpid():
+                    self.executor.shutdown(wait=False)  # more threads wanted: a bigger pool
                 self.executor = concurrent.futures.ThreadPoolExecutor(count - 1, "tgrad-cpu")
-                self.pid = os.getpid()
+                self.workers, self.pid = count - 1, os.getpid()
             cuts = [n * i // count for i in range(count + 1)]
             futures = [self.executor.submit(self.call, native, args, cuts[i], cuts[i + 1])
                        for i in range(1, count)]

@@ -53,6 +53,12 @@ def test_losses_check_class_labels_and_shapes(device):
     both_raise(lambda: F.cross_entropy(lt, torch.tensor([-1, 0])),
                lambda: lg.cross_entropy(Tensor([-1, 0])).numpy())
     both_raise(lambda: F.nll_loss(lt, torch.tensor([0, 7])), lambda: lg.nll_loss(Tensor([0, 7])).numpy())
+    both_raise(lambda: F.cross_entropy(lt, torch.tensor([-100, 3])),
+               lambda: lg.cross_entropy(Tensor([-100, 3])).numpy())
+    both_raise(lambda: F.cross_entropy(lt, torch.tensor([0, 1]) + 2),  # a computed label
+               lambda: lg.cross_entropy(Tensor([0, 1]) + 2).numpy())
+    np.testing.assert_allclose(lg.cross_entropy(Tensor([0, 1])[::-1] + 1).numpy(),  # a view
+                               F.cross_entropy(lt, torch.tensor([2, 1])).numpy(), rtol=1e-5)
     ignored = lg.cross_entropy(Tensor([-100, 2])).numpy()
     np.testing.assert_allclose(ignored, F.cross_entropy(lt, torch.tensor([-100, 2])).numpy(), rtol=1e-5)
     p = np.array([[0.2], [0.7]], np.float32)

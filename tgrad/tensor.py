@@ -2158,7 +2158,6 @@ class Tensor(metaclass=_NoGradMeta):
         it an out-of-range index would select nothing and read 0."""
         if index.numel() == 0:
             return
-        x = index if ignore is None else (index == ignore).where(low, index)
 
         def check(values: list[np.ndarray], _outputs: list[np.ndarray]) -> None:
             lo, hi = int(values[0]), int(values[1])
@@ -2167,6 +2166,17 @@ class Tensor(metaclass=_NoGradMeta):
                 size = high if low == 0 else f"{high} (indices from {low})"
                 raise IndexRangeError(f"{op}: index {bad} is out of bounds for size {size}")
 
+        if index.device in dtypes.HOST_DEVICES:  # the indices are in host memory: read them there
+            def check_here(values: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+                v = values[0] if ignore is None else values[0][values[0] != ignore]
+                if v.size:
+                    check([v.min(), v.max()], outputs)
+
+            key = (op, low, high, ignore, "host")
+            step = driver.HostStep(f"{op} index bounds", check_here, [], index.device, key=key)
+            Tensor.run_host(step, index)
+            return
+        x = index if ignore is None else (index == ignore).where(low, index)
         step = driver.HostStep(f"{op} index bounds", check, [], index.device, key=(op, low, high, ignore))
         Tensor.run_host(step, x.min(), x.max())
 

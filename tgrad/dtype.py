@@ -16,6 +16,9 @@ class DType:
     kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
     rank: int  # position on the promotion ladder
 
+    def __hash__(self) -> int:  # every graph node's key holds a dtype: the name alone tells them apart
+        return hash(self.name)
+
     @property
     def np(self) -> np.dtype:
         """The numpy dtype of this dtype's values on the host (bfloat16, which numpy lacks: float32)."""

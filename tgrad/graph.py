@@ -92,7 +92,8 @@ class Node:
     ):
         key = None
         if op is not Op.BUFFER and op is not Op.ASSIGN:
-            key = (op, tuple(id(s) for s in srcs), _arg_key(arg), shape, dtype, device)
+            # (the op's and dtype's names: hashing them is cached, hashing an Enum or a dataclass is Python)
+            key = (op._value_, tuple(id(s) for s in srcs), _arg_key(arg), shape, dtype.name, device)
             hit = cls._cache.get(key)
             if hit is not None:
                 return hit

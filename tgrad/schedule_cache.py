@@ -46,13 +46,14 @@ def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[int, int]]:
                 continue
             position[id(node)] = len(nodes)
             nodes.append(node)
+            # names, not Op and DType objects: a str caches its hash (Enums, dataclasses hash in Python)
             if node.realized:
                 buf = buffers.setdefault(id(node.buffer), len(buffers))
-                entries.append(("leaf", buf, node.shape, node.dtype, node.device))
+                entries.append(("leaf", buf, node.shape, node.dtype.name, node.device))
             else:
                 arg = None if node.op is Op.BUFFER else _arg_key(node.arg)
                 srcs = tuple(position[id(s)] for s in node.srcs)
-                entries.append((node.op, arg, node.shape, node.dtype, node.device, srcs))
+                entries.append((node.op._value_, arg, node.shape, node.dtype.name, node.device, srcs))
     outs = tuple(position[id(n)] for n in outputs)
     return (tuple(entries), outs), nodes, position
 

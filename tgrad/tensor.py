@@ -52,7 +52,7 @@ def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
-    if dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS and device not in dtypes.HOST_DEVICES:
+    if device not in dtypes.HOST_DEVICES and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
         instead = "float32 or float16" if dtype.is_float else "a signed integer type"
         raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
                          f"cast to {instead} first")

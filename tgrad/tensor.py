@@ -2153,9 +2153,10 @@ class Tensor(metaclass=_NoGradMeta):
     @staticmethod
     def _check_index(index: Tensor, low: int, high: int, op: str, ignore: int | None = None) -> None:
         """Raise IndexRangeError, naming op, a bad value and the bounds, if an index (other than `ignore`)
-        is outside [low, high). The indices are on the device: their min and max are computed and read
-        by a host step right here (TinyJit replays it, so a replayed step checks its indices too); without
-        it an out-of-range index would select nothing and read 0."""
+        is outside [low, high). A host step right here reads the indices' min and max (TinyJit replays it,
+        so a replayed step checks its indices too): computed by two reduce kernels on a GPU, by numpy over
+        the indices themselves on CPU/NUMPY. Without it an out-of-range index would select nothing and
+        read 0."""
         if index.numel() == 0:
             return
 

@@ -45,6 +45,18 @@ def page_aligned(size: int, dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype)
 
 
+def _free_refs() -> int:
+    """sys.getrefcount of an array held only by a list, seen from a loop over that list (as `_sweep` sees a
+    block nobody else holds). Measured, not assumed: interpreters differ in the references they count."""
+    held = [np.empty(1, np.uint8)]
+    for array in held:
+        return sys.getrefcount(array)
+    return 0
+
+
+_FREE_REFS = _free_refs()
+
+
 class HostMemory:
     """Page-aligned arrays; blocks of MIN_KEEP bytes or more are kept when released and handed out again
     (the smallest free block that fits within 25%), up to `limit` bytes of free blocks (oldest dropped)."""
@@ -61,7 +73,7 @@ class HostMemory:
         """An uninitialised array of `size` elements of `dtype` (flat, page-aligned when big)."""
         dtype = np.dtype(dtype)
         nbytes = size * dtype.itemsize
-        if nbytes < MIN_KEEP or self.limit <= 0:
+        if nbytes < MIN_KEEP or self.limit <= 0 or _FREE_REFS < 2:
             return page_aligned(size, dtype)
         with self.lock:
             self._sweep()
@@ -95,8 +107,8 @@ class HostMemory:
         """Move pending blocks that only this pool references to `free` (holding the lock)."""
         still = []
         for owner in self.pending:
-            # references: the list, the loop variable, getrefcount's argument; any view adds one
-            if sys.getrefcount(owner) > 3:
+            # references: the list, the loop variable, getrefcount's argument (_FREE_REFS); any view adds one
+            if sys.getrefcount(owner) > _FREE_REFS:
                 still.append(owner)
                 continue
             block = owner[-owner.ctypes.data % PAGE :] if owner.ctypes.data % PAGE else owner

@@ -151,13 +151,18 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
     return f"{np_type(dtype)}({text})"
 
 
+def _chunks(kernel: Kernel) -> int:
+    """The chunks a threaded full reduction splits its outer axis into (one partial result each)."""
+    return min(SPLIT, kernel.shape[0])
+
+
 def scratch(kernel: Kernel, parallel: bool) -> tuple[tuple[str, int, DType], ...]:
     """Scratch arrays a kernel's function takes after its inputs (name, length, dtype), allocated by the
     runtime for each launch: the per-chunk partials of a threaded full reduction, or the row of
     accumulators of an interchanged reduction. `kernel` is the compacted kernel `render` renders."""
     k = kernel
     if k.reduce_expr is not None and k.n_global == 0 and parallel:
-        return (("partial", min(SPLIT, k.shape[0]), k.reduce_expr.dtype),)
+        return (("partial", _chunks(k), k.reduce_expr.dtype),)
     if k.reduce_expr is not None and want_interchange(k):
         g = k.n_global - 1
         rows = k.shape[0] if parallel and g > 0 else 1  # threads split axis 0: one row each iteration
@@ -237,7 +242,7 @@ class _Renderer(StatementPlacer):
         if k.reduce_expr is not None and ng == 0 and parallel:
             # a full reduction: threads each reduce chunks [lo, hi) of the outermost axis into `partial`;
             # the call with lo == chunks (after every chunk) combines them
-            chunks = min(SPLIT, k.shape[0])
+            chunks = _chunks(k)
             size = -(-k.shape[0] // chunks)
             emit(0, self.levels[0])
             emit(0, ["for p in range(lo, hi):"])
@@ -340,9 +345,9 @@ def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
     """One kernel as one Numba function over raw pointers (source with HEADER), and how it is called:
     `reads` the inputs it loads (the runtime passes only those), then `scratch` arrays, then `args`: the
     length of a kernel that `flatten` made 1-D (so its source does not depend on its shape). Launch facts:
-    `storage`, the pointers' element types (output, inputs read, scratch); `parallel`, whether it runs
-    threads (by `want_parallel` unless given); `split`, for a threaded function, how many iterations its
-    outer loop has: the function then takes two more ints `lo, hi` and runs iterations [lo, hi), so the
+    `storage`, the pointers' element types (output, inputs read, scratch); `split`, 0 for a serial
+    function, else how many iterations its outer loop has (threads by `want_parallel` unless `parallel`
+    is given): the function then takes two more ints `lo, hi` and runs iterations [lo, hi), so the
     runtime's threads each run a range (`combine`: a full reduction, whose call with lo == split after
     all the others adds the threads' partial results)."""
     if parallel is None:
@@ -358,15 +363,15 @@ def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
     combine = parallel and flat is None and compacted.reduce_expr is not None and compacted.n_global == 0
     if flat is not None:
         fname, body = "E_n", _Renderer(flat, length="n").render("E_n", parallel)
-        split = math.prod(kernel.shape)
+        split = math.prod(kernel.shape) if parallel else 0
     else:
         fname, body = kernel.name, _Renderer(compacted).render(kernel.name, parallel)
-        split = (min(SPLIT, compacted.shape[0]) if combine else compacted.shape[0]) if parallel else 0
+        split = (_chunks(compacted) if combine else compacted.shape[0]) if parallel else 0
     temps = tuple((size, storage_dtype(dt)) for _, size, dt in scratch(compacted, parallel))
     ins = tuple(storage_dtype(kernel.in_dtypes[i]) for i in reads)
     storage = (storage_dtype(kernel.out_dtype), *ins, *(dt for _, dt in temps))
     args = (math.prod(kernel.shape),) if flat is not None else ()
-    launch = {"storage": storage, "parallel": parallel, "split": split if parallel else 0, "combine": combine}
+    launch = {"storage": storage, "split": split, "combine": combine}
     return Program(fname, HEADER + "\n\n" + body, reads=reads, scratch=temps, args=args, launch=launch)
 
 

@@ -47,15 +47,15 @@ _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run
 
 
 def threads() -> int:
-    """Threads a threaded kernel runs on: NUMBA_NUM_THREADS (the name Numba users know) or TGRAD_THREADS,
-    else the cores this process may use."""
+    """Threads a threaded kernel runs on: TGRAD_THREADS or NUMBA_NUM_THREADS (the name Numba users know),
+    else the cores this process may use. Read at each launch, so a change of the variable takes effect."""
     for name in ("TGRAD_THREADS", "NUMBA_NUM_THREADS"):
         text = os.environ.get(name, "").strip()
         if text:
             if not text.isdigit() or int(text) < 1:
                 raise DeviceError(f"{name}={text!r}: expected a number of threads (1 or more)")
             return int(text)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpu_pool.cores()
 
 
 class _Threads:
@@ -477,13 +477,13 @@ def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: H
     order = [*plan.batch, *m, *n]
     dims = (size(plan.batch), size(m), size(n))
     dtype = np.result_type(a, b)
+    in_order = order == list(range(kernel.n_global))  # the result's rows are the output's
     try:
-        if out is not None and order == list(range(kernel.n_global)) and out.dtype == dtype \
-                and out.flags.c_contiguous:
+        if out is not None and in_order and out.dtype == dtype and out.flags.c_contiguous:
             np.matmul(a, b, out=out.reshape(dims))
             return None
         c = np.matmul(a, b, out=memory.array(math.prod(dims), dtype).reshape(dims))
-        if order == sorted(order):
+        if in_order:
             return c.reshape(-1)
         acc = memory.array(c.size, dtype)
         c = c.reshape(tuple(shape[x] for x in order))

@@ -17,6 +17,7 @@ after IDLE_EXIT_S without work.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import pickle
 import subprocess
@@ -31,6 +32,12 @@ MIN_JOBS_TO_START = 3  # with a warm cache, a worker (~1 s to start) is not wort
 IDLE_EXIT_S = 20.0  # a worker with nothing to do for this long exits (it holds ~150 MB); more start on demand
 
 
+@functools.cache
+def cores() -> int:
+    """The cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_workers() -> int:
     text = os.environ.get("TGRAD_COMPILE_WORKERS", "").strip()
     if text:
@@ -38,8 +45,7 @@ def default_workers() -> int:
             raise DeviceError(f"TGRAD_COMPILE_WORKERS={text!r}: expected a number of compile worker "
                               "processes (0 for none)")
         return int(text)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(cores - 1, 2))
+    return max(0, min(cores() - 1, 2))
 
 
 class CompilePool:

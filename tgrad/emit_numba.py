@@ -47,7 +47,7 @@ _RT_DIGEST = hashlib.sha256(_RT_PATH.read_bytes()).hexdigest()[:12]
 HEADER = f"""import numpy as np
 
 from tgrad.runtime.numba_rt import (  # runtime {_RT_DIGEST}
-    _acc_add, _acc_mul, _bf16, _exp2f, _f16, _idiv, _maximum, kernel,
+    _acc_add, _acc_mul, _bf16, _exp2f, _f16, _idiv, _maximum, _opaque, kernel,
 )
 """
 
@@ -177,12 +177,18 @@ class _Renderer(StatementPlacer):
         self.length = length  # the loop bound of a 1-D kernel, when it is an argument rather than a number
         self.names: dict[Expr, str] = {}
         self.count = 0
+        self.opaque: dict[str, str] = {}  # infinite constants of a MAX reduce -> their hidden name
 
     def ref(self, e: Expr) -> str:
         if e.op == "IDX":
             return f"i{e.arg[0]}"
         if e.op == "CONST":
-            return render_const(e.arg, e.dtype)
+            text = render_const(e.arg, e.dtype)
+            if self.k.reduce_op == "MAX" and e.dtype.is_float and math.isinf(e.arg):
+                # hidden from LLVM, which would otherwise turn a masked max into a reduction it does not
+                # vectorize (numba_rt._opaque); defined once before the loops
+                return self.opaque.setdefault(text, f"c{len(self.opaque)}")
+            return text
         if e.op == "ACC":  # a bfloat16 sum accumulates in float32; its value is rounded
             return "_bf16(acc)" if e.dtype == dtypes.bfloat16 and self.k.reduce_op != "MAX" else "acc"
         name = self.names.get(e)
@@ -235,6 +241,7 @@ class _Renderer(StatementPlacer):
         # float sums and products accumulate through _acc_add/_acc_mul, which LLVM may reorder (so the
         # reduce loop vectorizes); nothing else is reordered and no other fast-math flag is on
         out = ["@kernel()", f"def {fname}({args}):"]
+        out += [f"    {c} = _opaque({v})" for v, c in self.opaque.items()]
 
         def emit(depth: int, stmts: list[str]) -> None:
             out.extend("    " * (depth + 1) + s for s in stmts)

@@ -115,6 +115,23 @@ def _cpu_programs(fn):
     return [emit_numba.render(item.kernel) for item in schedule([out.node]) if hasattr(item, "kernel")]
 
 
+def test_column_sum_with_per_row_scalars_is_interchanged():
+    """A LayerNorm weight's gradient: sum over rows of dy * (x - mean[row]) * rstd[row]. The per-row scalars
+    have unit stride along the reduce axis but none along the kept one, so the reduce loops still go outside
+    (a row of accumulators, unit-stride loads) instead of a stride-64 walk per output."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(4)
+    dy, x = (rng.standard_normal((1024, 64)).astype(F32) for _ in range(2))
+    mean, rstd = (rng.standard_normal((1024, 1)).astype(F32) for _ in range(2))
+    dy_t, x_t, mean_t, rstd_t = (Tensor(a, device="CPU") for a in (dy, x, mean, rstd))
+    t = dy_t * ((x_t - mean_t) * rstd_t)
+    (item,) = fuse.schedule([t.sum(0).node])
+    assert "accs[" in emit_numba.render(item.kernel).source
+    ref = (dy.astype(np.float64) * (x - mean) * rstd).sum(0)
+    np.testing.assert_allclose(t.sum(0).numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
 def test_relu_and_maximum_with_nan_and_inf():
     x = np.array([-1.0, 0.0, -0.0, 2.0, np.nan, np.inf, -np.inf] * 300, F32)
     np.testing.assert_array_equal(Tensor(x, device="CPU").relu().numpy(), torch.from_numpy(x).relu().numpy())

@@ -305,20 +305,23 @@ class _Renderer(StatementPlacer):
 
 
 def want_interchange(kernel: Kernel) -> bool:
-    """Put the reduce loops outside the last global axis when that axis walks memory with unit stride
-    and the innermost reduce axis does not (sums over a leading axis, conv and pooling backward...)."""
+    """Put the reduce loops outside the last global axis when fewer loads then stride through memory in
+    the innermost loop: the last global axis walks memory with unit stride and the innermost reduce axis
+    does not (sums over a leading axis, conv and pooling backward, a LayerNorm weight's gradient, whose
+    per-row mean and scale are constant along the global axis)."""
     k = kernel
     if k.n_global == 0 or k.shape[k.n_global - 1] < 8 or not k.reduce_shape:
         return False
     g, r = k.n_global - 1, len(k.shape) - 1
-    unit_g = unit_r = 0
+    unit_g = strided_g = strided_r = 0
     for load in _loads(k.reduce_expr):
         aff = _affine(load.srcs[0], len(k.shape))
         if aff is None:
             continue
         unit_g += abs(aff[1][g]) == 1
-        unit_r += abs(aff[1][r]) == 1
-    return unit_g > 0 and unit_r == 0
+        strided_g += abs(aff[1][g]) > 1
+        strided_r += abs(aff[1][r]) > 1
+    return unit_g > 0 and strided_g < strided_r
 
 
 def _loads(e: Expr, seen: set | None = None) -> list[Expr]:

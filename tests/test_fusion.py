@@ -225,6 +225,73 @@ def test_index_division_by_terms():
                 assert _eval_index(simplified, env) == _eval_index(plain, env), (op, e, c, env, simplified)
 
 
+def test_index_division_under_a_mask_uses_the_narrowed_range():
+    """Inside view_index, under a pad's mask lo <= i < hi, the inner views' offsets may assume that range
+    (the load happens only there): (i - 64) // 16 with 64 <= i < 128 is i // 16 - 4, no division by a flat
+    index. Exact at every point of the narrowed range, for random linear indexes and nested div/mod."""
+    import itertools
+    import random
+
+    from tgrad.fuse import IDX_DT, Expr, _narrowed, const, iadd, idiv, imod, imul
+
+    i3 = Expr("IDX", (), (0, 192), IDX_DT)
+    _narrowed.axes = {0: (64, 127)}
+    try:
+        assert repr(idiv(iadd(i3, const(-64, IDX_DT)), 64)) == "0"
+        assert repr(imod(i3, 64)) == "ADD(i0, -64)"
+    finally:
+        _narrowed.axes = {}
+    # 2 - 3*i can be negative, where // truncates toward zero: -1 // 3 is 0 (not -i's -1)
+    i0 = Expr("IDX", (), (0, 5), IDX_DT)
+    e = iadd(const(2, IDX_DT), imul(i0, -3))
+    assert [_eval_index(idiv(e, 3), (v,)) for v in range(5)] == [0, 0, -1, -2, -3]
+    rng = random.Random(1)
+    for _ in range(300):
+        sizes = [rng.randint(1, 9) for _ in range(3)]
+        ranges = []
+        for s in sizes:
+            lo = rng.randint(0, s - 1)
+            ranges.append((lo, rng.randint(lo, s - 1)))
+        axes = [Expr("IDX", (), (n, s), IDX_DT) for n, s in enumerate(sizes)]
+        e = const(rng.randint(-10, 40), IDX_DT)
+        for ax in axes:
+            e = iadd(e, imul(ax, rng.randint(-3, 40)))
+        c, d = rng.randint(1, 30), rng.randint(1, 6)
+        _narrowed.axes = dict(enumerate(ranges))
+        try:
+            simplified = [idiv(e, c), imod(e, c), imod(idiv(e, c), d), idiv(imod(e, c), d)]
+        finally:
+            _narrowed.axes = {}
+        plain = [Expr(op, (e, const(c, IDX_DT)), None, IDX_DT) for op in ("IDIV", "MOD")]
+        plain += [Expr("MOD", (plain[0], const(d, IDX_DT)), None, IDX_DT),
+                  Expr("IDIV", (plain[1], const(d, IDX_DT)), None, IDX_DT)]
+        for env in itertools.product(*(range(lo, hi + 1) for lo, hi in ranges)):
+            for got, want in zip(simplified, plain):
+                assert _eval_index(got, env) == _eval_index(want, env), (want, ranges, env, got)
+
+
+@pytest.mark.parametrize("width, heads, c1, c2", [(64, 4, 64, 128), (30, 3, 7, 19)])
+def test_split_and_concat_gradients_match_torch(device, width, heads, c1, c2):
+    """q, k, v sliced from one projection and reshaped into heads (a transformer's attention): the
+    gradient of the projection is the three gradients padded into place, whose loads are indexed under
+    the pads' masks (the narrowed ranges above). Values against PyTorch, offsets that do and do not divide
+    the head size."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 5, 3 * width)).astype(np.float32)
+    g = rng.standard_normal((2, heads, 5, width // heads)).astype(np.float32)
+
+    def loss(a, g):
+        q, k, v = a[..., :c1], a[..., c1:c2], a[..., c2 : c2 + width]
+        head = v.reshape(2, 5, heads, width // heads).transpose(1, 2)
+        return (head * g).sum() + (q * 2).sum() + (k.exp() * k).sum()
+
+    t = Tensor(x, device=device, requires_grad=True)
+    r = torch.tensor(x, requires_grad=True)
+    loss(t, Tensor(g, device=device)).backward()
+    loss(r, torch.tensor(g)).backward()
+    np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_cpu_reduce_axes_merge_into_one_loop(cpu):
     """Reduce axes that every load walks as one (a BatchNorm sum over (N, H, W) rows of an image) are one
     loop on the CPU, global axes of a reduce stay (threads, interchange); values match numpy."""

@@ -20,6 +20,7 @@ Fusion rules (each kernel has one output):
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass
@@ -103,9 +104,20 @@ def is_true(e: Expr) -> bool:
     return e.op == "CONST" and e.arg is True
 
 
+class _Narrowed(threading.local):
+    """Index ranges known to hold while `view_index` works out a load's offset under a view's mask (axis ->
+    (lo, hi) inclusive): the load happens only where the mask holds, so its offset may assume it. Per
+    thread, since two threads may schedule at once."""
+
+    axes: dict[int, tuple[int, int]] = {}
+
+
+_narrowed = _Narrowed()
+
+
 def _bounds(e: Expr) -> tuple[float, float]:
     if e.op == "IDX":
-        return 0, e.arg[1] - 1
+        return _narrowed.axes.get(e.arg[0]) or (0, e.arg[1] - 1)
     if e.op == "CONST" and e.dtype.is_int:
         return e.arg, e.arg
     if e.op == "ADD":
@@ -185,25 +197,32 @@ def _common_factor(r: Expr, c: int) -> tuple[int, Expr, Expr] | None:
     return None
 
 
+def _multiples_and_rest(a: Expr, c: int) -> tuple[Expr, Expr] | None:
+    """(W, R) with a == c * W + R and 0 <= R < c by bounds, when a >= 0: then a // c == W, a % c == R.
+    Tried first: a shifted index (i - 64 where i >= 64 under a pad's mask) keeps its shift in R whole."""
+    terms = linear_terms(a)
+    whole = [(k // c, t) for k, t in terms if k % c == 0]
+    rest = from_terms([(k, t) for k, t in terms if k % c != 0])
+    if a.vmin >= 0 and rest.vmin >= 0 and rest.vmax < c:  # (a < 0 would truncate toward zero)
+        return from_terms(whole), rest
+    return None
+
+
 def idiv(a: Expr, c: int) -> Expr:
     if c == 1:
         return a
+    if a.vmin >= 0 and a.vmin // c == a.vmax // c:  # one quotient over a's range
+        return const(a.vmin // c, IDX_DT)
+    hit = _multiples_and_rest(a, c)
+    if hit is not None:
+        return hit[0]
     split = _split_terms(a, c)
     if split is not None:  # a // c == q + r // c
         q, r = split
-        if r.vmax < c:
-            return q
+        if r.vmin // c == r.vmax // c:  # r // c is one number (0 unless narrowed: i in [64, 128) // 64)
+            return iadd(q, const(r.vmin // c, IDX_DT))
         f = _common_factor(r, c)
         return iadd(q, idiv(f[1], c // f[0]) if f else Expr("IDIV", (r, const(c, IDX_DT)), None, IDX_DT))
-    terms = linear_terms(a)
-    whole = [(k // c, t) for k, t in terms if k % c == 0]
-    rest = [(k, t) for k, t in terms if k % c != 0]
-    rest_e = from_terms(rest)
-    lo, hi = rest_e.vmin, rest_e.vmax
-    if lo >= 0 and hi < c and all(_bounds(t)[0] >= 0 for _, t in whole if t is not None):
-        return from_terms(whole)
-    if a.vmin >= 0 and a.vmax < c:
-        return const(0, IDX_DT)
     return Expr("IDIV", (a, const(c, IDX_DT)), None, IDX_DT)
 
 
@@ -212,11 +231,16 @@ def imod(a: Expr, c: int) -> Expr:
         return const(0, IDX_DT)
     if a.vmin < 0:
         return Expr("MOD", (a, const(c, IDX_DT)), None, IDX_DT)
+    if a.vmin // c == a.vmax // c:  # one quotient over a's range
+        return iadd(a, const(-(a.vmin // c) * c, IDX_DT))
+    hit = _multiples_and_rest(a, c)
+    if hit is not None:
+        return hit[1]
     split = _split_terms(a, c)
     if split is not None:  # a % c == r % c
         r = split[1]
-        if r.vmax < c:
-            return r
+        if r.vmin // c == r.vmax // c:
+            return iadd(r, const(-(r.vmin // c) * c, IDX_DT))
         f = _common_factor(r, c)
         if f is None:
             return Expr("MOD", (r, const(c, IDX_DT)), None, IDX_DT)
@@ -265,19 +289,27 @@ def view_index(st: ShapeTracker, idx: list[Expr]) -> tuple[Expr, Expr]:
         return const(0, IDX_DT), const(False, dtypes.bool)
     valid = const(True, dtypes.bool)
     offset = None
-    for view in reversed(st.views):
-        if offset is not None:  # unflatten the outer view's offset into this view's axes
-            flat, idx = offset, []
-            for s, acc in zip(view.shape, strides_for(view.shape)):
-                idx.append(imod(idx_div(flat, acc), s) if s != 1 else const(0, IDX_DT))
-        offset = const(view.offset, IDX_DT)
-        for i, st_ in zip(idx, view.strides):
-            if st_ != 0:
-                offset = iadd(offset, imul(i, st_))
-        if view.mask is not None:
-            for i, (lo, hi), s in zip(idx, view.mask, view.shape):
-                if (lo, hi) != (0, s):
-                    valid = land(valid, land(iless(i, hi), igreater_eq(i, lo)))
+    outer = _narrowed.axes
+    _narrowed.axes = narrowed = dict(outer)
+    try:
+        for view in reversed(st.views):
+            if offset is not None:  # unflatten the outer view's offset into this view's axes
+                flat, idx = offset, []
+                for s, acc in zip(view.shape, strides_for(view.shape)):
+                    idx.append(imod(idx_div(flat, acc), s) if s != 1 else const(0, IDX_DT))
+            offset = const(view.offset, IDX_DT)
+            for i, st_ in zip(idx, view.strides):
+                if st_ != 0:
+                    offset = iadd(offset, imul(i, st_))
+            if view.mask is not None:
+                for i, (lo, hi), s in zip(idx, view.mask, view.shape):
+                    if (lo, hi) != (0, s):
+                        valid = land(valid, land(iless(i, hi), igreater_eq(i, lo)))
+                        if i.op == "IDX":  # the inner views' offsets are only used where lo <= i < hi
+                            was_lo, was_hi = _bounds(i)
+                            narrowed[i.arg[0]] = (max(was_lo, lo), min(was_hi, hi - 1))
+    finally:
+        _narrowed.axes = outer
     return offset, valid
 
 

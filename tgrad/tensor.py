@@ -1310,7 +1310,7 @@ class Tensor(metaclass=_NoGradMeta):
         pos = x >= 0
         a = pos.where(x, -x)
         a = (a > 10).where(10.0, a)
-        t = 1.0 / (1.0 + 0.3275911 * a)
+        t = (1.0 + 0.3275911 * a).reciprocal()  # in [0.23, 1]: no scaling against overflow (see _true_divide)
         poly = t * (
             0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
         )

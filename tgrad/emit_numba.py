@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from pathlib import Path
 
 from tgrad.blas import BlasPlan, Operand, _affine, blas_plan  # noqa: F401 (re-exported)
@@ -209,7 +210,9 @@ class _Renderer(StatementPlacer):
             self.place(e, f"{name} = {text}")
         return name
 
-    def render(self, fname: str, parallel: bool) -> str:
+    def render(self, fname: str, parallel: bool, share: Expr | None = None) -> str:
+        """share: an index where the reduce loop also stores each value it reduces (into `shared`), for
+        a row group's later kernel that uses those values (render_rows)."""
         k = self.k
         n, ng = len(k.shape), k.n_global
         interchange = k.reduce_expr is not None and want_interchange(k)
@@ -274,7 +277,8 @@ class _Renderer(StatementPlacer):
                 bounds = "lo, hi" if (depth == 0 and parallel) else (self.length or k.shape[depth])
                 emit(depth, [f"for i{depth} in range({bounds}):"])
         if k.reduce_expr is not None:
-            emit(n, [f"acc = {update('acc', val)}"])
+            also = [f"shared[{self.ref(share)}] = {val}"] if share else []
+            emit(n, [f"acc = {update('acc', val)}", *also])
             emit(ng, self.post + [store])
         else:
             emit(n, self.post + [store])
@@ -466,11 +470,12 @@ def flatten(kernel: Kernel) -> Kernel | None:
     )
 
 
-def merge_axes(kernel: Kernel) -> Kernel:
+def merge_axes(kernel: Kernel, rows: bool = False) -> Kernel:
     """Neighbouring axes of one kind (both global or both reduce) that every load and the store index as
     one (coefficient of the outer = that of the inner * the inner's size) and nothing else uses become one
     axis: a reduce over (128, 20, 20) rows of an image is a loop of 400 inside a loop of 128, which
-    vectorizes, instead of 2560 loops of 20."""
+    vectorizes, instead of 2560 loops of 20. rows: a reduce's global axes merge too (in a row group, its
+    rows are those of the elementwise kernel after it: LayerNorm's (16, 64) rows are 1024)."""
     k = kernel
     roots, nonlinear, seen = [], set(), set()
 
@@ -505,7 +510,7 @@ def merge_axes(kernel: Kernel) -> Kernel:
         coefs.append(c)
     # a reduce kernel keeps its global axes (threads split the first; an interchanged reduce keeps the
     # last innermost, the first outside it): only its reduce axes merge
-    ng = k.n_global if k.reduce_expr is not None else 0
+    ng = k.n_global if k.reduce_expr is not None and not rows else 0
     merged: list[list[int]] = [[a] for a in range(ng)]  # runs of old axes that become one new axis
     for a in range(ng, len(k.shape)):
         run = merged[-1] if merged and (a - 1 >= k.n_global) == (a >= k.n_global) and a - 1 >= ng else None
@@ -550,3 +555,147 @@ def want_parallel(kernel: Kernel) -> bool:
     if not kernel.shape or kernel.shape[0] < 2:
         return False
     return math.prod(kernel.shape) >= PARALLEL_MIN_WORK
+
+
+# ---------------------------------------------------------------------------------------------------
+# row groups: consecutive kernels that each work row by row, as one function with one loop over rows
+
+
+def _row_local(index: Expr, row: int) -> bool:
+    """Whether `index` (of a kernel whose axis 0 counts rows) stays inside row i0 of a buffer laid out as
+    rows of `row` elements: index == row * i0 + r with 0 <= r < row by bounds."""
+    terms = linear_terms(index)
+    on_rows = sum(c for c, t in terms if t is not None and t.op == "IDX" and t.arg[0] == 0)
+    rest = from_terms([(c, t) for c, t in terms if not (t is not None and t.op == "IDX" and t.arg[0] == 0)])
+    return on_rows == row and rest.vmin >= 0 and rest.vmax < row
+
+
+Member = tuple[Kernel, tuple[int, ...], int | None]  # a kernel of a row group (see render_rows)
+
+
+def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
+    """Kernels run one after another (a softmax's max, its sum of exponentials, its normalisation) as one
+    function whose loop over rows runs each kernel's work for that row in turn, so a row read three times
+    is read from the cache, not from memory; where the last kernel recomputes the values an earlier one
+    reduced (the softmax's exponentials), that reduce stores them in the output and the last kernel reads
+    them back. members: (kernel, the group input each of its inputs is, the group input its output is,
+    None for the last kernel's, which is the function's `out`); sizes: the elements of the group inputs
+    that members write. None when some member does not work row by row on the same rows, or reads
+    another's output outside the row being computed (or is a BLAS call, a 1-D elementwise kernel, an
+    interchanged reduce...): the kernels then run one by one."""
+    ks, rows, dtype_at = [], None, {}
+    for kernel, inputs, out_at in members:
+        if row_count(kernel) is None:
+            return None
+        k = _relabel(merge_axes(kernel, rows=True), inputs)  # loads name group inputs
+        rows = k.shape[0] if rows is None else rows
+        size = math.prod(kernel.global_shape)
+        if k.shape[0] != rows or size % rows or not _row_local(k.out_index, size // rows):
+            return None
+        for at in set(inputs) & set(sizes):
+            if not all(_row_local(e.srcs[0], sizes[at] // rows) for e in _loads_of(k, at)):
+                return None
+        dtype_at.update(zip(inputs, kernel.in_dtypes))
+        if out_at is not None:
+            dtype_at[out_at] = kernel.out_dtype
+        ks.append(k)
+    n_in, last, shares = len(dtype_at), ks[-1], [None] * len(ks)
+    for j in reversed(range(len(ks) - 1)):  # costly values the last kernel would compute again
+        k = ks[j]
+        if k.reduce_expr is not None and k.shape == last.shape and last.n_global == len(last.shape) \
+                and k.reduce_expr.dtype == last.out_dtype and last.out_dtype.is_float \
+                and _occurs(k.reduce_expr, last.expr) and _costly(k.reduce_expr):
+            shares[j] = last.out_index
+            saved = Expr("LOAD", (last.out_index, const(True, dtypes.bool)), n_in, last.out_dtype)
+            last = ks[-1] = _replace(last, k.reduce_expr, saved)
+    pre, bodies = [], []
+    for j, ((_, _, out_at), k) in enumerate(zip(members, ks)):
+        names = {"out": "out" if out_at is None else f"in{out_at}", f"in{n_in}": "out", "shared": "out"}
+        lines = _Renderer(k).render("f", True, shares[j]).split("\n")
+        loop = lines.index("    for i0 in range(lo, hi):")
+
+        def rename(m: re.Match, names=names, j=j) -> str:
+            word = m.group(0)
+            return names.get(word) or (word if word.startswith("in") else f"m{j}{word}")
+
+        pre += [_NAMES.sub(rename, line) for line in lines[2:loop]]
+        bodies += [_NAMES.sub(rename, line) for line in lines[loop + 1 :] if line.strip()]
+    args = ", ".join(["out"] + [f"in{i}" for i in range(n_in)] + ["lo", "hi"])
+    name = "rows_" + "_".join(k.name for k, _, _ in members)
+    source = "\n".join(["@kernel()", f"def {name}({args}):", *pre, "    for i0 in range(lo, hi):", *bodies])
+    storage = tuple(storage_dtype(d) for d in (members[-1][0].out_dtype, *(dtype_at[i] for i in range(n_in))))
+    threaded = rows > 1 and sum(math.prod(k.shape) for k in ks) >= PARALLEL_MIN_WORK  # else lo, hi = 0, rows
+    launch = {"storage": storage, "split": rows if threaded else 0, "combine": False}
+    return Program(name, HEADER + "\n\n" + source + "\n", reads=tuple(range(n_in)),
+                   args=() if threaded else (0, rows), launch=launch)
+
+
+def row_count(kernel: Kernel) -> int | None:
+    """The rows of a kernel that could be in a row group (its outer loop as rendered), else None: a BLAS
+    call, a 1-D elementwise kernel, a full or interchanged reduce, float16 (widened by the runtime)."""
+    widened = dtypes.float16 in (kernel.out_dtype, *kernel.in_dtypes)
+    if widened or blas_plan(kernel) or flatten(compact(kernel)):
+        return None
+    k = merge_axes(kernel, rows=True)
+    if k.n_global == 0 or (k.reduce_expr is not None and want_interchange(k)):
+        return None
+    return k.shape[0]
+
+
+def _relabel(kernel: Kernel, number: tuple[int, ...]) -> Kernel:
+    """The kernel with input i loaded as input number[i]."""
+    memo: dict[Expr, Expr] = {}
+
+    def walk(e: Expr) -> Expr:
+        hit = memo.get(e)
+        if hit is None:
+            srcs = tuple(walk(s) for s in e.srcs)
+            hit = memo[e] = Expr(e.op, srcs, number[e.arg] if e.op == "LOAD" else e.arg, e.dtype)
+        return hit
+
+    k = kernel
+    return Kernel(name=k.name, shape=k.shape, n_global=k.n_global, reduce_op=k.reduce_op,
+                  reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
+                  out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=k.in_dtypes)
+
+
+def _costly(e: Expr) -> bool:
+    return any(x.op in ("EXP2", "LOG2", "SIN", "SQRT", "RECIP") for x in _nodes(e))
+
+
+def _occurs(part: Expr, whole: Expr) -> bool:
+    return part in _nodes(whole)
+
+
+def _nodes(e: Expr) -> set[Expr]:
+    """Every Expr under e (each once: kernel expressions share subtrees)."""
+    seen, stack = set(), [e]
+    while stack:
+        x = stack.pop()
+        if x not in seen:
+            seen.add(x)
+            stack.extend(x.srcs)
+    return seen
+
+
+def _replace(kernel: Kernel, part: Expr, by: Expr) -> Kernel:
+    memo: dict[Expr, Expr] = {part: by}
+
+    def walk(e: Expr) -> Expr:
+        hit = memo.get(e)
+        if hit is None:
+            hit = memo[e] = Expr(e.op, tuple(walk(s) for s in e.srcs), e.arg, e.dtype)
+        return hit
+
+    return Kernel(name=kernel.name, shape=kernel.shape, n_global=kernel.n_global, reduce_op=None,
+                  reduce_expr=None, expr=walk(kernel.expr), out_index=kernel.out_index,
+                  out_dtype=kernel.out_dtype, in_dtypes=kernel.in_dtypes)
+
+
+_NAMES = re.compile(r"\b(?:out|shared|in\d+|acc|v\d+|c\d+)\b")  # a member's names in a row group's function
+
+
+def _loads_of(kernel: Kernel, number: int) -> list[Expr]:
+    k, seen = kernel, set()
+    exprs = [k.expr, k.out_index] + ([k.reduce_expr] if k.reduce_expr is not None else [])
+    return [e for x in exprs for e in _loads(x, seen) if e.arg == number]

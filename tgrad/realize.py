@@ -172,27 +172,93 @@ class _Progress:
             print(f"tgrad: compiled {self.done}/{self.total} kernels ({self.seconds:.1f} s)", file=sys.stderr)
 
 
+def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[Node], int]]:
+    """Runs of consecutive kernels, each reading the one before, that a runtime runs as one function
+    (the CPU's row groups: a softmax's three kernels in one loop over rows): the index of each run's last
+    item -> the run's runner, the nodes it takes after the last item's output (the earlier items'
+    outputs, which it writes too, and everyone's inputs) and the index of its first item."""
+    out: dict[int, tuple[Runner, list[Node], int]] = {}
+    start = 0
+    while start < len(items):
+        rt = get_runtime(items[start].out.device)
+        best, end = None, start
+        while hasattr(rt, "row_count") and end + 1 < len(items) and _chained(items, end, rt):
+            nodes: list[Node] = []
+            members, sizes = [], {}
+            for i, it in enumerate(items[start : end + 2]):
+                ins = tuple(_position(nodes, n) for n in it.inputs)
+                at = None if start + i == end + 1 else _position(nodes, it.out)
+                if at is not None:
+                    sizes[at] = prod(it.out.shape)
+                members.append((it.kernel, ins, at))
+            runner = rt.rows_runner(tuple(members), tuple(sorted(sizes.items())))
+            if runner is None:
+                break
+            best, end = (runner, nodes), end + 1
+        if best is not None:
+            out[end] = (*best, start)
+        start = end + 1
+    return out
+
+
+class _Later:
+    """What TinyJit records for a kernel that its row group's function computes (at the group's last)."""
+
+    name, source = "(in a row group)", ""
+
+    def __call__(self, out: Buffer, *inputs: Buffer) -> None:
+        pass
+
+
+_LATER = _Later()
+
+
+def _chained(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
+    """Whether item i + 1 reads item i, and both could be in one row group."""
+    a, b = items[i], items[i + 1]
+    return (get_runtime(b.out.device) is rt and a.target is None and b.target is None
+            and any(n is a.out for n in b.inputs) and _runs(a.kernel) and _runs(b.kernel)
+            and rt.row_count(a.kernel) is not None and rt.row_count(a.kernel) == rt.row_count(b.kernel))
+
+
+def _position(nodes: list[Node], node: Node) -> int:
+    for i, n in enumerate(nodes):
+        if n is node:
+            return i
+    nodes.append(node)
+    return len(nodes) - 1
+
+
 def run_schedule(items: list[fuse.ScheduleItem]) -> None:
     """Run scheduled kernels in order; each item's output node gets its buffer."""
     t_all = time.perf_counter()
+    groups = _row_groups(items)
+    later = {i for last, (_, _, first) in groups.items() for i in range(first, last)}  # run by the group
     new: dict[Runtime, list] = {}  # kernels to compile, by device (the CPU compiles them in parallel)
-    for it in items:
+    for index, it in enumerate(items):
         rt = get_runtime(it.out.device)
-        if it.kernel not in rt.runners and _runs(it.kernel):
+        if it.kernel not in rt.runners and _runs(it.kernel) and index not in later and index not in groups:
             new.setdefault(rt, []).append(it.kernel)
     progress = _Progress(sum(len(ks) for ks in new.values()))
     t0 = time.perf_counter()
     for rt, kernels in new.items():
         rt.prepare(kernels)
     progress.seconds += time.perf_counter() - t0
-    for it in items:
+    for index, it in enumerate(items):
         rt = get_runtime(it.out.device)
         k = it.kernel
         out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
-        if _runs(k):
+        if index in later:  # written by its group's function, which runs at the group's last kernel
+            if RECORDER is not None:
+                RECORDER.launch(_LATER, out, [], fresh=True, node=it.out)
+        elif _runs(k):
             fresh = k not in rt.runners
             t0 = time.perf_counter()
-            runner = rt.runner(k)
+            if index in groups:
+                runner, nodes, _ = groups[index]
+                inputs = [n.buffer for n in nodes]
+            else:
+                runner, inputs = rt.runner(k), [n.buffer for n in it.inputs]
             if fresh:
                 progress.compiled(time.perf_counter() - t0)
             if device.DEBUG >= 3:
@@ -201,7 +267,6 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
             if device.DEBUG >= 4:
                 print(runner.source, file=sys.stderr)
             t0 = time.perf_counter()
-            inputs = [n.buffer for n in it.inputs]
             runner(out, *inputs)
             Stats.kernels_run += 1
             if RECORDER is not None:

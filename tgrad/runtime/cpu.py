@@ -251,6 +251,8 @@ class CPURuntime(Runtime):
         super().__init__()
         self.functions: dict[tuple, tuple] = {}  # _Native.key -> (ctypes function, what keeps it alive)
         self.rendered: dict[Kernel, Program] = {}  # rendered by prepare(), not compiled yet
+        self.row_runners: dict = {}  # (members, sizes) -> Runner of a row group, or None: not one
+        self.row_counts: dict[Kernel, int | None] = {}  # kernel -> rows, None: never in a row group
         if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
             raise DeviceError("the CPU device needs numba: pip install numba")
         self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
@@ -294,6 +296,26 @@ class CPURuntime(Runtime):
             self.pool.start(cpu_pool.default_workers())
         if self.pool.live and len(jobs) >= 2:
             self.pool.submit(list(jobs.items()))
+
+    def row_count(self, kernel: Kernel) -> int | None:
+        """The rows of a kernel that can be in a row group (emit_numba.row_count), remembered."""
+        hit = self.row_counts.get(kernel, False)
+        if hit is False:
+            hit = self.row_counts[kernel] = emit_numba.row_count(kernel)
+        return hit
+
+    def rows_runner(self, members: tuple, sizes: tuple) -> Runner | None:
+        """Consecutive kernels as one function with one loop over rows (emit_numba.render_rows), or None
+        when they do not work row by row; called with the group's output and then its inputs."""
+        key = (members, sizes)
+        hit = self.row_runners.get(key, False)
+        if hit is False:
+            program = emit_numba.render_rows(list(members), dict(sizes))
+            if program is not None:
+                call = self._build(program, program.name)
+                program = Runner(program, lambda out, *ins: call(out.data, *[b.data for b in ins]), self.name)
+            hit = self.row_runners[key] = program
+        return hit
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         plan: BlasPlan | None = program.launch.get("blas")

@@ -1,0 +1,94 @@
+"""CPU row groups (emit_numba.render_rows, realize._row_groups): consecutive kernels that each work row
+by row (a softmax's max, its sum of exponentials, its normalisation) run as one function with one loop
+over rows, and a reduce stores the values the last kernel would compute again (the exponentials). Values
+against PyTorch; groups that would read another row's results must not form."""
+
+import numpy as np
+import pytest
+import torch
+
+from tgrad import Tensor, TinyJit
+from tgrad.device import get_runtime
+
+
+def _group_sources() -> list[str]:
+    return [r.source for r in get_runtime("CPU").row_runners.values() if r is not None]
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("shape", [(4096, 1024), (7, 333), (3, 5000), (1, 5000)])
+def test_softmax_is_one_row_group_and_matches_torch(shape, threads, monkeypatch):
+    monkeypatch.setenv("TGRAD_THREADS", threads)
+    x = (np.random.default_rng(0).standard_normal(shape) * 10).astype(np.float32)
+    x[0, :3] = [np.inf, -np.inf, 1.0]  # a row with inf: nan, as PyTorch
+    if shape[0] > 2:
+        x[1, :] = -np.inf  # every element -inf: nan
+        x[2, 5] = np.nan
+    out = Tensor(x, device="CPU").softmax(1).numpy()
+    ref = torch.softmax(torch.from_numpy(x), 1).numpy()
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-7)
+    sources = [s for s in _group_sources() if f"r_{shape[0]}_{shape[1]}_r_" in s]
+    if shape[0] > 1:  # (one row has no loop over rows: reductions over everything)
+        assert sources and sources[0].count("_exp2f(") == 1, sources  # each exponential computed once
+
+
+@pytest.mark.parametrize("fn", ["log_softmax", "layer_norm", "softmax_backward", "logsumexp"])
+def test_row_wise_ops_match_torch(fn):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 257)).astype(np.float32) * 3
+    g = rng.standard_normal((300, 257)).astype(np.float32)
+    t, r = Tensor(x, device="CPU", requires_grad=True), torch.tensor(x, requires_grad=True)
+    if fn == "log_softmax":
+        a, b = t.log_softmax(1), torch.log_softmax(r, 1)
+    elif fn == "layer_norm":
+        a, b = t.layernorm(1), torch.nn.functional.layer_norm(r, (257,))
+    elif fn == "logsumexp":
+        a, b = t.logsumexp(1), torch.logsumexp(r, 1)
+    else:
+        a, b = t.softmax(1) * Tensor(g, device="CPU"), torch.softmax(r, 1) * torch.from_numpy(g)
+    np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-5)
+    a.sum().backward()
+    b.sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_kernel_reading_another_row_is_not_grouped():
+    """x - max(x)[flipped rows]: the second kernel reads the row the first computes last, so the two
+    cannot share one loop over rows (a thread's rows would read rows not computed yet)."""
+    x = np.random.default_rng(2).standard_normal((512, 2048)).astype(np.float32)
+    t = Tensor(x, device="CPU")
+    m = t.max(1, keepdim=True)
+    out = ((t - m.flip(0)) * 2).exp().sum(1).numpy()
+    ref = np.exp((x - x.max(1, keepdims=True)[::-1]) * 2).sum(1)
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+    s = m.flip(0) * t
+    ref = (x.max(1, keepdims=True)[::-1] * x).sum(1)
+    np.testing.assert_allclose(s.sum(1).numpy(), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_row_groups_replay_in_tinyjit():
+    rng = np.random.default_rng(3)
+    w = Tensor(rng.standard_normal((64, 64)).astype(np.float32), device="CPU")
+
+    @TinyJit
+    def step(x):
+        return (x @ w).softmax(1).realize()
+
+    for _ in range(4):
+        x = rng.standard_normal((256, 64)).astype(np.float32)
+        out = step(Tensor(x, device="CPU")).numpy()
+        ref = torch.softmax(torch.from_numpy(x) @ torch.from_numpy(w.numpy()), 1).numpy()
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_layernorm_over_leading_axes_is_one_row_group():
+    """LayerNorm's mean and variance reduce over rows indexed by two axes (16, 64): their rows merge into
+    the 1024 of the normalisation after them (merge_axes(rows=True)), so all three are one group."""
+    from tgrad import nn
+
+    x = np.random.default_rng(4).standard_normal((16, 64, 64)).astype(np.float32)
+    ln = nn.LayerNorm(64)
+    out = ln(Tensor(x, device="CPU")).numpy()
+    ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (64,)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert any("rows_r_16_64_64_r_16_64_64_E_16_64_64" in s for s in _group_sources())

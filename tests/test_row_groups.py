@@ -92,3 +92,18 @@ def test_layernorm_over_leading_axes_is_one_row_group():
     ref = torch.nn.functional.layer_norm(torch.from_numpy(x), (64,)).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     assert any("rows_r_16_64_64_r_16_64_64_E_16_64_64" in s for s in _group_sources())
+
+
+def test_two_reduces_whose_values_the_last_kernel_uses():
+    """Two reduces of costly values (exp(x), exp(2x)) that the last kernel uses again: only one of them can
+    keep its values in the output (the other's would overwrite them)."""
+    x = np.random.default_rng(5).standard_normal((64, 300)).astype(np.float32)
+    t = Tensor(x, device="CPU")
+    s1 = t.exp().sum(1, keepdim=True)
+    s2 = (t * 2).exp().sum(1, keepdim=True) * s1
+    out = (t.exp() / s1 + (t * 2).exp() / s2).numpy()
+    r = torch.from_numpy(x)
+    r1 = r.exp().sum(1, keepdim=True)
+    r2 = (r * 2).exp().sum(1, keepdim=True) * r1
+    np.testing.assert_allclose(out, (r.exp() / r1 + (r * 2).exp() / r2).numpy(), rtol=1e-5, atol=1e-7)
+    assert any("rows_r_64_300_r_64_300_E_64_300" in s for s in _group_sources())

@@ -608,6 +608,7 @@ def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
             shares[j] = last.out_index
             saved = Expr("LOAD", (last.out_index, const(True, dtypes.bool)), n_in, last.out_dtype)
             last = ks[-1] = _replace(last, k.reduce_expr, saved)
+            break  # the output holds one kernel's values
     pre, bodies = [], []
     for j, ((_, _, out_at), k) in enumerate(zip(members, ks)):
         names = {"out": "out" if out_at is None else f"in{out_at}", f"in{n_in}": "out", "shared": "out"}

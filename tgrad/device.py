@@ -167,6 +167,11 @@ class Runtime:
     def prepare(self, kernels: list) -> None:
         """Called with the kernels a schedule will compile, before it runs (the CPU compiles in parallel)."""
 
+    def row_count(self, kernel) -> int | None:
+        """The rows of a kernel that this device can run in a row group with its neighbours (None: never;
+        the CPU's row groups, see realize._row_groups); a device that returns a number has rows_runner."""
+        return None
+
     def evaluate(self, nodes: list) -> None:
         """(evaluates_graphs devices only) compute the nodes' values into buffers."""
         raise NotImplementedError

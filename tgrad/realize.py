@@ -182,7 +182,7 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
     while start < len(items):
         rt = get_runtime(items[start].out.device)
         best, end = None, start
-        while hasattr(rt, "row_count") and end + 1 < len(items) and _chained(items, end, rt):
+        while end + 1 < len(items) and _chained(items, end, rt):
             nodes: list[Node] = []
             members, sizes = [], {}
             for i, it in enumerate(items[start : end + 2]):
@@ -252,7 +252,7 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
             if RECORDER is not None:
                 RECORDER.launch(_LATER, out, [], fresh=True, node=it.out)
         elif _runs(k):
-            fresh = k not in rt.runners
+            fresh = index not in groups and k not in rt.runners
             t0 = time.perf_counter()
             if index in groups:
                 runner, nodes, _ = groups[index]

@@ -310,11 +310,11 @@ class CPURuntime(Runtime):
         key = (members, sizes)
         hit = self.row_runners.get(key, False)
         if hit is False:
-            program = emit_numba.render_rows(list(members), dict(sizes))
+            program, runner = emit_numba.render_rows(list(members), dict(sizes)), None
             if program is not None:
                 call = self._build(program, program.name)
-                program = Runner(program, lambda out, *ins: call(out.data, *[b.data for b in ins]), self.name)
-            hit = self.row_runners[key] = program
+                runner = Runner(program, lambda out, *ins: call(out.data, *[b.data for b in ins]), self.name)
+            hit = self.row_runners[key] = runner
         return hit
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:

@@ -128,11 +128,11 @@ def report_random(buf: Buffer, draw: Callable, dtype: DType, device: str) -> Non
         RECORDER.random(buf, draw, dtype, device)
 
 
-def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float) -> None:
+def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float, name: str) -> None:
     k = item.kernel
     nbytes = out.size * out.dtype.itemsize + sum(n.buffer.size * n.dtype.itemsize for n in item.inputs)
     flops = prod(k.shape)
-    print(f"  {rt.name:6s} {k.name:30s} {str(k.shape):24s} {seconds * 1e3:9.3f} ms "
+    print(f"  {rt.name:6s} {name:30s} {str(k.shape):24s} {seconds * 1e3:9.3f} ms "
           f"{flops / seconds / 1e9 if seconds else 0:8.2f} GFLOP/s "
           f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s", file=sys.stderr)
 
@@ -273,7 +273,7 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
                 RECORDER.launch(runner, out, inputs, fresh=it.target is None, node=it.out)
             if device.DEBUG >= 2:
                 rt.synchronize()
-                _debug_kernel(rt, it, out, time.perf_counter() - t0)
+                _debug_kernel(rt, it, out, time.perf_counter() - t0, runner.name)  # (a row group's name)
         if it.out.op is Op.ASSIGN and RECORDER is None:  # TinyJit's checks walk what a capture wrote
             it.out.written(out)
         else:

@@ -186,7 +186,7 @@ A = Tensor(a)
 outs = [(A * 2).exp().sum(1), (A - 1).relu().max(0), (A * A).sum(), A.sqrt().abs().sum(0), (A > 0).sum(1),
         (A + 3).log().mean(1)]
 Tensor.realize(*outs)
-print(json.dumps({"ready": dev.pool.ready, "delivered": dev.pool.delivered,
+print(json.dumps({"ready": dev.pool.ready, "delivered": dev.pool.delivered, "functions": len(dev.functions),
                   "outs": [o.numpy().tolist() for o in outs]}))
 """
 
@@ -205,7 +205,9 @@ def test_compile_workers_build_part_of_a_cold_schedule(tmp_path):
                 (a > 0).sum(1), np.log(a + 3).mean(1)]
     for got, ref in zip(out["outs"], want):
         np.testing.assert_allclose(np.array(got, dtype=np.float64), ref, rtol=1e-5, atol=1e-5)
-    assert len(list((tmp_path / "cpu").glob("*.pkl"))) >= 6  # what the worker built is cached too
+    # every native function the schedule needed is cached, what the worker built too (row groups make
+    # some of the six kernels one function)
+    assert out["functions"] >= 4 and len(list((tmp_path / "cpu").glob("*.pkl"))) >= out["functions"], out
 
 
 def test_a_bad_worker_count_is_a_clear_error(monkeypatch):

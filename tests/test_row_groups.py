@@ -107,3 +107,17 @@ def test_two_reduces_whose_values_the_last_kernel_uses():
     r2 = (r * 2).exp().sum(1, keepdim=True) * r1
     np.testing.assert_allclose(out, (r.exp() / r1 + (r * 2).exp() / r2).numpy(), rtol=1e-5, atol=1e-7)
     assert any("rows_r_64_300_r_64_300_E_64_300" in s for s in _group_sources())
+
+
+def test_independent_neighbours_with_the_same_rows_share_a_loop():
+    """Two reduces over the same rows that do not read each other (a BatchNorm backward's sums over a
+    channel) run as one group: the second reads the row the first just read, from the cache."""
+    x = np.random.default_rng(6).standard_normal((32, 128, 400)).astype(np.float32)
+    t = Tensor(x, device="CPU")
+    a = (t.relu() * 2).sum((1, 2))
+    b = (t.relu() * t).sum((1, 2))
+    Tensor.realize(a, b)
+    r = torch.from_numpy(x)
+    np.testing.assert_allclose(a.numpy(), (r.relu() * 2).sum((1, 2)).numpy(), rtol=1e-4)
+    np.testing.assert_allclose(b.numpy(), (r.relu() * r).sum((1, 2)).numpy(), rtol=1e-4)
+    assert any("rows_r_32_128_400_r_32_128_400" in s for s in _group_sources())

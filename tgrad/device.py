@@ -164,8 +164,9 @@ class Runtime:
     def compile(self, program: Program, kernel) -> Runner:
         raise NotImplementedError
 
-    def prepare(self, kernels: list) -> None:
-        """Called with the kernels a schedule will compile, before it runs (the CPU compiles in parallel)."""
+    def prepare(self, kernels: list, groups: list = ()) -> None:
+        """Called with the kernels a schedule will compile and the row groups (Runners from rows_runner)
+        it will run, before it runs (the CPU compiles them in parallel)."""
 
     def row_count(self, kernel) -> int | None:
         """The rows of a kernel that this device can run in a row group with its neighbours (None: never;

@@ -173,7 +173,7 @@ class _Progress:
 
 
 def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[Node], int]]:
-    """Runs of consecutive kernels, each reading the one before, that a runtime runs as one function
+    """Runs of consecutive kernels over the same rows that a runtime runs as one function
     (the CPU's row groups: a softmax's three kernels in one loop over rows): the index of each run's last
     item -> the run's runner, the nodes it takes after the last item's output (the earlier items'
     outputs, which it writes too, and everyone's inputs) and the index of its first item."""
@@ -214,10 +214,11 @@ _LATER = _Later()
 
 
 def _chained(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
-    """Whether item i + 1 reads item i, and both could be in one row group."""
+    """Whether items i and i + 1 could be in one row group: the same rows on one device. (They need not
+    read each other: a BatchNorm backward's sums over a channel read the same rows of the same inputs.)"""
     a, b = items[i], items[i + 1]
     return (get_runtime(b.out.device) is rt and a.target is None and b.target is None
-            and any(n is a.out for n in b.inputs) and _runs(a.kernel) and _runs(b.kernel)
+            and _runs(a.kernel) and _runs(b.kernel)
             and rt.row_count(a.kernel) is not None and rt.row_count(a.kernel) == rt.row_count(b.kernel))
 
 
@@ -235,6 +236,10 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
     groups = _row_groups(items)
     later = {i for last, (_, _, first) in groups.items() for i in range(first, last)}  # run by the group
     new: dict[Runtime, list] = {}  # kernels to compile, by device (the CPU compiles them in parallel)
+    runs: dict[Runtime, list[Runner]] = {}  # row groups, by device (their functions compile with them)
+    for last, (runner, _, _) in groups.items():
+        runs.setdefault(get_runtime(items[last].out.device), []).append(runner)
+        new.setdefault(get_runtime(items[last].out.device), [])
     for index, it in enumerate(items):
         rt = get_runtime(it.out.device)
         if it.kernel not in rt.runners and _runs(it.kernel) and index not in later and index not in groups:
@@ -242,7 +247,7 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
     progress = _Progress(sum(len(ks) for ks in new.values()))
     t0 = time.perf_counter()
     for rt, kernels in new.items():
-        rt.prepare(kernels)
+        rt.prepare(kernels, runs.get(rt, []))
     progress.seconds += time.perf_counter() - t0
     for index, it in enumerate(items):
         rt = get_runtime(it.out.device)

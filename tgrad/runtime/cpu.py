@@ -279,11 +279,11 @@ class CPURuntime(Runtime):
         hit = self.rendered.pop(kernel, None)
         return hit if hit is not None else emit_numba.render(kernel)
 
-    def prepare(self, kernels: list) -> None:
+    def prepare(self, kernels: list, groups: list[Runner] = ()) -> None:
         """Before a schedule runs: queue the native functions it needs that are neither in memory nor on
         disk for the compile workers, which compile from the back while this process compiles from the
-        front (see cpu_pool.py)."""
-        if len(kernels) < 2 or not cpu_pool.default_workers():
+        front (see cpu_pool.py); the row groups' functions too."""
+        if len(kernels) + len(groups) < 2 or not cpu_pool.default_workers():
             return
         jobs: dict[tuple, tuple] = {}
         for kernel in kernels:
@@ -292,6 +292,10 @@ class CPURuntime(Runtime):
                 nat = _native(part)
                 if nat.key not in self.functions and not _cached(nat.path):
                     jobs[nat.key] = nat.job
+        for runner in groups:
+            nat = _native(runner.program)
+            if nat.key not in self.functions and not _cached(nat.path):
+                jobs[nat.key] = nat.job
         if len(jobs) >= cpu_pool.MIN_JOBS_TO_START:
             self.pool.start(cpu_pool.default_workers())
         if self.pool.live and len(jobs) >= 2:
@@ -312,10 +316,19 @@ class CPURuntime(Runtime):
         if hit is False:
             program, runner = emit_numba.render_rows(list(members), dict(sizes)), None
             if program is not None:
-                call = self._build(program, program.name)
-                runner = Runner(program, lambda out, *ins: call(out.data, *[b.data for b in ins]), self.name)
+                runner = Runner(program, self._built_on_first_call(program), self.name)
             hit = self.row_runners[key] = runner
         return hit
+
+    def _built_on_first_call(self, program: Program):
+        built: list = []
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            if not built:
+                built.append(self._build(program, program.name))
+            built[0](out.data, *[b.data for b in inputs])
+
+        return run
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         plan: BlasPlan | None = program.launch.get("blas")

@@ -404,21 +404,7 @@ def compact(kernel: Kernel, used: tuple[int, ...] | None = None) -> Kernel:
     used = used_inputs(k) if used is None else used
     if used == tuple(range(len(k.in_dtypes))):
         return k
-    number = {old: new for new, old in enumerate(used)}
-    memo: dict[Expr, Expr] = {}
-
-    def walk(e: Expr) -> Expr:
-        hit = memo.get(e)
-        if hit is None:
-            srcs = tuple(walk(s) for s in e.srcs)
-            hit = memo[e] = Expr(e.op, srcs, number[e.arg] if e.op == "LOAD" else e.arg, e.dtype)
-        return hit
-
-    return Kernel(
-        name=k.name, shape=k.shape, n_global=k.n_global, reduce_op=k.reduce_op,
-        reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
-        out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=tuple(k.in_dtypes[i] for i in used),
-    )
+    return _relabel(k, {old: new for new, old in enumerate(used)}, tuple(k.in_dtypes[i] for i in used))
 
 
 def flatten(kernel: Kernel) -> Kernel | None:
@@ -643,8 +629,8 @@ def row_count(kernel: Kernel) -> int | None:
     return k.shape[0]
 
 
-def _relabel(kernel: Kernel, number: tuple[int, ...]) -> Kernel:
-    """The kernel with input i loaded as input number[i]."""
+def _relabel(kernel: Kernel, number, in_dtypes: tuple[DType, ...] | None = None) -> Kernel:
+    """The kernel with input i loaded as input number[i] (and the input dtypes given, else its own)."""
     memo: dict[Expr, Expr] = {}
 
     def walk(e: Expr) -> Expr:
@@ -657,7 +643,8 @@ def _relabel(kernel: Kernel, number: tuple[int, ...]) -> Kernel:
     k = kernel
     return Kernel(name=k.name, shape=k.shape, n_global=k.n_global, reduce_op=k.reduce_op,
                   reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
-                  out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=k.in_dtypes)
+                  out_index=walk(k.out_index), out_dtype=k.out_dtype,
+                  in_dtypes=k.in_dtypes if in_dtypes is None else in_dtypes)
 
 
 def _costly(e: Expr) -> bool:

@@ -159,7 +159,9 @@ class _HostCall:
 
 
 def _kernels(launches: list[tuple]) -> list[tuple]:
-    return [launch for launch in launches if not isinstance(launch[0], _HostCall)]
+    """The kernel launches: not host steps, nor the placeholders of kernels a row group computes."""
+    return [launch for launch in launches
+            if not isinstance(launch[0], _HostCall) and not getattr(launch[0], "placeholder", False)]
 
 
 class _Recorder(driver.Recorder):
@@ -467,9 +469,9 @@ class TinyJit:
         self._record(v, log, bufs, pre, touched, outs)
         v.ret = ret
         self.captures += 1
-        hosts = len(log.launches) - len(_kernels(log.launches))
+        hosts = sum(isinstance(launch[0], _HostCall) for launch in log.launches)
         self._debug(
-            f"capture {self.captures} ({len(log.launches) - hosts} kernels: {' '.join(self.kernel_names)}; "
+            f"capture {self.captures} ({len(_kernels(log.launches))} kernels: {' '.join(self.kernel_names)}; "
             f"{hosts} host steps)"
         )
         return ret

@@ -204,7 +204,7 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
 class _Later:
     """What TinyJit records for a kernel that its row group's function computes (at the group's last)."""
 
-    name, source = "(in a row group)", ""
+    name, source, placeholder = "(in a row group)", "", True  # (TinyJit counts no kernel for it)
 
     def __call__(self, out: Buffer, *inputs: Buffer) -> None:
         pass

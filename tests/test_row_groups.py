@@ -124,3 +124,16 @@ def test_independent_neighbours_with_the_same_rows_share_a_loop():
     np.testing.assert_allclose(a.numpy(), (r.relu() * 2).sum((1, 2)).numpy(), rtol=1e-4)
     np.testing.assert_allclose(b.numpy(), (r.relu() * r).sum((1, 2)).numpy(), rtol=1e-4)
     assert any("rows_r_32_128_400_r_32_128_400" in s for s in _group_sources())
+
+
+def test_a_one_element_per_row_kernel_joins_the_group():
+    """A BatchNorm backward between two sums over channels: a kernel of one element per channel (1-D,
+    flattened when it runs alone) joins the group with one element per row."""
+    x = np.random.default_rng(7).standard_normal((32, 128, 400)).astype(np.float32)
+    t = Tensor(x, device="CPU")
+    s = ((t * t).sum((1, 2)) * 1e-3 + 1).sqrt().contiguous()  # (a kernel of its own)
+    y = (t * s.reshape(32, 1, 1)).relu().sum((1, 2))
+    r = torch.from_numpy(x)
+    rs = ((r * r).sum((1, 2)) * 1e-3 + 1).sqrt()
+    np.testing.assert_allclose(y.numpy(), (r * rs.reshape(32, 1, 1)).relu().sum((1, 2)).numpy(), rtol=1e-4)
+    assert any("rows_r_32_128_400_E_32_r_32_128_400" in s for s in _group_sources()), _group_sources()

@@ -567,8 +567,8 @@ def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
     them back. members: (kernel, the group input each of its inputs is, the group input its output is,
     None for the last kernel's, which is the function's `out`); sizes: the elements of the group inputs
     that members write. None when some member does not work row by row on the same rows, or reads
-    another's output outside the row being computed (or is a BLAS call, a 1-D elementwise kernel, an
-    interchanged reduce...): the kernels then run one by one."""
+    another's output outside the row being computed (or is a BLAS call, an interchanged reduce...): the
+    kernels then run one by one."""
     ks, rows, dtype_at = [], None, {}
     for kernel, inputs, out_at in members:
         if row_count(kernel) is None:
@@ -618,10 +618,10 @@ def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
 
 
 def row_count(kernel: Kernel) -> int | None:
-    """The rows of a kernel that could be in a row group (its outer loop as rendered), else None: a BLAS
-    call, a 1-D elementwise kernel, a full or interchanged reduce, float16 (widened by the runtime)."""
-    widened = dtypes.float16 in (kernel.out_dtype, *kernel.in_dtypes)
-    if widened or blas_plan(kernel) or flatten(compact(kernel)):
+    """The rows of a kernel that could be in a row group (its outer loop with merge_axes(rows=True); a 1-D
+    elementwise kernel has one element per row), else None: a BLAS call, a full or interchanged reduce,
+    float16 (widened by the runtime)."""
+    if dtypes.float16 in (kernel.out_dtype, *kernel.in_dtypes) or blas_plan(kernel):
         return None
     k = merge_axes(kernel, rows=True)
     if k.n_global == 0 or (k.reduce_expr is not None and want_interchange(k)):

@@ -571,9 +571,10 @@ def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
     kernels then run one by one."""
     ks, rows, dtype_at = [], None, {}
     for kernel, inputs, out_at in members:
-        if row_count(kernel) is None:
+        k = _row_kernel(kernel)
+        if k is None:
             return None
-        k = _relabel(merge_axes(kernel, rows=True), inputs)  # loads name group inputs
+        k = _relabel(k, inputs)  # loads name group inputs
         rows = k.shape[0] if rows is None else rows
         size = math.prod(kernel.global_shape)
         if k.shape[0] != rows or size % rows or not _row_local(k.out_index, size // rows):
@@ -621,12 +622,18 @@ def row_count(kernel: Kernel) -> int | None:
     """The rows of a kernel that could be in a row group (its outer loop with merge_axes(rows=True); a 1-D
     elementwise kernel has one element per row), else None: a BLAS call, a full or interchanged reduce,
     float16 (widened by the runtime)."""
+    k = _row_kernel(kernel)
+    return None if k is None else k.shape[0]
+
+
+def _row_kernel(kernel: Kernel) -> Kernel | None:
+    """The kernel as a row group renders it (axes merged, rows first), or None where it cannot be in one."""
     if dtypes.float16 in (kernel.out_dtype, *kernel.in_dtypes) or blas_plan(kernel):
         return None
     k = merge_axes(kernel, rows=True)
     if k.n_global == 0 or (k.reduce_expr is not None and want_interchange(k)):
         return None
-    return k.shape[0]
+    return k
 
 
 def _relabel(kernel: Kernel, number, in_dtypes: tuple[DType, ...] | None = None) -> Kernel:

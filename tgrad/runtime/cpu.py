@@ -285,15 +285,13 @@ class CPURuntime(Runtime):
         front (see cpu_pool.py); the row groups' functions too."""
         if len(kernels) + len(groups) < 2 or not cpu_pool.default_workers():
             return
-        jobs: dict[tuple, tuple] = {}
+        parts = []
         for kernel in kernels:
             program = self.rendered[kernel] = emit_numba.render(kernel)
-            for part in _functions(program):
-                nat = _native(part)
-                if nat.key not in self.functions and not _cached(nat.path):
-                    jobs[nat.key] = nat.job
-        for runner in groups:
-            nat = _native(runner.program)
+            parts += _functions(program)
+        jobs: dict[tuple, tuple] = {}
+        for part in parts + [runner.program for runner in groups]:
+            nat = _native(part)
             if nat.key not in self.functions and not _cached(nat.path):
                 jobs[nat.key] = nat.job
         if len(jobs) >= cpu_pool.MIN_JOBS_TO_START:

@@ -75,3 +75,28 @@ def test_cached_schedule_equals_a_fresh_one():
     assert [it.kernel for it in cached] == [it.kernel for it in fresh] == [it.kernel for it in first]
     assert [it.out for it in cached] == [it.out for it in fresh]
     assert [it.inputs for it in cached] == [it.inputs for it in fresh]
+
+
+def test_node_cache_hash_conses_and_drops_dead_nodes():
+    """Equal (op, sources, arg, ...) give one Node while it lives; the cache of them does not grow with
+    every graph ever built (dead entries are dropped), and nodes built after a purge still hash-cons and
+    compute the right values."""
+    from tgrad import graph
+
+    x = Tensor(np.arange(6, dtype=np.float32)).realize()
+    a, b = x * 2.0 + 1.0, x * 2.0 + 1.0
+    assert a.node is b.node and (x * 2.0).node is not (x * 3.0).node
+    for i in range(3 * graph.Node._purge_at // 4 + 100):  # enough dead graphs to trigger purges
+        _ = (x * float(i) - 1.0).exp()
+    assert len(graph.Node._cache) <= graph.Node._purge_at
+    c = x * 2.0 + 1.0
+    assert c.node is a.node
+    np.testing.assert_array_equal(c.numpy(), np.arange(6, dtype=np.float32) * 2 + 1)
+
+
+def test_dtype_equality_is_by_name():
+    from tgrad.dtype import DType, dtypes
+
+    same = DType("float32", 4, "f", dtypes.float32.rank)
+    assert same == dtypes.float32 and hash(same) == hash(dtypes.float32)
+    assert dtypes.float32 != dtypes.float16 and dtypes.float32 != "float32"

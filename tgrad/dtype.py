@@ -9,12 +9,15 @@ import numpy as np
 from tgrad.errors import DTypeError
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
     name: str
     itemsize: int
     kind: str  # "b" bool, "i" signed int, "u" unsigned int, "f" float
     rank: int  # position on the promotion ladder
+
+    def __eq__(self, other) -> bool:  # dtypes are singletons: identity first (a dataclass's == builds tuples)
+        return self is other or (isinstance(other, DType) and self.name == other.name)
 
     def __hash__(self) -> int:  # every graph node's key holds a dtype: the name alone tells them apart
         return hash(self.name)

@@ -77,7 +77,10 @@ class Node:
     """One vertex of the lazy graph. Equal (op, srcs, arg, shape, dtype, device) give the same Node."""
 
     __slots__ = ("op", "srcs", "arg", "shape", "dtype", "device", "buffer", "__weakref__")
-    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    # key -> weakref.ref(node): a plain dict of C-level refs (a WeakValueDictionary's callbacks and keyed
+    # refs are Python code, a third of building a node); dead entries are dropped when it has doubled
+    _cache: dict[tuple, weakref.ref] = {}
+    _purge_at = 4096
     _ids = itertools.count()
 
     op: Op
@@ -93,10 +96,12 @@ class Node:
         key = None
         if op is not Op.BUFFER and op is not Op.ASSIGN:
             # (the op's and dtype's names: hashing them is cached, hashing an Enum or a dataclass is Python)
-            key = (op._value_, tuple(id(s) for s in srcs), _arg_key(arg), shape, dtype.name, device)
-            hit = cls._cache.get(key)
-            if hit is not None:
-                return hit
+            key = (op._value_, tuple(map(id, srcs)), _arg_key(arg), shape, dtype.name, device)
+            ref = cls._cache.get(key)
+            if ref is not None:  # (a dead entry's ids may be reused: its node, holding its sources, is gone)
+                hit = ref()
+                if hit is not None:
+                    return hit
         self = super().__new__(cls)
         self.op, self.srcs, self.arg, self.shape, self.dtype, self.device = (
             op,
@@ -108,7 +113,12 @@ class Node:
         )
         self.buffer = None
         if key is not None:
-            cls._cache[key] = self
+            cache = cls._cache
+            cache[key] = weakref.ref(self)
+            if len(cache) > cls._purge_at:
+                for k in [k for k, r in cache.items() if r() is None]:
+                    del cache[k]
+                cls._purge_at = max(4096, 2 * len(cache))
         return self
 
     @staticmethod

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from tgrad import fuse
-from tgrad.graph import Node, Op, _arg_key
+from tgrad.graph import Node, Op
 
 MAX_ENTRIES = 256  # schedules kept (least recently used first out)
 
@@ -34,26 +34,34 @@ def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[int, int]]:
     buffers: dict[int, int] = {}
     nodes: list[Node] = []
     entries: list[tuple] = []
+    leaf, buffer_op = "leaf", Op.BUFFER
     for root in outputs:
-        stack = [(root, False)]
-        while stack:
-            node, ready = stack.pop()
+        stack = [root]
+        while stack:  # post-order: a node is numbered once its sources are
+            node = stack[-1]
             if id(node) in position:
+                stack.pop()
                 continue
-            if not ready and not node.realized:
-                stack.append((node, True))
-                stack.extend((s, False) for s in reversed(node.srcs) if id(s) not in position)
-                continue
+            if node.buffer is None:
+                pending = [s for s in node.srcs if id(s) not in position]
+                if pending:
+                    stack.extend(reversed(pending))
+                    continue
+            stack.pop()
             position[id(node)] = len(nodes)
             nodes.append(node)
             # names, not Op and DType objects: a str caches its hash (Enums, dataclasses hash in Python)
-            if node.realized:
+            if node.buffer is not None:
                 buf = buffers.setdefault(id(node.buffer), len(buffers))
-                entries.append(("leaf", buf, node.shape, node.dtype.name, node.device))
+                entries.append((leaf, buf, node.shape, node.dtype.name, node.device))
             else:
-                arg = None if node.op is Op.BUFFER else _arg_key(node.arg)
-                srcs = tuple(position[id(s)] for s in node.srcs)
-                entries.append((node.op._value_, arg, node.shape, node.dtype.name, node.device, srcs))
+                op, arg = node.op, node.arg
+                if op is buffer_op:
+                    arg = None
+                elif isinstance(arg, (float, int)):  # _arg_key's: 1, 1.0, True and each nan apart
+                    arg = (type(arg), repr(arg))
+                entries.append((op._value_, arg, node.shape, node.dtype.name, node.device,
+                                tuple([position[id(s)] for s in node.srcs])))
     outs = tuple(position[id(n)] for n in outputs)
     return (tuple(entries), outs), nodes, position
 

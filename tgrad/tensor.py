@@ -609,6 +609,8 @@ class Tensor(metaclass=_NoGradMeta):
     # dtype
 
     def cast(self, dtype) -> Tensor:
+        if dtype is self.node.dtype:
+            return self
         dtype = _dtype_on(dtypes.from_any(dtype), self.device)
         if dtype == self.dtype:
             return self
@@ -669,6 +671,15 @@ class Tensor(metaclass=_NoGradMeta):
 
     def _broadcasted(self, y, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
         x = self
+        xn = x.node
+        if dtype is None:  # the common cases first: every op of a model's step passes through here
+            if isinstance(y, Tensor):
+                yn = y.node
+                if yn.shape == xn.shape and yn.dtype is xn.dtype and yn.device == xn.device:
+                    return (y, x) if reverse else (x, y)
+            elif type(y) is float and xn.dtype.kind == "f" or type(y) is int and xn.dtype.kind in "iuf":
+                y = Tensor(g.const(y, xn.dtype, xn.device, xn.shape))
+                return (y, x) if reverse else (x, y)
         if not isinstance(y, Tensor):
             if not isinstance(y, (bool, int, float)):
                 y = Tensor(y, device=x.device)

@@ -116,8 +116,9 @@ class Node:
             cache = cls._cache
             cache[key] = weakref.ref(self)
             if len(cache) > cls._purge_at:
-                for k in [k for k, r in cache.items() if r() is None]:
-                    del cache[k]
+                for k, r in list(cache.items()):  # (a snapshot: another thread may be adding nodes)
+                    if r() is None:
+                        cache.pop(k, None)
                 cls._purge_at = max(4096, 2 * len(cache))
         return self
 

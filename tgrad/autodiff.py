@@ -237,14 +237,14 @@ def custom_gradient(value: Node, inputs: tuple[Node, ...], rule: Callable[[Node]
 
 
 def _sources(node: Node) -> tuple[Node, ...]:
-    custom = CUSTOM.get(node)
+    custom = CUSTOM.get(node) if node.op is Op.DETACH else None  # (custom_gradient makes DETACH nodes)
     return custom[0] if custom is not None else node.srcs
 
 
 def grad_rule(node: Node, g: Node) -> tuple[Node | None, ...]:
     """Gradients of node's sources given the gradient g of node (None: no gradient to that source); for a
     node with a custom gradient, of its custom inputs."""
-    custom = CUSTOM.get(node)
+    custom = CUSTOM.get(node) if node.op is Op.DETACH else None
     if custom is not None:
         return custom[1](g)
     if node.op in NON_DIFFERENTIABLE:

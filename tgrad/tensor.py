@@ -407,7 +407,7 @@ class Tensor(metaclass=_NoGradMeta):
 
     def _from(self, node: Node, *inputs: Tensor) -> Tensor:
         out = Tensor(node)
-        if not Tensor.no_grad and any(t.requires_grad for t in (self, *inputs)):
+        if (self._requires_grad or any(t._requires_grad for t in inputs)) and not _NoGradMeta._no_grad:
             out._requires_grad = True
         return out
 
@@ -2955,7 +2955,7 @@ def _bf16_in_float32(fn, wide: DType = dtypes.float32):
 
     def op(*args, **kwargs):
         tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
-                   if isinstance(t, Tensor)]
+                   if isinstance(t, Tensor)] if _any_bf16(args, kwargs) else ()
         if all(t.dtype != dtypes.bfloat16 for t in tensors):
             return fn(*args, **kwargs)
         back = all(t.dtype == dtypes.bfloat16 or not t.dtype.is_float for t in tensors)
@@ -2964,6 +2964,19 @@ def _bf16_in_float32(fn, wide: DType = dtypes.float32):
         return type(out)(map(down, out)) if isinstance(out, tuple) else down(out)
 
     return _named_like(op, fn)
+
+
+def _any_bf16(args: tuple, kwargs: dict) -> bool:
+    """Whether a bfloat16 tensor is among the arguments (or in a list or tuple among them): the quick test
+    every wrapped op makes first."""
+    bf16 = dtypes.bfloat16
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, Tensor):
+            if a.node.dtype is bf16:
+                return True
+        elif isinstance(a, (list, tuple)) and any(isinstance(t, Tensor) and t.node.dtype is bf16 for t in a):
+            return True
+    return False
 
 
 def _named_like(op, fn):

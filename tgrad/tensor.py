@@ -1304,12 +1304,14 @@ class Tensor(metaclass=_NoGradMeta):
         return neg.where((neg.where(self, 0).exp() - 1) * alpha, self)
 
     def sigmoid(self) -> Tensor:
-        """1 / (1 + exp(-x)) for x >= 0, exp(x) / (1 + exp(x)) below: exp never overflows, so the gradient
-        at large |x| is 0, not inf * 0."""
+        """With e = exp(-|x|) (in (0, 1]: it never overflows, so the gradient at large |x| is 0, not
+        inf * 0) and s = 1 / (1 + e): s for x >= 0, e * s (= exp(x) / (1 + exp(x))) below. One exp and one
+        reciprocal per element, forward and backward."""
         x = self._float()
         pos = x >= 0
-        e_neg, e_pos = (-pos.where(x, 0.0)).exp(), pos.where(0.0, x).exp()
-        return pos.where((1 + e_neg).reciprocal(), e_pos / (1 + e_pos))
+        e = (-pos.where(x, -x)).exp()
+        s = (1 + e).reciprocal()
+        return pos.where(s, e * s)
 
     def tanh(self) -> Tensor:
         return 2.0 * (2.0 * self).sigmoid() - 1.0

@@ -228,3 +228,42 @@ def test_negated_negative_constants(device):
     x = Tensor(np.ones(3, np.float32))
     np.testing.assert_allclose((x * 0 + (-Tensor.full((3,), -0.3))).numpy(), np.full(3, 0.3, np.float32))
     np.testing.assert_array_equal((-Tensor.full((2,), -7, dtype="int32")).numpy(), [7, 7])
+
+
+@pytest.mark.parametrize("name", ["tanh", "sinh", "asinh", "atanh", "erf"])
+def test_odd_functions_keep_relative_accuracy_near_zero(device, name):
+    """Their formulas cancel near 0 (tanh(1e-8) was 0, erf(1e-5) 1.7% off): a Taylor series takes over
+    there. Values within a few roundings of PyTorch's over 1e-38 .. 10 (both signs, -0.0 keeps its sign),
+    and gradients too, in float32, and in float64 where the device has it."""
+    from tests.helpers import has_float64
+
+    def points(low: float, dtype) -> np.ndarray:
+        mags = np.logspace(low, 1, 400)
+        x = np.concatenate([mags, -mags, [0.0, -0.0]]).astype(dtype)
+        return x[np.abs(x) < 1] if name == "atanh" else x
+
+    cases = [(points(-38, np.float32), 1e-6)]
+    if has_float64(device) and name != "erf":  # (float64 erf is Abramowitz & Stegun's: float32-accurate)
+        cases.append((points(-300, np.float64), 1e-13))
+    for x, rtol in cases:
+        t = Tensor(x, requires_grad=True)
+        y = getattr(t, name)()
+        y.sum().backward()
+        tx = torch.tensor(x, requires_grad=True)
+        ty = getattr(torch, name)(tx)
+        ty.sum().backward()
+        ref = ty.detach().numpy()
+        np.testing.assert_allclose(y.numpy(), ref, rtol=rtol, atol=0, err_msg=f"{name} {x.dtype}")
+        assert (np.signbit(y.numpy()) == np.signbit(ref)).all(), f"{name}: the sign of -0.0 or of tiny values"
+        # (PyTorch's own gradients round where they are tiny: 1 - tanh^2 at large x)
+        np.testing.assert_allclose(t.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_atanh_gradient_at_and_beyond_one_matches_torch(device):
+    x = [-math.inf, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, math.inf]
+    t = Tensor(x, requires_grad=True)
+    t.atanh().sum().backward()
+    tx = torch.tensor(x, requires_grad=True)
+    tx.atanh().sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), tx.grad.numpy())  # inf at +-1, -0 at +-inf, not nan
+    np.testing.assert_array_equal(np.isnan(t.detach().atanh().numpy()), np.isnan(tx.detach().atanh().numpy()))

@@ -1208,7 +1208,8 @@ class Tensor(metaclass=_NoGradMeta):
         return self.log2() * math.log10(2)
 
     def sinh(self) -> Tensor:
-        return (self.exp() - (-self).exp()) * 0.5
+        x = self._float()
+        return x._near_zero((x.exp() - (-x).exp()) * 0.5, _SINH_SERIES, 0.5)
 
     def cosh(self) -> Tensor:
         return (self.exp() + (-self).exp()) * 0.5
@@ -1259,7 +1260,7 @@ class Tensor(metaclass=_NoGradMeta):
         big = a > 1e4
         small = big.where(0.0, a)
         y = big.where(big.where(a, 1.0).log() + math.log(2), (small + (small * small + 1).sqrt()).log())
-        return pos.where(y, -y)
+        return x._near_zero(pos.where(y, -y), _ASINH_SERIES, 0.25)
 
     def acosh(self) -> Tensor:
         """log(x + sqrt(x^2 - 1)), log(2x) beyond 1e4 (gradient 0 at inf); nan below 1."""
@@ -1280,7 +1281,16 @@ class Tensor(metaclass=_NoGradMeta):
 
     def atanh(self) -> Tensor:
         x = self._float()
-        return ((1 + x) / (1 - x)).log() * 0.5
+        out = x._near_zero(((1 + x) / (1 - x)).log() * 0.5, _ATANH_SERIES, 0.25)
+        if Tensor.no_grad:
+            return out
+        x_node = x.node
+
+        def rule(grad: Node) -> tuple[Node]:  # PyTorch's 1 / (1 - x^2): inf at +-1, -0 at +-inf (not nan)
+            t = Tensor(x_node)
+            return ((Tensor(grad) * (1 - t * t).reciprocal()).node,)
+
+        return x._from(autodiff.custom_gradient(out.node, (x_node,), rule, "atanh"))
 
     def square(self) -> Tensor:
         return self * self
@@ -1314,12 +1324,36 @@ class Tensor(metaclass=_NoGradMeta):
         return pos.where(s, e * s)
 
     def tanh(self) -> Tensor:
+        x = self._float()
+        return x._near_zero(x._tanh_far(), _TANH_SERIES, 0.3)
+
+    def _tanh_far(self) -> Tensor:
+        """tanh as 2 * sigmoid(2x) - 1: absolute error ~1e-7, so relative error grows near 0 (see _near_zero);
+        enough for 1 + tanh (GELU's)."""
         return 2.0 * (2.0 * self).sigmoid() - 1.0
 
+    def _near_zero(self, far: Tensor, series: tuple[float, ...], limit: float) -> Tensor:
+        """`far` (an odd function's formula, which cancels near 0: tanh(1e-8) was 0, erf(1e-5) 1.7% off),
+        with x * sum(series[k] * x^2k) where |x| < limit: there the series' next term, and beyond it the
+        formula's error, is within a few float32 roundings of the value (float64: within limit / 20). The
+        series reads x only where it is taken, so its gradient is finite everywhere."""
+        x = self
+        small = x.abs() < (limit / 20 if x.dtype == dtypes.float64 else limit)
+        z = small.where(x, 0.0)
+        z2, poly = z * z, z * 0
+        for c in reversed(series):
+            poly = poly * z2 + c
+        return small.where(z * poly, far)
+
     def erf(self) -> Tensor:
-        """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7) on a = |x| capped at 10 (erf is 1 there), the sign
-        put back by where(): the gradient is 2/sqrt(pi) at 0 and 0 at +-inf."""
+        """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), its Taylor series near 0 (_near_zero)."""
         x = self._float()
+        return x._near_zero(x._erf_far(), _ERF_SERIES, 0.5)
+
+    def _erf_far(self) -> Tensor:
+        """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7) on a = |x| capped at 10 (erf is 1 there), the sign
+        put back by where(): the gradient is 2/sqrt(pi) at 0 and 0 at +-inf. Enough for 1 + erf (GELU's)."""
+        x = self
         pos = x >= 0
         a = pos.where(x, -x)
         a = (a > 10).where(10.0, a)
@@ -1334,8 +1368,9 @@ class Tensor(metaclass=_NoGradMeta):
         if approximate not in ("none", "tanh"):
             raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
         if approximate == "tanh":
-            return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
-        return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+            inner = math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)
+            return 0.5 * self * (1 + inner._float()._tanh_far())
+        return 0.5 * self * (1 + (self * (1 / math.sqrt(2)))._float()._erf_far())
 
     def quick_gelu(self) -> Tensor:
         return self * (self * 1.702).sigmoid()
@@ -3046,6 +3081,13 @@ def _signbit(a: Tensor) -> Tensor:
     """a < 0, and True at -0.0 too (1 / -0.0 is -inf)."""
     return (a < 0) | ((a == 0) & (a.reciprocal() < 0))
 
+
+# Taylor series of odd functions near 0, as coefficients of x^1, x^3, x^5... (Tensor._near_zero)
+_TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835)
+_SINH_SERIES = (1.0, 1 / 6, 1 / 120, 1 / 5040, 1 / 362880)
+_ASINH_SERIES = (1.0, -1 / 6, 3 / 40, -15 / 336, 105 / 3456)
+_ATANH_SERIES = (1.0, 1 / 3, 1 / 5, 1 / 7, 1 / 9, 1 / 11)
+_ERF_SERIES = tuple(2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(7))
 
 _DIVISOR_EDGE = {dtypes.float16: 12, dtypes.float64: 1000}  # else (float32) 100: see _true_divide
 

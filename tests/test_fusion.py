@@ -333,3 +333,25 @@ def test_a_computed_input_read_through_conv_windows_is_computed_once(cpu):
     ta, tb, tc, td, te, tw = (torch.from_numpy(v) for v in (a, b, c, d, e, w))
     ref = torch.nn.functional.conv2d(ta * tb + tc * td + (te - te.mean((0, 2, 3), keepdim=True)), tw)
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_constant_is_one_node_at_any_shape(device):
+    """x * 2.0 builds one CONST node of x's shape (not a scalar, a reshape and an expand); movement ops of a
+    constant fold into a constant of their shape, except PAD, whose border is 0. Values as numpy's, on
+    every device, also for a constant realized on its own and then written into."""
+    from tgrad import graph
+    from tgrad.graph import Op
+
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    c = (x * 2.0).node.srcs[1]
+    assert c.op is Op.CONST and c.shape == (2, 3) and c.srcs == ()
+    assert graph.move(graph.move(c, Op.PERMUTE, (1, 0)), Op.RESHAPE, (6,)).op is Op.CONST
+    padded = Tensor.full((2, 2), 3.0).pad(((1, 0), (0, 1)))
+    assert padded.node.op is Op.PAD
+    np.testing.assert_array_equal(padded.numpy(), np.pad(np.full((2, 2), 3.0, np.float32), ((1, 0), (0, 1))))
+    ref = (np.arange(6).reshape(2, 3) * 2.0).T[::-1]
+    np.testing.assert_array_equal((x * 2.0).permute(1, 0).flip(0).numpy(), ref)
+    z = Tensor.zeros(3, 4).contiguous().realize()
+    z.assign(z + Tensor.ones(3, 4).expand(3, 4) * 5).realize()
+    np.testing.assert_array_equal(z.numpy(), np.full((3, 4), 5.0, np.float32))
+    np.testing.assert_array_equal(Tensor.full((2, 0, 3), 1.0).sum(1).numpy(), np.zeros((2, 3), np.float32))

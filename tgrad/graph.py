@@ -357,14 +357,12 @@ def cast(node: Node, dtype: DType) -> Node:
 
 
 def const(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> Node:
-    """A constant broadcast to shape (no memory: a stride-0 view of a scalar)."""
+    """A constant of any shape: one node (no memory; every kernel reads it as a literal), which movement
+    ops other than PAD fold into (a constant of their shape)."""
     value = bool(value) if dtype.kind == "b" else (int(value) if dtype.is_int else float(value))
     if dtype == dtypes.bfloat16:  # the bfloat16 nearest the value (through float32, as in PyTorch)
         value = float(round_bf16(value))
-    node = Node(Op.CONST, (), value, (), dtype, device)
-    if shape:
-        node = move(move(node, Op.RESHAPE, (1,) * len(shape)), Op.EXPAND, shape)
-    return node
+    return Node(Op.CONST, (), value, tuple(shape), dtype, device)
 
 
 def const_like(node: Node, value) -> Node:
@@ -418,4 +416,6 @@ def move(node: Node, op: Op, arg) -> Node:
         new = shape
     else:
         raise ValueError(f"{op} is not a movement op")
+    if node.op is Op.CONST and op is not Op.PAD:  # (a pad's border is 0, not the constant)
+        return Node(Op.CONST, (), node.arg, new, node.dtype, node.device)
     return Node(op, (node,), arg, new, node.dtype, node.device)

@@ -100,7 +100,7 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
     if node.realized:
         out = node.buffer.data.reshape(node.shape)
     elif node.op is Op.CONST:
-        out = np.array(node.arg, dtype=node.dtype.np)
+        out = np.broadcast_to(np.array(node.arg, dtype=node.dtype.np), node.shape)
     elif node.op in MOVEMENT:
         out = movement(node.op, node.arg, evaluate(node.srcs[0], memo))
     elif node.op is Op.DETACH:

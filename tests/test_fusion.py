@@ -355,3 +355,16 @@ def test_a_constant_is_one_node_at_any_shape(device):
     z.assign(z + Tensor.ones(3, 4).expand(3, 4) * 5).realize()
     np.testing.assert_array_equal(z.numpy(), np.full((3, 4), 5.0, np.float32))
     np.testing.assert_array_equal(Tensor.full((2, 0, 3), 1.0).sum(1).numpy(), np.zeros((2, 3), np.float32))
+
+
+def test_equal_kernels_hash_equal_and_a_changed_one_does_not(cpu):
+    """Kernels are dict keys (compiled runners): the same graph built twice gives equal kernels with equal
+    hashes (the hash is computed once and kept), a kernel changed by dataclasses.replace a new one."""
+    import dataclasses
+
+    x = Tensor.rand(4, 5).realize()
+    (a,), (b,) = kernels((x * 3).sum(1)), kernels((x * 3).sum(1))
+    assert a.kernel == b.kernel and hash(a.kernel) == hash(b.kernel) and hash(a.kernel) == hash(a.kernel)
+    other = dataclasses.replace(a.kernel, name="other")
+    assert other != a.kernel and hash(other) != hash(a.kernel)
+    assert {a.kernel: 1}[b.kernel] == 1

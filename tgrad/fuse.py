@@ -333,6 +333,12 @@ class Kernel:
     out_dtype: DType
     in_dtypes: tuple[DType, ...]
 
+    def __hash__(self) -> int:  # a dict key at every launch (runners, row counts): hashed once
+        if "_hash" not in self.__dict__:
+            fields = tuple(getattr(self, f) for f in self.__dataclass_fields__)
+            object.__setattr__(self, "_hash", hash(fields))
+        return self.__dict__["_hash"]
+
     @property
     def global_shape(self) -> tuple[int, ...]:
         return self.shape[: self.n_global]
@@ -675,17 +681,10 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
     expr = lw.lower(root, (), root_idx)
     kind = "r" if red is not None else "E"
     name = kind + "_" + "_".join(str(s) for s in kshape) if kshape else kind
-    kernel = Kernel(
-        name=name,
-        shape=kshape,
-        n_global=n_global,
-        reduce_op=red.arg[0] if red is not None else None,
-        reduce_expr=reduce_expr,
-        expr=expr,
-        out_index=out_index,
-        out_dtype=root.dtype,
-        in_dtypes=tuple(n.dtype for n in lw.inputs),
-    )
+    reduce_op = red.arg[0] if red is not None else None
+    kernel = Kernel(name=name, shape=kshape, n_global=n_global, reduce_op=reduce_op,
+                    reduce_expr=reduce_expr, expr=expr, out_index=out_index, out_dtype=root.dtype,
+                    in_dtypes=tuple(n.dtype for n in lw.inputs))
     target = root.srcs[0] if root.op is Op.ASSIGN else None
     return ScheduleItem(kernel, root, lw.inputs, target)
 

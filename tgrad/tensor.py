@@ -694,8 +694,17 @@ class Tensor(metaclass=_NoGradMeta):
         dt = dtype or promote(x.dtype, y.dtype)
         x, y = x.cast(dt), y.cast(dt)
         shape = _broadcast_shape(x.shape, y.shape)
-        x, y = x._broadcast_to(shape), y._broadcast_to(shape)
+        x, y = x._expand_to(shape), y._expand_to(shape)
         return (y, x) if reverse else (x, y)
+
+    def _expand_to(self, shape: tuple[int, ...]) -> Tensor:
+        """_broadcast_to for a shape that _broadcast_shape made from this tensor's (nothing to check)."""
+        node = self.node
+        if node.shape == shape:
+            return self
+        if len(shape) != len(node.shape):
+            node = g.move(node, Op.RESHAPE, (1,) * (len(shape) - len(node.shape)) + node.shape)
+        return self._from(g.move(node, Op.EXPAND, shape))
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
         if self.shape == shape:

@@ -91,14 +91,16 @@ def test_lamb_matches_numpy_reference():
 
 def test_adam_step_kernel_count():
     # one Adam step on one parameter: the gradient 2*w (kept: it stays readable after the step), the step
-    # counter, m, v and the parameter itself
+    # counter, m, v and the parameter itself; on the CPU m, v and the parameter are one row group (one loop)
+    from tgrad.device import Device
+
     w0 = RNG.standard_normal((4, 4)).astype(np.float32)
     w = Tensor(w0, requires_grad=True)
     opt = Adam([w], lr=0.01)
     (w * w).sum().backward()
     before = Stats.kernels_run
     opt.step()
-    assert Stats.kernels_run - before == 5
+    assert Stats.kernels_run - before == (3 if Device.DEFAULT == "CPU" else 5)
 
 
 def test_gradients_stay_readable_after_the_step(device):

@@ -137,3 +137,59 @@ def test_a_one_element_per_row_kernel_joins_the_group():
     rs = ((r * r).sum((1, 2)) * 1e-3 + 1).sqrt()
     np.testing.assert_allclose(y.numpy(), (r * rs.reshape(32, 1, 1)).relu().sum((1, 2)).numpy(), rtol=1e-4)
     assert any("rows_r_32_128_400_E_32_r_32_128_400" in s for s in _group_sources()), _group_sources()
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_adam_updates_of_one_parameter_are_one_row_group_and_match_torch(threads, monkeypatch):
+    """Adam's m, v and parameter updates (three assigns over the same elements) sit side by side in the
+    schedule and run as one loop, eager and under TinyJit; values as torch.optim.Adam's after 4 steps."""
+    from tgrad.nn.optim import Adam
+
+    monkeypatch.setenv("TGRAD_THREADS", threads)
+    rng = np.random.default_rng(4)
+    w0 = rng.standard_normal((300, 700)).astype(np.float32)
+    x0 = rng.standard_normal((8, 300)).astype(np.float32)
+    # gradients away from 0 (c): Adam's first steps are lr * sign(g), which rounding would flip near 0
+    c0 = (rng.uniform(0.5, 1.5, (300, 700)) * rng.choice([-1, 1], (300, 700))).astype(np.float32)
+    for jit in (False, True):
+        w = Tensor(w0, device="CPU", requires_grad=True)
+        x, c = Tensor(x0, device="CPU"), Tensor(c0, device="CPU")
+        opt = Adam([w], lr=0.01)
+
+        def step(w=w, x=x, c=c, opt=opt):
+            opt.zero_grad()
+            loss = (w * c).sum() + (x @ w).square().mean() * 1e-3
+            loss.backward()
+            opt.step(loss)
+            return loss
+
+        run = TinyJit(step) if jit else step
+        for _ in range(4):
+            run()
+        tw = torch.tensor(w0, requires_grad=True)
+        topt = torch.optim.Adam([tw], lr=0.01)
+        for _ in range(4):
+            topt.zero_grad()
+            tc, tx = torch.from_numpy(c0), torch.from_numpy(x0)
+            ((tw * tc).sum() + (tx @ tw).square().mean() * 1e-3).backward()
+            topt.step()
+        np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert any(s.count("E_300_700") == 3 for s in _group_sources() if "def rows_" in s), _group_sources()
+
+
+def test_an_assign_does_not_join_a_kernel_reading_its_target_in_another_row():
+    """y = a reversed * 2, then a = b + 1: one loop over rows would overwrite a[n-1-i] before row i reads
+    it (as the old value), so these stay two kernels; both values as numpy's."""
+    n = 4096
+    a0, b0 = np.arange(n, dtype=np.float32), np.full(n, 5.0, np.float32)
+    a, b = Tensor(a0, device="CPU").realize(), Tensor(b0, device="CPU").realize()
+    y = a.flip(0) * 2
+    a.assign(b + 1)
+    Tensor.realize(y, a)
+    np.testing.assert_array_equal(y.numpy(), a0[::-1] * 2)
+    np.testing.assert_array_equal(a.numpy(), b0 + 1)
+    z = a * 3  # a row-local reader of the old value may share the loop
+    a.assign(b - 1)
+    Tensor.realize(z, a)
+    np.testing.assert_array_equal(z.numpy(), (b0 + 1) * 3)
+    np.testing.assert_array_equal(a.numpy(), b0 - 1)

@@ -72,9 +72,8 @@ class Expr:
         if self.op == "CONST":
             return repr(self.arg)
         if self.op == "LOAD":
-            return f"in{self.arg}[{self.srcs[0]!r}]" + (
-                "" if is_true(self.srcs[1]) else f" if {self.srcs[1]!r}"
-            )
+            mask = "" if is_true(self.srcs[1]) else f" if {self.srcs[1]!r}"
+            return f"in{self.arg}[{self.srcs[0]!r}]{mask}"
         if self.op == "ACC":
             return "acc"
         return f"{self.op}({', '.join(map(repr, self.srcs))})"
@@ -382,10 +381,8 @@ class StatementPlacer:
         return hit
 
     def place(self, e: Expr, stmt: str) -> None:
-        if self.uses_acc(e) or self.level(e) >= self.post_from:
-            self.post.append(stmt)
-        else:
-            self.levels[self.level(e)].append(stmt)
+        post = self.uses_acc(e) or self.level(e) >= self.post_from
+        (self.post if post else self.levels[self.level(e)]).append(stmt)
 
 
 @dataclass
@@ -617,9 +614,8 @@ class _Lowerer:
             if node.op is Op.PAD and not self.is_leaf(node.srcs[0].base):
                 _, valid = view_index(self._tracker(node.srcs[0].shape, (*path, node)), list(idx))
                 if not is_true(valid):
-                    inner = Expr(
-                        "WHERE", (valid, inner, const(_zero(node.dtype), node.dtype)), None, node.dtype
-                    )
+                    zero = const(_zero(node.dtype), node.dtype)
+                    inner = Expr("WHERE", (valid, inner, zero), None, node.dtype)
             return inner
         if node.op in ALU:
             srcs = tuple(self.lower(s, path, idx) for s in node.srcs)
@@ -672,10 +668,8 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
         if st:
             out_index = iadd(out_index, imul(i, st))
     if red is not None and root.shape != red.shape:
-        root_idx = tuple(
-            imod(idx_div(out_index, st), s) if s > 1 else const(0, IDX_DT)
-            for s, st in zip(root.shape, _row_major(root.shape))
-        )
+        root_idx = tuple(imod(idx_div(out_index, st), s) if s > 1 else const(0, IDX_DT)
+                         for s, st in zip(root.shape, _row_major(root.shape)))
     else:
         root_idx = out_idx
     expr = lw.lower(root, (), root_idx)
@@ -707,6 +701,12 @@ def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
         start = max((j + 1 for j, it in enumerate(ordered) if it.out in a.inputs), default=0)
         readers = [j for j, it in enumerate(ordered) if j >= start and a.out in it.inputs]
         ordered.insert(readers[0] if readers else len(ordered), a)
+    for a in assigns:  # next to the assign that reads it where nothing between forbids (an optimizer's
+        pos = ordered.index(a)  # m, v and parameter updates side by side: the CPU runs them as one loop)
+        user = next((j for j in range(pos + 1, len(ordered)) if a.out in ordered[j].inputs), None)
+        if user is not None and ordered[user].target is not None and all(
+                a.out not in x.inputs and x.target not in a.inputs for x in ordered[pos + 1 : user]):
+            ordered.insert(user - 1, ordered.pop(pos))
     for pos, it in enumerate(ordered):
         if it.target is None:
             continue

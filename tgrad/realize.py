@@ -191,6 +191,10 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
                 if at is not None:
                     sizes[at] = prod(it.out.shape)
                 members.append((it.kernel, ins, at))
+            for it in items[start : end + 2]:  # an assign overwrites its target row by row: every member
+                for at, n in enumerate(nodes):  # reads the target's old value in the row being computed
+                    if n is it.target:
+                        sizes[at] = prod(n.shape)
             runner = rt.rows_runner(tuple(members), tuple(sorted(sizes.items())))
             if runner is None:
                 break
@@ -217,8 +221,7 @@ def _chained(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
     """Whether items i and i + 1 could be in one row group: the same rows on one device. (They need not
     read each other: a BatchNorm backward's sums over a channel read the same rows of the same inputs.)"""
     a, b = items[i], items[i + 1]
-    return (get_runtime(b.out.device) is rt and a.target is None and b.target is None
-            and _runs(a.kernel) and _runs(b.kernel)
+    return (get_runtime(b.out.device) is rt and _runs(a.kernel) and _runs(b.kernel)
             and rt.row_count(a.kernel) is not None and rt.row_count(a.kernel) == rt.row_count(b.kernel))
 
 
@@ -255,7 +258,7 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
         out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
         if index in later:  # written by its group's function, which runs at the group's last kernel
             if RECORDER is not None:
-                RECORDER.launch(_LATER, out, [], fresh=True, node=it.out)
+                RECORDER.launch(_LATER, out, [], fresh=it.target is None, node=it.out)
         elif _runs(k):
             fresh = index not in groups and k not in rt.runners
             t0 = time.perf_counter()

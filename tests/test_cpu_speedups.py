@@ -311,3 +311,34 @@ def test_sigmoid_family_takes_one_exp_forward_and_backward(fn):
     np.testing.assert_allclose(y.numpy(), ty(torch.tensor(x)).numpy(), rtol=3e-6, atol=1e-7)
     # PyTorch's s * (1 - s) loses the gradient's low bits where s rounds near 1: compare at atol
     np.testing.assert_allclose(t.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=2e-7)
+
+
+def test_attention_matmuls_read_heads_in_place(monkeypatch):
+    """q @ k.T and att @ v over heads split out of one qkv buffer: batch axes (batch, head) that do not
+    merge are handed to numpy's matmul with their own strides, not copied out; values and gradients as
+    PyTorch's."""
+    from tgrad.runtime import cpu
+
+    copies = []
+    original = cpu._matrix
+
+    def counting(array, op, batch, rows, cols, shape, memory, temps):
+        before = len(temps)
+        out = original(array, op, batch, rows, cols, shape, memory, temps)
+        copies.append(len(temps) - before)
+        return out
+
+    monkeypatch.setattr(cpu, "_matrix", counting)
+    rng = np.random.default_rng(5)
+    qkv0 = rng.standard_normal((4, 32, 3 * 48)).astype(F32)
+    qkv = Tensor(qkv0, device="CPU", requires_grad=True)
+    q, k, v = (z.reshape(4, 32, 3, 16).transpose(1, 2) for z in qkv.split(48, 2))
+    out = ((q @ k.transpose(-2, -1)) * 0.25).softmax(-1) @ v
+    tqkv = torch.tensor(qkv0, requires_grad=True)
+    tq, tk, tv = (z.reshape(4, 32, 3, 16).transpose(1, 2) for z in tqkv.split(48, 2))
+    ref = ((tq @ tk.transpose(-2, -1)) * 0.25).softmax(-1) @ tv
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert copies and not any(copies), copies
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    np.testing.assert_allclose(qkv.grad.numpy(), tqkv.grad.numpy(), rtol=1e-4, atol=1e-4)

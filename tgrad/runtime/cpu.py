@@ -467,15 +467,18 @@ def _inner_run(v: np.ndarray) -> int:
 
 def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: HostMemory,
             temps: list) -> np.ndarray:
-    """The operand as a (batch, rows, cols) array. One whose axes do not merge (a conv's sliding windows)
-    is copied (im2col) into an array from `memory` (appended to `temps`), in the order (rows, cols) or
-    (cols, rows) whose innermost run of neighbouring elements is longer: numpy copies a 20-element run ~4x
-    faster than a 5-element one (a 5x5 window's rows); BLAS reads the transposed copy through its flags."""
+    """The operand as a (*batch, rows, cols) array: numpy's matmul takes each batch axis with its own
+    stride (attention's heads and batch over one qkv buffer), so only rows and cols need to merge. One
+    whose axes do not merge (a conv's sliding windows) is copied (im2col) into an array from `memory`
+    (appended to `temps`), in the order (rows, cols) or (cols, rows) whose innermost run of neighbouring
+    elements is longer: numpy copies a 20-element run ~4x faster than a 5-element one (a 5x5 window's
+    rows); BLAS reads the transposed copy through its flags."""
     size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    nb, nr, nc = size(batch), size(rows), size(cols)
+    nr, nc = size(rows), size(cols)
+    lead = tuple(shape[x] for x in batch)
     v = _view(array, op, [*batch, *rows, *cols], shape)
     try:
-        return v.reshape(nb, nr, nc, copy=False)
+        return v.reshape(*lead, nr, nc, copy=False)
     except ValueError:  # the axes do not merge: a copy
         pass
     t = _view(array, op, [*batch, *cols, *rows], shape)
@@ -483,12 +486,12 @@ def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: Ho
     copy = memory.array(src.size, src.dtype)
     temps.append(copy)
     copy.reshape(src.shape)[...] = src
-    return copy.reshape(nb, nc, nr).swapaxes(1, 2) if transposed else copy.reshape(nb, nr, nc)
+    return copy.reshape(*lead, nc, nr).swapaxes(-1, -2) if transposed else copy.reshape(*lead, nr, nc)
 
 
 def _column_major(x: np.ndarray) -> bool:
-    """Whether a (batch, rows, cols) matrix is stored column by column (BLAS reads it transposed)."""
-    return x.shape[1] > 1 and x.shape[2] > 1 and x.strides[1] == x.itemsize != x.strides[2]
+    """Whether a (*batch, rows, cols) matrix is stored column by column (BLAS reads it transposed)."""
+    return x.shape[-2] > 1 and x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
 
 
 def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
@@ -506,9 +509,9 @@ def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: H
     if _column_major(a if a.size >= b.size else b) or (_column_major(a) and _column_major(b)):
         # OpenBLAS reads a big operand 1.2-1.5x slower transposed (a conv's im2col laid out window-major):
         # compute c.T = b.T @ a.T instead, where that operand is read row by row
-        a, b, m, n = b.swapaxes(1, 2), a.swapaxes(1, 2), n, m
+        a, b, m, n = b.swapaxes(-1, -2), a.swapaxes(-1, -2), n, m
     order = [*plan.batch, *m, *n]
-    dims = (size(plan.batch), size(m), size(n))
+    dims = (*(shape[x] for x in plan.batch), size(m), size(n))
     dtype = np.result_type(a, b)
     in_order = order == list(range(kernel.n_global))  # the result's rows are the output's
     try:

@@ -609,7 +609,10 @@ def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
         pre += [_NAMES.sub(rename, line) for line in lines[2:loop]]
         bodies += [_NAMES.sub(rename, line) for line in lines[loop + 1 :] if line.strip()]
     args = ", ".join(["out"] + [f"in{i}" for i in range(n_in)] + ["lo", "hi"])
-    name = "rows_" + "_".join(k.name for k, _, _ in members)
+    # members that are all of one element per row render the same source at every length: one name (so one
+    # compiled function, as for E_n: Adam's m, v and parameter updates of every parameter)
+    flat = all(k.shape == (rows,) and k.n_global == 1 for k in ks)
+    name = "rows_" + "_".join("E_n" if flat else m.name for m, _, _ in members)
     source = "\n".join(["@kernel()", f"def {name}({args}):", *pre, "    for i0 in range(lo, hi):", *bodies])
     storage = tuple(storage_dtype(d) for d in (members[-1][0].out_dtype, *(dtype_at[i] for i in range(n_in))))
     threaded = rows > 1 and sum(math.prod(k.shape) for k in ks) >= PARALLEL_MIN_WORK  # else lo, hi = 0, rows

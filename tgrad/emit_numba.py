@@ -559,7 +559,7 @@ def _row_local(index: Expr, row: int) -> bool:
 Member = tuple[Kernel, tuple[int, ...], int | None]  # a kernel of a row group (see render_rows)
 
 
-def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
+def render_rows(members: list[Member], sizes: dict[int, int], aliases: dict | None = None) -> Program | None:
     """Kernels run one after another (a softmax's max, its sum of exponentials, its normalisation) as one
     function whose loop over rows runs each kernel's work for that row in turn, so a row read three times
     is read from the cache, not from memory; where the last kernel recomputes the values an earlier one
@@ -568,7 +568,9 @@ def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
     None for the last kernel's, which is the function's `out`); sizes: the elements of the group inputs
     that members write. None when some member does not work row by row on the same rows, or reads
     another's output outside the row being computed (or is a BLAS call, an interchanged reduce...): the
-    kernels then run one by one."""
+    kernels then run one by one. aliases: group input -> the group input (-1: `out`) that is the same
+    buffer (an assign's target and its new value), read through that one name so that LLVM sees one
+    pointer and vectorizes (two names for one buffer fail its overlap checks)."""
     ks, rows, dtype_at = [], None, {}
     for kernel, inputs, out_at in members:
         k = _row_kernel(kernel)
@@ -598,7 +600,8 @@ def render_rows(members: list[Member], sizes: dict[int, int]) -> Program | None:
             break  # the output holds one kernel's values
     pre, bodies = [], []
     for j, ((_, _, out_at), k) in enumerate(zip(members, ks)):
-        names = {"out": "out" if out_at is None else f"in{out_at}", f"in{n_in}": "out", "shared": "out"}
+        names = {"out": "out" if out_at is None else f"in{out_at}", f"in{n_in}": "out", "shared": "out",
+                 **{f"in{a}": "out" if b < 0 else f"in{b}" for a, b in (aliases or {}).items()}}
         lines = _Renderer(k).render("f", True, shares[j]).split("\n")
         loop = lines.index("    for i0 in range(lo, hi):")
 

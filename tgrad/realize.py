@@ -191,11 +191,13 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
                 if at is not None:
                     sizes[at] = prod(it.out.shape)
                 members.append((it.kernel, ins, at))
-            for it in items[start : end + 2]:  # an assign overwrites its target row by row: every member
-                for at, n in enumerate(nodes):  # reads the target's old value in the row being computed
+            aliases = []  # (a target's position, its assign's output position or -1: the group's out)
+            for i, it in enumerate(items[start : end + 2]):  # an assign overwrites its target row by row:
+                for at, n in enumerate(nodes):  # every member reads the old value in the row being computed
                     if n is it.target:
                         sizes[at] = prod(n.shape)
-            runner = rt.rows_runner(tuple(members), tuple(sorted(sizes.items())))
+                        aliases.append((at, -1 if members[i][2] is None else members[i][2]))
+            runner = rt.rows_runner(tuple(members), tuple(sorted(sizes.items())), tuple(aliases))
             if runner is None:
                 break
             best, end = (runner, nodes), end + 1

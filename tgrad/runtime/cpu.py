@@ -306,13 +306,13 @@ class CPURuntime(Runtime):
             hit = self.row_counts[kernel] = emit_numba.row_count(kernel)
         return hit
 
-    def rows_runner(self, members: tuple, sizes: tuple) -> Runner | None:
+    def rows_runner(self, members: tuple, sizes: tuple, aliases: tuple = ()) -> Runner | None:
         """Consecutive kernels as one function with one loop over rows (emit_numba.render_rows), or None
         when they do not work row by row; called with the group's output and then its inputs."""
-        key = (members, sizes)
+        key = (members, sizes, aliases)
         hit = self.row_runners.get(key, False)
         if hit is False:
-            program, runner = emit_numba.render_rows(list(members), dict(sizes)), None
+            program, runner = emit_numba.render_rows(list(members), dict(sizes), dict(aliases)), None
             if program is not None:
                 runner = Runner(program, self._built_on_first_call(program), self.name)
             hit = self.row_runners[key] = runner

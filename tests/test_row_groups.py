@@ -203,3 +203,35 @@ def test_an_assign_does_not_join_a_kernel_reading_its_target_in_another_row():
     Tensor.realize(z, a)
     np.testing.assert_array_equal(z.numpy(), (b0 + 1) * 3)
     np.testing.assert_array_equal(a.numpy(), b0 - 1)
+
+
+def test_an_assign_alone_reads_its_target_through_one_name_and_matches_torch():
+    """SGD's update w = w - lr * g reads and writes w: in a row group (of one, or with the gradient's kernel
+    here) it reads w through the name it writes (one pointer, which LLVM vectorizes); values as
+    torch.optim.SGD's."""
+    from tgrad.nn.optim import SGD
+
+    rng = np.random.default_rng(8)
+    w0, c0 = rng.standard_normal(50_000).astype(np.float32), rng.standard_normal(50_000).astype(np.float32)
+    w, c = Tensor(w0, device="CPU", requires_grad=True), Tensor(c0, device="CPU")
+    opt = SGD([w], lr=0.1)
+    tw = torch.tensor(w0, requires_grad=True)
+    topt = torch.optim.SGD([tw], lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        (w * w * c).sum().backward()
+        opt.step()
+        topt.zero_grad()
+        (tw * tw * torch.from_numpy(c0)).sum().backward()
+        topt.step()
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
+    # (the update joins the gradient's kernel, which reads w too: both read it as `out`, its written name)
+    ours = [r for key, r in get_runtime("CPU").row_runners.items()
+            if r is not None and {m[0].name for m in key[0]} == {"E_50000"} and key[0][-1][2] is None]
+    assert ours and all("= out[i0]" in r.source for r in ours), [r.source for r in ours]
+    x = Tensor(w0[:30_000], device="CPU").realize()  # an assign with no neighbour: a group of one
+    x.assign(x * 0.5 + 1).realize()
+    np.testing.assert_array_equal(x.numpy(), w0[:30_000] * np.float32(0.5) + 1)
+    alone = [r for key, r in get_runtime("CPU").row_runners.items()
+             if r is not None and [m[0].name for m in key[0]] == ["E_30000"]]
+    assert alone and "= out[i0]" in alone[0].source, alone

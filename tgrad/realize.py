@@ -183,28 +183,40 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
         rt = get_runtime(items[start].out.device)
         best, end = None, start
         while end + 1 < len(items) and _chained(items, end, rt):
-            nodes: list[Node] = []
-            members, sizes = [], {}
-            for i, it in enumerate(items[start : end + 2]):
-                ins = tuple(_position(nodes, n) for n in it.inputs)
-                at = None if start + i == end + 1 else _position(nodes, it.out)
-                if at is not None:
-                    sizes[at] = prod(it.out.shape)
-                members.append((it.kernel, ins, at))
-            aliases = []  # (a target's position, its assign's output position or -1: the group's out)
-            for i, it in enumerate(items[start : end + 2]):  # an assign overwrites its target row by row:
-                for at, n in enumerate(nodes):  # every member reads the old value in the row being computed
-                    if n is it.target:
-                        sizes[at] = prod(n.shape)
-                        aliases.append((at, -1 if members[i][2] is None else members[i][2]))
-            runner = rt.rows_runner(tuple(members), tuple(sorted(sizes.items())), tuple(aliases))
-            if runner is None:
+            group = _group(items, start, end + 1, rt)
+            if group is None:
                 break
-            best, end = (runner, nodes), end + 1
+            best, end = group, end + 1
+        it = items[start]
+        alone = it.target in it.inputs and _runs(it.kernel) and rt.row_count(it.kernel) is not None
+        if best is None and alone:  # an assign that reads its target (SGD's update): a group of one reads
+            best = _group(items, start, start, rt)  # it through one name (see _group)
         if best is not None:
             out[end] = (*best, start)
         start = end + 1
     return out
+
+
+def _group(items: list[fuse.ScheduleItem], start: int, last: int, rt: Runtime) -> tuple | None:
+    """items[start..last] as one row group: its runner and the nodes it takes (see _row_groups), or None."""
+    nodes: list[Node] = []
+    members, sizes = [], {}
+    for i, it in enumerate(items[start : last + 1]):
+        ins = tuple(_position(nodes, n) for n in it.inputs)
+        at = None if start + i == last else _position(nodes, it.out)
+        if at is not None:
+            sizes[at] = prod(it.out.shape)
+        members.append((it.kernel, ins, at))
+    # an assign overwrites its target row by row: every member must read the old value in the row being
+    # computed, and reads it through the new value's name (one buffer: LLVM vectorizes one pointer, not two)
+    aliases = []  # (the target's position, its assign's output position or -1: the group's out)
+    for i, it in enumerate(items[start : last + 1]):
+        for at, n in enumerate(nodes):
+            if n is it.target:
+                sizes[at] = prod(n.shape)
+                aliases.append((at, -1 if members[i][2] is None else members[i][2]))
+    runner = rt.rows_runner(tuple(members), tuple(sorted(sizes.items())), tuple(aliases))
+    return None if runner is None else (runner, nodes)
 
 
 class _Later:

@@ -188,7 +188,8 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
                 break
             best, end = group, end + 1
         it = items[start]
-        alone = it.target in it.inputs and _runs(it.kernel) and rt.row_count(it.kernel) is not None
+        alone = it.target in it.inputs and _runs(it.kernel) and rt.row_count(it.kernel) is not None \
+            and not _reads_target_elsewhere(it)
         if best is None and alone:  # an assign that reads its target (SGD's update): a group of one reads
             best = _group(items, start, start, rt)  # it through one name (see _group)
         if best is not None:
@@ -231,11 +232,51 @@ class _Later:
 _LATER = _Later()
 
 
+_ELSEWHERE: dict[tuple[fuse.Kernel, int], bool] = {}
+
+
+def _reads_target_elsewhere(it: fuse.ScheduleItem) -> bool:
+    """Whether an assign's kernel reads its target anywhere but at the element it writes (x.assign(x.flip(0)),
+    x.assign(x + x[0]), a reduce over x): written in place, later elements would read new values, so the
+    target is read from a copy (run_schedule). Remembered per kernel."""
+    if it.target is None or not any(n is it.target for n in it.inputs):
+        return False
+    k, p = it.kernel, next(i for i, n in enumerate(it.inputs) if n is it.target)
+    hit = _ELSEWHERE.get((k, p))
+    if hit is None:
+        seen, stack, hit = set(), [k.expr] + ([k.reduce_expr] if k.reduce_expr is not None else []), False
+        while stack and not hit:
+            e = stack.pop()
+            if e not in seen:
+                seen.add(e)
+                stack.extend(e.srcs)
+                if e.op == "LOAD" and e.arg == p:  # not exactly the element written: another one
+                    diff = fuse.iadd(e.srcs[0], fuse.imul(k.out_index, -1))
+                    hit = not (fuse.is_true(e.srcs[1]) and fuse.is_const(diff, 0))
+        _ELSEWHERE[(k, p)] = hit
+    return hit
+
+
+def _copy(rt: Runtime, buf: Buffer, node: Node) -> Buffer:
+    """A copy of a buffer made by a kernel (on any device; TinyJit records it like any launch)."""
+    n, dt = buf.size, buf.dtype
+    idx = fuse.Expr("IDX", (), (0, n), fuse.IDX_DT)
+    load = fuse.Expr("LOAD", (idx, fuse.const(True, dtypes.bool)), 0, dt)
+    kernel = fuse.Kernel(name=f"E_{n}", shape=(n,), n_global=1, reduce_op=None, reduce_expr=None, expr=load,
+                         out_index=idx, out_dtype=dt, in_dtypes=(dt,))
+    runner, out = rt.runner(kernel), rt.alloc(buf.size, buf.dtype)
+    runner(out, buf)
+    if RECORDER is not None:
+        RECORDER.launch(runner, out, [buf], fresh=True, node=node)
+    return out
+
+
 def _chained(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
     """Whether items i and i + 1 could be in one row group: the same rows on one device. (They need not
     read each other: a BatchNorm backward's sums over a channel read the same rows of the same inputs.)"""
     a, b = items[i], items[i + 1]
     return (get_runtime(b.out.device) is rt and _runs(a.kernel) and _runs(b.kernel)
+            and not _reads_target_elsewhere(a) and not _reads_target_elsewhere(b)
             and rt.row_count(a.kernel) is not None and rt.row_count(a.kernel) == rt.row_count(b.kernel))
 
 
@@ -281,6 +322,8 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
                 inputs = [n.buffer for n in nodes]
             else:
                 runner, inputs = rt.runner(k), [n.buffer for n in it.inputs]
+                if _reads_target_elsewhere(it):
+                    inputs = [_copy(rt, b, n) if n is it.target else b for n, b in zip(it.inputs, inputs)]
             if fresh:
                 progress.compiled(time.perf_counter() - t0)
             if device.DEBUG >= 3:

@@ -236,3 +236,36 @@ def test_jit_overhead_bench_runs():
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == 6 and all(float(r.split("|")[2]) > 0 for r in rows), proc.stdout
+
+
+def test_a_step_whose_gradient_does_not_change_is_captured(device):
+    """loss = (p * g).sum() with g fixed: the gradient graph is the same each call. A node realized in one
+    call must not be handed back by the next call's graph (hash-consing): its kernel would run in call 1 and
+    not in call 2, and TinyJit refused the step ("calls ... differed in the kernels they ran"). Values as
+    torch.optim.Adam's."""
+    from tgrad.nn.optim import Adam
+
+    rng = np.random.default_rng(11)
+    p0, g0 = rng.standard_normal((2, 500)).astype(np.float32), rng.standard_normal(500).astype(np.float32)
+    ps = [Tensor(p0[i], requires_grad=True).realize() for i in range(2)]
+    g = Tensor(g0).realize()
+    opt = Adam(ps, lr=1e-2)
+
+    @TinyJit
+    def step():
+        opt.zero_grad()
+        loss = (ps[0] * g).sum() + (ps[1] * g).sum()
+        loss.backward()
+        opt.step(loss)
+        return loss
+
+    for _ in range(6):
+        step()
+    tps = [torch.tensor(p0[i], requires_grad=True) for i in range(2)]
+    topt = torch.optim.Adam(tps, lr=1e-2)
+    for _ in range(6):
+        topt.zero_grad()
+        ((tps[0] * torch.from_numpy(g0)).sum() + (tps[1] * torch.from_numpy(g0)).sum()).backward()
+        topt.step()
+    for a, b in zip(ps, tps):
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)

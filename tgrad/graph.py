@@ -102,8 +102,8 @@ class Node:
             ref = cls._cache.get(key)
             if ref is not None:  # (a dead entry's ids may be reused: its node, holding its sources, is gone)
                 hit = ref()
-                if hit is not None:
-                    return hit
+                if hit is not None and hit.buffer is None:  # a realized node is not handed out again: a
+                    return hit  # graph built again computes again (else TinyJit's calls differ: see test_jit)
         self = super().__new__(cls)
         self.op, self.srcs, self.arg, self.shape, self.dtype, self.device = (
             op,

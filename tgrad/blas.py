@@ -141,7 +141,7 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
     for axis in reversed(range(k.n_global)):
         row_major = iadd(row_major, imul(Expr("IDX", (), (axis, k.shape[axis]), IDX_DT), acc))
         acc *= k.shape[axis]
-    if not (k.expr.op == "ACC" and _same_index(k.out_index, row_major)):
+    if not (k.expr.op == "ACC" and same_index(k.out_index, row_major)):
         load = Expr("LOAD", (row_major, const(True, dtypes.bool)), len(k.in_dtypes), dtype)
         epilogue = Kernel(
             name=k.name + "_epilogue",
@@ -194,7 +194,7 @@ def _remap_idx(e: Expr, remap: dict[int, Expr], memo: dict | None = None) -> Exp
     return hit
 
 
-def _same_index(a: Expr, b: Expr) -> bool:
+def same_index(a: Expr, b: Expr) -> bool:
     """Whether two index expressions are the same sum of terms (in any order)."""
     diff = iadd(a, imul(b, -1))
     return is_const(diff) and diff.arg == 0

@@ -96,7 +96,7 @@ class Node:
         key = None
         if op is not Op.BUFFER and op is not Op.ASSIGN:
             # (the op's and dtype's names: hashing them is cached, hashing an Enum or a dataclass is Python)
-            # (_arg_key's, inline: 1, 1.0, True and each nan are different constants)
+            # (_arg_key(arg), inline: this runs for every node built)
             akey = (type(arg), repr(arg)) if isinstance(arg, (float, int)) else arg
             key = (op._value_, tuple(map(id, srcs)), akey, shape, dtype.name, device)
             ref = cls._cache.get(key)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Iterator
 import numpy as np
 
 from tgrad import device, fuse, schedule_cache
+from tgrad.blas import same_index
 from tgrad.device import Buffer, Runner, Runtime, Stats, get_runtime
 from tgrad.dtype import DType, dtypes, round_bf16
 from tgrad.errors import user_frame
@@ -188,10 +189,10 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
                 break
             best, end = group, end + 1
         it = items[start]
-        alone = it.target in it.inputs and _runs(it.kernel) and rt.row_count(it.kernel) is not None \
-            and not _reads_target_elsewhere(it)
-        if best is None and alone:  # an assign that reads its target (SGD's update): a group of one reads
-            best = _group(items, start, start, rt)  # it through one name (see _group)
+        # an assign that reads its target (SGD's update): a group of one reads it through one name (_group)
+        if best is None and it.target in it.inputs and _runs(it.kernel) \
+                and rt.row_count(it.kernel) is not None and not _reads_target_elsewhere(it):
+            best = _group(items, start, start, rt)
         if best is not None:
             out[end] = (*best, start)
         start = end + 1
@@ -251,8 +252,7 @@ def _reads_target_elsewhere(it: fuse.ScheduleItem) -> bool:
                 seen.add(e)
                 stack.extend(e.srcs)
                 if e.op == "LOAD" and e.arg == p:  # not exactly the element written: another one
-                    diff = fuse.iadd(e.srcs[0], fuse.imul(k.out_index, -1))
-                    hit = not (fuse.is_true(e.srcs[1]) and fuse.is_const(diff, 0))
+                    hit = not (fuse.is_true(e.srcs[1]) and same_index(e.srcs[0], k.out_index))
         _ELSEWHERE[(k, p)] = hit
     return hit
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from tgrad import fuse
-from tgrad.graph import Node, Op
+from tgrad.graph import Node, Op, _arg_key
 
 MAX_ENTRIES = 256  # schedules kept (least recently used first out)
 
@@ -55,12 +55,8 @@ def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[int, int]]:
                 buf = buffers.setdefault(id(node.buffer), len(buffers))
                 entries.append((leaf, buf, node.shape, node.dtype.name, node.device))
             else:
-                op, arg = node.op, node.arg
-                if op is buffer_op:
-                    arg = None
-                elif isinstance(arg, (float, int)):  # _arg_key's: 1, 1.0, True and each nan apart
-                    arg = (type(arg), repr(arg))
-                entries.append((op._value_, arg, node.shape, node.dtype.name, node.device,
+                arg = None if node.op is buffer_op else _arg_key(node.arg)
+                entries.append((node.op._value_, arg, node.shape, node.dtype.name, node.device,
                                 tuple([position[id(s)] for s in node.srcs])))
     outs = tuple(position[id(n)] for n in outputs)
     return (tuple(entries), outs), nodes, position

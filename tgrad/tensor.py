@@ -715,7 +715,7 @@ class Tensor(metaclass=_NoGradMeta):
         _broadcast_shape(x.shape, shape)
         if any(s != n and s != 1 for s, n in zip(x.shape, shape)):
             raise ShapeError(f"cannot broadcast {self.shape} to {shape}")
-        return x._from(g.move(x.node, Op.EXPAND, shape), x)
+        return x._expand_to(shape)
 
     def _alu(self, op: Op, *srcs: Tensor) -> Tensor:
         return self._from(g.alu(op, self.node, *(s.node for s in srcs)), *srcs)

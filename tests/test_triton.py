@@ -59,6 +59,12 @@ def test_choose_blocks_rule():
     assert et.choose_blocks(big_rows, interpret=True, noopt=False) == et.Blocks(8, 8192, 8)
     total = kernels(T(np.ones(5000, np.float32)).sum())[0]
     assert et.choose_blocks(total, interpret=False, noopt=False) == et.Blocks(1, 4096, 8)
+    # few programs over a long reduce: split in two passes on a GPU (never in the interpreter)
+    channel_sums = kernels(T(np.ones((32, 51200), np.float32)).sum(1))[0]
+    assert et.choose_blocks(channel_sums, interpret=False, noopt=False) == et.Blocks(4, 1024, 8, split=8)
+    assert et.choose_blocks(channel_sums, interpret=True, noopt=False).split == 0
+    huge_total = kernels(T(np.ones(1 << 20, np.float32)).sum())[0]
+    assert et.choose_blocks(huge_total, interpret=False, noopt=False) == et.Blocks(1, 4096, 8, split=64)
     ew = kernels(T(np.ones(100_000, np.float32)) * 2)[0]
     assert et.choose_blocks(ew, interpret=False, noopt=False) == et.Blocks(1024, 1, 4)
     assert et.choose_blocks(ew, interpret=True, noopt=False) == et.Blocks(65536, 1, 8)
@@ -181,9 +187,11 @@ def test_casts(tdev):
 
 
 SMALL = et.Blocks(2, 8)  # forces a ragged 2-D tile and a loop over the reduce axis
+# a split reduce in 4 shares of 16 (two loop steps) of which the last ones overrun 37, or hold nothing
+SPLIT = et.Blocks(2, 8, split=4)
 
 
-@pytest.mark.parametrize("blocks", [None, SMALL])
+@pytest.mark.parametrize("blocks", [None, SMALL, SPLIT])
 def test_reductions(tdev, blocks):
     a = A537
     np.testing.assert_allclose(run(tdev, T(a).sum(1), blocks), a.sum(1), rtol=1e-5, atol=1e-5)
@@ -307,6 +315,7 @@ def test_kernels_compile_for_nvidia_and_amd_targets():
         T(A537[:, :16] + 1).prod(1),  # the halving tree
         (T(A537) @ T(A537.T)).relu(),  # tl.dot with an epilogue
         T(A537.astype(np.float16)) @ T(A537.T.astype(np.float16)),  # float16 tl.dot
+        T(np.ones((4, 1 << 16), np.float16)).sum(1) + 1,  # a split reduce (float32 partials) with a tail
     ]
     for t in outs:
         for k in kernels(t):

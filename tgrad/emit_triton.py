@@ -27,6 +27,13 @@ A reduce takes BLOCK_R = min(next_pow2(R), TILE / 4) reduce elements per step (t
 there is a single output) and BLOCK_G = min(next_pow2(G), TILE / BLOCK_R) outputs. 8 warps for tiles
 of 4096 or more, else 4. NOOPT=1 turns the rule off for reduces: one output per program and
 BLOCK_R = min(next_pow2(R), TILE / 16).
+
+Split reduces (GPU only): a reduce with fewer than SPLIT_PROGRAMS programs and at least 8 tiles of reduce
+work per program would leave most of the GPU idle (a full sum of 16M floats was one program looping 4096
+times, 35 GB/s). It runs as two functions in one source: `<name>_part`, on a grid (programs, SPLIT), folds
+its share of the reduce axes into one partial per output in a scratch array `part` (float32 for float16
+sums); `<name>` loads the SPLIT partials of its outputs, reduces them the same way, and goes on as usual.
+SPLIT is a power of two, at most 1024, and leaves each share at least 4 tiles.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ SIG_NAME = {
 
 TILE_GPU = 4096
 TILE_INTERPRET = 1 << 16
+SPLIT_PROGRAMS = 512
 
 
 def tl_type(dtype: DType) -> str:
@@ -93,6 +101,7 @@ class Blocks:
     block_r: int  # reduce elements per loop step (1 for elementwise kernels); BLOCK_K of a tl.dot kernel
     num_warps: int = 4
     block_n: int = 0  # BLOCK_N of a tl.dot kernel; 0 for the other kernels
+    split: int = 0  # a split reduce's number of partial results per output (see the module docstring)
 
     def grid(self, kernel: Kernel) -> int:
         if self.block_n:
@@ -151,7 +160,13 @@ def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | N
         return Blocks(m, max(16, min(side if interpret else 32, next_pow2(r))), 4, n)
     block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
     block_g = min(next_pow2(g), tile // block_r)
-    return Blocks(block_g, block_r, 8 if block_g * block_r >= 4096 else 4)
+    warps = 8 if block_g * block_r >= 4096 else 4
+    programs = -(-g // block_g)
+    if not interpret and programs < SPLIT_PROGRAMS and r >= 8 * block_r:
+        most = 1 << (r // (4 * block_r)).bit_length() - 1  # shares of at least 4 tiles
+        split = min(next_pow2(-(-SPLIT_PROGRAMS // programs)), most, 1024)
+        return Blocks(block_g, block_r, warps, split=split)
+    return Blocks(block_g, block_r, warps)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -266,6 +281,8 @@ def _mod(dt: DType, a: str, b: str) -> str:
 def _neg(dt: DType, a: str) -> str:
     if dt == dtypes.bool:
         raise KernelError("Triton emitter: NEG of bool is not supported")
+    if dt.is_float:  # Triton before 3.9 compiles a float's -x as 0 - x: -(0.0) came out +0.0 on the GPU
+        return f"({a} * tl.full([], -1.0, {tl_type(dt)}))"
     return f"(-{a})"
 
 
@@ -362,6 +379,9 @@ class _Renderer:
             return name
         if e.op == "CONST":
             text = f"tl.full([], {_fmt_value(e.arg, e.dtype)}, {tl_type(e.dtype)})"
+            if e.dtype.is_float and e.arg == 0 and math.copysign(1.0, e.arg) < 0:
+                # Triton before 3.9 makes tl.full of any zero a +0.0: -0.0 is +0.0 times -1
+                text = f"(tl.full([], 0.0, {tl_type(e.dtype)}) * tl.full([], -1.0, {tl_type(e.dtype)}))"
         elif e.op == "LOAD":
             text = self.load(e)
         else:
@@ -425,7 +445,8 @@ class _Renderer:
             stmts.append(f"i{a} = {text}")
         return stmts
 
-    def render(self, fname: str) -> str:
+    def render(self, fname: str, stage: str = "") -> str:
+        """stage: "" (the whole kernel), or a split reduce's "part" or "final" function (module docstring)."""
         k, b = self.k, self.b
         n = len(k.shape)
         g_total, r_total = math.prod(k.global_shape), math.prod(k.reduce_shape)
@@ -439,32 +460,46 @@ class _Renderer:
 
         red_lines: list[str] = []
         if self.two_d:
-            red_lines = self.render_reduce(n, r_total, wide)
+            red_lines = self.render_reduce(n, r_total, wide, stage)
+        mask = ", mask=g_ok" if ragged_g else ""
+        if stage == "part":
+            body += self.top + red_lines + [f"tl.store(part + g * {b.split} + tl.program_id(1), acc{mask})"]
+            return self.function(fname, body)
         store_index = self.ref(k.out_index, True)
         value = self.ref(k.expr)
         if self.deps(k.expr) - {"a"} and k.expr.dtype != k.out_dtype:
             raise KernelError(f"kernel {k.name}: stored dtype {k.expr.dtype.name} != {k.out_dtype.name}")
         ptr = f"out + {store_index}" + self.broadcast(self.deps(k.out_index), frozenset("g"))
-        mask = ", mask=g_ok" if ragged_g else ""
         body += self.top + red_lines + self.post + [f"tl.store({ptr}, {value}{mask})"]
+        return self.function(fname, body)
+
+    def function(self, fname: str, body: list[str]) -> str:
         lines = ["@triton.jit", f"def {fname}({self.args()}):"] + ["    " + s for s in body]
         return "\n".join(lines) + "\n"
 
     def args(self) -> str:
-        return ", ".join(["out"] + [f"in{i}" for i in range(len(self.k.in_dtypes))])
+        part = ["part"] if self.b.split else []
+        return ", ".join(["out"] + [f"in{i}" for i in range(len(self.k.in_dtypes))] + part)
 
-    def render_reduce(self, n: int, r_total: int, wide: str) -> list[str]:
+    def render_reduce(self, n: int, r_total: int, wide: str, stage: str = "") -> list[str]:
         k, b = self.k, self.b
         acc_dt = k.reduce_expr.dtype
         tile_dt = dtypes.float32 if acc_dt == dtypes.float16 else acc_dt
+        if stage == "final":  # the partials of a split reduce
+            lines = [f"acc = tl.load(part + g * {b.split} + tl.arange(0, {b.split})[None, :])"]
+            return lines + self.finish(acc_dt, tile_dt, b.split)
         ident = _fmt_value(reduce_identity(k.reduce_op, acc_dt), acc_dt)
         shape = f"[{b.block_g}, {b.block_r}]"
         lines = [f"acc = tl.full({shape}, {ident}, {tl_type(tile_dt)})"]
         if r_total == 0:  # an empty reduce: the identity, and no loads
             return lines + self.finish(acc_dt, tile_dt)
-        looped = r_total > b.block_r
-        ragged_r = r_total % b.block_r != 0
-        start = "r0 + " if looped else ""
+        span, start = r_total, ""
+        if stage == "part":  # this program's share: `span` reduce positions from program_id(1) * span
+            span = -(-r_total // (b.split * b.block_r)) * b.block_r
+            start = f"tl.program_id(1){wide} * {span} + "
+        looped = span > b.block_r
+        ragged_r = (r_total % b.block_r if stage == "" else b.split * span - r_total) != 0
+        start += "r0 + " if looped else ""
         arange = f"tl.arange(0, {b.block_r})[None, :]"
         step = [f"r = ({start}{arange}){wide}" if wide else f"r = {start}{arange}"]
         if ragged_r:
@@ -482,13 +517,14 @@ class _Renderer:
             update = code_for_op[combine](tile_dt, "acc", val)
         step += self.loop + [f"acc = {update}"]
         if looped:
-            lines += [f"for r0 in range(0, {r_total}, {b.block_r}):"] + ["    " + s for s in step]
+            lines += [f"for r0 in range(0, {span}, {b.block_r}):"] + ["    " + s for s in step]
         else:
             lines += step
-        return lines + self.finish(acc_dt, tile_dt)
+        return lines + self.finish(tile_dt if stage else acc_dt, tile_dt)
 
-    def finish(self, acc_dt: DType, tile_dt: DType) -> list[str]:
-        """Reduce the tile accumulator over its reduce axis to a [BLOCK_G, 1] column of acc_dt."""
+    def finish(self, acc_dt: DType, tile_dt: DType, width: int = 0) -> list[str]:
+        """Reduce the tile accumulator (`width` wide: BLOCK_R unless given) over its reduce axis to a
+        [BLOCK_G, 1] column of acc_dt."""
         op = self.k.reduce_op
         if acc_dt == dtypes.bool:
             fn = "tl.min" if op == "PROD" else "tl.max"
@@ -497,7 +533,7 @@ class _Renderer:
         if op == "SUM":
             text = "tl.sum(acc, axis=1, keep_dims=True)"
         elif op == "PROD":  # a halving tree: tl.reduce with a custom combine crawls in the interpreter
-            width = self.b.block_r
+            width = width or self.b.block_r
             while width > 1:
                 width //= 2
                 lines += [
@@ -574,8 +610,7 @@ class _DotRenderer(_Renderer):
         ptr = f"out + {store_index}" + self.broadcast(self.deps(k.out_index), frozenset("g"))
         mask = ", mask=g_ok" if oks else ""
         body += self.top + lines + self.post + [f"tl.store({ptr}, {value}{mask})"]
-        lines = ["@triton.jit", f"def {fname}({self.args()}):"] + ["    " + s for s in body]
-        return "\n".join(lines) + "\n"
+        return self.function(fname, body)
 
     def index_text(self, e: Expr, names: dict[int, str]) -> str:
         """Inline source of pure index arithmetic, with some loop indices renamed."""
@@ -592,6 +627,14 @@ def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None 
     kernel), launched on a 1-D grid of `global_size` programs with `launch["num_warps"]` warps each.
     Block sizes by `choose_blocks` (for the interpreter or a GPU) unless given."""
     blocks = blocks or choose_blocks(kernel, interpret)
+    if blocks.split:
+        part = _Renderer(kernel, blocks).render(kernel.name + "_part", "part")
+        source = HEADER + "\n\n" + part + "\n\n" + _Renderer(kernel, blocks).render(kernel.name, "final")
+        acc_dt = kernel.reduce_expr.dtype
+        scratch = ((math.prod(kernel.global_shape) * blocks.split, dtypes.float32 if acc_dt == dtypes.float16
+                    else acc_dt),)
+        return Program(kernel.name, source, (blocks.grid(kernel),), scratch=scratch,
+                       launch={"num_warps": blocks.num_warps, "split": blocks.split})
     renderer = _DotRenderer if blocks.block_n else _Renderer
     source = HEADER + "\n\n" + renderer(kernel, blocks).render(kernel.name)
     return Program(kernel.name, source, (blocks.grid(kernel),), launch={"num_warps": blocks.num_warps})

@@ -124,16 +124,24 @@ class TritonRuntime(Runtime):
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         fname, source = program.name, program.source
+        num_warps, split = program.launch["num_warps"], program.launch.get("split", 0)
         try:
-            fn = load_source(source, fname, self.interpret)
+            launcher = load_source(source, fname, self.interpret)[program.global_size]
+            # a split reduce (emit_triton): its first function fills the scratch array of partial results
+            first = None
+            if split:
+                first = load_source(source, fname + "_part", self.interpret)[(*program.global_size, split)]
         except Exception as e:
             raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
-        launcher = fn[program.global_size]
-        num_warps = program.launch["num_warps"]
+        scratch = [self.torch.empty(n, dtype=getattr(self.torch, _TORCH_DTYPE[dt]), device=self.torch_device)
+                   for n, dt in program.scratch]
 
         def run(out: Buffer, *inputs: Buffer) -> None:
+            args = (out.data, *(b.data for b in inputs), *scratch)
             try:
-                launcher(out.data, *(b.data for b in inputs), num_warps=num_warps)
+                if first is not None:
+                    first(*args, num_warps=num_warps)
+                launcher(*args, num_warps=num_warps)
             except Exception as e:
                 raise KernelError(
                     f"kernel {fname} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"

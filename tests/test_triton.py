@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -323,3 +324,44 @@ def test_kernels_compile_for_nvidia_and_amd_targets():
                 info = triton_aot.compile_for_target(k, target)
                 assert info.binary_bytes > 0 and info.asm_bytes > 0, (k.name, target)
                 assert info.registers is not None and info.registers > 0, (k.name, target)
+
+
+def test_gpu_launch_skips_dispatch_only_for_a_seen_alignment(monkeypatch):
+    """On a GPU the compiled kernel is launched directly after the first launch for a pattern of pointer
+    alignments (no GPU here: a stand-in for a @triton.jit function records what was called)."""
+    calls = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("direct", grid, args))
+
+    class Jit:
+        def __getitem__(self, grid):
+            def dispatch(*args, num_warps):
+                calls.append(("dispatch", grid, args, num_warps))
+                return Compiled()
+
+            return dispatch
+
+    class Ptr:
+        def __init__(self, at):
+            self.at = at
+
+        def data_ptr(self):
+            return self.at
+
+    gpu = types.SimpleNamespace(interpret=False)
+    launch = triton_rt.TritonRuntime._launcher(gpu, Jit(), (7,), 4)
+    aligned, odd = (Ptr(64), Ptr(128)), (Ptr(64), Ptr(132))
+    launch(*aligned)
+    launch(*aligned)
+    launch(*odd)  # another specialization: Triton's dispatch compiles or finds it
+    launch(*odd)
+    assert [c[0] for c in calls] == ["dispatch", "direct", "dispatch", "direct"]
+    assert calls[0][1:] == ((7,), aligned, 4) and calls[1][1:] == ((7, 1, 1), aligned)
+    monkeypatch.setenv("TGRAD_TRITON_DIRECT", "0")
+    calls.clear()
+    launch = triton_rt.TritonRuntime._launcher(gpu, Jit(), (7, 2), 8)
+    launch(*aligned)
+    launch(*aligned)
+    assert [c[0] for c in calls] == ["dispatch", "dispatch"]

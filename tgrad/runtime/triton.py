@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from tgrad import emit_triton
-from tgrad.device import Buffer, Runner, Runtime
+from tgrad.device import Buffer, Runner, Runtime, getenv
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_triton import interpreting
 from tgrad.errors import DeviceError, KernelError, numbered
@@ -126,11 +126,13 @@ class TritonRuntime(Runtime):
         fname, source = program.name, program.source
         num_warps, split = program.launch["num_warps"], program.launch.get("split", 0)
         try:
-            launcher = load_source(source, fname, self.interpret)[program.global_size]
+            main = load_source(source, fname, self.interpret)
+            launcher = self._launcher(main, program.global_size, num_warps)
             # a split reduce (emit_triton): its first function fills the scratch array of partial results
             first = None
             if split:
-                first = load_source(source, fname + "_part", self.interpret)[(*program.global_size, split)]
+                part = load_source(source, fname + "_part", self.interpret)
+                first = self._launcher(part, (*program.global_size, split), num_warps)
         except Exception as e:
             raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
         scratch = [self.torch.empty(n, dtype=getattr(self.torch, _TORCH_DTYPE[dt]), device=self.torch_device)
@@ -140,14 +142,36 @@ class TritonRuntime(Runtime):
             args = (out.data, *(b.data for b in inputs), *scratch)
             try:
                 if first is not None:
-                    first(*args, num_warps=num_warps)
-                launcher(*args, num_warps=num_warps)
+                    first(*args)
+                launcher(*args)
             except Exception as e:
                 raise KernelError(
                     f"kernel {fname} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
                 ) from e
 
         return Runner(program, run, self.name)
+
+    def _launcher(self, fn, grid: tuple[int, ...], num_warps: int):
+        """fn[grid] with num_warps. On a GPU, after the first launch for a pattern of pointer alignments, the
+        compiled kernel is launched directly: Triton's per-call dispatch (binding the arguments, the
+        specialization key, the globals check) is skipped. That is safe because every argument of a tgrad
+        kernel is a tensor of fixed dtype, so 16-byte alignment is all a kernel is specialized on.
+        TGRAD_TRITON_DIRECT=0 keeps Triton's dispatch for every launch."""
+        launch = fn[grid]
+        if self.interpret or getenv("TGRAD_TRITON_DIRECT", "1") == "0":
+            return lambda *args: launch(*args, num_warps=num_warps)
+        compiled: dict[tuple[bool, ...], object] = {}
+        grid3 = (*grid, 1, 1)[:3]  # a compiled kernel's launcher takes all three grid sizes
+
+        def direct(*args) -> None:
+            key = tuple(a.data_ptr() % 16 == 0 for a in args)
+            hit = compiled.get(key)
+            if hit is None:
+                compiled[key] = launch(*args, num_warps=num_warps)[grid3]
+            else:
+                hit(*args)
+
+        return direct
 
 
 class CUDARuntime(TritonRuntime):

@@ -304,6 +304,42 @@ def test_bad_target_names_the_format():
 # ahead-of-time compilation for real GPUs (issue 10): no GPU needed
 
 
+def _conv_and_grads() -> list[Tensor]:
+    x = Tensor(RNG.standard_normal((2, 4, 9, 7)).astype(np.float32), device="NUMPY", requires_grad=True)
+    w = Tensor(RNG.standard_normal((6, 2, 3, 2)).astype(np.float32), device="NUMPY", requires_grad=True)
+    y = x.conv2d(w, padding=(2, 1), stride=2, dilation=(1, 2), groups=2)
+    (y.relu() * T(RNG.standard_normal(y.shape).astype(np.float32))).sum().backward()
+    return [y, x.grad, w.grad]
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
+    """Convolutions and both gradients (strided, padded, dilated, grouped) run as tl.dot kernels whose
+    operand tiles gather the windows; against PyTorch, also with small blocks (ragged M, N and K tiles)."""
+    torch = pytest.importorskip("torch")
+    if small:
+        default = et.choose_blocks
+
+        def blocks(k, interpret=None, noopt=None):
+            return et.Blocks(16, 16, 4, 16) if et.find_dot(k) else default(k, interpret, noopt)
+
+        monkeypatch.setattr(et, "choose_blocks", blocks)
+    batch = 3 if small else 2  # other kernels than the other case's, which the device has compiled
+    xa = RNG.standard_normal((batch, 4, 9, 7)).astype(np.float32)
+    wa = RNG.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    ga = RNG.standard_normal((batch, 6, 6, 4)).astype(np.float32)
+    x, w = (Tensor(a, device="TRITON", requires_grad=True) for a in (xa, wa))
+    y = x.conv2d(w, padding=(2, 1), stride=2, dilation=(1, 2), groups=2)
+    (y.relu() * Tensor(ga, device="TRITON")).sum().backward()
+    tx, tw = (torch.tensor(a, requires_grad=True) for a in (xa, wa))
+    ty = torch.nn.functional.conv2d(tx, tw, padding=(2, 1), stride=2, dilation=(1, 2), groups=2)
+    (ty.relu() * torch.tensor(ga)).sum().backward()
+    outs = ((y, ty), (x.grad, tx.grad), (w.grad, tw.grad))
+    assert all("tl.dot(" in et.render(kernels(t)[-1], interpret=False).source for t, _ in outs)
+    for t, ref in outs:
+        np.testing.assert_allclose(t.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_kernels_compile_for_nvidia_and_amd_targets():
     pytest.importorskip("triton")
     half = T(A537.astype(np.float16))
@@ -317,6 +353,7 @@ def test_kernels_compile_for_nvidia_and_amd_targets():
         (T(A537) @ T(A537.T)).relu(),  # tl.dot with an epilogue
         T(A537.astype(np.float16)) @ T(A537.T.astype(np.float16)),  # float16 tl.dot
         T(np.ones((4, 1 << 16), np.float16)).sum(1) + 1,  # a split reduce (float32 partials) with a tail
+        *_conv_and_grads(),  # implicit GEMMs: gathered, masked operand tiles
     ]
     for t in outs:
         for k in kernels(t):

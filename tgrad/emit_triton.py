@@ -105,37 +105,44 @@ class Blocks:
 
     def grid(self, kernel: Kernel) -> int:
         if self.block_n:
-            _, _, m_axis, n_axis = find_dot(kernel)
-            m, n = kernel.shape[m_axis], kernel.shape[n_axis]
+            _, _, m_axes, n_axes = find_dot(kernel)
+            m, n = (math.prod(kernel.shape[a] for a in axes) for axes in (m_axes, n_axes))
             batch = math.prod(kernel.global_shape) // (m * n)
             return batch * -(-m // self.block_g) * -(-n // self.block_n)
         return max(1, -(-math.prod(kernel.global_shape) // self.block_g))
 
 
 def _axes(e: Expr) -> set[int]:
-    if e.op == "IDX":
-        return {e.arg[0]}
-    return set().union(*(_axes(s) for s in e.srcs)) if e.srcs else set()
+    """The loop axes an expression (its loads' indices and masks included) depends on."""
+    out, seen, stack = set(), set(), [e]
+    while stack:
+        e = stack.pop()
+        if e not in seen:
+            seen.add(e)
+            if e.op == "IDX":
+                out.add(e.arg[0])
+            stack.extend(e.srcs)
+    return out
 
 
-def find_dot(kernel: Kernel) -> tuple[Expr, Expr, int, int] | None:
-    """(A load, B load, M axis, N axis) when the kernel is matmul-shaped: a SUM over one axis K of
-    LOAD_A * LOAD_B (float32 or float16, no masks), where M is the innermost global axis only A uses,
-    N the innermost one only B uses, and every other global axis is a batch axis (one per program)."""
+DOT_DTYPES = (dtypes.float32, dtypes.float16)
+
+
+def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ...]] | None:
+    """(A, B, M axes, N axes) when the kernel is matmul-shaped: a SUM over the reduce axes (K, flattened)
+    of A * B (float32 or float16), where A and B are any expressions of loads and indices, the M axes
+    are the global axes only A uses (flattened into one), the N axes those only B uses, and every other
+    global axis is a batch axis (one per program). Convolutions and their gradients are this shape too:
+    implicit GEMMs whose tiles gather the windows (masked loads for the padding)."""
     e = kernel.reduce_expr
-    if kernel.reduce_op != "SUM" or len(kernel.reduce_shape) != 1 or e is None or e.op != "MUL":
+    if kernel.reduce_op != "SUM" or e is None or e.op != "MUL" or e.dtype not in DOT_DTYPES:
         return None
     x, y = e.srcs
-    if e.dtype not in (dtypes.float32, dtypes.float16):
+    ax, ay = _axes(x), _axes(y)
+    only_x, only_y = (tuple(sorted(a for a in axes if a < kernel.n_global)) for axes in (ax - ay, ay - ax))
+    if not only_x or not only_y:
         return None
-    if any(s.op != "LOAD" or not (s.srcs[1].op == "CONST" and s.srcs[1].arg is True) for s in (x, y)):
-        return None
-    k = kernel.n_global
-    ax, ay = _axes(x.srcs[0]), _axes(y.srcs[0])
-    only_x, only_y = ax - ay - {k}, ay - ax - {k}
-    if k not in ax or k not in ay or not only_x or not only_y:
-        return None
-    return x, y, max(only_x), max(only_y)
+    return x, y, only_x, only_y
 
 
 def next_pow2(n: int) -> int:
@@ -156,7 +163,7 @@ def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | N
     dot = find_dot(kernel)
     if dot is not None:  # tl.dot needs every tile side >= 16
         side = 128 if interpret else 64
-        m, n = (max(16, min(side, next_pow2(kernel.shape[a]))) for a in dot[2:])
+        m, n = (max(16, min(side, next_pow2(math.prod(kernel.shape[a] for a in axes)))) for axes in dot[2:])
         return Blocks(m, max(16, min(side if interpret else 32, next_pow2(r))), 4, n)
     block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
     block_g = min(next_pow2(g), tile // block_r)
@@ -433,16 +440,16 @@ class _Renderer:
         ptr += self.broadcast(self.deps(index), self.deps(valid))
         return f"tl.load({ptr}, mask={self.ref(valid, True)}, other=0)"
 
-    def coords(self, flat: str, axes: range) -> list[str]:
-        """Statements computing the loop indices i<axis> from a flat position."""
-        shape = self.k.shape
+    def coords(self, flat: str, axes, name=lambda a: f"i{a}") -> list[str]:
+        """Statements computing the loop indices i<axis> (or name(axis)) from a flat position over `axes`."""
+        shape, axes = self.k.shape, list(axes)
         stmts = []
-        for a in axes:
-            stride = math.prod(shape[a + 1 : axes.stop])
+        for j, a in enumerate(axes):
+            stride = math.prod(shape[x] for x in axes[j + 1 :])
             text = flat if stride == 1 else f"{flat} // {stride}"
-            if a != axes.start:
+            if j:
                 text = f"{text} % {shape[a]}"
-            stmts.append(f"i{a} = {text}")
+            stmts.append(f"{name(a)} = {text}")
         return stmts
 
     def render(self, fname: str, stage: str = "") -> str:
@@ -561,11 +568,11 @@ class _DotRenderer(_Renderer):
         dot = find_dot(k)
         if dot is None:
             raise KernelError(f"kernel {k.name} is not matmul-shaped; it cannot take tl.dot blocks {b}")
-        a_load, b_load, m_axis, n_axis = dot
-        k_axis = self.ng
-        m, n, r = k.shape[m_axis], k.shape[n_axis], k.shape[k_axis]
+        a_load, b_load, m_axes, n_axes = dot
+        m, n = (math.prod(k.shape[a] for a in axes) for axes in (m_axes, n_axes))
+        r = math.prod(k.reduce_shape)
         tiles_m, tiles_n = -(-m // b.block_g), -(-n // b.block_n)
-        batch = [a for a in range(self.ng) if a not in (m_axis, n_axis)]
+        batch = [a for a in range(self.ng) if a not in m_axes + n_axes]
         wide = ".to(tl.int64)" if self.bits == 64 else ""
         body = [f"pid = tl.program_id(0){wide}"]
         body.append(f"pid_m = pid // {tiles_n} % {tiles_m}" if tiles_m > 1 else "pid_m = 0")
@@ -578,26 +585,31 @@ class _DotRenderer(_Renderer):
                 text = "bat" if stride == 1 else f"bat // {stride}"
                 body.append(f"i{a} = {text} % {sizes[j]}" if j else f"i{a} = {text}")
         oks = []
-        sides = (("m", m, b.block_g, "[:, None]", m_axis), ("n", n, b.block_n, "[None, :]", n_axis))
-        for name, size, block, shape, axis in sides:
+        sides = (("m", m, b.block_g, "[:, None]", m_axes), ("n", n, b.block_n, "[None, :]", n_axes))
+        for name, size, block, shape, axes in sides:
             body.append(f"{name} = pid_{name} * {block} + tl.arange(0, {block}){shape}")
             if size % block:
                 body += [f"{name}_ok = {name} < {size}", f"{name} = tl.where({name}_ok, {name}, 0)"]
                 oks.append(f"{name}_ok")
-            body.append(f"i{axis} = {name}")
+            body += self.coords(name, axes, lambda a: f"i{a}")
         body.append("g = m * 0 + n * 0  # zeros shaped like the output tile")
         if oks:
             body.append(f"g_ok = {' & '.join(oks)}")
         looped = r > b.block_r
         ragged = r % b.block_r != 0
+        red = range(self.ng, len(k.shape))
         step = [f"kk = {'k0 + ' if looped else ''}tl.arange(0, {b.block_r})"]
-        tiles = []
-        a_names = {m_axis: "m", k_axis: "kk[None, :]"}
-        for load, names in ((a_load, a_names), (b_load, {n_axis: "n", k_axis: "kk[:, None]"})):
-            ptr = f"in{load.arg} + {self.index_text(load.srcs[0], names)}"
-            mask = f", mask={names[k_axis]} < {r}, other=0" if ragged else ""
-            tiles.append(f"tl.load({ptr}{mask})")
-        step += [f"a = {tiles[0]}", f"b = {tiles[1]}", 'acc = tl.dot(a, b, acc, input_precision="ieee")']
+        step += self.coords("kk", red, lambda a: f"k{a}")  # the K coordinates, then as A's row, B's column
+        step += [f"ka{a} = k{a}[None, :]" for a in red] + [f"kb{a} = k{a}[:, None]" for a in red]
+        for operand, side, tag in ((a_load, m_axes, "a"), (b_load, n_axes, "b")):
+            names = {**{a: f"i{a}" for a in side}, **{a: f"k{tag}{a}" for a in red}}
+            shape = f"[{b.block_g}, {b.block_r}]" if tag == "a" else f"[{b.block_r}, {b.block_n}]"
+            kmask = f"kk[{'None, :' if tag == 'a' else ':, None'}] < {r}" if ragged else ""
+            value = self.operand(operand, names, tag, shape, kmask, step)
+            if ragged:  # past the end of K both operands are 0 (not f(0): 0 * inf would be nan)
+                value = f"tl.where({kmask}, {value}, 0)"
+            step.append(f"{tag} = tl.broadcast_to({value}, {shape})")
+        step.append('acc = tl.dot(a, b, acc, input_precision="ieee")')
         lines = [f"acc = tl.zeros([{b.block_g}, {b.block_n}], tl.float32)"]
         if looped:
             lines += [f"for k0 in range(0, {r}, {b.block_r}):"] + ["    " + s for s in step]
@@ -612,14 +624,38 @@ class _DotRenderer(_Renderer):
         body += self.top + lines + self.post + [f"tl.store({ptr}, {value}{mask})"]
         return self.function(fname, body)
 
-    def index_text(self, e: Expr, names: dict[int, str]) -> str:
-        """Inline source of pure index arithmetic, with some loop indices renamed."""
-        if e.op == "IDX":
-            return names.get(e.arg[0], f"i{e.arg[0]}")
-        if e.op == "CONST":
-            return _fmt_value(e.arg, e.dtype)
-        srcs = [self.index_text(s, names) for s in e.srcs]
-        return code_for_op[e.op](e.dtype, *srcs)
+    def operand(self, root: Expr, names: dict[int, str], tag: str, shape: str, kmask: str, out: list) -> str:
+        """Statements (appended to `out`) computing a dot operand's tile; its last value's name. Loads
+        are masked by their `valid` and by `kmask` (a ragged K); pointers get the whole tile's shape."""
+        memo: dict[Expr, str] = {}
+
+        def go(e: Expr) -> str:
+            hit = memo.get(e)
+            if hit is not None:
+                return hit
+            if e.op == "IDX":
+                return names.get(e.arg[0], f"i{e.arg[0]}")
+            if e.op == "CONST":  # plain ints for index arithmetic; typed data constants, before the loop
+                return _fmt_value(e.arg, e.dtype) if e.dtype.is_int else self.ref(e)
+            if e.op == "LOAD":
+                index, valid = e.srcs
+                masks = [kmask] if kmask else []
+                if not (valid.op == "CONST" and valid.arg is True):
+                    masks.append(go(valid))
+                mask = f", mask={' & '.join(f'({t})' for t in masks)}, other=0" if masks else ""
+                text = f"tl.load(in{e.arg} + {go(index)} + tl.zeros({shape}, tl.int32){mask})"
+            elif e.op == "CAST":
+                text = _cast(e.srcs[0].dtype, e.dtype, go(e.srcs[0]))
+            elif e.op in code_for_op:
+                dt = e.srcs[-1].dtype if e.op in ("CMPLT", "CMPNE") else e.dtype
+                text = code_for_op[e.op](dt, *(go(s) for s in e.srcs))
+            else:
+                raise KernelError(f"Triton emitter: no rendering for op {e.op} ({e.dtype.name})")
+            name = memo[e] = f"{tag}{len(memo)}"
+            out.append(f"{name} = {text}")
+            return name
+
+        return go(root)
 
 
 def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None = None) -> Program:

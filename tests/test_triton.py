@@ -71,6 +71,14 @@ def test_choose_blocks_rule():
     assert et.choose_blocks(ew, interpret=True, noopt=False) == et.Blocks(65536, 1, 8)
 
 
+def test_implicit_gemm_with_few_programs_over_a_long_k_is_a_split_reduce(monkeypatch):
+    monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")
+    for k, dot in ((64, True), (1 << 16, False)):  # 32 x 25 outputs: one 32 x 32 tile
+        a, b = T(np.ones((32, 1, k), np.float32)), T(np.ones((1, 25, k), np.float32))
+        blocks = et.choose_blocks(kernels((a * b).sum(2))[0], interpret=False, noopt=False)
+        assert (blocks.block_n > 0, blocks.split > 0) == (dot, not dot)
+
+
 def test_int64_indexing_when_int32_overflows():
     huge = Tensor.ones(1, device="NUMPY").expand(65536, 65536) * 2  # 2**32 elements: only rendered
     k = kernels(huge)[0]
@@ -314,9 +322,11 @@ def _conv_and_grads() -> list[Tensor]:
 
 @pytest.mark.parametrize("small", [False, True])
 def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
-    """Convolutions and both gradients (strided, padded, dilated, grouped) run as tl.dot kernels whose
-    operand tiles gather the windows; against PyTorch, also with small blocks (ragged M, N and K tiles)."""
+    """With TGRAD_TRITON_IMPLICIT_GEMM=1, convolutions and both gradients (strided, padded, dilated,
+    grouped) run as tl.dot kernels whose operand tiles gather the windows; against PyTorch, also with
+    small blocks (ragged M, N and K tiles). Without it they stay reductions."""
     torch = pytest.importorskip("torch")
+    monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")
     if small:
         default = et.choose_blocks
 
@@ -336,12 +346,16 @@ def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
     (ty.relu() * torch.tensor(ga)).sum().backward()
     outs = ((y, ty), (x.grad, tx.grad), (w.grad, tw.grad))
     assert all("tl.dot(" in et.render(kernels(t)[-1], interpret=False).source for t, _ in outs)
+    with monkeypatch.context() as off:
+        off.delenv("TGRAD_TRITON_IMPLICIT_GEMM")
+        assert not any(et.find_dot(kernels(t)[-1]) for t, _ in outs)
     for t, ref in outs:
         np.testing.assert_allclose(t.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_kernels_compile_for_nvidia_and_amd_targets():
+def test_kernels_compile_for_nvidia_and_amd_targets(monkeypatch):
     pytest.importorskip("triton")
+    monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")  # the convolutions below as tl.dot kernels
     half = T(A537.astype(np.float16))
     ints = T((A537 * 10).astype(np.int32))
     outs = [

@@ -128,20 +128,36 @@ def _axes(e: Expr) -> set[int]:
 DOT_DTYPES = (dtypes.float32, dtypes.float16)
 
 
+def implicit_gemm() -> bool:
+    """TGRAD_TRITON_IMPLICIT_GEMM=1: convolutions (and any SUM of a product whose operands split the axes)
+    as tl.dot kernels. Opt-in: right in the interpreter and in most GPU tests, but on an H200 (Triton
+    3.6) test_nn's conv2d(padding=(1, 2), dilation=2) with a bias came out wrong, cause not found."""
+    return os.environ.get("TGRAD_TRITON_IMPLICIT_GEMM") == "1"
+
+
 def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ...]] | None:
-    """(A, B, M axes, N axes) when the kernel is matmul-shaped: a SUM over the reduce axes (K, flattened)
-    of A * B (float32 or float16), where A and B are any expressions of loads and indices, the M axes
-    are the global axes only A uses (flattened into one), the N axes those only B uses, and every other
-    global axis is a batch axis (one per program). Convolutions and their gradients are this shape too:
+    """(A, B, M axes, N axes) when the kernel is matmul-shaped: a SUM over one reduce axis K of
+    LOAD_A * LOAD_B (float32 or float16, no masks), where M is the innermost global axis only A uses,
+    N the innermost one only B uses, and every other global axis is a batch axis (one per program).
+    With implicit_gemm(): a SUM over the reduce axes (K, flattened) of A * B, where A and B are any
+    expressions of loads and indices, the M axes are all the global axes only A uses (flattened into
+    one), the N axes those only B uses. Convolutions and their gradients are then this shape too:
     implicit GEMMs whose tiles gather the windows (masked loads for the padding)."""
     e = kernel.reduce_expr
     if kernel.reduce_op != "SUM" or e is None or e.op != "MUL" or e.dtype not in DOT_DTYPES:
         return None
     x, y = e.srcs
+    implicit = implicit_gemm()
+    plain = all(s.op == "LOAD" and s.srcs[1].op == "CONST" and s.srcs[1].arg is True for s in (x, y))
+    if not implicit and (len(kernel.reduce_shape) != 1 or not plain):
+        return None
     ax, ay = _axes(x), _axes(y)
     only_x, only_y = (tuple(sorted(a for a in axes if a < kernel.n_global)) for axes in (ax - ay, ay - ax))
     if not only_x or not only_y:
         return None
+    if not implicit:
+        k = kernel.n_global
+        return (x, y, (only_x[-1],), (only_y[-1],)) if k in ax and k in ay else None
     return x, y, only_x, only_y
 
 
@@ -164,7 +180,11 @@ def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | N
     if dot is not None:  # tl.dot needs every tile side >= 16
         side = 128 if interpret else 64
         m, n = (max(16, min(side, next_pow2(math.prod(kernel.shape[a] for a in axes)))) for axes in dot[2:])
-        return Blocks(m, max(16, min(side if interpret else 32, next_pow2(r))), 4, n)
+        blocks = Blocks(m, max(16, min(side if interpret else 32, next_pow2(r))), 4, n)
+        # an implicit GEMM with few programs over a long K (a conv's weight gradient) leaves the GPU idle;
+        # the reduce below splits it (H200: conv2's weight gradient 3.7 ms as a dot, 0.7 ms as a reduce)
+        if interpret or not implicit_gemm() or blocks.grid(kernel) >= 64 or r <= 16 * blocks.block_r:
+            return blocks
     block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
     block_g = min(next_pow2(g), tile // block_r)
     warps = 8 if block_g * block_r >= 4096 else 4

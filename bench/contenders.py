@@ -270,12 +270,13 @@ class TorchContender(Contender):
     def build_mlp_jit(self, wl, d):
         raise NotApplicable("PyTorch has no TinyJit; its eager step is the eager_mlp_step row")
 
-    def _train(self, model, x, y):
-        """One eager training step (PyTorch has no TinyJit) of `model` on the batch (x, y), Adam."""
+    def _train(self, model, x, y, device: str = "cpu"):
+        """One eager training step (PyTorch has no TinyJit) of `model` (on `device`) on the batch (x, y),
+        Adam."""
         torch = self.torch
         model.train()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        x, y = torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
+        x, y = torch.from_numpy(x.copy()).to(device), torch.from_numpy(y.copy()).to(device)
 
         def step():
             opt.zero_grad()

@@ -89,13 +89,14 @@ def main() -> None:
 
 def model_rows(device: str, tdev: str, sync, repeats: int, profile: bool) -> None:
     """cnn_step and gpt_step: tgrad (TinyJit) and eager PyTorch on `tdev`, ms per step, loss checks."""
-    from bench.contenders import TgradContender
+    from bench.contenders import TgradContender, TorchContender
     from bench.models import torch_cnn, torch_gpt
     from bench.workloads import GPT_HEADS, cnn, gpt
 
     tsync = torch.cuda.synchronize if tdev == "cuda" else (lambda: None)
-    ours = TgradContender(device, 1)
+    ours, theirs = TgradContender(device, 1), TorchContender()
     ours.open()
+    theirs.open()
     print(f"{'model':24s} {'first ms':>10s} {'tgrad ms':>10s} {'torch ms':>10s} {'ratio':>7s}  losses")
     for wl, tmodel in ((cnn(), torch_cnn), (gpt(), lambda t, d: torch_gpt(t, d, GPT_HEADS))):
         d = wl.make()
@@ -104,18 +105,7 @@ def model_rows(device: str, tdev: str, sync, repeats: int, profile: bool) -> Non
         loss0 = float(run().numpy())
         first = time.perf_counter() - t0
         loss1 = float(run().numpy())
-        model = tmodel(torch, d).to(tdev)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        x, y = torch.from_numpy(d["x"]).to(tdev), torch.from_numpy(d["y"]).to(tdev)
-
-        def tstep(model=model, opt=opt, x=x, y=y):
-            opt.zero_grad()
-            logits = model(x)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
+        tstep = theirs._train(tmodel(torch, d).to(tdev), d["x"], d["y"], tdev)
         ref0, ref1 = float(tstep()), float(tstep())
         warm = best_of(run, sync, repeats)
         ref = best_of(tstep, tsync, repeats)

@@ -401,14 +401,18 @@ def test_gpu_launch_skips_dispatch_only_for_a_seen_alignment(monkeypatch):
         def data_ptr(self):
             return self.at
 
-    gpu = types.SimpleNamespace(interpret=False)
+    on = [0]
+    cuda = types.SimpleNamespace(current_device=lambda: on[0])
+    gpu = types.SimpleNamespace(interpret=False, torch=types.SimpleNamespace(cuda=cuda))
     launch = triton_rt.TritonRuntime._launcher(gpu, Jit(), (7,), 4)
     aligned, odd = (Ptr(64), Ptr(128)), (Ptr(64), Ptr(132))
     launch(*aligned)
     launch(*aligned)
     launch(*odd)  # another specialization: Triton's dispatch compiles or finds it
     launch(*odd)
-    assert [c[0] for c in calls] == ["dispatch", "direct", "dispatch", "direct"]
+    on[0] = 1  # another GPU: dispatch again
+    launch(*odd)
+    assert [c[0] for c in calls] == ["dispatch", "direct", "dispatch", "direct", "dispatch"]
     assert calls[0][1:] == ((7,), aligned, 4) and calls[1][1:] == ((7, 1, 1), aligned)
     monkeypatch.setenv("TGRAD_TRITON_DIRECT", "0")
     calls.clear()

@@ -155,16 +155,18 @@ class TritonRuntime(Runtime):
         """fn[grid] with num_warps. On a GPU, after the first launch for a pattern of pointer alignments, the
         compiled kernel is launched directly: Triton's per-call dispatch (binding the arguments, the
         specialization key, the globals check) is skipped. That is safe because every argument of a tgrad
-        kernel is a tensor of fixed dtype, so 16-byte alignment is all a kernel is specialized on.
+        kernel is a tensor of fixed dtype, so 16-byte alignment is all a kernel is specialized on (and the
+        device it was loaded on).
         TGRAD_TRITON_DIRECT=0 keeps Triton's dispatch for every launch."""
         launch = fn[grid]
         if self.interpret or getenv("TGRAD_TRITON_DIRECT", "1") == "0":
             return lambda *args: launch(*args, num_warps=num_warps)
-        compiled: dict[tuple[bool, ...], object] = {}
+        compiled: dict[tuple, object] = {}
         grid3 = (*grid, 1, 1)[:3]  # a compiled kernel's launcher takes all three grid sizes
+        device = self.torch.cuda.current_device  # a compiled kernel is loaded on one device
 
         def direct(*args) -> None:
-            key = tuple(a.data_ptr() % 16 == 0 for a in args)
+            key = (device(), *(a.data_ptr() % 16 == 0 for a in args))
             hit = compiled.get(key)
             if hit is None:
                 compiled[key] = launch(*args, num_warps=num_warps)[grid3]

@@ -186,3 +186,26 @@ def test_plot_ratios_or_skip(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     assert plot(rows, [mlp(False), mlp(True)], str(tmp_path / "q.png")) is False
     assert "matplotlib is not installed" in capsys.readouterr().err
+
+
+def test_gpu_script_smoke_run_in_the_interpreter():
+    """bench/gpu.py (what bench/gpu.sh times on a GPU) with tiny sizes on Triton's interpreter."""
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "bench/gpu.py", "--device", "TRITON", "--small"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split()[0] for line in proc.stdout.splitlines()[2:7]]
+    assert rows == ["add", "(a*b+c).relu().sum()", "sum", "softmax", "matmul"], proc.stdout
+
+
+def test_gpu_kernel_profile_names_each_kernel(capsys):
+    pytest.importorskip("torch")
+    from bench.gpu import kernel_profile
+    from tgrad import Tensor
+
+    a = Tensor(np.ones((64, 64), np.float32)).realize()
+    kernel_profile(lambda: (a @ a).relu().sum().realize(), lambda: None, steps=2)
+    out = capsys.readouterr().out
+    assert "2 kernels per step" in out and "r_64_64_64" in out and "r_64_64" in out

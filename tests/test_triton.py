@@ -367,6 +367,9 @@ def test_kernels_compile_for_nvidia_and_amd_targets(monkeypatch):
         (T(A537) @ T(A537.T)).relu(),  # tl.dot with an epilogue
         T(A537.astype(np.float16)) @ T(A537.T.astype(np.float16)),  # float16 tl.dot
         T(np.ones((4, 1 << 16), np.float16)).sum(1) + 1,  # a split reduce (float32 partials) with a tail
+        (T(np.ones((4, 1 << 16), np.float32)) > 0).any(1),  # split: bool partials
+        T(np.ones((4, 1 << 16), np.int8)).sum(1, dtype=dtypes.int8),  # split: int8 partials, wrapping
+        T(np.ones((4, 1 << 16), np.float32)).max(1),  # split: nan-propagating max of partials
         *_conv_and_grads(),  # implicit GEMMs: gathered, masked operand tiles
     ]
     for t in outs:

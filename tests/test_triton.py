@@ -218,6 +218,10 @@ def test_reductions(tdev, blocks):
     with_nan = a.copy()
     with_nan[2, 30] = np.nan
     np.testing.assert_array_equal(run(tdev, T(with_nan).max(1), blocks), with_nan.max(1))
+    # loads before the loop (per output) and after it (the epilogue reads another input)
+    col = a[:, :1]
+    np.testing.assert_allclose(run(tdev, (T(a) * T(col)).sum(1) + T(a[:, 3]), blocks),
+                               (a * col).sum(1) + a[:, 3], rtol=1e-5, atol=1e-5)
 
 
 def test_empty_reduce_and_scalars(tdev):

@@ -44,6 +44,25 @@ def pending_assigns() -> list[Tensor]:
     return out
 
 
+
+def _uint8_linear_weights(n: int, out: int, align_corners: bool) -> tuple[np.ndarray, int]:
+    """(out, n) int32 weights and their fixed-point bits of PyTorch's uint8 linear resize along one axis
+    (aten's _compute_index_ranges_int16_weights: a triangle filter around each output's centre,
+    normalized, scaled to the most bits that keep the largest weight below 2**15, rounded half away)."""
+    delta = 0.5 if align_corners else 0.0
+    scale = ((n - 1) / (out - 1) if out > 1 else 0.0) if align_corners else n / out
+    w = np.zeros((out, n), np.float64)
+    for i in range(out):
+        centre = scale * (i + 0.5 - delta)
+        lo = max(int(centre - 0.5 + delta), 0)
+        taps = np.arange(lo, min(max(int(centre + 1.5 + delta), lo), n, lo + 3))
+        tw = np.maximum(1.0 - np.abs(taps - centre + 0.5 - delta), 0.0)
+        w[i, taps] = tw / tw.sum() if tw.sum() else tw
+    bits = 0
+    while bits < 22 and int(0.5 + w.max() * (1 << (bits + 1))) < (1 << 15):
+        bits += 1
+    return np.trunc(w * (1 << bits) + 0.5).astype(np.int32), bits
+
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
         raise IndexRangeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
@@ -2765,6 +2784,8 @@ class Tensor(metaclass=_NoGradMeta):
             raise ArgumentError(f"interpolate: mode must be nearest, nearest-exact or linear, not {mode!r}")
         if align_corners and mode.startswith("nearest"):
             raise ArgumentError("interpolate: align_corners needs a linear mode")
+        if self.dtype == dtypes.uint8 and len(size) == 2 and not mode.startswith("nearest"):
+            return self._bilinear_uint8(size, align_corners)
         x = self._float()
         for axis, out in zip(range(self.ndim - len(size), self.ndim), size):
             n = self.shape[axis]
@@ -2787,6 +2808,20 @@ class Tensor(metaclass=_NoGradMeta):
         if self.dtype.is_float:
             return x
         return (x.round() if mode not in ("nearest", "nearest-exact") else x).cast(self.dtype)
+
+    def _bilinear_uint8(self, size: tuple[int, int], align_corners: bool) -> Tensor:
+        """PyTorch's uint8 bilinear resize, bit for bit: the last axis first, then the one before, each
+        pass a sum of at most 3 pixels times 16-bit fixed-point weights, rounded and clamped to uint8."""
+        x = self
+        for axis, out in ((self.ndim - 1, size[1]), (self.ndim - 2, size[0])):
+            n = self.shape[axis]
+            if n == out:
+                continue
+            w, bits = _uint8_linear_weights(n, out, align_corners)
+            wt = Tensor(w, device=self.device).reshape((out, n) + (1,) * (self.ndim - axis - 1))
+            acc = (x.cast(dtypes.int32).unsqueeze(axis) * wt).sum(axis + 1, dtype=dtypes.int32)
+            x = ((acc + (1 << (bits - 1))) >> bits).clip(0, 255).cast(dtypes.uint8)
+        return x
 
     def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
                   axis: int = 1) -> Tensor:

@@ -177,3 +177,15 @@ def test_shim_regressions(device):
             assert i.dtype.name == "int64" or i.dtype.name == "int32"
     for axis in (0, -1):
         same(lambda t, a=axis: t.logsumexp(a), lambda t, a=axis: torch.logsumexp(t, a), np.float32(1.5))
+
+
+def test_pow_gradients_at_zero_inf_and_nan(device):
+    """PyTorch's gradients of x ** e, e ** x and x ** y where x or y is 0, -0, inf, -inf, nan or negative
+    (they were 0 at inf and nan, and nan for x ** -2 at 0 and inf)."""
+    x = np.array([-INF, -2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, INF, NAN], np.float32)
+    for e in (0.3, 3.3, -0.3, -0.5, -2.0, -3.0, 2.0, 3.0, -9.5, 9.0, INF, -INF, NAN):
+        same(lambda t, e=e: t ** e, lambda t, e=e: t ** e, x)
+        same(lambda t, e=e: t ** t.full_like(e), lambda t, e=e: t ** torch.full_like(t, e), x)
+        same(lambda t, e=e: t.full_like(e) ** t, lambda t, e=e: torch.full_like(t, e) ** t, x)
+    for c in (0.0, -2.0, -1.0, INF, 2.0):
+        same(lambda t, c=c: c ** t, lambda t, c=c: c ** t, x)

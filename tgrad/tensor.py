@@ -812,6 +812,8 @@ class Tensor(metaclass=_NoGradMeta):
                 return x.ones_like() + _gradient_only(x, x.zeros_like())
             if y == 0.5:
                 return self.sqrt()
+            if y == -0.5 and self.dtype.is_float:  # PyTorch's rsqrt: -0.0 -> -inf, -inf -> nan
+                return self._pow_gradient(self.detach().sqrt().reciprocal(), -0.5)
             if isinstance(y, int) and not self.dtype.is_float:
                 return self._int_pow(y)
             if float(y).is_integer() and abs(y) <= 8:
@@ -819,7 +821,8 @@ class Tensor(metaclass=_NoGradMeta):
                 out = base
                 for _ in range(int(abs(y)) - 1):
                     out = out * base
-                return out.reciprocal() if y < 0 else out
+                # 1 / x**n's own gradient is nan at 0 and inf: PyTorch's y * x**(y - 1) instead
+                return base._pow_gradient(out.detach().reciprocal(), y) if y < 0 else out
         if isinstance(y, (int, float)) and not isinstance(y, bool):  # one side a Python number
             x = self._float()
             return x._pow_scalar_base(float(y)) if reverse else x._pow_scalar(float(y))
@@ -829,31 +832,34 @@ class Tensor(metaclass=_NoGradMeta):
         value = _pow_value(a.detach(), b.detach())
         if Tensor.no_grad:
             return value
-        # Where a > 0 and both are finite, exp2(b * log2(a)) has the right gradients (and higher ones): use
-        # it, on inputs masked so that no inf * 0 reaches a or b from the other places. Elsewhere (0, inf,
-        # negative bases) PyTorch's slopes are put in as constants: d/da = b * a**(b-1) (0 where b == 0),
-        # d/db = a**b * log(a) (0 where a == 0 <= b); there the second derivative is 0.
-        regular = (a >= _tiny(a)) & a.isfinite() & b.isfinite()  # subnormal a: 1 / a would overflow
-        smooth = (regular.where(b, 1.0) * regular.where(a, 1.0).log2()).exp2()
-        ad, bd = a.detach(), b.detach()
-        # the slopes are 0 where the smooth branch is taken: an inf slope there would get a 0 gradient
-        # from the where() below, and 0 * inf is nan
-        da = regular.where(0.0, (bd == 0).where(0.0, bd * _pow_value(ad, bd - 1)))
-        db = regular.where(0.0, ((ad == 0) & (bd >= 0)).where(0.0, value * ad.log()))
-        edge = value + _gradient_only(a, da) + _gradient_only(b, db)
-        return regular.where(smooth, edge)
+        a_node, b_node = a.node, b.node
+
+        def rule(grad: Node) -> tuple[Node, Node]:  # PyTorch's, everywhere (0, inf, nan, negative bases)
+            ta, tb, gr = Tensor(a_node), Tensor(b_node), Tensor(grad)
+            da = (tb == 0).where(0.0, tb * ta.pow(tb - 1))
+            db = ((ta == 0) & (tb >= 0)).where(0.0, ta.pow(tb) * ta.log())
+            return (gr * da).node, (gr * db).node
+
+        return a._from(autodiff.custom_gradient(value.node, (a_node, b_node), rule, "pow"), b)
+
+    def _pow_gradient(self, value: Tensor, e: float) -> Tensor:
+        """value (self ** e) with PyTorch's gradient e * self ** (e - 1) everywhere: at 0, inf, nan and
+        negative self too (built from differentiable ops, so higher derivatives follow)."""
+        if Tensor.no_grad:
+            return value
+        x_node = self.node
+
+        def rule(grad: Node) -> tuple[Node]:
+            return ((Tensor(grad) * (e * Tensor(x_node).pow(e - 1))).node,)
+
+        return self._from(autodiff.custom_gradient(value.node, (x_node,), rule, "pow"))
 
     def _pow_scalar(self, e: float) -> Tensor:
         """self ** e for a Python exponent: pow's rules with the exponent's cases decided on the host."""
         value = _pow_value(self.detach(), e)
         if Tensor.no_grad or e == 0:
             return value
-        if math.isnan(e):  # gradient nan everywhere, as e * x**(e - 1) is
-            return value + _gradient_only(self, value * math.nan)
-        regular = (self >= _tiny(self)) & self.isfinite()  # a subnormal's 1 / x overflows: an edge case
-        smooth = (regular.where(self, 1.0).log2() * e).exp2()
-        slope = e * _pow_value(self.detach(), e - 1)  # PyTorch's d/dx at 0, inf and negative x
-        return regular.where(smooth, value + _gradient_only(self, regular.where(0.0, slope)))
+        return self._pow_gradient(value, e)
 
     def _pow_scalar_base(self, c: float) -> Tensor:
         """c ** self for a Python base c (c ** 0 is 1 for every c, as in C)."""
@@ -877,12 +883,17 @@ class Tensor(metaclass=_NoGradMeta):
         value = (self == 0).where(1.0, value).detach()
         if Tensor.no_grad:
             return value
-        # PyTorch: d/dx c**x = c**x * log(c), and 0 where c == 0 <= x
+        # PyTorch: d/dx c**x = c**x * log(c), and 0 where c == 0 <= x (nan at x = nan: no mask there)
+        log_c = math.log(c) if c > 0 else (-math.inf if c == 0 else math.nan)
+        slope = value * log_c
         if c == 0:
-            slope = (self.detach() >= 0).where(0.0, -math.inf)
-        else:
-            slope = value * (math.log(c) if c > 0 else math.nan)
-        return value + _gradient_only(self, slope)
+            slope = (self.detach() >= 0).where(0.0, slope)
+        x_node = self.node
+
+        def rule(grad: Node) -> tuple[Node]:
+            return ((Tensor(grad) * slope).node,)
+
+        return self._from(autodiff.custom_gradient(value.node, (x_node,), rule, "pow"))
 
     def _int_pow(self, n: int) -> Tensor:
         """An integer tensor to a non-negative integer power by repeated squaring (wraps on overflow)."""
@@ -3097,9 +3108,9 @@ def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
         if math.isnan(b):  # C's pow(1, nan) is 1
             return (a == 1).where(1.0, math.nan)
         mag = (a.abs().log2() * b).exp2()
+        mag = (a == 0).where(0.0 if b > 0 else math.inf, mag)  # not through log2(0): undefined on some GPUs
         if math.isinf(b):  # |a| < 1 -> 0 or inf, |a| > 1 -> inf or 0, |a| == 1 -> 1, whatever a's sign
             return (a.abs() == 1).where(1.0, mag)
-        mag = (a == 0).where(0.0 if b > 0 else math.inf, mag)  # not through log2(0): undefined on some GPUs
         if float(b).is_integer():
             return _signbit(a).where(-mag, mag) if int(b) % 2 else mag  # (-0.0) ** -3 is -inf
         return (a < 0).where((a == -math.inf).where(mag, math.nan), mag)

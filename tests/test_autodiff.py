@@ -121,3 +121,20 @@ def test_max_reduce_gradient_goes_to_the_nan(device):
     for values in ([1.0, NAN, 3.0], [[1.0, 4.0, 4.0], [NAN, 2.0, 0.0]], [2.0, 2.0]):
         got, want = _grads(values, lambda t: t.max(), lambda t: t.max())
         np.testing.assert_array_equal(got, want)
+
+
+def test_higher_derivatives_survive_realizing_the_gradient(device):
+    """gradient()'s results keep their graph when realized (.numpy()) if a target requires grad, as
+    PyTorch's create_graph=True: the second derivative was silently 0 after the first was printed."""
+    xs = np.array([2.0, 0.7, -1.3], np.float32)
+    x = Tensor(xs, requires_grad=True)
+    g, = (x * x * x + (x * 3).sin()).sum().gradient(x)
+    g.numpy()
+    twice = g * 2
+    twice.numpy()
+    h, = twice.sum().gradient(x)
+    tx = torch.tensor(xs, requires_grad=True)
+    tg, = torch.autograd.grad((tx * tx * tx + (tx * 3).sin()).sum(), tx, create_graph=True)
+    th, = torch.autograd.grad((tg * 2).sum(), tx)
+    np.testing.assert_allclose(g.numpy(), tg.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(h.numpy(), th.numpy(), rtol=1e-5, atol=1e-5)

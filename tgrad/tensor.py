@@ -413,13 +413,19 @@ class Tensor(metaclass=_NoGradMeta):
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
         """d self / d target for each target, as new lazy tensors (tinygrad's functional autograd): no
         .grad is touched and the targets need not require gradients. A target self does not depend on
-        gets zeros. Differentiating the result again gives higher derivatives."""
+        gets zeros. Differentiating the result again gives higher derivatives (when a target requires
+        grad, the results do too, so realizing them keeps their graph). A tensor realized before this
+        call that no requires_grad tensor flows into has no graph left: mark the targets requires_grad."""
         seed = self._seed(gradient, "gradient")
         for t in (self, *targets):
             if not t.dtype.is_float:
                 raise AutogradError(f"gradient: only float tensors have gradients, got {t.dtype.name}")
         grads = autodiff.gradients(self.node, seed, {t.node for t in targets})
-        return [Tensor(grads[t.node]) if t.node in grads else t.zeros_like() for t in targets]
+        out = [Tensor(grads[t.node]) if t.node in grads else t.zeros_like() for t in targets]
+        if not _NoGradMeta._no_grad and (self._requires_grad or any(t._requires_grad for t in targets)):
+            for t in out:  # they keep their graph when realized (.numpy()): higher derivatives stay right
+                t._requires_grad = True
+        return out
 
     # ----------------------------------------------------------------------------------------------
     # construction helpers

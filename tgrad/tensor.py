@@ -2791,7 +2791,9 @@ class Tensor(metaclass=_NoGradMeta):
     def interpolate(self, size, mode: str = "linear", align_corners: bool = False) -> Tensor:
         """Resize the last len(size) axes (PyTorch's F.interpolate on (N, C, *spatial)): mode "nearest",
         "nearest-exact" or "linear" (also "bilinear", "trilinear": linear along each axis). Each axis is
-        a product with a constant (out, in) weight matrix made on the host."""
+        a product with a constant (out, in) weight matrix made on the host. uint8 over two axes is
+        PyTorch's fixed-point bilinear, bit for bit; other integer cases (PyTorch refuses them) round the
+        float result."""
         size = (size,) if isinstance(size, int) else tuple(size)
         if not 0 < len(size) <= self.ndim:
             raise ShapeError(f"interpolate: size {size} for a tensor of shape {self.shape}")

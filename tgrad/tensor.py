@@ -44,7 +44,6 @@ def pending_assigns() -> list[Tensor]:
     return out
 
 
-
 def _uint8_linear_weights(n: int, out: int, align_corners: bool) -> tuple[np.ndarray, int]:
     """(out, n) int32 weights and their fixed-point bits of PyTorch's uint8 linear resize along one axis
     (aten's _compute_index_ranges_int16_weights: a triangle filter around each output's centre,
@@ -62,6 +61,7 @@ def _uint8_linear_weights(n: int, out: int, align_corners: bool) -> tuple[np.nda
     while bits < 22 and int(0.5 + w.max() * (1 << (bits + 1))) < (1 << 15):
         bits += 1
     return np.trunc(w * (1 << bits) + 0.5).astype(np.int32), bits
+
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
@@ -3133,11 +3133,6 @@ def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
     out = (a == 0).where(zero_base, out)  # not through log2(0): undefined on some GPUs
     one = (a == 1) | ((a == -1) & b.isinf())  # C's pow(1, nan) and pow(-1, +-inf) are 1
     return ((b == 0) | one).where(1.0, out)
-
-
-def _tiny(a: Tensor) -> float:
-    """The smallest normal number of a's float type."""
-    return {dtypes.float16: 2.0**-14, dtypes.float64: 2.0**-1022}.get(a.dtype, 2.0**-126)
 
 
 def _signbit(a: Tensor) -> Tensor:

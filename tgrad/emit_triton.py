@@ -357,6 +357,21 @@ code_for_op = {
 }
 
 
+def _op_text(e: Expr, srcs: list[str]) -> str:
+    """The source of a computing op (not IDX, ACC, CONST or LOAD) over its sources' texts."""
+    if e.op == "CAST":
+        return _cast(e.srcs[0].dtype, e.dtype, srcs[0])
+    if e.op in code_for_op:
+        dt = e.srcs[-1].dtype if e.op in ("CMPLT", "CMPNE") else e.dtype
+        return code_for_op[e.op](dt, *srcs)
+    raise KernelError(f"Triton emitter: no rendering for op {e.op} ({e.dtype.name})")
+
+
+def _tile_dtype(acc_dt: DType) -> DType:
+    """What a reduce accumulates in (and a split reduce's partials are): float16 sums go through float32."""
+    return dtypes.float32 if acc_dt == dtypes.float16 else acc_dt
+
+
 def _cast(src: DType, dst: DType, a: str) -> str:
     if dst == dtypes.bool:
         return f"({a} != 0)"
@@ -413,14 +428,7 @@ class _Renderer:
             text = self.load(e)
         else:
             index = self.is_index(e)
-            srcs = [self.ref(s, index) for s in e.srcs]
-            if e.op == "CAST":
-                text = _cast(e.srcs[0].dtype, e.dtype, srcs[0])
-            elif e.op in code_for_op:
-                dt = e.srcs[-1].dtype if e.op in ("CMPLT", "CMPNE") else e.dtype
-                text = code_for_op[e.op](dt, *srcs)
-            else:
-                raise KernelError(f"Triton emitter: no rendering for op {e.op} ({e.dtype.name})")
+            text = _op_text(e, [self.ref(s, index) for s in e.srcs])
         name = self.names[e] = f"v{self.count}"
         self.count += 1
         deps = self.deps(e)
@@ -511,7 +519,7 @@ class _Renderer:
     def render_reduce(self, n: int, r_total: int, wide: str, stage: str = "") -> list[str]:
         k, b = self.k, self.b
         acc_dt = k.reduce_expr.dtype
-        tile_dt = dtypes.float32 if acc_dt == dtypes.float16 else acc_dt
+        tile_dt = _tile_dtype(acc_dt)
         if stage == "final":  # the partials of a split reduce
             lines = [f"acc = tl.load(part + g * {b.split} + tl.arange(0, {b.split})[None, :])"]
             return lines + self.finish(acc_dt, tile_dt, b.split)
@@ -664,13 +672,8 @@ class _DotRenderer(_Renderer):
                     masks.append(go(valid))
                 mask = f", mask={' & '.join(f'({t})' for t in masks)}, other=0" if masks else ""
                 text = f"tl.load(in{e.arg} + {go(index)} + tl.zeros({shape}, tl.int32){mask})"
-            elif e.op == "CAST":
-                text = _cast(e.srcs[0].dtype, e.dtype, go(e.srcs[0]))
-            elif e.op in code_for_op:
-                dt = e.srcs[-1].dtype if e.op in ("CMPLT", "CMPNE") else e.dtype
-                text = code_for_op[e.op](dt, *(go(s) for s in e.srcs))
             else:
-                raise KernelError(f"Triton emitter: no rendering for op {e.op} ({e.dtype.name})")
+                text = _op_text(e, [go(s) for s in e.srcs])
             name = memo[e] = f"{tag}{len(memo)}"
             out.append(f"{name} = {text}")
             return name
@@ -686,9 +689,7 @@ def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None 
     if blocks.split:
         part = _Renderer(kernel, blocks).render(kernel.name + "_part", "part")
         source = HEADER + "\n\n" + part + "\n\n" + _Renderer(kernel, blocks).render(kernel.name, "final")
-        acc_dt = kernel.reduce_expr.dtype
-        scratch = ((math.prod(kernel.global_shape) * blocks.split, dtypes.float32 if acc_dt == dtypes.float16
-                    else acc_dt),)
+        scratch = ((math.prod(kernel.global_shape) * blocks.split, _tile_dtype(kernel.reduce_expr.dtype)),)
         return Program(kernel.name, source, (blocks.grid(kernel),), scratch=scratch,
                        launch={"num_warps": blocks.num_warps, "split": blocks.split})
     renderer = _DotRenderer if blocks.block_n else _Renderer

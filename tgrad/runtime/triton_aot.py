@@ -158,16 +158,15 @@ def compile_for_target(kernel: Kernel, target: str) -> TargetBinary:
         return hit
     signature = {"out": emit_triton.SIG_NAME[kernel.out_dtype]}
     signature.update({f"in{i}": emit_triton.SIG_NAME[d] for i, d in enumerate(kernel.in_dtypes)})
-    if program.scratch:  # a split reduce: its first function, then the one named after the kernel
+    names = [kernel.name]
+    if program.scratch:  # a split reduce: its first function too
         signature["part"] = emit_triton.SIG_NAME[program.scratch[0][1]]
-        result = _run_job((source, kernel.name + "_part", signature, target, num_warps))
+        names.insert(0, kernel.name + "_part")
+    for name in names:  # the result kept is the kernel's own function's
+        result = _run_job((source, name, signature, target, num_warps))
         if result[0] == "error":
-            raise KernelError(f"kernel {kernel.name}_part does not compile for {target}: {result[1]}\n"
-                              f"{numbered(source)}")
-    result = _run_job((source, kernel.name, signature, target, num_warps))
-    if result[0] == "error":
-        message = f"kernel {kernel.name} does not compile for {target}: {result[1]}"
-        raise KernelError(f"{message}\n{numbered(source)}")
+            message = f"kernel {name} does not compile for {target}: {result[1]}"
+            raise KernelError(f"{message}\n{numbered(source)}")
     info = TargetBinary(target, *result[1:])
     if device.DEBUG >= 4:
         print(

@@ -1,10 +1,11 @@
 """Convolution and pooling gradients against PyTorch on every device.
 
-conv2d gives its input a custom gradient (a transposed convolution, autodiff.custom_gradient) instead of
-the composed gradient of its sliding-window view, and pools whose windows tile the input (stride ==
-kernel) are a reshape: these tests cover the shapes where either could go wrong (strides, padding on one
-side or negative, dilation, groups, sizes the windows do not divide, 1-d and 3-d, transposed convs,
-second derivatives).
+conv2d gives its input a custom gradient (autodiff.custom_gradient: col2im, one matmul over the output
+channels and a sum of shifted shares; a transposed convolution for kernels of more than COL2IM_MAX_TERMS
+positions) instead of the composed gradient of its sliding-window view, and pools whose windows tile the
+input (stride == kernel) are a reshape: these tests cover the shapes where either could go wrong (strides,
+padding on one side or negative, dilation, groups, sizes the windows do not divide, 1-d and 3-d, transposed
+convs, second derivatives).
 """
 
 import numpy as np
@@ -105,9 +106,23 @@ def test_conv2d_second_derivative(device):
     np.testing.assert_allclose(ggw.numpy(), tw.grad.numpy(), atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=3, dilation=2), dict(groups=2, stride=(1, 3))])
+def test_conv2d_gradients_of_a_large_kernel(device, kw):
+    """A 9x9 kernel (81 positions, over COL2IM_MAX_TERMS): the input gradient is a transposed convolution."""
+    g = kw.get("groups", 1)
+    helper_test_op(
+        [(2, 4, 13, 14), (4, 4 // g, 9, 9)],
+        lambda x, wt: F.conv2d(x, wt, **kw),
+        lambda x, wt: x.conv2d(wt, **kw),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+
+
 def test_conv2d_gradient_is_a_convolution():
-    """The input gradient is the transposed convolution, not the sliding-window view's col2im reduce: the
-    node conv2d returns carries a custom rule."""
+    """The input gradient is a custom rule (col2im after one matmul), not the composed gradient of the
+    sliding-window view (a reduce over overlapping windows with div/mod indexes): the node conv2d returns
+    carries it."""
     x, w = Tensor.randn(1, 2, 6, 6, requires_grad=True), Tensor.randn(3, 2, 3, 3, requires_grad=True)
     out = x.conv2d(w)
     assert out.node in autodiff.CUSTOM

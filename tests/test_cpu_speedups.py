@@ -260,6 +260,45 @@ def test_convolutions_run_as_blas_matmuls(stride, padding, dilation, groups):
     np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("stride,dilation,groups", [(1, 1, 1), (2, 1, 1), (1, 2, 2), ((2, 1), (1, 2), 4)])
+def test_conv_input_gradient_is_col2im_without_window_copies(stride, dilation, groups):
+    """The input gradient of a conv is one matmul per image over the output channels, whose operands are
+    read where they are stored (no prologue, no window copy) and whose result lands in its output's order
+    (`blas._lead_batch`), then a sum of shifted shares; values against PyTorch."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, 16, 24, 23)).astype(F32)
+    w = (rng.standard_normal((32, 16 // groups, 5, 5)) * 0.3).astype(F32)
+    tx = Tensor(x, device="CPU", requires_grad=True)
+    out = tx.conv2d(Tensor(w, device="CPU"), stride=stride, dilation=dilation, groups=groups)
+    (out * out).sum().backward()
+    plans = [emit_numba.blas_plan(it.kernel) for it in fuse.schedule([tx.grad.node])]
+    plans = [p for p in plans if p is not None]  # the forward conv's and the gradient's
+    col2im = [p for p in plans if p.batch == ((0, 1) if groups > 1 else (0,)) and p.epilogue is None]
+    assert len(col2im) == 1 and not any(p.prologues for p in plans), plans
+    rx = torch.tensor(x, requires_grad=True)
+    ref = torch.nn.functional.conv2d(rx, torch.tensor(w), stride=stride, dilation=dilation, groups=groups)
+    (ref * ref).sum().backward()
+    np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("a,b,batched", [((48, 96), (40, 96, 300), True), ((16, 8), (200, 8, 10), False)])
+def test_broadcast_matmul_runs_per_batch_in_the_output_order(a, b, batched):
+    """A (M, K) @ B (N, K, P): the result's rows (m) come out between N and P, so BLAS runs once per n with A
+    broadcast (when each matmul is big enough) instead of once with the result copied back transposed."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(2)
+    an, bn = rng.standard_normal(a).astype(F32), rng.standard_normal(b).astype(F32)
+    out = Tensor(an, device="CPU") @ Tensor(bn, device="CPU")
+    plan = emit_numba.blas_plan(fuse.schedule([out.node])[-1].kernel)
+    assert plan is not None and (plan.batch == (0,)) == batched, plan
+    np.testing.assert_allclose(out.numpy(), (torch.from_numpy(an) @ torch.from_numpy(bn)).numpy(), rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose((out * 2).numpy(), 2 * np.matmul(an, bn), rtol=1e-4, atol=1e-3)  # an epilogue
+
+
 @pytest.mark.parametrize("shapes", [((300, 64), (300, 8)), ((64, 40), (64, 300)), ((3, 50, 40), (3, 50, 6))])
 def test_blas_with_an_operand_stored_column_by_column(shapes):
     """a.T @ b: the bigger operand column by column is computed as (b.T @ a).T (run_blas), with a batch

@@ -326,9 +326,10 @@ def _conv_and_grads() -> list[Tensor]:
 
 @pytest.mark.parametrize("small", [False, True])
 def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
-    """With TGRAD_TRITON_IMPLICIT_GEMM=1, convolutions and both gradients (strided, padded, dilated,
-    grouped) run as tl.dot kernels whose operand tiles gather the windows; against PyTorch, also with
-    small blocks (ragged M, N and K tiles). Without it they stay reductions."""
+    """With TGRAD_TRITON_IMPLICIT_GEMM=1, convolutions and their weight gradients (strided, padded,
+    dilated, grouped) run as tl.dot kernels whose operand tiles gather the windows; against PyTorch, also
+    with small blocks (ragged M, N and K tiles). Without it they stay reductions. The input's gradient
+    (col2im) is a plain matmul: a dot either way."""
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")
     if small:
@@ -349,10 +350,15 @@ def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
     ty = torch.nn.functional.conv2d(tx, tw, padding=(2, 1), stride=2, dilation=(1, 2), groups=2)
     (ty.relu() * torch.tensor(ga)).sum().backward()
     outs = ((y, ty), (x.grad, tx.grad), (w.grad, tw.grad))
-    assert all("tl.dot(" in et.render(kernels(t)[-1], interpret=False).source for t, _ in outs)
+    assert all("tl.dot(" in et.render(kernels(t)[-1], interpret=False).source for t in (y, w.grad))
+    # the input's gradient is col2im: a plain matmul (a dot with or without the option), then a sum of
+    # shifted shares
+    col2im = [k for k in kernels(x.grad) if k.reduce_op]
+    assert col2im and "tl.dot(" in et.render(col2im[-1], interpret=False).source
     with monkeypatch.context() as off:
         off.delenv("TGRAD_TRITON_IMPLICIT_GEMM")
-        assert not any(et.find_dot(kernels(t)[-1]) for t, _ in outs)
+        assert not any(et.find_dot(kernels(t)[-1]) for t in (y, w.grad))
+        assert et.find_dot(col2im[-1])
     for t, ref in outs:
         np.testing.assert_allclose(t.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
 

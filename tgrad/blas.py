@@ -13,6 +13,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_const, is_true, linear_terms
 
 BLAS_MIN_WORK = 1 << 16  # multiply-adds below which the generated loop beats a BLAS call
+BLAS_MIN_BATCH_WORK = 1 << 14  # multiply-adds per matmul below which batch axes are not made (_lead_batch)
 # elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the
 # generated loop runs instead: 256 MiB of float32
 BLAS_MAX_OPERAND = 1 << 26
@@ -132,6 +133,7 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
         return None
     if not m and n:  # keep A the operand with the M axes
         a, b, m, n = b, a, n, m
+    batch, m, n = _lead_batch(k, batch, m, n)
     rows = max(math.prod(k.shape[x] for x in (*batch, *side)) for side in (m, n))
     if rows * math.prod(k.reduce_shape) > BLAS_MAX_OPERAND:
         return None
@@ -155,6 +157,25 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             in_dtypes=(*k.in_dtypes, dtype),
         )
     return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues))
+
+
+def _lead_batch(k: Kernel, batch: list[int], m: list[int], n: list[int]):
+    """A result whose rows would come out in another order than the output's (it would be copied there,
+    transposed) loops over its leading axes as batch axes instead, where that puts it in order and each
+    matmul stays big: numpy's matmul broadcasts the operand those axes do not index. A conv's col2im matmul
+    cols[n, c, k, p] = sum_o w[o, c, k] * g[n, o, p] runs per image (M = c*k, N = p) and writes its
+    output where it belongs (164 MB not copied for the MNIST CNN's conv2). Measured with 2 threads: 128
+    matmuls of 100x8 @ 8x160 452 us vs one with the copy 1153 us; 64 of 32x16 @ 16x36 27 vs 51 us."""
+    ng = k.n_global
+    if [*batch, *m, *n] == list(range(ng)):
+        return batch, m, n
+    for lead in range(len(batch) + 1, ng):
+        rest_m, rest_n = [x for x in m if x >= lead], [x for x in n if x >= lead]
+        in_order = [*range(lead), *rest_m, *rest_n] == list(range(ng))
+        work = math.prod(k.shape[x] for x in (*rest_m, *rest_n)) * math.prod(k.reduce_shape)
+        if set(batch) <= set(range(lead)) and rest_m and rest_n and in_order and work >= BLAS_MIN_BATCH_WORK:
+            return list(range(lead)), rest_m, rest_n
+    return batch, m, n
 
 
 def _ops(e: Expr, seen: set | None = None) -> set[str]:

@@ -489,6 +489,11 @@ def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: Ho
     return copy.reshape(*lead, nc, nr).swapaxes(-1, -2) if transposed else copy.reshape(*lead, nr, nc)
 
 
+def _stored(x: np.ndarray) -> int:
+    """Elements a view reads (a batch axis broadcast with stride 0 reads the same matrix again)."""
+    return math.prod(d for d, st in zip(x.shape, x.strides) if st)
+
+
 def _column_major(x: np.ndarray) -> bool:
     """Whether a (*batch, rows, cols) matrix is stored column by column (BLAS reads it transposed)."""
     return x.shape[-2] > 1 and x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
@@ -506,7 +511,7 @@ def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: H
     a = _matrix(arrays[plan.a.input], plan.a, plan.batch, plan.m, r, shape, memory, temps)
     b = _matrix(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, shape, memory, temps)
     m, n = plan.m, plan.n
-    if _column_major(a if a.size >= b.size else b) or (_column_major(a) and _column_major(b)):
+    if _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b)):
         # OpenBLAS reads a big operand 1.2-1.5x slower transposed (a conv's im2col laid out window-major):
         # compute c.T = b.T @ a.T instead, where that operand is read row by row
         a, b, m, n = b.swapaxes(-1, -2), a.swapaxes(-1, -2), n, m

@@ -263,3 +263,37 @@ def test_cache_dir_is_absolute_and_never_shadows_the_package(tmp_path, monkeypat
                               text=True, timeout=300)
         assert proc.returncode == 0 and proc.stdout.strip() == "9.0", proc.stderr[-2000:]
     assert not (tmp_path / "tgrad").exists() and (tmp_path / ".cache" / "tgrad").exists()
+
+
+VECTOR_PROBE = """
+import json
+import numpy as np
+from numba.core import config
+from tgrad import Tensor
+from tgrad.runtime import cpu
+x = np.random.default_rng(1).standard_normal((300, 70)).astype(np.float32)
+got = Tensor(x).softmax(-1).numpy()
+want = np.exp(x - x.max(-1, keepdims=True))
+print(json.dumps({"features": config.CPU_FEATURES, "key": cpu._native_key(),
+                  "err": float(np.abs(got - want / want.sum(-1, keepdims=True)).max())}))
+"""
+
+
+@pytest.mark.parametrize("bits", ["512", "256"])
+def test_kernels_compile_for_wide_vectors_on_avx512_hosts(tmp_path, bits):
+    """On an AVX-512 host kernels compile without LLVM's preference for 256-bit vectors (16 floats per
+    instruction), unless TGRAD_CPU_VECTOR_BITS=256; the features are part of the cache key, so object code
+    for one setting is never loaded for the other. Numba's later compiles in the process use them too."""
+    import llvmlite.binding as llvm
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    env.update(TGRAD_CACHE=str(tmp_path), TGRAD_CPU_VECTOR_BITS=bits, PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", VECTOR_PROBE], env=env, capture_output=True, text=True,
+                         check=True)
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    llvm.initialize_native_target()
+    host = llvm.get_host_cpu_features()
+    wide = bool(host.get("avx512f")) and bits == "512"
+    assert out["features"] == host.flatten() + (",-prefer-256-bit" if wide else "")
+    assert out["features"] in out["key"]
+    assert out["err"] < 1e-6

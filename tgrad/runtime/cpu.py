@@ -36,7 +36,7 @@ from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_pool
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
-from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, on_disk
+from tgrad.runtime.numba_compile import KERNEL_OPT, _use_cpu_features, compile_native, cpu_features, on_disk
 
 # ---------------------------------------------------------------------------------------------------
 # native functions: loaded from object code, called through ctypes
@@ -119,19 +119,21 @@ def _address(array: np.ndarray) -> int:
 
 @functools.cache
 def _native_key() -> str:
-    """What object code depends on besides the source: compiler versions, host CPU, optimization level."""
+    """What object code depends on besides the source: compiler versions, host CPU and the target features
+    kernels compile for, optimization level."""
     from importlib.metadata import version
 
     import llvmlite.binding as llvm
 
-    return "|".join([version("numba"), version("llvmlite"), llvm.get_host_cpu_name(),
-                     llvm.get_host_cpu_features().flatten(), str(KERNEL_OPT), sys.platform])
+    return "|".join([version("numba"), version("llvmlite"), llvm.get_host_cpu_name(), cpu_features(),
+                     str(KERNEL_OPT), sys.platform])
 
 
 @functools.cache
 def _numba_runtime() -> None:
     """Start what Numba-compiled code may call into: its C helpers and math symbols (registered with its
     code generator)."""
+    _use_cpu_features()  # before Numba's code generator exists: later compiles in this process use them
     from numba.core.registry import cpu_target
 
     cpu_target.target_context.codegen()

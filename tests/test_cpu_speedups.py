@@ -381,3 +381,43 @@ def test_attention_matmuls_read_heads_in_place(monkeypatch):
     out.square().sum().backward()
     ref.square().sum().backward()
     np.testing.assert_allclose(qkv.grad.numpy(), tqkv.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+IDLE_PROBE = """
+import json, os
+import numpy as np
+from tgrad import Tensor
+from tgrad.runtime import cpu
+lib = cpu._openblas()
+before = lib.openblas_thread_timeout() if lib else None
+a = np.random.default_rng(0).standard_normal((300, 200)).astype(np.float32)
+got = (Tensor(a) @ Tensor(a.T)).numpy()  # opens the CPU device; the matmul runs on the restarted threads
+err = float(np.abs(got - a.astype(np.float64) @ a.T.astype(np.float64)).max())
+print(json.dumps({"found": lib is not None, "before": before,
+                  "after": lib.openblas_thread_timeout() if lib else None, "err": err,
+                  "env": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}))
+"""
+
+
+@pytest.mark.parametrize("user", [None, "26"])
+def test_openblas_threads_sleep_soon_after_a_matmul(user):
+    """Opening the CPU device sets numpy's OpenBLAS idle timeout to 2**21 cycles (its threads restarted),
+    unless the user set OPENBLAS_THREAD_TIMEOUT; the environment is left as it was; matmuls stay right."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "TGRAD_OPENBLAS_IDLE")}
+    if user:
+        env["OPENBLAS_THREAD_TIMEOUT"] = user
+    run = subprocess.run([sys.executable, "-c", IDLE_PROBE], env=env, capture_output=True, text=True,
+                         check=True)
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["err"] < 1e-3 and out["env"] == user
+    if not out["found"]:
+        pytest.skip("numpy's BLAS here is not an OpenBLAS with the entry points tgrad calls")
+    from tgrad.runtime.cpu import OPENBLAS_IDLE
+
+    assert out["before"] == (int(user) if user else 0)
+    assert out["after"] == (int(user) if user else OPENBLAS_IDLE)

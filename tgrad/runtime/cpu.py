@@ -259,6 +259,7 @@ class CPURuntime(Runtime):
             raise DeviceError("the CPU device needs numba: pip install numba")
         self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
         self.memory = HostMemory()  # buffers and BLAS operands, big blocks reused (host_memory.py)
+        openblas_idle_timeout()
         if _cold_cache():  # start them now: their set-up overlaps the program's own start
             self.pool.start(cpu_pool.default_workers())
 
@@ -444,6 +445,56 @@ class CPURuntime(Runtime):
 
 # ---------------------------------------------------------------------------------------------------
 # BLAS: the reduce of a matmul-shaped kernel (emit_numba.blas_plan) as numpy.matmul on strided views
+
+OPENBLAS_IDLE = 21  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps (OpenBLAS: 28)
+
+
+def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
+    """Make numpy's OpenBLAS threads sleep after ~0.7 ms idle instead of spinning ~0.1 s (2**28 cycles):
+    a thread spinning after each matmul took a core from tgrad's threaded kernels that ran next (2 cores,
+    3 busy threads), so the MNIST CNN step's generated kernels ran up to 2x slower (step 165-167 ->
+    134-136 ms; conv2d_fwd_bwd 61-63 -> 53-56 ms); the GPT and MLP steps, whose matmuls come back to back,
+    keep their speed at 2**21 (at 2**4 they were 20% slower: each call woke the threads).
+    OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when its threads start: this sets it, re-reads it and restarts
+    them (OpenBLAS's own entry points). Skipped when the variable is set (it is the user's choice), with
+    TGRAD_OPENBLAS_IDLE=0, or where numpy's BLAS is not an OpenBLAS with those entry points (Linux only).
+    Called when the CPU device opens, before any of its threads run a matmul. Returns whether it did."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ or os.environ.get("TGRAD_OPENBLAS_IDLE") == "0":
+        return False
+    lib = _openblas()
+    if lib is None:
+        return False
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(log2_cycles)
+    try:
+        lib.openblas_read_env()
+    finally:
+        del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # not passed on to child processes
+    if lib.openblas_thread_timeout() != log2_cycles:
+        return False
+    lib.blas_thread_shutdown_()
+    lib.blas_thread_init()
+    return True
+
+
+def _openblas() -> ctypes.CDLL | None:
+    """numpy's OpenBLAS, already loaded in this process (found in /proc/self/maps), if it exports what
+    openblas_idle_timeout calls."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            for name in ("openblas_read_env", "openblas_thread_timeout", "blas_thread_shutdown_",
+                         "blas_thread_init"):
+                getattr(lib, name).restype = ctypes.c_int
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
 
 
 def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:

@@ -87,8 +87,8 @@ def test_conv_transpose2d_gradients(device, kw):
 
 
 def test_conv2d_second_derivative(device):
-    """d/dx of |d conv(x, w)/d w|^2, through the custom gradient (and the custom gradient of the
-    transposed conv inside it), against torch.autograd.grad with create_graph=True."""
+    """d/dx of |d conv(x, w)/d w|^2, through the custom gradient (col2im's matmul and shifted sums are
+    plain differentiable ops), against torch.autograd.grad with create_graph=True."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)

@@ -86,18 +86,20 @@ def test_conv_transpose2d_gradients(device, kw):
     )
 
 
-def test_conv2d_second_derivative(device):
-    """d/dx of |d conv(x, w)/d w|^2, through the custom gradient (col2im's matmul and shifted sums are
-    plain differentiable ops), against torch.autograd.grad with create_graph=True."""
+@pytest.mark.parametrize("k", [3, 9], ids=["col2im", "transposed"])
+def test_conv2d_second_derivative(device, k):
+    """d/dx of |d conv(x, w)/d w|^2, through the custom gradient (col2im's matmul and shifted sums; for a
+    9x9 kernel the transposed conv, with its own custom gradient), against torch.autograd.grad with
+    create_graph=True."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
-    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((4, 3, k, k)).astype(np.float32)
     tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-    out = F.conv2d(tx, tw, stride=2, padding=1)
+    out = F.conv2d(tx, tw, stride=2, padding=k // 2)
     gx_t, gw_t = torch.autograd.grad(out.square().sum(), (tx, tw), create_graph=True)
     (gx_t.square().sum() + gw_t.square().sum()).backward()
     X, W = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
-    out = X.conv2d(W, stride=2, padding=1)
+    out = X.conv2d(W, stride=2, padding=k // 2)
     gx, gw = out.square().sum().gradient(X, W)
     np.testing.assert_allclose(gx.numpy(), gx_t.detach().numpy(), atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(gw.numpy(), gw_t.detach().numpy(), atol=1e-4, rtol=1e-4)

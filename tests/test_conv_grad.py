@@ -190,3 +190,26 @@ def test_max_pool_ties_and_nan_pick_like_pytorch(device, kw):
         np.testing.assert_array_equal(o.numpy(), to.detach().numpy())
         np.testing.assert_array_equal(i.numpy(), ti.numpy())
         np.testing.assert_array_equal(X.grad.numpy(), tx.grad.numpy())
+
+
+@pytest.mark.parametrize("limit", [0, 1 << 26], ids=["windows-not-kept", "windows-kept"])
+def test_conv2d_gradients_with_and_without_kept_windows(device, limit, monkeypatch):
+    """A conv whose weight needs a gradient keeps its windows (made once for the forward and the weight's
+    gradient) unless they exceed KEEP_WINDOWS_MAX elements; a buffer input and a computed one, both ways."""
+    import tgrad.tensor as tensor_module
+
+    monkeypatch.setattr(tensor_module, "KEEP_WINDOWS_MAX", limit)
+    helper_test_op(
+        [(2, 3, 9, 8), (4, 3, 3, 3)],
+        lambda x, wt: F.conv2d(x, wt, padding=1, stride=(1, 2)),
+        lambda x, wt: x.conv2d(wt, padding=1, stride=(1, 2)),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )
+    helper_test_op(
+        [(2, 3, 9, 8), (4, 3, 3, 3)],
+        lambda x, wt: F.conv2d((x * 2).relu(), wt, dilation=2),
+        lambda x, wt: (x * 2).relu().conv2d(wt, dilation=2),
+        atol=1e-4,
+        grad_atol=1e-3,
+    )

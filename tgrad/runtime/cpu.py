@@ -579,12 +579,14 @@ def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: H
         c = np.matmul(a, b, out=memory.array(math.prod(dims), dtype).reshape(dims))
         if in_order:
             return c.reshape(-1)
-        acc = memory.array(c.size, dtype)
+        # rows in another order: put them in the output's (into `out` itself when it takes the result)
+        direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
+        acc = out if direct else memory.array(c.size, dtype)
         c = c.reshape(tuple(shape[x] for x in order))
         back = [order.index(x) for x in range(kernel.n_global)]
         acc.reshape(tuple(shape[: kernel.n_global]))[...] = c.transpose(back)
         memory.release(c)
-        return acc
+        return None if direct else acc
     finally:
         for copy in temps:
             memory.release(copy)

@@ -388,7 +388,8 @@ import json, os
 import numpy as np
 from tgrad import Tensor
 from tgrad.runtime import cpu
-lib = cpu._openblas()
+libs = cpu._openblas()
+lib = libs[0] if libs else None
 before = lib.openblas_thread_timeout() if lib else None
 a = np.random.default_rng(0).standard_normal((300, 200)).astype(np.float32)
 got = (Tensor(a) @ Tensor(a.T)).numpy()  # opens the CPU device; the matmul runs on the restarted threads

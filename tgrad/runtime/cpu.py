@@ -36,7 +36,7 @@ from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_pool
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
-from tgrad.runtime.numba_compile import KERNEL_OPT, _use_cpu_features, compile_native, cpu_features, on_disk
+from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, cpu_features, on_disk, use_cpu_features
 
 # ---------------------------------------------------------------------------------------------------
 # native functions: loaded from object code, called through ctypes
@@ -133,7 +133,7 @@ def _native_key() -> str:
 def _numba_runtime() -> None:
     """Start what Numba-compiled code may call into: its C helpers and math symbols (registered with its
     code generator)."""
-    _use_cpu_features()  # before Numba's code generator exists: later compiles in this process use them
+    use_cpu_features()  # before Numba's code generator exists: later compiles in this process use them
     from numba.core.registry import cpu_target
 
     cpu_target.target_context.codegen()
@@ -461,40 +461,39 @@ def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
     Called when the CPU device opens, before any of its threads run a matmul. Returns whether it did."""
     if "OPENBLAS_THREAD_TIMEOUT" in os.environ or os.environ.get("TGRAD_OPENBLAS_IDLE") == "0":
         return False
-    lib = _openblas()
-    if lib is None:
-        return False
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(log2_cycles)
-    try:
-        lib.openblas_read_env()
-    finally:
-        del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # not passed on to child processes
-    if lib.openblas_thread_timeout() != log2_cycles:
-        return False
-    lib.blas_thread_shutdown_()
-    lib.blas_thread_init()
-    return True
+    done = False
+    for lib in _openblas():
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(log2_cycles)
+        try:
+            lib.openblas_read_env()
+        finally:
+            del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # not passed on to child processes
+        if lib.openblas_thread_timeout() == log2_cycles:
+            lib.blas_thread_shutdown_()
+            lib.blas_thread_init()
+            done = True
+    return done
 
 
-def _openblas() -> ctypes.CDLL | None:
-    """numpy's OpenBLAS, already loaded in this process (found in /proc/self/maps), if it exports what
-    openblas_idle_timeout calls."""
+def _openblas() -> list[ctypes.CDLL]:
+    """The OpenBLAS libraries loaded in this process (found in /proc/self/maps: numpy's, and SciPy's when
+    it is imported) that export what openblas_idle_timeout calls."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
     except OSError:
-        return None
+        return []
+    libs = []
     for path in sorted(paths):
         try:
             lib = ctypes.CDLL(path)
             for name in ("openblas_read_env", "openblas_thread_timeout", "blas_thread_shutdown_",
                          "blas_thread_init"):
                 getattr(lib, name).restype = ctypes.c_int
-            return lib
+            libs.append(lib)
         except (OSError, AttributeError):
             continue
-    return None
-
+    return libs
 
 
 def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:

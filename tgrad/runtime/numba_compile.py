@@ -39,7 +39,7 @@ def cpu_features() -> str:
     return host.flatten() + (",-prefer-256-bit" if wide else "")
 
 
-def _use_cpu_features() -> None:
+def use_cpu_features() -> None:
     """Numba's code generator makes its target machine once, from config.CPU_FEATURES: set it first (a
     process that compiled its own Numba functions earlier keeps the host's preference; only speed differs).
     Numba functions the process compiles later get the same features."""
@@ -99,7 +99,7 @@ def compile_native(source: str, fname: str, modname: str, storage: tuple[DType, 
     arguments), without the Python and C wrappers Numba adds for calls from Python (a third of the
     compile time). Returns what the disk cache keeps (function name, object code, the symbols it needs)
     and the loaded function: its Numba code library (which keeps the code alive) and address."""
-    _use_cpu_features()
+    use_cpu_features()
     import numba
     from numba.core import compiler
     from numba.core import types as nt

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 import sys
 import types
@@ -27,8 +28,6 @@ def cpu_features() -> str:
     (2 threads): softmax over 4096x1024 1.99 -> 1.57 ms, a sum over an axis of 256^3 1.60 -> 1.45 ms,
     (a*b+c).relu().sum() on 4M 1.35 -> 1.23 ms; the training steps unchanged (BLAS-bound).
     TGRAD_CPU_VECTOR_BITS=256 keeps LLVM's choice; NUMBA_CPU_FEATURES, when set, is used as it is."""
-    import os
-
     import llvmlite.binding as llvm
 
     if os.environ.get("NUMBA_CPU_FEATURES"):

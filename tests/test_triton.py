@@ -326,12 +326,12 @@ def _conv_and_grads() -> list[Tensor]:
 
 @pytest.mark.parametrize("small", [False, True])
 def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
-    """With TGRAD_TRITON_IMPLICIT_GEMM=1, convolutions and their weight gradients (strided, padded,
-    dilated, grouped) run as tl.dot kernels whose operand tiles gather the windows; against PyTorch, also
-    with small blocks (ragged M, N and K tiles). Without it they stay reductions. The input's gradient
-    (col2im) is a plain matmul: a dot either way."""
+    """By default convolutions and their weight gradients (strided, padded, dilated, grouped) run as tl.dot
+    kernels whose operand tiles gather the windows; against PyTorch, also with small blocks (ragged M, N
+    and K tiles). With TGRAD_TRITON_IMPLICIT_GEMM=0 they stay reductions. The input's gradient (col2im) is
+    a plain matmul: a dot either way."""
     torch = pytest.importorskip("torch")
-    monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")
+    monkeypatch.delenv("TGRAD_TRITON_IMPLICIT_GEMM", raising=False)
     if small:
         default = et.choose_blocks
 
@@ -356,16 +356,28 @@ def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
     col2im = [k for k in kernels(x.grad) if k.reduce_op]
     assert col2im and "tl.dot(" in et.render(col2im[-1], interpret=False).source
     with monkeypatch.context() as off:
-        off.delenv("TGRAD_TRITON_IMPLICIT_GEMM")
+        off.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "0")
         assert not any(et.find_dot(kernels(t)[-1]) for t in (y, w.grad))
         assert et.find_dot(col2im[-1])
     for t, ref in outs:
         np.testing.assert_allclose(t.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_gathering_dots_run_with_one_pipeline_stage():
+    """A dot whose operand tile gathers with masks (a padded conv) is launched with num_stages=1 and its
+    masked-out lanes load offset 0 (Triton's pipelining of such loads summed wrongly on an H200); an
+    unpadded conv and a plain matmul keep Triton's default stages."""
+    x, w = (T(RNG.standard_normal(s).astype(np.float32)) for s in ((2, 4, 7, 7), (6, 4, 3, 3)))
+    padded = et.render(kernels(x.conv2d(w, padding=(1, 2), dilation=2))[-1], interpret=False)
+    assert padded.launch["num_stages"] == 1 and "tl.load(in0 + tl.where(" in padded.source
+    for t in (x.conv2d(w), T(A57) @ T(A57.T)):
+        program = et.render(kernels(t)[-1], interpret=False)
+        assert "tl.dot(" in program.source and "num_stages" not in program.launch
+
+
 def test_kernels_compile_for_nvidia_and_amd_targets(monkeypatch):
     pytest.importorskip("triton")
-    monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")  # the convolutions below as tl.dot kernels
+    monkeypatch.delenv("TGRAD_TRITON_IMPLICIT_GEMM", raising=False)  # the convolutions below are dots
     half = T(A537.astype(np.float16))
     ints = T((A537 * 10).astype(np.int32))
     outs = [
@@ -417,7 +429,7 @@ def test_gpu_launch_skips_dispatch_only_for_a_seen_alignment(monkeypatch):
     on = [0]
     cuda = types.SimpleNamespace(current_device=lambda: on[0])
     gpu = types.SimpleNamespace(interpret=False, torch=types.SimpleNamespace(cuda=cuda))
-    launch = triton_rt.TritonRuntime._launcher(gpu, Jit(), (7,), 4)
+    launch = triton_rt.TritonRuntime._launcher(gpu, Jit(), (7,), {"num_warps": 4})
     aligned, odd = (Ptr(64), Ptr(128)), (Ptr(64), Ptr(132))
     launch(*aligned)
     launch(*aligned)
@@ -429,7 +441,7 @@ def test_gpu_launch_skips_dispatch_only_for_a_seen_alignment(monkeypatch):
     assert calls[0][1:] == ((7,), aligned, 4) and calls[1][1:] == ((7, 1, 1), aligned)
     monkeypatch.setenv("TGRAD_TRITON_DIRECT", "0")
     calls.clear()
-    launch = triton_rt.TritonRuntime._launcher(gpu, Jit(), (7, 2), 8)
+    launch = triton_rt.TritonRuntime._launcher(gpu, Jit(), (7, 2), {"num_warps": 8})
     launch(*aligned)
     launch(*aligned)
     assert [c[0] for c in calls] == ["dispatch", "dispatch"]

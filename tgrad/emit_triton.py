@@ -112,27 +112,31 @@ class Blocks:
         return max(1, -(-math.prod(kernel.global_shape) // self.block_g))
 
 
-def _axes(e: Expr) -> set[int]:
-    """The loop axes an expression (its loads' indices and masks included) depends on."""
-    out, seen, stack = set(), set(), [e]
+def _subexprs(*roots: Expr):
+    """Every distinct subexpression of the roots (loads' indices and masks included), each once."""
+    seen, stack = set(), list(roots)
     while stack:
         e = stack.pop()
         if e not in seen:
             seen.add(e)
-            if e.op == "IDX":
-                out.add(e.arg[0])
+            yield e
             stack.extend(e.srcs)
-    return out
+
+
+def _axes(e: Expr) -> set[int]:
+    """The loop axes an expression (its loads' indices and masks included) depends on."""
+    return {s.arg[0] for s in _subexprs(e) if s.op == "IDX"}
 
 
 DOT_DTYPES = (dtypes.float32, dtypes.float16)
 
 
 def implicit_gemm() -> bool:
-    """TGRAD_TRITON_IMPLICIT_GEMM=1: convolutions (and any SUM of a product whose operands split the axes)
-    as tl.dot kernels. Opt-in: right in the interpreter and in most GPU tests, but on an H200 (Triton
-    3.6) test_nn's conv2d(padding=(1, 2), dilation=2) with a bias came out wrong, cause not found."""
-    return os.environ.get("TGRAD_TRITON_IMPLICIT_GEMM") == "1"
+    """Convolutions (and any SUM of a product whose operands split the axes) as tl.dot kernels; on unless
+    TGRAD_TRITON_IMPLICIT_GEMM=0. An operand tile that gathers with masks (padding) is loaded with one
+    pipeline stage: with Triton's default three (and with two), an H200 (Triton 3.6) summed dilated or
+    strided convs with padding wrongly, while the interpreter was right (bench/README)."""
+    return os.environ.get("TGRAD_TRITON_IMPLICIT_GEMM", "1") != "0"
 
 
 def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ...]] | None:
@@ -148,7 +152,7 @@ def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ..
         return None
     x, y = e.srcs
     implicit = implicit_gemm()
-    plain = all(s.op == "LOAD" and s.srcs[1].op == "CONST" and s.srcs[1].arg is True for s in (x, y))
+    plain = all(s.op == "LOAD" and not _masked(s) for s in (x, y))
     if not implicit and (len(kernel.reduce_shape) != 1 or not plain):
         return None
     ax, ay = _axes(x), _axes(y)
@@ -203,18 +207,8 @@ INT32_MAX = 2**31 - 1
 
 
 def _index_exprs(kernel: Kernel) -> list[Expr]:
-    out, seen, stack = [kernel.out_index], set(), [kernel.expr]
-    if kernel.reduce_expr is not None:
-        stack.append(kernel.reduce_expr)
-    while stack:
-        e = stack.pop()
-        if e in seen:
-            continue
-        seen.add(e)
-        if e.op == "LOAD":
-            out.append(e.srcs[0])
-        stack.extend(e.srcs)
-    return out
+    roots = [kernel.expr] if kernel.reduce_expr is None else [kernel.expr, kernel.reduce_expr]
+    return [kernel.out_index, *(e.srcs[0] for e in _subexprs(*roots) if e.op == "LOAD")]
 
 
 def index_bits(kernel: Kernel) -> int:
@@ -667,11 +661,16 @@ class _DotRenderer(_Renderer):
                 return _fmt_value(e.arg, e.dtype) if e.dtype.is_int else self.ref(e)
             if e.op == "LOAD":
                 index, valid = e.srcs
-                masks = [kmask] if kmask else []
-                if not (valid.op == "CONST" and valid.arg is True):
+                masks, offset = [kmask] if kmask else [], go(index)
+                if _masked(e):
                     masks.append(go(valid))
-                mask = f", mask={' & '.join(f'({t})' for t in masks)}, other=0" if masks else ""
-                text = f"tl.load(in{e.arg} + {go(index)} + tl.zeros({shape}, tl.int32){mask})"
+                mask = " & ".join(f"({t})" for t in masks)
+                if _masked(e):  # a gather with padding: masked-out lanes read offset 0 (on the H200 this
+                    # alone fixed one of two convs that pipelining broke; with one stage (render) both are
+                    # right)
+                    offset = f"tl.where({mask}, {offset}, 0)"
+                mask = f", mask={mask}, other=0" if mask else ""
+                text = f"tl.load(in{e.arg} + {offset} + tl.zeros({shape}, tl.int32){mask})"
             else:
                 text = _op_text(e, [go(s) for s in e.srcs])
             name = memo[e] = f"{tag}{len(memo)}"
@@ -694,4 +693,21 @@ def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None 
                        launch={"num_warps": blocks.num_warps, "split": blocks.split})
     renderer = _DotRenderer if blocks.block_n else _Renderer
     source = HEADER + "\n\n" + renderer(kernel, blocks).render(kernel.name)
-    return Program(kernel.name, source, (blocks.grid(kernel),), launch={"num_warps": blocks.num_warps})
+    launch = {"num_warps": blocks.num_warps}
+    if blocks.block_n and _gathers(kernel.reduce_expr):
+        # an implicit GEMM whose operand tiles gather with masks (padding, the zeros of a stride): on an H200
+        # (Triton 3.6) Triton's software pipelining of those loads over the K loop gave wrong sums for
+        # dilated / strided convs with padding (with 2 and 3 stages; see implicit_gemm): one stage
+        launch["num_stages"] = 1
+    return Program(kernel.name, source, (blocks.grid(kernel),), launch=launch)
+
+
+def _masked(load: Expr) -> bool:
+    """Whether a LOAD has a validity mask (not the constant True)."""
+    valid = load.srcs[1]
+    return not (valid.op == "CONST" and valid.arg is True)
+
+
+def _gathers(e: Expr) -> bool:
+    """Whether a load under e has a validity mask (a masked gather)."""
+    return any(s.op == "LOAD" and _masked(s) for s in _subexprs(e))

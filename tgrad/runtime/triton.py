@@ -124,15 +124,16 @@ class TritonRuntime(Runtime):
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         fname, source = program.name, program.source
-        num_warps, split = program.launch["num_warps"], program.launch.get("split", 0)
+        split = program.launch.get("split", 0)
+        opts = {k: v for k, v in program.launch.items() if k in ("num_warps", "num_stages")}
         try:
             main = load_source(source, fname, self.interpret)
-            launcher = self._launcher(main, program.global_size, num_warps)
+            launcher = self._launcher(main, program.global_size, opts)
             # a split reduce (emit_triton): its first function fills the scratch array of partial results
             first = None
             if split:
                 part = load_source(source, fname + "_part", self.interpret)
-                first = self._launcher(part, (*program.global_size, split), num_warps)
+                first = self._launcher(part, (*program.global_size, split), opts)
         except Exception as e:
             raise KernelError(f"kernel {fname} failed to build: {e}\n{numbered(source)}") from e
         scratch = [self.torch.empty(n, dtype=getattr(self.torch, _TORCH_DTYPE[dt]), device=self.torch_device)
@@ -151,8 +152,9 @@ class TritonRuntime(Runtime):
 
         return Runner(program, run, self.name)
 
-    def _launcher(self, fn, grid: tuple[int, ...], num_warps: int):
-        """fn[grid] with num_warps. On a GPU, after the first launch for a pattern of pointer alignments, the
+    def _launcher(self, fn, grid: tuple[int, ...], opts: dict):
+        """fn[grid] with the launch options (num_warps, num_stages). On a GPU, after the first launch for a
+        pattern of pointer alignments, the
         compiled kernel is launched directly: Triton's per-call dispatch (binding the arguments, the
         specialization key, the globals check) is skipped. That is safe because every argument of a tgrad
         kernel is a tensor of fixed dtype, so 16-byte alignment is all a kernel is specialized on (and the
@@ -160,7 +162,7 @@ class TritonRuntime(Runtime):
         TGRAD_TRITON_DIRECT=0 keeps Triton's dispatch for every launch."""
         launch = fn[grid]
         if self.interpret or getenv("TGRAD_TRITON_DIRECT", "1") == "0":
-            return lambda *args: launch(*args, num_warps=num_warps)
+            return lambda *args: launch(*args, **opts)
         compiled: dict[tuple, object] = {}
         grid3 = (*grid, 1, 1)[:3]  # a compiled kernel's launcher takes all three grid sizes
         device = self.torch.cuda.current_device  # a compiled kernel is loaded on one device
@@ -169,7 +171,7 @@ class TritonRuntime(Runtime):
             key = (device(), *(a.data_ptr() % 16 == 0 for a in args))
             hit = compiled.get(key)
             if hit is None:
-                compiled[key] = launch(*args, num_warps=num_warps)[grid3]
+                compiled[key] = launch(*args, **opts)[grid3]
             else:
                 hit(*args)
 

@@ -127,7 +127,7 @@ def _run_job(job: tuple) -> tuple:
     return pickle.load(worker.stdout)
 
 
-def _compile_source(source: str, fname: str, signature: dict, target: str, num_warps: int) -> tuple:
+def _compile_source(source: str, fname: str, signature: dict, target: str, options: dict) -> tuple:
     """(in the helper process) ('ok', asm name, asm bytes, binary bytes, registers) or ('error', text)."""
     import triton
     from triton.compiler import ASTSource
@@ -135,7 +135,7 @@ def _compile_source(source: str, fname: str, signature: dict, target: str, num_w
     try:
         fn = load_source(source, fname, interpret=False)
         compiled = triton.compile(
-            ASTSource(fn, signature, {}), target=parse_target(target), options={"num_warps": num_warps}
+            ASTSource(fn, signature, {}), target=parse_target(target), options=options
         )
     except Exception as e:
         return ("error", f"{type(e).__name__}: {e}")
@@ -152,6 +152,7 @@ def compile_for_target(kernel: Kernel, target: str) -> TargetBinary:
     parse_target(target)
     program = emit_triton.render(kernel, interpret=False)
     source, num_warps = program.source, program.launch["num_warps"]
+    options = {k: v for k, v in program.launch.items() if k in ("num_warps", "num_stages")}
     key = (source, target)
     hit = _target_cache.get(key)
     if hit is not None:
@@ -163,7 +164,7 @@ def compile_for_target(kernel: Kernel, target: str) -> TargetBinary:
         signature["part"] = emit_triton.SIG_NAME[program.scratch[0][1]]
         names.insert(0, kernel.name + "_part")
     for name in names:  # the result kept is the kernel's own function's
-        result = _run_job((source, name, signature, target, num_warps))
+        result = _run_job((source, name, signature, target, options))
         if result[0] == "error":
             message = f"kernel {name} does not compile for {target}: {result[1]}"
             raise KernelError(f"{message}\n{numbered(source)}")

@@ -422,3 +422,43 @@ def test_openblas_threads_sleep_soon_after_a_matmul(user):
 
     assert out["before"] == (int(user) if user else 0)
     assert out["after"] == (int(user) if user else OPENBLAS_IDLE)
+
+
+@pytest.mark.parametrize("case", ["merge_heads", "split_heads", "reduce", "threaded", "pool"])
+def test_axes_divided_by_a_constant_become_two_loops(case, monkeypatch):
+    """An axis that indices divide by a constant (attention's heads merged into one axis of 64 as i // 16
+    and i % 16) is two loops in the CPU source (no division per element), for elementwise kernels, reduce
+    axes and a threaded outer axis; the values are numpy's. A small divisor splits an outer axis only
+    (max_pool's gradient reads rows as i // 2; its innermost axis keeps its loop of 8+)."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(5)
+    if case == "pool":
+        x = rng.standard_normal((2, 3, 8, 8)).astype(F32)
+        t = Tensor(x, device="CPU", requires_grad=True)
+        t.max_pool2d(2).sum().backward()
+        ref = torch.tensor(x, requires_grad=True)
+        torch.nn.functional.max_pool2d(ref, 2).sum().backward()
+        np.testing.assert_array_equal(t.grad.numpy(), ref.grad.numpy())
+        return
+    x = rng.standard_normal((8, 4, 32, 16)).astype(F32)  # (batch, heads, time, head size)
+    if case == "threaded":
+        monkeypatch.setattr(emit_numba, "PARALLEL_MIN_WORK", 1024)
+        x = rng.standard_normal((4, 64, 32, 16)).astype(F32)  # 64 heads: axis 0 is split (1024 = 64 x 16)
+    t = Tensor(x, device="CPU")
+    b, h, s, d = x.shape
+    if case in ("merge_heads", "threaded"):
+        out = t.permute(1, 3, 0, 2).reshape(h * d, b, s) * 2  # axis 0 of 64 (1024) read as i // 16, i % 16
+        ref = x.transpose(1, 3, 0, 2).reshape(h * d, b, s) * 2
+    elif case == "split_heads":
+        out = t.permute(0, 2, 1, 3).reshape(b, s, h * d) + 1
+        ref = x.transpose(0, 2, 1, 3).reshape(b, s, h * d) + 1
+    else:
+        out = t.permute(0, 2, 1, 3).reshape(b, s, h * d).sum(2)
+        ref = x.transpose(0, 2, 1, 3).reshape(b, s, h * d).astype(np.float64).sum(2)
+    (item,) = fuse.schedule([out.node])
+    program = emit_numba.render(item.kernel)
+    assert "_idiv(" not in program.source, program.source
+    if case == "threaded":
+        assert "range(lo, hi)" in program.source and program.launch["split"] == 64, program.source
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)

@@ -25,16 +25,15 @@ from pathlib import Path
 from tgrad.blas import BlasPlan, Operand, _affine, blas_plan  # noqa: F401 (re-exported)
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import (
-    IDX_DT,
     Expr,
     Kernel,
     StatementPlacer,
     const,
     from_terms,
-    is_true,
     linear_terms,
     reduce_identity,
 )
+from tgrad.loop_axes import flatten, merge_axes, split_axes
 from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
@@ -370,7 +369,7 @@ def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
     compacted = compact(kernel, reads)
     flat = flatten(compacted)
     if flat is None:
-        compacted = merge_axes(compacted)  # (scratch sizes below follow the merged axes)
+        compacted = split_axes(merge_axes(compacted))  # (scratch sizes below follow the new axes)
         k = compacted
         # an interchanged reduce over one global axis keeps that axis innermost: nothing to split
         parallel = parallel and not (k.reduce_expr is not None and k.n_global == 1 and want_interchange(k))
@@ -405,135 +404,6 @@ def compact(kernel: Kernel, used: tuple[int, ...] | None = None) -> Kernel:
     if used == tuple(range(len(k.in_dtypes))):
         return k
     return _relabel(k, {old: new for new, old in enumerate(used)}, tuple(k.in_dtypes[i] for i in used))
-
-
-def flatten(kernel: Kernel) -> Kernel | None:
-    """An elementwise kernel whose store and loads all walk its iteration space row-major (or read one
-    fixed element) as the same kernel over one axis. Such kernels differ only in their length (an Adam
-    update of each parameter, the same activation on each layer), so one compiled function serves all."""
-    k = kernel
-    if k.reduce_expr is not None or not k.shape:
-        return None
-    naxes, size = len(k.shape), math.prod(k.shape)
-    row_major = [0] * naxes
-    acc = 1
-    for axis in reversed(range(naxes)):
-        row_major[axis] = acc
-        acc *= k.shape[axis]
-    flat_idx = Expr("IDX", (), (0, size), IDX_DT)
-    memo: dict[Expr, Expr | None] = {}
-
-    def index(e: Expr) -> Expr | None:
-        aff = _affine(e, naxes)
-        if aff is None:
-            return None
-        if aff[0] == 0 and all(st == rm or n == 1 for st, rm, n in zip(aff[1], row_major, k.shape)):
-            return flat_idx
-        return const(aff[0], IDX_DT) if not any(aff[1]) else None
-
-    def walk(e: Expr) -> Expr | None:
-        if e in memo:
-            return memo[e]
-        if e.op == "IDX":
-            out = None  # an index used as a value (arange, masks...): keep the shape
-        elif e.op == "LOAD":
-            idx = index(e.srcs[0]) if is_true(e.srcs[1]) else None
-            out = None if idx is None else Expr("LOAD", (idx, e.srcs[1]), e.arg, e.dtype)
-        elif not e.srcs:
-            out = e
-        else:
-            srcs = [walk(s) for s in e.srcs]
-            out = None if any(s is None for s in srcs) else Expr(e.op, tuple(srcs), e.arg, e.dtype)
-        memo[e] = out
-        return out
-
-    expr = walk(k.expr)
-    if expr is None or index(k.out_index) is not flat_idx:
-        return None
-    return Kernel(
-        name=k.name, shape=(size,), n_global=1, reduce_op=None, reduce_expr=None, expr=expr,
-        out_index=flat_idx, out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
-    )
-
-
-def merge_axes(kernel: Kernel, rows: bool = False) -> Kernel:
-    """Neighbouring axes of one kind (both global or both reduce) that every load and the store index as
-    one (coefficient of the outer = that of the inner * the inner's size) and nothing else uses become one
-    axis: a reduce over (128, 20, 20) rows of an image is a loop of 400 inside a loop of 128, which
-    vectorizes, instead of 2560 loops of 20. rows: a reduce's global axes merge too (in a row group, its
-    rows are those of the elementwise kernel after it: LayerNorm's (16, 64) rows are 1024)."""
-    k = kernel
-    roots, nonlinear, seen = [], set(), set()
-
-    def visit(e: Expr) -> None:  # IDX found here (outside a load or store index's linear terms)
-        if e in seen:
-            return
-        seen.add(e)
-        if e.op == "IDX":
-            nonlinear.add(e.arg[0])
-        elif e.op == "LOAD":
-            roots.append(e.srcs[0])
-            for _, atom in linear_terms(e.srcs[0]):
-                if atom is not None and atom.op != "IDX":
-                    visit(atom)
-            visit(e.srcs[1])
-        for src in e.srcs if e.op != "LOAD" else ():
-            visit(src)
-
-    for e in (k.expr, k.reduce_expr):
-        if e is not None:
-            visit(e)
-    roots.append(k.out_index)
-    for _, atom in linear_terms(k.out_index):
-        if atom is not None and atom.op != "IDX":
-            visit(atom)
-    coefs = []
-    for root in roots:
-        c: dict[int, int] = {}
-        for coef, atom in linear_terms(root):
-            if atom is not None and atom.op == "IDX":
-                c[atom.arg[0]] = c.get(atom.arg[0], 0) + coef
-        coefs.append(c)
-    # a reduce kernel keeps its global axes (threads split the first; an interchanged reduce keeps the
-    # last innermost, the first outside it): only its reduce axes merge
-    ng = k.n_global if k.reduce_expr is not None and not rows else 0
-    merged: list[list[int]] = [[a] for a in range(ng)]  # runs of old axes that become one new axis
-    for a in range(ng, len(k.shape)):
-        run = merged[-1] if merged and (a - 1 >= k.n_global) == (a >= k.n_global) and a - 1 >= ng else None
-        if (run is not None and a not in nonlinear and run[-1] not in nonlinear
-                and all(c.get(run[-1], 0) == c.get(a, 0) * k.shape[a] for c in coefs)):
-            run.append(a)
-        else:
-            merged.append([a])
-    if len(merged) == len(k.shape):
-        return k
-    shape = tuple(math.prod(k.shape[a] for a in run) for run in merged)
-    new_of = {run[-1]: Expr("IDX", (), (i, shape[i]), IDX_DT) for i, run in enumerate(merged)}
-    memo: dict[Expr, Expr] = {}
-
-    def walk(e: Expr) -> Expr:
-        hit = memo.get(e)
-        if hit is None:
-            if e.op == "IDX":  # only the innermost axis of a run is used alone (others are merged)
-                hit = new_of[e.arg[0]]
-            elif e.op == "LOAD" or e is k.out_index:
-                index = e.srcs[0] if e.op == "LOAD" else e
-                terms = [(c, walk(t) if t is not None else None) for c, t in linear_terms(index)
-                         if t is None or t.op != "IDX" or t.arg[0] in new_of]
-                hit = from_terms(terms)
-                if e.op == "LOAD":
-                    hit = Expr("LOAD", (hit, walk(e.srcs[1])), e.arg, e.dtype)
-            else:
-                hit = Expr(e.op, tuple(walk(s) for s in e.srcs), e.arg, e.dtype) if e.srcs else e
-            memo[e] = hit
-        return hit
-
-    n_global = sum(1 for run in merged if run[0] < k.n_global)
-    return Kernel(
-        name=k.name, shape=shape, n_global=n_global, reduce_op=k.reduce_op,
-        reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
-        out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
-    )
 
 
 def want_parallel(kernel: Kernel) -> bool:

@@ -117,6 +117,22 @@ def test_softmax_and_logsumexp_of_an_empty_axis(device):
     same(lambda t: t.logsumexp(1), lambda t: t.logsumexp(1), x)
 
 
+def test_softmax_gradients_read_its_output_and_match_torch_to_second_order(device):
+    """softmax's gradient is PyTorch's p * (g - sum(g * p)) over the output p (a custom rule: the
+    backward reads the realized p instead of computing exp again), with masked (-inf) entries, a row of
+    ties, and its second derivative through the same rule."""
+    x = np.array([[0.5, -1.0, 2.0, -INF], [3.0, 3.0, -2.0, 0.1], [-INF, 1.0, -INF, -INF]], np.float32)
+    w = np.array([[1.0, -2.0, 0.5, 3.0], [0.25, 1.0, -1.0, 2.0], [1.5, -0.5, 2.0, 1.0]], np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    (gt,) = torch.autograd.grad((tx.softmax(1) * torch.tensor(w)).sum(), tx, create_graph=True)
+    gt.square().sum().backward()
+    X = Tensor(x, requires_grad=True)
+    (gx,) = (X.softmax(1) * Tensor(w)).sum().gradient(X)
+    np.testing.assert_allclose(gx.numpy(), gt.detach().numpy(), rtol=1e-5, atol=1e-6)
+    (ggx,) = gx.square().sum().gradient(X)
+    np.testing.assert_allclose(ggx.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_var_of_values_near_the_float_limit(device):
     same(lambda t: t.var(0), lambda t: t.var(0), np.array([[0.0, 3e38], [1.0, 3e38]], np.float32), grad=False)
 

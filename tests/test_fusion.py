@@ -136,6 +136,21 @@ def test_expensive_work_is_not_recomputed_under_a_big_expand(cpu):
     np.testing.assert_allclose(att.numpy(), (e / e.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_softmax_backward_reads_the_realized_output(cpu):
+    """Attention realizes softmax's output p for the BLAS matmul after it; its gradient p * (g - sum(g *
+    p)) reads that buffer: no backward kernel computes exp again."""
+    q, k, v = (Tensor.rand(64, n, requires_grad=True) for n in (32, 32, 64))  # the last matmul is BLAS's
+    att = (q @ k.T).softmax(-1) @ v
+    grads = att.sum().gradient(q, k)
+    forward, step = kernels(att), kernels(att, *grads)  # a training step schedules both at once
+    exps = [it.kernel.name for it in step if "EXP2" in repr(it.kernel)]
+    assert len(step) > len(forward) and len(exps) == sum("EXP2" in repr(it.kernel) for it in forward), exps
+    tq, tk, tv = (torch.tensor(t.numpy(), requires_grad=True) for t in (q, k, v))
+    ((tq @ tk.T).softmax(-1) @ tv).sum().backward()
+    np.testing.assert_allclose(grads[0].numpy(), tq.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(grads[1].numpy(), tk.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_cpu_reduce_over_leading_axis_interchanges_loops(cpu):
     from tgrad import emit_numba
 

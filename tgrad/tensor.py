@@ -1669,7 +1669,17 @@ class Tensor(metaclass=_NoGradMeta):
             return x  # nothing to normalize (PyTorch returns the empty tensor too)
         # the result does not depend on the shift, so no gradient flows through the max
         e = (x - x.max(axis, keepdim=True).detach()).exp()
-        return e * e.sum(axis, keepdim=True).reciprocal()  # the sum is >= 1: no overflowing reciprocal
+        p = e * e.sum(axis, keepdim=True).reciprocal()  # the sum is >= 1: no overflowing reciprocal
+        if Tensor.no_grad:
+            return p
+        out: list[Node] = []
+
+        def rule(grad: Node) -> tuple[Node]:  # PyTorch's p * (g - sum(g * p)), reading the output p (the
+            g, q = Tensor(grad), Tensor(out[0])  # node the forward realized), not exp again
+            return ((q * (g - (g * q).sum(axis, keepdim=True))).node,)
+
+        out.append(autodiff.custom_gradient(p.node, (x.node,), rule, "softmax"))
+        return x._from(out[0])
 
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis

@@ -1672,14 +1672,15 @@ class Tensor(metaclass=_NoGradMeta):
         p = e * e.sum(axis, keepdim=True).reciprocal()  # the sum is >= 1: no overflowing reciprocal
         if Tensor.no_grad:
             return p
-        out: list[Node] = []
+        out: list[weakref.ref] = []  # (weak: the rule lives in a table keyed weakly by that node)
 
         def rule(grad: Node) -> tuple[Node]:  # PyTorch's p * (g - sum(g * p)), reading the output p (the
-            g, q = Tensor(grad), Tensor(out[0])  # node the forward realized), not exp again
+            g, q = Tensor(grad), Tensor(out[0]())  # node the forward realized), not exp again
             return ((q * (g - (g * q).sum(axis, keepdim=True))).node,)
 
-        out.append(autodiff.custom_gradient(p.node, (x.node,), rule, "softmax"))
-        return x._from(out[0])
+        node = autodiff.custom_gradient(p.node, (x.node,), rule, "softmax")
+        out.append(weakref.ref(node))
+        return x._from(node)
 
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis

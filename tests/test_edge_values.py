@@ -133,6 +133,21 @@ def test_softmax_gradients_read_its_output_and_match_torch_to_second_order(devic
     np.testing.assert_allclose(ggx.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_gelu_tanh_gradients_match_torch_to_second_order(device):
+    """gelu(approximate='tanh')'s gradient is a custom closed form (s + x * s * (1 - s) * z'): PyTorch's
+    values and second derivatives, also where x**3 overflows, at the float limit, at +-inf and nan."""
+    x = np.array([-1e20, -30.0, -5.0, -1.3, -0.2, -1e-30, 0.0, -0.0, 1e-30, 0.3, 1.7, 4.0, 12.0, 1e13, 3e38,
+                  INF, -INF, NAN], np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    (gt,) = torch.autograd.grad(F.gelu(tx, approximate="tanh").sum(), tx, create_graph=True)
+    (ggt,) = torch.autograd.grad(gt.sum(), tx)
+    X = Tensor(x, requires_grad=True)
+    (gx,) = X.gelu(approximate="tanh").sum().gradient(X)
+    np.testing.assert_allclose(gx.numpy(), gt.detach().numpy(), rtol=1e-5, atol=1e-6, equal_nan=True)
+    (ggx,) = gx.sum().gradient(X)
+    np.testing.assert_allclose(ggx.numpy(), ggt.numpy(), rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
 def test_var_of_values_near_the_float_limit(device):
     same(lambda t: t.var(0), lambda t: t.var(0), np.array([[0.0, 3e38], [1.0, 3e38]], np.float32), grad=False)
 

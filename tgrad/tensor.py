@@ -1420,7 +1420,23 @@ class Tensor(metaclass=_NoGradMeta):
             raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
         if approximate == "tanh":  # 0.5 * x * (1 + tanh(u)) = x * sigmoid(2u): fewer ops and roundings
             inner = (2 * math.sqrt(2 / math.pi)) * (self + 0.044715 * self * self * self)
-            return self * inner._float().sigmoid()
+            out = self * inner._float().sigmoid()
+            if Tensor.no_grad:
+                return out
+            x_node = self.node
+
+            def rule(grad: Node) -> tuple[Node]:
+                # d/dx x * s(z) = s + x * s * (1 - s) * z'(x), s * (1 - s) = e / (1 + e)^2 with e = exp(-|z|):
+                # about 20 operations (the composed gradient of the line above had 50, and one division more)
+                x = Tensor(x_node)._float()
+                z = (2 * math.sqrt(2 / math.pi)) * (x + 0.044715 * x * x * x)
+                pos = z >= 0
+                e = (-pos.where(z, -z)).exp()
+                r = (1 + e).reciprocal()
+                slope = (2 * math.sqrt(2 / math.pi)) * (1 + 3 * 0.044715 * x * x)
+                return ((Tensor(grad) * (pos.where(r, e * r) + x * (e * r * r) * slope)).node,)
+
+            return self._from(autodiff.custom_gradient(out.node, (x_node,), rule, "gelu"))
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2)))._float()._erf_far())
 
     def quick_gelu(self) -> Tensor:

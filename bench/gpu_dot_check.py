@@ -70,7 +70,7 @@ def main() -> int:
             scale = max(float(out.data.abs().max()), 1e-6) if out.data.numel() else 1.0
             errs = []
             for s in stages:
-                opts = {k: v for k, v in program.launch.items() if k in ("num_warps", "num_stages")}
+                opts = et.launch_options(program)
                 if s is not None and gpu:
                     opts["num_stages"] = s
                 got = torch.empty_like(out.data)

@@ -702,6 +702,11 @@ def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None 
     return Program(kernel.name, source, (blocks.grid(kernel),), launch=launch)
 
 
+def launch_options(program: Program) -> dict:
+    """The keyword arguments Triton's launch (and compile) takes from a Program's launch facts."""
+    return {k: v for k, v in program.launch.items() if k in ("num_warps", "num_stages")}
+
+
 def _masked(load: Expr) -> bool:
     """Whether a LOAD has a validity mask (not the constant True)."""
     valid = load.srcs[1]

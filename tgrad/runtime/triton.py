@@ -125,7 +125,7 @@ class TritonRuntime(Runtime):
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         fname, source = program.name, program.source
         split = program.launch.get("split", 0)
-        opts = {k: v for k, v in program.launch.items() if k in ("num_warps", "num_stages")}
+        opts = emit_triton.launch_options(program)
         try:
             main = load_source(source, fname, self.interpret)
             launcher = self._launcher(main, program.global_size, opts)
@@ -154,11 +154,10 @@ class TritonRuntime(Runtime):
 
     def _launcher(self, fn, grid: tuple[int, ...], opts: dict):
         """fn[grid] with the launch options (num_warps, num_stages). On a GPU, after the first launch for a
-        pattern of pointer alignments, the
-        compiled kernel is launched directly: Triton's per-call dispatch (binding the arguments, the
-        specialization key, the globals check) is skipped. That is safe because every argument of a tgrad
-        kernel is a tensor of fixed dtype, so 16-byte alignment is all a kernel is specialized on (and the
-        device it was loaded on).
+        pattern of pointer alignments, the compiled kernel is launched directly: Triton's per-call dispatch
+        (binding the arguments, the specialization key, the globals check) is skipped. That is safe because
+        every argument of a tgrad kernel is a tensor of fixed dtype, so 16-byte alignment is all a kernel is
+        specialized on (and the device it was loaded on).
         TGRAD_TRITON_DIRECT=0 keeps Triton's dispatch for every launch."""
         launch = fn[grid]
         if self.interpret or getenv("TGRAD_TRITON_DIRECT", "1") == "0":

@@ -152,7 +152,7 @@ def compile_for_target(kernel: Kernel, target: str) -> TargetBinary:
     parse_target(target)
     program = emit_triton.render(kernel, interpret=False)
     source, num_warps = program.source, program.launch["num_warps"]
-    options = {k: v for k, v in program.launch.items() if k in ("num_warps", "num_stages")}
+    options = emit_triton.launch_options(program)
     key = (source, target)
     hit = _target_cache.get(key)
     if hit is not None:

@@ -33,7 +33,7 @@ from tgrad.fuse import (
     linear_terms,
     reduce_identity,
 )
-from tgrad.loop_axes import flatten, merge_axes, split_axes
+from tgrad.loop_axes import flatten, merge_axes, nodes, split_axes
 from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
@@ -531,22 +531,11 @@ def _relabel(kernel: Kernel, number, in_dtypes: tuple[DType, ...] | None = None)
 
 
 def _costly(e: Expr) -> bool:
-    return any(x.op in ("EXP2", "LOG2", "SIN", "SQRT", "RECIP") for x in _nodes(e))
+    return any(x.op in ("EXP2", "LOG2", "SIN", "SQRT", "RECIP") for x in nodes(e))
 
 
 def _occurs(part: Expr, whole: Expr) -> bool:
-    return part in _nodes(whole)
-
-
-def _nodes(e: Expr) -> set[Expr]:
-    """Every Expr under e (each once: kernel expressions share subtrees)."""
-    seen, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if x not in seen:
-            seen.add(x)
-            stack.extend(x.srcs)
-    return seen
+    return part in nodes(whole)
 
 
 def _replace(kernel: Kernel, part: Expr, by: Expr) -> Kernel:

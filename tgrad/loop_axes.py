@@ -7,6 +7,7 @@ Pure functions over the Kernel IR, like the emitters."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tgrad.blas import _affine
 from tgrad.fuse import (
@@ -146,12 +147,7 @@ def merge_axes(kernel: Kernel, rows: bool = False) -> Kernel:
             memo[e] = hit
         return hit
 
-    n_global = sum(1 for run in merged if run[0] < k.n_global)
-    return Kernel(
-        name=k.name, shape=shape, n_global=n_global, reduce_op=k.reduce_op,
-        reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
-        out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
-    )
+    return _reshaped(k, shape, sum(1 for run in merged if run[0] < k.n_global), walk)
 
 
 SPLIT_MIN = 8  # a split innermost axis keeps an inner loop of at least this many iterations (a vector)
@@ -165,7 +161,7 @@ def split_axes(kernel: Kernel) -> Kernel:
     `i2 % 16` per element: 208 -> 63 us."""
     k = kernel
     divisors: dict[int, set[int]] = {}
-    for e in _nodes(k):
+    for e in nodes(k.expr, k.out_index, k.reduce_expr):
         if e.op in ("IDIV", "MOD") and e.srcs[0].op == "IDX" and is_const(e.srcs[1]):
             divisors.setdefault(e.srcs[0].arg[0], set()).add(e.srcs[1].arg)
     splits = {}
@@ -211,19 +207,23 @@ def split_axes(kernel: Kernel) -> Kernel:
             memo[e] = hit
         return hit
 
-    n_global = k.n_global + sum(1 for axis in splits if axis < k.n_global)
-    return Kernel(
-        name=k.name, shape=tuple(shape), n_global=n_global, reduce_op=k.reduce_op,
-        reduce_expr=None if k.reduce_expr is None else walk(k.reduce_expr), expr=walk(k.expr),
-        out_index=walk(k.out_index), out_dtype=k.out_dtype, in_dtypes=k.in_dtypes,
-    )
+    return _reshaped(k, tuple(shape), k.n_global + sum(1 for axis in splits if axis < k.n_global), walk)
 
 
-def _nodes(k: Kernel) -> list[Expr]:
-    seen, stack = set(), [k.expr, k.out_index] + ([k.reduce_expr] if k.reduce_expr is not None else [])
+def _reshaped(k: Kernel, shape: tuple[int, ...], n_global: int, walk) -> Kernel:
+    """The kernel over new axes: its expressions and store index rewritten by `walk`."""
+    reduce_expr = None if k.reduce_expr is None else walk(k.reduce_expr)
+    return replace(k, shape=shape, n_global=n_global, reduce_expr=reduce_expr, expr=walk(k.expr),
+                   out_index=walk(k.out_index))
+
+
+def nodes(*roots: Expr | None) -> set[Expr]:
+    """Every Expr under the roots (each once: kernel expressions share subtrees); None roots are skipped."""
+    seen: set[Expr] = set()
+    stack = [e for e in roots if e is not None]
     while stack:
         e = stack.pop()
         if e not in seen:
             seen.add(e)
             stack.extend(e.srcs)
-    return list(seen)
+    return seen

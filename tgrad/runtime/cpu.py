@@ -3,8 +3,8 @@ ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul) with generated co
 
 Numba compiles each function once (tgrad/runtime/numba_compile.py: no Python wrappers), tgrad keeps its
 object code on disk (`TGRAD_CACHE/cpu`) and loads it with llvmlite alone, so a process with a warm cache
-never imports Numba. Threaded kernels run on tgrad's own threads (`_Threads`), one range of the outer
-loop each, not in Numba's threading layer.
+never imports Numba. Threaded kernels run on tgrad's own threads (`_Threads`: native workers from
+cpu_threads.py, else Python threads), ranges of the outer loop, not in Numba's threading layer.
 With a cold cache, compile worker processes (cpu_pool.py) build part of each schedule's new kernels.
 """
 
@@ -34,7 +34,7 @@ from tgrad.emit_numba import BlasPlan, Operand
 from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
-from tgrad.runtime import cpu_pool
+from tgrad.runtime import cpu_pool, cpu_threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
 from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, cpu_features, on_disk, use_cpu_features
 
@@ -44,6 +44,10 @@ from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, cpu_features
 _RET_OK = (0, -2)  # Numba's status codes for "returned" and "returned None"
 _RET, _EXC = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()  # Numba's return-value and exception slots
 _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run holding the GIL)
+
+
+CHUNKS_PER_THREAD = 4  # ranges per thread of a threaded kernel on the native workers: a thread that
+# starts late (asleep, or its core busy) finds some left, and one that is early takes more
 
 
 def threads() -> int:
@@ -59,9 +63,11 @@ def threads() -> int:
 
 
 class _Threads:
-    """The threads that run a threaded kernel (emit_numba's `split`): its outer loop cut into one range per
-    thread, each range a call of the native function (which releases the GIL), the caller running the
-    first. Numba's own parallel loops cost 0.5 s of compile time per kernel (0.1 s serial), started a
+    """The threads that run a threaded kernel (emit_numba's `split`): its outer loop cut into ranges, each
+    a call of the native function. On Linux x86-64 the ranges go to cpu_threads' native workers (a
+    hand-off of ~2 us); elsewhere, with TGRAD_NATIVE_THREADS=0, or while another Python thread holds
+    those, to Python threads here (one range each, the caller running the first; ~40-60 us a hand-off).
+    Numba's own parallel loops cost 0.5 s of compile time per kernel (0.1 s serial), started a
     threading layer (whose OpenMP threads spin and starved OpenBLAS, and which slowed PyTorch's CPU
     attention 70x when started before torch was imported)."""
 
@@ -80,9 +86,18 @@ class _Threads:
         if status not in _RET_OK:
             raise RuntimeError(f"the compiled function returned error status {status}")
 
-    def run(self, native, args: tuple, n: int, combine: bool) -> None:
+    def run(self, native, address: int, args: tuple, n: int, combine: bool) -> None:
+        """Run the native function (at `address`) on range(n), then its combine call (lo == hi == n)."""
         count = min(threads(), n)
-        if count > 1:
+        pool = cpu_threads.pool(count - 1) if count > 1 and len(args) <= cpu_threads.MAX_ARGS else None
+        if pool is not None and pool.lock.acquire(blocking=False):
+            try:
+                status = pool.run(address, args, n, min(n, CHUNKS_PER_THREAD * count, cpu_threads.MAX_CHUNKS))
+            finally:
+                pool.lock.release()
+            if status not in _RET_OK:
+                raise RuntimeError(f"the compiled function returned error status {status}")
+        elif count > 1:
             if self.executor is None or self.workers < count - 1 or self.pid != os.getpid():
                 if self.executor is not None and self.pid == os.getpid():
                     self.executor.shutdown(wait=False)  # more threads wanted: a bigger pool
@@ -387,6 +402,7 @@ class CPURuntime(Runtime):
         if hit is None:
             hit = self.functions[nat.key] = self._load(nat, kernel_name)
         native, used, extra = hit[0], program.reads, program.args
+        address_of_native = ctypes.cast(native, ctypes.c_void_p).value
         split, combine = program.launch.get("split", 0), program.launch.get("combine", False)
         scratch = tuple((size, dt.np) for size, dt in program.scratch)
         address, pool = _address, []  # scratch arrays between launches (pop/append are atomic)
@@ -398,7 +414,7 @@ class CPURuntime(Runtime):
             tmp = (pool.pop() if pool else [np.empty(size, dt) for size, dt in scratch]) if scratch else ()
             args = (*ptrs, *map(address, tmp), *extra)
             if split:
-                _THREADS.run(native, args, split, combine)
+                _THREADS.run(native, address_of_native, args, split, combine)
             else:
                 status = native(_SLOTS[0], _SLOTS[1], *args)
                 if status not in _RET_OK:

@@ -83,20 +83,25 @@ def test_scaled_dot_product_attention(device, mask):
                        lambda q, k, v, a: q.scaled_dot_product_attention(k, v, a))
 
 
-@pytest.mark.parametrize("op", ["causal", "tril", "triu"])
+@pytest.mark.parametrize("op", ["causal", "tril", "triu", "max_pool_grad"])
 def test_masks_compare_int32_positions(op):
-    """Causal attention and tril/triu compare positions they make themselves as int32 where they fit: a
-    CPU kernel then compares 16 per 512-bit vector, as many as the float32 values it selects (int64 made
-    a causal softmax's exp pass 2.7x slower). Diagonals beyond int32 still give PyTorch's triangles."""
+    """Causal attention, tril/triu and max_pool2d's gradient (which element of a window is its first
+    maximum) compare positions they make themselves as int32 where they fit: a CPU kernel then compares
+    16 per 512-bit vector, as many as the float32 values it selects (int64 made a causal softmax's exp
+    pass 2.7x slower). Diagonals beyond int32 still give PyTorch's triangles."""
     from tgrad.dtype import dtypes
     from tgrad.fuse import schedule
 
-    x = np.random.default_rng(0).standard_normal((2, 3, 6, 7)).astype(np.float32)
-    q = Tensor(x)
-    out = {"causal": lambda: q.scaled_dot_product_attention(q, q, is_causal=True),
-           "tril": lambda: q.tril(-2), "triu": lambda: q.triu(1)}[op]()
+    x = np.random.default_rng(0).standard_normal((2, 3, 6, 8)).astype(np.float32)
+    q = Tensor(x, requires_grad=op == "max_pool_grad")
+    if op == "max_pool_grad":
+        q.max_pool2d(2).sum().backward()
+        out = q.grad
+    else:
+        out = {"causal": lambda: q.scaled_dot_product_attention(q, q, is_causal=True),
+               "tril": lambda: q.tril(-2), "triu": lambda: q.triu(1)}[op]()
     assert dtypes.int64 not in {n.dtype for item in schedule([out.node]) for n in item.inputs}
-    if op != "causal":
+    if op in ("tril", "triu"):
         t = torch.from_numpy(x)
         for d in (-(10**10), -3, 0, 4, 10**10):
             np.testing.assert_array_equal(getattr(q, op)(d).numpy(), getattr(t, op)(d).numpy())

@@ -2808,7 +2808,7 @@ class Tensor(metaclass=_NoGradMeta):
 
         def pick(win: Tensor, out: Tensor) -> Tensor:  # bool mask of each window's picked element
             n = math.prod(k)
-            pos = Tensor.arange(n, device=self.device, dtype=dtypes.default_int).reshape(k)
+            pos = Tensor.arange(n, device=self.device, dtype=_position_dtype(n)).reshape(k)
             top = out.reshape(out.shape + (1,) * len(k))
             hit = win == top
             if padded:

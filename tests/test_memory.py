@@ -113,6 +113,7 @@ def test_batchnorm_steps_without_its_statistics_in_the_optimizer_keep_memory_fla
 CUSTOM_GRADIENT_OPS = {  # ops whose gradient is a custom rule (autodiff.custom_gradient; a weak table)
     "softmax": lambda x: x.softmax(1),  # its rule reads its own output
     "gelu_tanh": lambda x: x.gelu(approximate="tanh"),
+    "layernorm": lambda x: x.layernorm(),  # its rule reads its own output too
     "acosh": lambda x: (x.abs() + 1).acosh(),
     "atanh": lambda x: (x * 0.5).atanh(),
     "pow": lambda x: x.abs() ** 2.5,

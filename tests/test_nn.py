@@ -65,6 +65,25 @@ def test_layernorm(device):
                    lambda x: x.layernorm((-2, -1), eps=1e-3))
 
 
+@pytest.mark.parametrize("axis", [-1, (-2, -1)])
+def test_layernorm_second_derivative(axis):
+    """layernorm's gradient is a closed form, r * (g - mean(g) - y * mean(g * y)) over its output y; its
+    own gradient (a second derivative) is PyTorch's too, including at constant rows (variance 0)."""
+    x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)
+    x[1, 2] = 4.0  # a constant row: y = 0, r = 1 / sqrt(eps)
+    w = np.random.default_rng(1).standard_normal((3, 5, 8)).astype(np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    shape = tx.shape[-1:] if axis == -1 else tx.shape[-2:]
+    loss = (F.layer_norm(tx, shape, eps=1e-5) * torch.tensor(w)).sum()
+    (gx,) = torch.autograd.grad(loss, tx, create_graph=True)
+    (gg,) = torch.autograd.grad((gx**2).sum(), tx)
+    t = Tensor(x, requires_grad=True)
+    (g1,) = (t.layernorm(axis, eps=1e-5) * Tensor(w)).sum().gradient(t)
+    (g2,) = (g1**2).sum().gradient(t)
+    np.testing.assert_allclose(g1.numpy(), gx.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g2.numpy(), gg.numpy(), rtol=1e-3, atol=1e-1)
+
+
 @pytest.mark.parametrize("mask", [None, "causal", "bool", "float"])
 def test_scaled_dot_product_attention(device, mask):
     shapes = [(2, 3, 5, 8), (2, 3, 5, 8), (2, 3, 5, 6)]

@@ -2924,8 +2924,21 @@ class Tensor(metaclass=_NoGradMeta):
 
     def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
         """Normalise to mean 0, variance 1 over `axis` (no affine part; nn.LayerNorm adds it)."""
-        y = self - self.mean(axis, keepdim=True)
-        return y * (y * y).mean(axis, keepdim=True).add(eps).rsqrt()
+        d = self - self.mean(axis, keepdim=True)
+        r = (d * d).mean(axis, keepdim=True).add(eps).rsqrt()
+        y = d * r
+        if Tensor.no_grad or not self.dtype.is_float:
+            return y
+        out: list[weakref.ref] = []  # (weak, as softmax's: the rule lives in a table keyed by that node)
+        r_node = r.node
+
+        def rule(grad: Node) -> tuple[Node]:  # PyTorch's r * (g - mean(g) - y * mean(g * y)), reading y
+            g, yy, rr = Tensor(grad), Tensor(out[0]()), Tensor(r_node)
+            return ((rr * (g - g.mean(axis, keepdim=True) - yy * (g * yy).mean(axis, keepdim=True))).node,)
+
+        node = autodiff.custom_gradient(y.node, (self.node,), rule, "layernorm")
+        out.append(weakref.ref(node))
+        return self._from(node)
 
     def dropout(self, p: float = 0.5) -> Tensor:
         """Zero each element with probability p and scale the rest by 1/(1-p), only when Tensor.training."""

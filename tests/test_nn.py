@@ -102,24 +102,34 @@ def test_scaled_dot_product_attention(device, mask):
                        lambda q, k, v, a: q.scaled_dot_product_attention(k, v, a))
 
 
-@pytest.mark.parametrize("op", ["causal", "tril", "triu", "max_pool_grad"])
+@pytest.mark.parametrize("op", ["causal", "tril", "triu", "max_pool_grad", "cross_entropy"])
 def test_masks_compare_int32_positions(op):
-    """Causal attention, tril/triu and max_pool2d's gradient (which element of a window is its first
-    maximum) compare positions they make themselves as int32 where they fit: a CPU kernel then compares
-    16 per 512-bit vector, as many as the float32 values it selects (int64 made a causal softmax's exp
-    pass 2.7x slower). Diagonals beyond int32 still give PyTorch's triangles."""
+    """Causal attention, tril/triu, max_pool2d's gradient (which element of a window is its first
+    maximum) and cross_entropy's classes compare positions they make as int32 where they fit: a CPU
+    kernel then compares 16 per 512-bit vector, as many as the float32 values it selects (int64 made a
+    causal softmax's exp pass 2.7x slower). Diagonals beyond int32 still give PyTorch's triangles."""
     from tgrad.dtype import dtypes
     from tgrad.fuse import schedule
 
     x = np.random.default_rng(0).standard_normal((2, 3, 6, 8)).astype(np.float32)
     q = Tensor(x, requires_grad=op == "max_pool_grad")
+    allowed = set()
     if op == "max_pool_grad":
         q.max_pool2d(2).sum().backward()
         out = q.grad
+    elif op == "cross_entropy":  # int64 labels (checked in range) are compared with int32 classes
+        labels = np.array([[0, 7, 3], [5, 5, -100]], np.int64).reshape(2, 3, 1).repeat(6, 2)
+        target = Tensor(labels).realize()
+        allowed = {target.node}  # the labels themselves: read once per row, cast there
+        out = q.reshape(2, 8, 3, 6).cross_entropy(target, ignore_index=-100)
+        want = F.cross_entropy(torch.from_numpy(x).reshape(2, 8, 3, 6), torch.from_numpy(labels))
+        np.testing.assert_allclose(q.reshape(2, 8, 3, 6).cross_entropy(target).numpy(), want.numpy(),
+                                   rtol=1e-5)
     else:
         out = {"causal": lambda: q.scaled_dot_product_attention(q, q, is_causal=True),
                "tril": lambda: q.tril(-2), "triu": lambda: q.triu(1)}[op]()
-    assert dtypes.int64 not in {n.dtype for item in schedule([out.node]) for n in item.inputs}
+    buffers = {n for item in schedule([out.node]) for n in item.inputs if n.op.name == "BUFFER"}
+    assert {n for n in buffers if n.dtype == dtypes.int64} <= allowed
     if op in ("tril", "triu"):
         t = torch.from_numpy(x)
         for d in (-(10**10), -3, 0, 4, 10**10):

@@ -3006,9 +3006,9 @@ class Tensor(metaclass=_NoGradMeta):
             ignore = ignore_index if t.dtype.min <= ignore_index <= t.dtype.max else None  # none can be it
             Tensor._check_index(t, 0, c, "cross_entropy (target)", ignore=ignore)
             _check_smoothing(label_smoothing)
-            cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
+            tc, cls = _class_positions(t, c, ignore, x.ndim)
             # picked with where(), not multiplied by a one-hot: another class's -inf logit is no 0 * -inf
-            loss = -(t.unsqueeze(1) == cls).where(logp, 0).sum(1)
+            loss = -(tc.unsqueeze(1) == cls).where(logp, 0).sum(1)
             if label_smoothing:
                 loss = loss * (1 - label_smoothing) - logp.sum(1) * (label_smoothing / c)
             if ignore is not None:
@@ -3079,8 +3079,8 @@ class Tensor(metaclass=_NoGradMeta):
             raise ShapeError(f"nll_loss: weight must have one value per class ({c},), got {weight.shape}")
         ignore = ignore_index if t.dtype.min <= ignore_index <= t.dtype.max else None  # none can be it
         Tensor._check_index(t, 0, c, "nll_loss (target)", ignore=ignore)
-        cls = Tensor.arange(c, device=self.device, dtype=t.dtype).reshape((1, c) + (1,) * (x.ndim - 2))
-        onehot = t.unsqueeze(1) == cls
+        tc, cls = _class_positions(t, c, ignore, x.ndim)
+        onehot = tc.unsqueeze(1) == cls
         w = (t != ignore).cast(x.dtype) if ignore is not None else t.ones_like(dtype=x.dtype)
         if weight is not None:
             w = w * onehot.where(weight.reshape((1, c) + (1,) * (x.ndim - 2)), 0).sum(1)
@@ -3350,6 +3350,14 @@ def _position_dtype(*extents: int) -> DType:
     int32 where every value fits. A CPU kernel then compares 16 of them per 512-bit vector, as many as the
     float32 values they select; with int64 (8 per vector) a causal softmax's exp pass ran 2.7x slower."""
     return dtypes.int32 if max(abs(e) for e in extents) < 2**31 - 1 else dtypes.int64
+
+
+def _class_positions(t: Tensor, c: int, ignore: int | None, ndim: int) -> tuple[Tensor, Tensor]:
+    """Class labels (checked: in [0, c) or `ignore`) and the classes (1, c, 1...) they are compared with,
+    both int32 where every value fits (as `_position_dtype`'s masks), else in the labels' dtype."""
+    dt = _position_dtype(c, 0 if ignore is None else ignore) if t.dtype.is_int else t.dtype
+    cls = Tensor.arange(c, device=t.device, dtype=dt).reshape((1, c) + (1,) * (ndim - 2))
+    return (t if t.dtype == dt else t.cast(dt)), cls
 
 
 def _check_reduction(reduction: str) -> None:

@@ -100,3 +100,33 @@ def test_dtype_equality_is_by_name():
     same = DType("float32", 4, "f", dtypes.float32.rank)
     assert same == dtypes.float32 and hash(same) == hash(dtypes.float32)
     assert dtypes.float32 != dtypes.float16 and dtypes.float32 != "float32"
+
+
+def test_row_groups_of_a_cached_schedule_are_found_once(monkeypatch):
+    """The driver keeps a cached schedule's row groups with it (they depend on its structure alone): the
+    same structure again gets the groups that finding them again gives (runner, nodes, first item),
+    without finding them; an assign's target among a group's nodes included."""
+    from tgrad import realize
+
+    found = []
+    find = realize._row_groups
+    monkeypatch.setattr(realize, "_row_groups", lambda items: found.append(1) or find(items))
+    rng = np.random.default_rng(3)
+
+    def graph():  # the same structure each time: new buffers
+        p = Tensor(rng.standard_normal((64, 32)).astype(np.float32), device="CPU").realize()
+        x = Tensor(rng.standard_normal((64, 32)).astype(np.float32), device="CPU")
+        return [p.assign(p * 0.9 + x.softmax(1) * 0.1).node]
+
+    first = schedule_cache.schedule(graph())
+    assert realize._row_groups_of(first)
+    again = schedule_cache.schedule(graph())
+    calls = len(found)
+    kept = realize._row_groups_of(again)
+    assert len(found) == calls, "the groups were found again"
+    fresh = find(again)
+    assert kept.keys() == fresh.keys()
+    for last, (runner, nodes, start) in fresh.items():
+        assert kept[last][0] is runner and kept[last][2] == start
+        assert len(kept[last][1]) == len(nodes) and all(a is b for a, b in zip(kept[last][1], nodes))
+    assert any(any(n is again[last].target for n in nodes) for last, (_, nodes, _) in kept.items())

@@ -199,6 +199,34 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
     return out
 
 
+def _row_groups_of(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[Node], int]]:
+    """_row_groups(items); for a schedule from schedule_cache, found once per cached schedule: they depend
+    on its structure alone, and finding them again took ~170 us of each eager MLP step. Kept as each
+    group's nodes' places in the items: (item, -1) its output, (item, -2) its target, (item, j) input j."""
+    memo = getattr(items, "memo", None)
+    kept = None if memo is None else memo.get("row_groups")
+    if kept is None:
+        groups = _row_groups(items)
+        if memo is not None:
+            memo["row_groups"] = {last: (runner, _places(items, first, last, nodes), first)
+                                  for last, (runner, nodes, first) in groups.items()}
+        return groups
+    return {last: (runner, [items[i].out if j == -1 else items[i].target if j == -2 else items[i].inputs[j]
+                            for i, j in places], first) for last, (runner, places, first) in kept.items()}
+
+
+def _places(items: list[fuse.ScheduleItem], first: int, last: int, nodes: list[Node]) -> list[tuple]:
+    where: dict[int, tuple[int, int]] = {}
+    for i in range(first, last + 1):
+        it = items[i]
+        where.setdefault(id(it.out), (i, -1))
+        if it.target is not None:
+            where.setdefault(id(it.target), (i, -2))
+        for j, n in enumerate(it.inputs):
+            where.setdefault(id(n), (i, j))
+    return [where[id(n)] for n in nodes]
+
+
 def _group(items: list[fuse.ScheduleItem], start: int, last: int, rt: Runtime) -> tuple | None:
     """items[start..last] as one row group: its runner and the nodes it takes (see _row_groups), or None."""
     nodes: list[Node] = []
@@ -291,7 +319,7 @@ def _position(nodes: list[Node], node: Node) -> int:
 def run_schedule(items: list[fuse.ScheduleItem]) -> None:
     """Run scheduled kernels in order; each item's output node gets its buffer."""
     t_all = time.perf_counter()
-    groups = _row_groups(items)
+    groups = _row_groups_of(items)
     later = {i for last, (_, _, first) in groups.items() for i in range(first, last)}  # run by the group
     new: dict[Runtime, list] = {}  # kernels to compile, by device (the CPU compiles them in parallel)
     runs: dict[Runtime, list[Runner]] = {}  # row groups, by device (their functions compile with them)

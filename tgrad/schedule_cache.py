@@ -25,7 +25,14 @@ class Stats:
     misses = 0
 
 
-_cache: OrderedDict[tuple, list[tuple]] = OrderedDict()
+_cache: OrderedDict[tuple, tuple[list[tuple], dict]] = OrderedDict()
+
+
+class Cached(list):
+    """A schedule from this cache: its items, and `memo`, a dict kept with the cached schedule for what
+    the driver derives from the items' structure alone (realize.py keeps its row groups there)."""
+
+    memo: dict
 
 
 def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[int, int]]:
@@ -65,19 +72,23 @@ def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[int, int]]:
 def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
     """fuse.schedule(outputs), from the cache when a graph of the same structure was scheduled before."""
     key, nodes, index = _walk(outputs)
-    template = _cache.get(key)
-    if template is not None:
+    hit = _cache.get(key)
+    if hit is not None:
         _cache.move_to_end(key)
         Stats.hits += 1
-        return [fuse.ScheduleItem(k, nodes[out], [nodes[i] for i in ins], None if tgt is None else nodes[tgt])
-                for k, out, ins, tgt in template]
-    Stats.misses += 1
-    items = fuse.schedule(outputs)
-    try:
-        _cache[key] = [(it.kernel, index[id(it.out)], [index[id(n)] for n in it.inputs],
-                        None if it.target is None else index[id(it.target)]) for it in items]
-    except KeyError:  # a node the walk did not see (not expected): schedule such graphs every time
+        template, memo = hit
+        items = Cached(fuse.ScheduleItem(k, nodes[out], [nodes[i] for i in ins], None if tgt is None
+                                         else nodes[tgt]) for k, out, ins, tgt in template)
+        items.memo = memo
         return items
+    Stats.misses += 1
+    items = Cached(fuse.schedule(outputs))
+    items.memo = {}
+    try:
+        _cache[key] = ([(it.kernel, index[id(it.out)], [index[id(n)] for n in it.inputs],
+                         None if it.target is None else index[id(it.target)]) for it in items], items.memo)
+    except KeyError:  # a node the walk did not see (not expected): schedule such graphs every time
+        return list(items)
     if len(_cache) > MAX_ENTRIES:
         _cache.popitem(last=False)
     return items

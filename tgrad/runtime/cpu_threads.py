@@ -49,6 +49,12 @@ def _ir() -> str:
     and the caller pops them), and one call site compiles in a few ms where a switch over the arity took
     35-130 ms."""
     w = lambda i: f"getelementptr inbounds i64, ptr %ctx, i64 {i}"  # noqa: E731  (address of word i)
+
+    def spin(again: str, then: str) -> str:  # back to `again` (pausing) until %spin cycles from %t0 passed
+        return (f"check:\n  %t = call i64 @llvm.readcyclecounter()\n  %dt = sub i64 %t, %t0\n"
+                f"  %more = icmp ult i64 %dt, %spin\n  br i1 %more, label %pause, label %{then}\n"
+                f"pause:\n  call void @llvm.x86.sse2.pause()\n  br label %{again}\n")
+
     width = MAX_ARGS + 2
     loads = "".join(f"  %q{i} = getelementptr inbounds i64, ptr %buf, i64 {i}\n"
                     f"  %v{i} = load i64, ptr %q{i}\n" for i in range(width))
@@ -150,15 +156,7 @@ spinning:
   %g = load atomic i32, ptr %gen acquire, align 8
   %new = icmp ne i32 %g, %seen
   br i1 %new, label %run, label %check
-check:
-  %t = call i64 @llvm.readcyclecounter()
-  %dt = sub i64 %t, %t0
-  %more = icmp ult i64 %dt, %spin
-  br i1 %more, label %pause, label %sleep
-pause:
-  call void @llvm.x86.sse2.pause()
-  br label %spinning
-sleep:
+{spin("spinning", "sleep")}sleep:
   %s0 = atomicrmw add ptr %sleepers, i32 1 seq_cst, align 8
   %g2 = load atomic i32, ptr %gen seq_cst, align 8
   %same = icmp eq i32 %g2, %seen
@@ -223,15 +221,7 @@ waiting:
   %d = load atomic i64, ptr %pdone acquire, align 8
   %finished = icmp eq i64 %d, %count
   br i1 %finished, label %out, label %check
-check:
-  %t = call i64 @llvm.readcyclecounter()
-  %dt = sub i64 %t, %t0
-  %more = icmp ult i64 %dt, %spin
-  br i1 %more, label %pause, label %give
-pause:
-  call void @llvm.x86.sse2.pause()
-  br label %waiting
-give:
+{spin("waiting", "give")}give:
   %yr = call i32 %yield()
   br label %waiting
 out:

@@ -462,3 +462,24 @@ def test_axes_divided_by_a_constant_become_two_loops(case, monkeypatch):
     if case == "threaded":
         assert "range(lo, hi)" in program.source and program.launch["split"] == 64, program.source
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pieces", [(16, 16, 32), (32, 16, 16), (16, 48), (8, 24)])
+def test_a_concatenation_along_a_split_axis_tests_the_outer_loop(pieces):
+    """Pieces concatenated along an axis that is split in two loops (heads merged back, as attention's q,
+    k, v gradients into one operand): where a piece's bounds are multiples of the inner loop, its test is
+    on the outer loop counter alone (`i2 < 2`, not `i2 * 16 + i3 < 32`); elsewhere the full index. Values
+    are numpy's either way."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((4, 8, w // 8, 8)).astype(F32) for w in pieces]  # (b, t, heads, head size)
+    ts = [Tensor(x, device="CPU").permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for x in xs]
+    out = Tensor.cat(*[t.reshape(4, 8, -1) for t in ts], dim=-1) * 2
+    ref = np.concatenate([x.reshape(4, 8, -1) for x in xs], -1) * 2
+    items = fuse.schedule([out.node])
+    source = emit_numba.render(items[-1].kernel).source
+    bounds = np.cumsum(pieces)[:-1]
+    if all(b % 8 == 0 for b in bounds) and "_idiv(" not in source:
+        assert not any(f"< {b})" in source or f"({b - 1} <" in source for b in bounds), source
+    np.testing.assert_array_equal(out.numpy(), ref)

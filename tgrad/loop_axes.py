@@ -18,6 +18,8 @@ from tgrad.fuse import (
     from_terms,
     iadd,
     idiv,
+    igreater_eq,
+    iless,
     imod,
     imul,
     is_const,
@@ -173,17 +175,27 @@ def split_axes(kernel: Kernel) -> Kernel:
             splits[axis] = c
     if not splits:
         return k
-    shape, new_idx = [], {}
+    shape, new_idx, outers = [], {}, {}
     for axis, size in enumerate(k.shape):
         c = splits.get(axis)
         if c is None:
             new_idx[axis] = Expr("IDX", (), (len(shape), size), IDX_DT)
             shape.append(size)
         else:
-            outer = Expr("IDX", (), (len(shape), size // c), IDX_DT)
+            outer = outers[axis] = Expr("IDX", (), (len(shape), size // c), IDX_DT)
             inner = Expr("IDX", (), (len(shape) + 1, c), IDX_DT)
             new_idx[axis] = iadd(imul(outer, c), inner)
             shape += [size // c, c]
+
+    def split_compare(a: Expr, b: Expr) -> Expr | None:
+        """a < b of a split axis i = c * q + r (0 <= r < c) and a multiple of c as a compare of q alone:
+        i < m * c is q < m, m * c - 1 < i is q >= m. The pieces of a concatenation along the axis (the
+        heads of q, k and v read back into one operand) then test the outer loop counter only."""
+        if a.op == "IDX" and a.arg[0] in splits and is_const(b) and b.arg % splits[a.arg[0]] == 0:
+            return iless(outers[a.arg[0]], b.arg // splits[a.arg[0]])
+        if b.op == "IDX" and b.arg[0] in splits and is_const(a) and (a.arg + 1) % splits[b.arg[0]] == 0:
+            return igreater_eq(outers[b.arg[0]], (a.arg + 1) // splits[b.arg[0]])
+        return None
     memo: dict[Expr, Expr] = {}
 
     def walk(e: Expr) -> Expr:
@@ -191,6 +203,8 @@ def split_axes(kernel: Kernel) -> Kernel:
         if hit is None:
             if e.op == "IDX":
                 hit = new_idx[e.arg[0]]
+            elif e.op == "CMPLT" and (hit := split_compare(*e.srcs)) is not None:
+                pass
             elif not e.srcs:
                 hit = e
             else:

@@ -225,14 +225,17 @@ NON_DIFFERENTIABLE: frozenset[Op] = frozenset(
 CUSTOM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def custom_gradient(value: Node, inputs: tuple[Node, ...], rule: Callable[[Node], tuple[Node | None, ...]],
-                    name: str) -> Node:
+def custom_gradient(value: Node, inputs: tuple[Node, ...], rule: Callable[..., tuple[Node | None, ...]],
+                    name: str, reads_output: bool = False) -> Node:
     """The value of `value`, with its gradient given by rule(g) for `inputs` (instead of the gradient of
     the graph that computed `value`). The result is a DETACH node named `name`, which fusion looks
     through; the same (value, name) pair gives the same node, so the latest rule wins, and it computes
-    the same value from the same inputs, so any of them is right."""
+    the same value from the same inputs, so any of them is right. reads_output: rule(g, out) also gets
+    that result node (softmax's and layernorm's gradients read the output the forward realized). A rule
+    must not hold the result itself: the table is keyed weakly by it, and a rule holding its key keeps
+    the output alive for ever (every softmax output leaked so once)."""
     out = Node(Op.DETACH, (value,), name, value.shape, value.dtype, value.device)
-    CUSTOM[out] = (inputs, rule)
+    CUSTOM[out] = (inputs, rule, reads_output)
     return out
 
 
@@ -246,7 +249,8 @@ def grad_rule(node: Node, g: Node) -> tuple[Node | None, ...]:
     node with a custom gradient, of its custom inputs."""
     custom = CUSTOM.get(node) if node.op is Op.DETACH else None
     if custom is not None:
-        return custom[1](g)
+        _, rule, reads_output = custom
+        return rule(g, node) if reads_output else rule(g)
     if node.op in NON_DIFFERENTIABLE:
         return (None,) * len(node.srcs)
     rule = GRADIENTS.get(node.op)

@@ -1688,15 +1688,11 @@ class Tensor(metaclass=_NoGradMeta):
         p = e * e.sum(axis, keepdim=True).reciprocal()  # the sum is >= 1: no overflowing reciprocal
         if Tensor.no_grad:
             return p
-        out: list[weakref.ref] = []  # (weak: the rule lives in a table keyed weakly by that node)
-
-        def rule(grad: Node) -> tuple[Node]:  # PyTorch's p * (g - sum(g * p)), reading the output p (the
-            g, q = Tensor(grad), Tensor(out[0]())  # node the forward realized), not exp again
+        def rule(grad: Node, out: Node) -> tuple[Node]:  # PyTorch's p * (g - sum(g * p)), reading the
+            g, q = Tensor(grad), Tensor(out)  # output p (the node the forward realized), not exp again
             return ((q * (g - (g * q).sum(axis, keepdim=True))).node,)
 
-        node = autodiff.custom_gradient(p.node, (x.node,), rule, "softmax")
-        out.append(weakref.ref(node))
-        return x._from(node)
+        return x._from(autodiff.custom_gradient(p.node, (x.node,), rule, "softmax", reads_output=True))
 
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
@@ -2929,15 +2925,13 @@ class Tensor(metaclass=_NoGradMeta):
         y = d * r
         if Tensor.no_grad or not self.dtype.is_float:
             return y
-        out: list[weakref.ref] = []  # (weak, as softmax's: the rule lives in a table keyed by that node)
         r_node = r.node
 
-        def rule(grad: Node) -> tuple[Node]:  # PyTorch's r * (g - mean(g) - y * mean(g * y)), reading y
-            g, yy, rr = Tensor(grad), Tensor(out[0]()), Tensor(r_node)
+        def rule(grad: Node, out: Node) -> tuple[Node]:  # PyTorch's r * (g - mean(g) - y * mean(g * y)),
+            g, yy, rr = Tensor(grad), Tensor(out), Tensor(r_node)  # reading the output y
             return ((rr * (g - g.mean(axis, keepdim=True) - yy * (g * yy).mean(axis, keepdim=True))).node,)
 
-        node = autodiff.custom_gradient(y.node, (self.node,), rule, "layernorm")
-        out.append(weakref.ref(node))
+        node = autodiff.custom_gradient(y.node, (self.node,), rule, "layernorm", reads_output=True)
         return self._from(node)
 
     def dropout(self, p: float = 0.5) -> Tensor:

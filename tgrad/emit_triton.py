@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import KernelError
 from tgrad.fuse import Expr, Kernel, reduce_identity
+from tgrad.loop_axes import nodes
 from tgrad.program import Program
 
 # No helper @triton.jit functions: Triton 3.9's interpreter leaves triton.language patched after it
@@ -112,20 +113,9 @@ class Blocks:
         return max(1, -(-math.prod(kernel.global_shape) // self.block_g))
 
 
-def _subexprs(*roots: Expr):
-    """Every distinct subexpression of the roots (loads' indices and masks included), each once."""
-    seen, stack = set(), list(roots)
-    while stack:
-        e = stack.pop()
-        if e not in seen:
-            seen.add(e)
-            yield e
-            stack.extend(e.srcs)
-
-
 def _axes(e: Expr) -> set[int]:
     """The loop axes an expression (its loads' indices and masks included) depends on."""
-    return {s.arg[0] for s in _subexprs(e) if s.op == "IDX"}
+    return {s.arg[0] for s in nodes(e) if s.op == "IDX"}
 
 
 DOT_DTYPES = (dtypes.float32, dtypes.float16)
@@ -207,8 +197,7 @@ INT32_MAX = 2**31 - 1
 
 
 def _index_exprs(kernel: Kernel) -> list[Expr]:
-    roots = [kernel.expr] if kernel.reduce_expr is None else [kernel.expr, kernel.reduce_expr]
-    return [kernel.out_index, *(e.srcs[0] for e in _subexprs(*roots) if e.op == "LOAD")]
+    return [kernel.out_index, *(e.srcs[0] for e in nodes(kernel.expr, kernel.reduce_expr) if e.op == "LOAD")]
 
 
 def index_bits(kernel: Kernel) -> int:
@@ -715,4 +704,4 @@ def _masked(load: Expr) -> bool:
 
 def _gathers(e: Expr) -> bool:
     """Whether a load under e has a validity mask (a masked gather)."""
-    return any(s.op == "LOAD" and _masked(s) for s in _subexprs(e))
+    return any(s.op == "LOAD" and _masked(s) for s in nodes(e))

@@ -1,8 +1,9 @@
 """A kernel's iteration space reshaped for the CPU emitter (emit_numba), before its loops are written:
 `flatten` (an elementwise kernel that walks every array row-major: one axis), `merge_axes` (neighbouring
 axes every index uses as one: one longer loop), `split_axes` (an axis an index divides by a constant:
-two loops, so the quotient and remainder are loop counters instead of a division per element).
-Pure functions over the Kernel IR, like the emitters."""
+two loops, so the quotient and remainder are loop counters instead of a division per element); and
+`nodes`, the one walk over a kernel's expressions (emit_triton uses it too). Pure functions over the
+Kernel IR, like the emitters."""
 
 from __future__ import annotations
 

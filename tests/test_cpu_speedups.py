@@ -356,7 +356,7 @@ def test_attention_matmuls_read_heads_in_place(monkeypatch):
     """q @ k.T and att @ v over heads split out of one qkv buffer: batch axes (batch, head) that do not
     merge are handed to numpy's matmul with their own strides, not copied out; values and gradients as
     PyTorch's."""
-    from tgrad.runtime import cpu
+    from tgrad.runtime import cpu_blas as cpu
 
     copies = []
     original = cpu._matrix
@@ -387,7 +387,7 @@ IDLE_PROBE = """
 import json, os
 import numpy as np
 from tgrad import Tensor
-from tgrad.runtime import cpu
+from tgrad.runtime import cpu_blas as cpu
 libs = cpu._openblas()
 lib = libs[0] if libs else None
 before = lib.openblas_thread_timeout() if lib else None
@@ -418,7 +418,7 @@ def test_openblas_threads_sleep_soon_after_a_matmul(user):
     assert out["err"] < 1e-3 and out["env"] == user
     if not out["found"]:
         pytest.skip("numpy's BLAS here is not an OpenBLAS with the entry points tgrad calls")
-    from tgrad.runtime.cpu import OPENBLAS_IDLE
+    from tgrad.runtime.cpu_blas import OPENBLAS_IDLE
 
     assert out["before"] == (int(user) if user else 0)
     assert out["after"] == (int(user) if user else OPENBLAS_IDLE)

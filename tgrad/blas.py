@@ -17,6 +17,10 @@ BLAS_MIN_BATCH_WORK = 1 << 14  # multiply-adds per matmul below which batch axes
 # elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the
 # generated loop runs instead: 256 MiB of float32
 BLAS_MAX_OPERAND = 1 << 26
+# elements of an operand's im2col copy from which the matmul runs in chunks (`Chunk`), and the elements
+# a chunk's copy aims at: it stays in a core's L2 (2 MiB here) while BLAS reads it
+CHUNK_MIN = 1 << 20
+CHUNK_ELEMS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,18 @@ class Operand:
     input: int  # which kernel input
     offset: int
     strides: tuple[int, ...]  # element stride per kernel axis (global axes, then the reduce axes)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A matmul whose operand must be copied out (a conv's windows, im2col) runs as matmuls over pieces of
+    one axis, each copying only its piece's windows (which stay in cache for BLAS) instead of writing the
+    whole copy to memory and reading it back (164 MB for the MNIST CNN's second conv). `axis` is global
+    axis 0 (each piece is rows 0..size of the result: the images of a conv's forward) or the first reduce
+    axis (a piece of K: the pieces' products are summed, as for a conv's weight gradient)."""
+
+    axis: int
+    size: int  # indices of `axis` per piece (divides its length)
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,7 @@ class BlasPlan:
     n: tuple[int, ...]
     epilogue: Kernel | None  # the stored value computed from the matmul result, or None if it is ACC
     prologues: tuple[Kernel, ...] = ()  # operands that are computed (e.g. relu'(x) * g) are made first
+    chunk: Chunk | None = None  # run in pieces of one axis (an im2col copy per piece)
 
 
 def _affine(index: Expr, naxes: int) -> tuple[int, tuple[int, ...]] | None:
@@ -156,7 +173,39 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             out_dtype=k.out_dtype,
             in_dtypes=(*k.in_dtypes, dtype),
         )
-    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues))
+    chunk = _chunk(k, a, b, batch, m, n)
+    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues), chunk)
+
+
+def _merges(op: Operand, axes, shape) -> bool:
+    """Whether the operand's axes (in this order) are one run of memory (a matrix side without a copy)."""
+    axes = [x for x in axes if shape[x] > 1]
+    return all(op.strides[x] == op.strides[y] * shape[y] for x, y in zip(axes, axes[1:]))
+
+
+def _chunk(k: Kernel, a: Operand, b: Operand, batch, m, n) -> Chunk | None:
+    """How to cut a matmul whose operands are copied (im2col) into pieces (`Chunk`), or None: no big
+    copy, or no axis that every copied operand indexes. Global axis 0 (pieces of the result's rows) where
+    its pieces fit CHUNK_ELEMS, else whichever of it and the first reduce axis has the smaller pieces (a
+    grouped conv's weight gradient has the groups first, the images in K; 5 images of 286K window
+    elements each are cut along the channels instead)."""
+    r = list(range(k.n_global, len(k.shape)))
+    copies = []
+    for op, rows, cols in ((a, m, r), (b, r, n)):
+        if not (_merges(op, rows, k.shape) and _merges(op, cols, k.shape)):
+            copies.append((math.prod(k.shape[x] for x in (*batch, *rows, *cols)), op))
+    elems = sum(e for e, _ in copies)
+    if elems < CHUNK_MIN:
+        return None
+    best = None  # (elements a piece copies, Chunk): the smaller pieces win, global axis 0 on a tie
+    for axis in (0, k.n_global):
+        length = k.shape[axis] if axis < len(k.shape) else 0
+        if length > 1 and all(op.strides[axis] for _, op in copies):
+            per = elems // length  # the copies' elements per index of the axis
+            size = max([d for d in range(1, length) if length % d == 0 and d * per <= CHUNK_ELEMS] or [1])
+            if best is None or size * per < best[0] and best[0] > CHUNK_ELEMS:
+                best = (size * per, Chunk(axis, size))
+    return None if best is None else best[1]
 
 
 def _lead_batch(k: Kernel, batch: list[int], m: list[int], n: list[int]):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -182,6 +183,7 @@ class Runtime:
 
 
 _runtimes: dict[str, Runtime] = {}
+_opening = threading.RLock()  # held while a runtime opens (get_runtime)
 
 
 def canonical(name: str) -> str:
@@ -194,11 +196,17 @@ def canonical(name: str) -> str:
 
 
 def get_runtime(name: str) -> Runtime:
-    """The runtime of a device, opened on first use (a DeviceError says why one cannot open)."""
+    """The runtime of a device, opened on first use (a DeviceError says why one cannot open). Opening
+    holds a lock: two threads that both made a first tensor opened two CPU runtimes, and the one dropped
+    freed the code of kernels the other thread was running (a segfault), or restarted OpenBLAS's threads
+    under the other thread's matmul (a hang)."""
     name = canonical(name)
     rt = _runtimes.get(name)
     if rt is None:
-        rt = _runtimes[name] = _open(name)
+        with _opening:
+            rt = _runtimes.get(name)
+            if rt is None:
+                rt = _runtimes[name] = _open(name)
     return rt
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import autodiff
+from tgrad import autodiff, blas
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
@@ -2659,9 +2659,19 @@ class Tensor(metaclass=_NoGradMeta):
         # a computed input is computed once, not once per window position in the copy below (the MNIST
         # CNN's relu(conv1 + bias): 73 -> 14 ms)
         computed = keep and self.node.op is not Op.BUFFER and not self.node.base.realized
-        xp = (self.contiguous() if computed else self)._pad_spatial(padding, nk)
+        src = self.contiguous() if computed else self
+        xp = src._pad_spatial(padding, nk)
         x = xp._pool(ks, stride, dilation)  # (bs, cin_all, *out, *ks)
-        if keep and math.prod(x.shape) <= KEEP_WINDOWS_MAX:
+        # the CPU runs a conv whose windows are big in pieces of images (blas.Chunk), copying each piece's
+        # windows where BLAS reads them from cache, instead of writing them all to memory. The pieces copy
+        # windows of a buffer: a padded or computed input is made one first (1/k^2 of the windows' size;
+        # as a prologue the whole windows would be computed into memory again)
+        pieces = self.device == "CPU" and math.prod(x.shape) >= blas.CHUNK_MIN
+        buffer = src.node.base.realized or src.node.op is Op.BUFFER
+        if pieces and (xp.node is not src.node or not buffer):
+            xp = xp.contiguous()
+            x = xp._pool(ks, stride, dilation)
+        if keep and not pieces and math.prod(x.shape) <= KEEP_WINDOWS_MAX:
             # the windows (im2col) are made once, for the forward matmul and again for the weight's
             # gradient: keep them, laid out (cin, *ks, bs, *out) as both matmuls read them (the CPU copied
             # a buffer input's windows in each matmul: the MNIST CNN's conv1 5.5 + 5.7 -> 4.3 + 4.5 ms)

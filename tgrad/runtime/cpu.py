@@ -1,5 +1,5 @@
 """The CPU runtime: kernels rendered by emit_numba, compiled by Numba to native functions, called through
-ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul) with generated code around them.
+ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul, cpu_blas.py) with generated code around them.
 
 Numba compiles each function once (tgrad/runtime/numba_compile.py: no Python wrappers), tgrad keeps its
 object code on disk (`TGRAD_CACHE/cpu`) and loads it with llvmlite alone, so a process with a warm cache
@@ -30,11 +30,13 @@ import numpy as np
 from tgrad import emit_numba
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
-from tgrad.emit_numba import BlasPlan, Operand
+from tgrad.emit_numba import BlasPlan
 from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_pool, cpu_threads
+from tgrad.runtime.cpu_blas import openblas_idle_timeout, run_blas
+from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
 from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, cpu_features, on_disk, use_cpu_features
 
@@ -48,18 +50,6 @@ _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run
 
 CHUNKS_PER_THREAD = 4  # ranges per thread of a threaded kernel on the native workers: a thread that
 # starts late (asleep, or its core busy) finds some left, and one that is early takes more
-
-
-def threads() -> int:
-    """Threads a threaded kernel runs on: TGRAD_THREADS or NUMBA_NUM_THREADS (the name Numba users know),
-    else the cores this process may use. Read at each launch, so a change of the variable takes effect."""
-    for name in ("TGRAD_THREADS", "NUMBA_NUM_THREADS"):
-        text = os.environ.get(name, "").strip()
-        if text:
-            if not text.isdigit() or int(text) < 1:
-                raise DeviceError(f"{name}={text!r}: expected a number of threads (1 or more)")
-            return int(text)
-    return cpu_pool.cores()
 
 
 class _Threads:
@@ -462,151 +452,3 @@ class CPURuntime(Runtime):
         threaded = nat.program.launch.get("split")
         proto = (ctypes.CFUNCTYPE if threaded else ctypes.PYFUNCTYPE)(ctypes.c_int32, *args)
         return proto(address), keep
-
-
-# ---------------------------------------------------------------------------------------------------
-# BLAS: the reduce of a matmul-shaped kernel (emit_numba.blas_plan) as numpy.matmul on strided views
-
-OPENBLAS_IDLE = 21  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps (OpenBLAS: 28)
-
-
-def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
-    """Make numpy's OpenBLAS threads sleep after ~0.7 ms idle instead of spinning ~0.1 s (2**28 cycles):
-    a thread spinning after each matmul took a core from tgrad's threaded kernels that ran next (2 cores,
-    3 busy threads), so the MNIST CNN step's generated kernels ran up to 2x slower (step 165-167 ->
-    134-136 ms; conv2d_fwd_bwd 61-63 -> 53-56 ms); the GPT and MLP steps, whose matmuls come back to back,
-    keep their speed at 2**21 (at 2**4 they were 20% slower: each call woke the threads).
-    OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when its threads start: this sets it, re-reads it and restarts
-    them (OpenBLAS's own entry points). Skipped when the variable is set (it is the user's choice), with
-    TGRAD_OPENBLAS_IDLE=0, or where numpy's BLAS is not an OpenBLAS with those entry points (Linux only).
-    Called when the CPU device opens, before any of its threads run a matmul. Returns whether it did."""
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ or os.environ.get("TGRAD_OPENBLAS_IDLE") == "0":
-        return False
-    done = False
-    for lib in _openblas():
-        os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(log2_cycles)
-        try:
-            lib.openblas_read_env()
-        finally:
-            del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # not passed on to child processes
-        if lib.openblas_thread_timeout() == log2_cycles:
-            lib.blas_thread_shutdown_()
-            lib.blas_thread_init()
-            done = True
-    return done
-
-
-def _openblas() -> list[ctypes.CDLL]:
-    """The OpenBLAS libraries loaded in this process (found in /proc/self/maps: numpy's, and SciPy's when
-    it is imported) that export what openblas_idle_timeout calls."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
-    except OSError:
-        return []
-    libs = []
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-            for name in ("openblas_read_env", "openblas_thread_timeout", "blas_thread_shutdown_",
-                         "blas_thread_init"):
-                getattr(lib, name).restype = ctypes.c_int
-            libs.append(lib)
-        except (OSError, AttributeError):
-            continue
-    return libs
-
-
-def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:
-    item = array.itemsize
-    return np.ndarray(
-        tuple(sizes[a] for a in axes),
-        array.dtype,
-        buffer=array,
-        offset=op.offset * item,
-        strides=tuple(op.strides[a] * item for a in axes),
-    )
-
-
-def _inner_run(v: np.ndarray) -> int:
-    """Elements of v's trailing axes that lie next to each other in memory."""
-    run = 1
-    for n, st in zip(reversed(v.shape), reversed(v.strides)):
-        if st != run * v.itemsize:
-            break
-        run *= n
-    return run
-
-
-def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: HostMemory,
-            temps: list) -> np.ndarray:
-    """The operand as a (*batch, rows, cols) array: numpy's matmul takes each batch axis with its own
-    stride (attention's heads and batch over one qkv buffer), so only rows and cols need to merge. One
-    whose axes do not merge (a conv's sliding windows) is copied (im2col) into an array from `memory`
-    (appended to `temps`), in the order (rows, cols) or (cols, rows) whose innermost run of neighbouring
-    elements is longer: numpy copies a 20-element run ~4x faster than a 5-element one (a 5x5 window's
-    rows); BLAS reads the transposed copy through its flags."""
-    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    nr, nc = size(rows), size(cols)
-    lead = tuple(shape[x] for x in batch)
-    v = _view(array, op, [*batch, *rows, *cols], shape)
-    try:
-        return v.reshape(*lead, nr, nc, copy=False)
-    except ValueError:  # the axes do not merge: a copy
-        pass
-    t = _view(array, op, [*batch, *cols, *rows], shape)
-    src, transposed = (t, True) if _inner_run(t) > _inner_run(v) else (v, False)
-    copy = memory.array(src.size, src.dtype)
-    temps.append(copy)
-    copy.reshape(src.shape)[...] = src
-    return copy.reshape(*lead, nc, nr).swapaxes(-1, -2) if transposed else copy.reshape(*lead, nr, nc)
-
-
-def _stored(x: np.ndarray) -> int:
-    """Elements a view reads (a batch axis broadcast with stride 0 reads the same matrix again)."""
-    return math.prod(d for d, st in zip(x.shape, x.strides) if st)
-
-
-def _column_major(x: np.ndarray) -> bool:
-    """Whether a (*batch, rows, cols) matrix is stored column by column (BLAS reads it transposed)."""
-    return x.shape[-2] > 1 and x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
-
-
-def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
-             out: np.ndarray | None = None) -> np.ndarray | None:
-    """The reduce result of a matmul-shaped kernel, row-major over its global axes, in an array from
-    `memory` (the caller releases it). With `out` (the kernel's flat output) and a result already in that
-    order, BLAS writes into it and this returns None."""
-    shape = kernel.shape
-    r = list(range(kernel.n_global, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
-    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    temps: list[np.ndarray] = []  # im2col copies
-    a = _matrix(arrays[plan.a.input], plan.a, plan.batch, plan.m, r, shape, memory, temps)
-    b = _matrix(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, shape, memory, temps)
-    m, n = plan.m, plan.n
-    if _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b)):
-        # OpenBLAS reads a big operand 1.2-1.5x slower transposed (a conv's im2col laid out window-major):
-        # compute c.T = b.T @ a.T instead, where that operand is read row by row
-        a, b, m, n = b.swapaxes(-1, -2), a.swapaxes(-1, -2), n, m
-    order = [*plan.batch, *m, *n]
-    dims = (*(shape[x] for x in plan.batch), size(m), size(n))
-    dtype = np.result_type(a, b)
-    in_order = order == list(range(kernel.n_global))  # the result's rows are the output's
-    try:
-        if out is not None and in_order and out.dtype == dtype and out.flags.c_contiguous:
-            np.matmul(a, b, out=out.reshape(dims))
-            return None
-        c = np.matmul(a, b, out=memory.array(math.prod(dims), dtype).reshape(dims))
-        if in_order:
-            return c.reshape(-1)
-        # rows in another order: put them in the output's (into `out` itself when it takes the result)
-        direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
-        acc = out if direct else memory.array(c.size, dtype)
-        c = c.reshape(tuple(shape[x] for x in order))
-        back = [order.index(x) for x in range(kernel.n_global)]
-        acc.reshape(tuple(shape[: kernel.n_global]))[...] = c.transpose(back)
-        memory.release(c)
-        return None if direct else acc
-    finally:
-        for copy in temps:
-            memory.release(copy)

@@ -38,6 +38,18 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def threads() -> int:
+    """Threads a threaded kernel runs on: TGRAD_THREADS or NUMBA_NUM_THREADS (the name Numba users know),
+    else the cores this process may use. Read at each launch, so a change of the variable takes effect."""
+    for name in ("TGRAD_THREADS", "NUMBA_NUM_THREADS"):
+        text = os.environ.get(name, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise DeviceError(f"{name}={text!r}: expected a number of threads (1 or more)")
+            return int(text)
+    return cores()
+
+
 def default_workers() -> int:
     text = os.environ.get("TGRAD_COMPILE_WORKERS", "").strip()
     if text:

@@ -1,0 +1,130 @@
+"""Convolutions whose windows (im2col) are big run on the CPU as matmuls over pieces of images
+(blas.Chunk, runtime/cpu_blas.py `_run_pieces`): each piece copies only its own windows, on threads with a
+one-thread BLAS each. Forward and both gradients against PyTorch, for the layouts the pieces meet."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tgrad import Tensor, blas, emit_numba, fuse
+from tgrad.runtime import cpu_blas
+
+
+def _plans(nodes):
+    return [p for p in (emit_numba.blas_plan(it.kernel) for it in fuse.schedule(nodes)) if p is not None]
+
+
+CASES = [  # (N, Cin, H, W), (Cout, k, k), stride, padding, dilation, groups: windows over blas.CHUNK_MIN
+    ((8, 16, 24, 24), (8, 5, 5), 1, 0, 1, 1),
+    ((5, 32, 64, 61), (8, 3, 3), 2, 1, 1, 1),  # odd batch: pieces of one image
+    ((4, 32, 40, 40), (12, 3, 3), 1, 2, 2, 1),
+    ((8, 32, 24, 24), (16, 3, 3), 1, 1, 1, 2),
+    ((8, 16, 40, 40), (8, (5, 3)), (1, 2), (2, 1), (1, 2), 1),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+def test_conv_in_pieces_matches_torch(case, threads, monkeypatch):
+    monkeypatch.setenv("TGRAD_THREADS", threads)
+    shape, (cout, *ks), stride, padding, dilation, groups = case
+    ks = tuple(ks[0]) if isinstance(ks[0], tuple) else tuple(ks)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal((cout, shape[1] // groups, *ks)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    tx, tw, tb = (Tensor(a, device="CPU", requires_grad=True) for a in (x, w, b))
+    out = tx.conv2d(tw, tb, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    loss = (out.relu() * out).sum()
+    loss.backward()
+    plans = _plans([out.node, tw.grad.node, tx.grad.node])
+    pieces = [p.chunk for p in plans if p.chunk is not None]
+    # the forward (images, or channels for case1's 5 big images) and the weight's gradient (images in K)
+    assert len(pieces) >= 2 and any(c.axis > 0 for c in pieces), plans
+    rx, rw, rb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ref = torch.nn.functional.conv2d(rx, rw, rb, stride=stride, padding=padding, dilation=dilation,
+                                     groups=groups)
+    (ref.relu() * ref).sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=2e-3)
+    np.testing.assert_allclose(tb.grad.numpy(), rb.grad.numpy(), rtol=1e-4, atol=2e-3)
+    np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=2e-3)
+
+
+def test_conv1d_and_conv3d_in_pieces_match_torch():
+    rng = np.random.default_rng(4)
+    for xs, ws, fn in [((8, 32, 4000), (16, 32, 9), torch.nn.functional.conv1d),
+                       ((2, 8, 16, 16, 16), (8, 8, 3, 3, 3), torch.nn.functional.conv3d)]:
+        x, w = rng.standard_normal(xs).astype(np.float32), (rng.standard_normal(ws) * 0.2).astype(np.float32)
+        tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
+        out = tx.conv2d(tw, padding=1)
+        (out * out).sum().backward()
+        assert any(p.chunk is not None for p in _plans([out.node])), xs
+        rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+        ref = fn(rx, rw, padding=1)
+        (ref * ref).sum().backward()
+        np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-3, atol=1e-2)
+        np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_float64_conv_in_pieces():
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((8, 16, 24, 24)), rng.standard_normal((8, 16, 5, 5))
+    tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
+    out = tx.conv2d(tw)
+    out.sum().backward()
+    assert out.dtype.name == "float64" and any(p.chunk is not None for p in _plans([out.node]))
+    rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ref = torch.nn.functional.conv2d(rx, rw)
+    ref.sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-10, atol=1e-9)
+
+
+def test_small_convs_keep_one_matmul():
+    """Below blas.CHUNK_MIN elements of windows nothing is cut (the windows are kept for the weight's
+    gradient, as before)."""
+    x = Tensor(np.ones((2, 4, 10, 10), np.float32), device="CPU")
+    w = Tensor(np.ones((4, 4, 3, 3), np.float32), device="CPU", requires_grad=True)
+    out = x.conv2d(w)
+    out.sum().backward()
+    assert all(p.chunk is None for p in _plans([out.node, w.grad.node]))
+    assert np.all(out.numpy() == 36.0) and np.all(w.grad.numpy() == 2 * 64)
+
+
+def test_chunk_choice():
+    """The piece axis is one every copied operand indexes, and a piece's copies fit blas.CHUNK_ELEMS."""
+    x = Tensor(np.zeros((128, 32, 24, 24), np.float32), device="CPU")
+    w = Tensor(np.zeros((32, 32, 5, 5), np.float32), device="CPU", requires_grad=True)
+    out = x.conv2d(w)
+    (out * Tensor(np.ones(out.shape, np.float32), device="CPU")).sum().backward()
+    fwd = _plans([out.node])[-1]
+    assert fwd.chunk == blas.Chunk(0, 1)  # 800 x 400 windows per image: one image a piece
+    grad = [p for p in _plans([w.grad.node]) if p.chunk is not None and p.chunk.axis == 4]
+    assert grad and grad[0].chunk.size == 1, grad  # (o, c, kh, kw | n, oh, ow): images are K
+    x1 = Tensor(np.zeros((128, 1, 28, 28), np.float32), device="CPU")
+    out1 = x1.conv2d(Tensor(np.zeros((32, 1, 5, 5), np.float32), device="CPU"))
+    per_image = 25 * 24 * 24
+    size = max(d for d in range(1, 129) if 128 % d == 0 and d * per_image <= blas.CHUNK_ELEMS)
+    assert _plans([out1.node])[-1].chunk == blas.Chunk(0, size)
+
+
+def test_openblas_thread_count_is_restored_after_pieces():
+    """openblas_set_num_threads_local also sets OpenBLAS's global count: the pieces' threads set it to 1,
+    and without setting it back every later matmul of the main thread ran on one core."""
+    blas_threads = cpu_blas._BlasThreads()
+    if not blas_threads.local:
+        pytest.skip("numpy's BLAS has no openblas_set_num_threads_local")
+    saved = blas_threads.get()
+    blas_threads.restore([2] * len(saved))  # a known count, whatever ran before
+    try:
+        x = Tensor(np.ones((16, 16, 24, 24), np.float32), device="CPU")
+        w = Tensor(np.ones((8, 16, 5, 5), np.float32), device="CPU")
+        assert any(p.chunk is not None for p in _plans([x.conv2d(w).node]))
+        assert np.all(x.conv2d(w).numpy() == 400.0)
+        assert blas_threads.get() == [2] * len(saved)
+    finally:
+        blas_threads.restore(saved)

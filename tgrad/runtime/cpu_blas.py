@@ -1,0 +1,378 @@
+"""BLAS for the CPU runtime: the reduce of a matmul-shaped kernel (tgrad/blas.py `blas_plan`) as numpy.matmul
+on strided views of its operands (`run_blas`), copying out (im2col) only operands whose axes do not merge;
+a plan with a Chunk runs as matmuls over pieces of one axis, on threads each with a one-thread BLAS
+(`_run_pieces`). Also the settings of numpy's OpenBLAS that tgrad changes (its idle threads' spinning,
+the per-thread thread count), found in the process's loaded libraries."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import math
+import os
+import threading
+
+import numpy as np
+
+from tgrad.blas import BlasPlan, Operand
+from tgrad.fuse import Kernel
+from tgrad.runtime.cpu_pool import threads
+from tgrad.runtime.host_memory import HostMemory
+
+OPENBLAS_IDLE = 21  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps (OpenBLAS: 28)
+
+
+def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
+    """Make numpy's OpenBLAS threads sleep after ~0.7 ms idle instead of spinning ~0.1 s (2**28 cycles):
+    a thread spinning after each matmul took a core from tgrad's threaded kernels that ran next (2 cores,
+    3 busy threads), so the MNIST CNN step's generated kernels ran up to 2x slower (step 165-167 ->
+    134-136 ms; conv2d_fwd_bwd 61-63 -> 53-56 ms); the GPT and MLP steps, whose matmuls come back to back,
+    keep their speed at 2**21 (at 2**4 they were 20% slower: each call woke the threads).
+    OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when its threads start: this sets it, re-reads it and restarts
+    them (OpenBLAS's own entry points). Skipped when the variable is set (it is the user's choice), with
+    TGRAD_OPENBLAS_IDLE=0, or where numpy's BLAS is not an OpenBLAS with those entry points (Linux only).
+    Called when the CPU device opens, before any of its threads run a matmul. Returns whether it did."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ or os.environ.get("TGRAD_OPENBLAS_IDLE") == "0":
+        return False
+    done = False
+    for lib in _openblas():
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(log2_cycles)
+        try:
+            lib.openblas_read_env()
+        finally:
+            del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # not passed on to child processes
+        if lib.openblas_thread_timeout() == log2_cycles:
+            lib.blas_thread_shutdown_()
+            lib.blas_thread_init()
+            done = True
+    return done
+
+
+def _openblas() -> list[ctypes.CDLL]:
+    """The OpenBLAS libraries loaded in this process (found in /proc/self/maps: numpy's, and SciPy's when
+    it is imported) that export what openblas_idle_timeout calls."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
+    except OSError:
+        return []
+    libs = []
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            for name in ("openblas_read_env", "openblas_thread_timeout", "blas_thread_shutdown_",
+                         "blas_thread_init"):
+                getattr(lib, name).restype = ctypes.c_int
+            libs.append(lib)
+        except (OSError, AttributeError):
+            continue
+    return libs
+
+
+def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:
+    item = array.itemsize
+    return np.ndarray(
+        tuple(sizes[a] for a in axes),
+        array.dtype,
+        buffer=array,
+        offset=op.offset * item,
+        strides=tuple(op.strides[a] * item for a in axes),
+    )
+
+
+def _inner_run(v: np.ndarray) -> int:
+    """Elements of v's trailing axes that lie next to each other in memory."""
+    run = 1
+    for n, st in zip(reversed(v.shape), reversed(v.strides)):
+        if st != run * v.itemsize:
+            break
+        run *= n
+    return run
+
+
+def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: HostMemory,
+            temps: list) -> np.ndarray:
+    """The operand as a (*batch, rows, cols) array: numpy's matmul takes each batch axis with its own
+    stride (attention's heads and batch over one qkv buffer), so only rows and cols need to merge. One
+    whose axes do not merge (a conv's sliding windows) is copied (im2col) into an array from `memory`
+    (appended to `temps`), in the order (rows, cols) or (cols, rows) whose innermost run of neighbouring
+    elements is longer: numpy copies a 20-element run ~4x faster than a 5-element one (a 5x5 window's
+    rows); BLAS reads the transposed copy through its flags."""
+    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
+    nr, nc = size(rows), size(cols)
+    lead = tuple(shape[x] for x in batch)
+    v = _view(array, op, [*batch, *rows, *cols], shape)
+    try:
+        return v.reshape(*lead, nr, nc, copy=False)
+    except ValueError:  # the axes do not merge: a copy
+        pass
+    t = _view(array, op, [*batch, *cols, *rows], shape)
+    src, transposed = (t, True) if _inner_run(t) > _inner_run(v) else (v, False)
+    copy = memory.array(src.size, src.dtype)
+    temps.append(copy)
+    copy.reshape(src.shape)[...] = src
+    return copy.reshape(*lead, nc, nr).swapaxes(-1, -2) if transposed else copy.reshape(*lead, nr, nc)
+
+
+def _stored(x: np.ndarray) -> int:
+    """Elements a view reads (a batch axis broadcast with stride 0 reads the same matrix again)."""
+    return math.prod(d for d, st in zip(x.shape, x.strides) if st)
+
+
+def _column_major(x: np.ndarray) -> bool:
+    """Whether a (*batch, rows, cols) matrix is stored column by column (BLAS reads it transposed)."""
+    return x.shape[-2] > 1 and x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
+
+
+def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
+             out: np.ndarray | None = None) -> np.ndarray | None:
+    """The reduce result of a matmul-shaped kernel, row-major over its global axes, in an array from
+    `memory` (the caller releases it). With `out` (the kernel's flat output) and a result already in that
+    order, BLAS writes into it and this returns None."""
+    if plan.chunk is not None:
+        return _run_pieces(plan, kernel, arrays, memory, out)
+    return _matmul(plan, plan.a, plan.b, kernel.shape, kernel.n_global, arrays, memory, out)
+
+
+def _matmul(plan: BlasPlan, op_a: Operand, op_b: Operand, shape: tuple[int, ...], n_global: int,
+            arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None) -> np.ndarray | None:
+    """run_blas over a kernel of `shape` (the whole kernel, or a piece of it: see _run_pieces)."""
+    r = list(range(n_global, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
+    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
+    temps: list[np.ndarray] = []  # im2col copies
+    a = _matrix(arrays[op_a.input], op_a, plan.batch, plan.m, r, shape, memory, temps)
+    b = _matrix(arrays[op_b.input], op_b, plan.batch, r, plan.n, shape, memory, temps)
+    m, n = plan.m, plan.n
+    if _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b)):
+        # OpenBLAS reads a big operand 1.2-1.5x slower transposed (a conv's im2col laid out window-major):
+        # compute c.T = b.T @ a.T instead, where that operand is read row by row
+        a, b, m, n = b.swapaxes(-1, -2), a.swapaxes(-1, -2), n, m
+    order = [*plan.batch, *m, *n]
+    dims = (*(shape[x] for x in plan.batch), size(m), size(n))
+    dtype = np.result_type(a, b)
+    in_order = order == list(range(n_global))  # the result's rows are the output's
+    try:
+        if out is not None and in_order and out.dtype == dtype and out.flags.c_contiguous:
+            np.matmul(a, b, out=out.reshape(dims))
+            return None
+        c = np.matmul(a, b, out=memory.array(math.prod(dims), dtype).reshape(dims))
+        if in_order:
+            return c.reshape(-1)
+        # rows in another order: put them in the output's (into `out` itself when it takes the result)
+        direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
+        acc = out if direct else memory.array(c.size, dtype)
+        c = c.reshape(tuple(shape[x] for x in order))
+        back = [order.index(x) for x in range(n_global)]
+        acc.reshape(tuple(shape[:n_global]))[...] = c.transpose(back)
+        memory.release(c)
+        return None if direct else acc
+    finally:
+        for copy in temps:
+            memory.release(copy)
+
+
+def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
+                out: np.ndarray | None) -> np.ndarray | None:
+    """run_blas of a plan with a Chunk: one matmul per piece of the chunk axis, each copying only its
+    piece of the windows (im2col), which BLAS then reads from cache. The pieces run on `threads()` Python
+    threads, each calling a one-thread BLAS (numpy releases the GIL in copies and matmuls): a conv's
+    images are split between the cores, the way PyTorch's CPU convolutions split them. Pieces of global
+    axis 0 write rows of the result; pieces of a reduce axis each give a whole result, summed. How a
+    piece's operands are viewed or copied is worked out once per call (`_Side`): a piece costs a few us
+    of Python, not the ~50 us of the general path, which two threads would wait on each other for."""
+    ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
+    sub = (*shape[: ch.axis], ch.size, *shape[ch.axis + 1 :])
+    r = list(range(ng, len(shape)))
+    sides = [_Side(arrays[plan.a.input], plan.a, plan.batch, plan.m, r, sub, ch.axis),
+             _Side(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
+    a, b = sides[0].matrix0, sides[1].matrix0
+    m, n, swap = plan.m, plan.n, False
+    if _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b)):
+        m, n, swap = n, m, True  # as _matmul: c.T = b.T @ a.T
+    order = [*plan.batch, *m, *n]
+    dims = (*(sub[x] for x in plan.batch), math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
+    dtype = np.result_type(a, b)
+    in_order = order == list(range(ng))
+    back = tuple(order.index(x) for x in range(ng))
+    ordered = tuple(sub[x] for x in order)
+    total, rows = math.prod(shape[:ng]), ch.axis < ng
+    direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
+    result = (out if direct else memory.array(total, dtype)) if rows else None
+    per = math.prod(dims)  # elements of a piece's product
+    states: list[dict] = []
+
+    def piece(start: int, state: dict | None) -> dict:
+        if state is None:  # this thread's copy buffers, product and (K pieces) sum
+            state = {"bufs": [side.buffer(memory) for side in sides], "tmp": memory.array(per, dtype)}
+            if not rows:
+                state["acc"] = memory.array(total, dtype)
+                state["acc"][:] = 0
+            states.append(state)
+        x, y = (side.matrix(start, buf) for side, buf in zip(sides, state["bufs"]))
+        if swap:
+            x, y = y.swapaxes(-1, -2), x.swapaxes(-1, -2)
+        if rows:
+            target = result[start * (total // shape[0]) : (start + ch.size) * (total // shape[0])]
+            if in_order:
+                np.matmul(x, y, out=target.reshape(dims))
+            else:
+                c = np.matmul(x, y, out=state["tmp"].reshape(dims))
+                target.reshape(sub[:ng])[...] = c.reshape(ordered).transpose(back)
+        else:
+            c = np.matmul(x, y, out=state["tmp"].reshape(dims))
+            acc = state["acc"] if in_order else state["acc"].reshape(shape[:ng])
+            acc += c.reshape(-1) if in_order else c.reshape(ordered).transpose(back)
+        return state
+
+    try:
+        _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
+        if rows:
+            return None if direct else result
+        acc = states[0].pop("acc")
+        for st in states[1:]:
+            acc += st["acc"]
+        if direct:
+            out[:] = acc
+            memory.release(acc)
+            return None
+        return acc
+    finally:
+        for st in states:
+            for array in (*filter(lambda x: x is not None, st["bufs"]), st["tmp"], st.get("acc")):
+                if array is not None:
+                    memory.release(array)
+
+
+class _Side:
+    """One operand of a chunked matmul (`_run_pieces`): a piece's (*batch, rows, cols) matrix, a view of
+    the array at the piece's offset, or (a conv's windows) a copy of that view into a buffer of the
+    calling thread, in the orientation `_matrix` would pick."""
+
+    def __init__(self, array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int):
+        self.array, self.item = array, array.itemsize
+        self.offset, self.step = op.offset, op.strides[axis]
+        lead = tuple(sub[x] for x in batch)
+        nr, nc = math.prod(sub[x] for x in rows), math.prod(sub[x] for x in cols)
+        v = _view(array, op, [*batch, *rows, *cols], sub)
+        self.copy = None
+        try:
+            self.matrix0 = v.reshape(*lead, nr, nc, copy=False)
+            self.shape, self.strides = self.matrix0.shape, self.matrix0.strides
+            return
+        except ValueError:
+            pass
+        t = _view(array, op, [*batch, *cols, *rows], sub)
+        src, self.transposed = (t, True) if _inner_run(t) > _inner_run(v) else (v, False)
+        self.shape, self.strides, self.lead, self.nr, self.nc = src.shape, src.strides, lead, nr, nc
+        self.copy = src.size
+        self.matrix0 = self._as_matrix(np.empty(src.size, array.dtype))
+
+    def _as_matrix(self, buf: np.ndarray) -> np.ndarray:
+        if self.transposed:
+            return buf.reshape(*self.lead, self.nc, self.nr).swapaxes(-1, -2)
+        return buf.reshape(*self.lead, self.nr, self.nc)
+
+    def buffer(self, memory: HostMemory) -> np.ndarray | None:
+        return None if self.copy is None else memory.array(self.copy, self.array.dtype)
+
+    def matrix(self, start: int, buf: np.ndarray | None) -> np.ndarray:
+        view = np.ndarray(self.shape, self.array.dtype, buffer=self.array,
+                          offset=(self.offset + start * self.step) * self.item, strides=self.strides)
+        if buf is None:
+            return view
+        np.copyto(buf.reshape(self.shape), view)
+        return self._as_matrix(buf)
+
+
+class _Pieces:
+    """Python threads that run a chunked matmul's pieces (`_run_pieces`), each with a one-thread BLAS
+    (`_BlasThreads`). Where numpy's BLAS has no per-thread setting the pieces run one after another on
+    the caller, BLAS threading each."""
+
+    def __init__(self):
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.workers, self.pid = 0, os.getpid()
+        self.blas: _BlasThreads | None = None
+
+    def run(self, piece, starts) -> None:
+        """state = piece(start, state) for every start, on up to threads() threads (state None at first
+        on each thread)."""
+        starts = list(starts)
+        if self.blas is None:
+            self.blas = _BlasThreads()
+        count = min(threads(), len(starts)) if self.blas.local else 1
+        if count < 2:
+            state = None
+            for start in starts:
+                state = piece(start, state)
+            return
+        if self.executor is None or self.workers < count or self.pid != os.getpid():
+            if self.executor is not None and self.pid == os.getpid():
+                self.executor.shutdown(wait=False)
+            self.executor = concurrent.futures.ThreadPoolExecutor(count, "tgrad-pieces")
+            self.workers, self.pid = count, os.getpid()
+        todo, lock = iter(starts), threading.Lock()
+
+        def worker():
+            self.blas.one()
+            state = None
+            while True:
+                with lock:
+                    start = next(todo, None)
+                if start is None:
+                    return
+                state = piece(start, state)
+
+        saved = self.blas.get()
+        try:
+            futures = [self.executor.submit(worker) for _ in range(count)]
+            concurrent.futures.wait(futures)
+            for f in futures:
+                f.result()
+        finally:
+            self.blas.restore(saved)
+
+
+class _BlasThreads:
+    """numpy's OpenBLAS, one-threaded for calls from one thread (`openblas_set_num_threads_local`, OpenBLAS
+    0.3.27). That call also sets OpenBLAS's global thread count (measured: numpy's 0.3.30 build reports 1
+    thread afterwards, and the main thread's matmuls ran on one core, the MNIST CNN's col2im matmul 19 ->
+    35 ms), so the count is read before the pieces run and set back after."""
+
+    def __init__(self):
+        self.local, self.getters, self.setters = [], [], []
+        for lib in _openblas():
+            fns = [_symbol(lib, f"openblas_{name}") for name in ("set_num_threads_local", "get_num_threads",
+                                                                  "set_num_threads")]
+            if all(fns):
+                fns[0].argtypes, fns[0].restype = [ctypes.c_int], ctypes.c_int
+                fns[1].argtypes, fns[1].restype = [], ctypes.c_int
+                fns[2].argtypes, fns[2].restype = [ctypes.c_int], None
+                self.local.append(fns[0])
+                self.getters.append(fns[1])
+                self.setters.append(fns[2])
+
+    def one(self) -> None:
+        for fn in self.local:
+            fn(1)
+
+    def get(self) -> list[int]:
+        return [fn() for fn in self.getters]
+
+    def restore(self, counts: list[int]) -> None:
+        for get, put, count in zip(self.getters, self.setters, counts):
+            if get() != count:
+                put(count)
+
+
+def _symbol(lib: ctypes.CDLL, name: str):
+    """An OpenBLAS entry point by its plain name, or as SciPy's builds (numpy's wheels) rename it
+    (scipy_openblas_get_num_threads64_), or None."""
+    for full in (name, f"scipy_{name}64_", f"scipy_{name}"):
+        fn = getattr(lib, full, None)
+        if fn is not None:
+            return fn
+    return None
+
+
+_PIECES = _Pieces()

@@ -19,7 +19,7 @@ BLAS_MIN_BATCH_WORK = 1 << 14  # multiply-adds per matmul below which batch axes
 BLAS_MAX_OPERAND = 1 << 26
 # elements of an operand's im2col copy from which the matmul runs in chunks (`Chunk`), and the elements
 # a chunk's copy aims at: it stays in a core's L2 (2 MiB here) while BLAS reads it
-CHUNK_MIN = 1 << 20
+CHUNK_MIN = 1 << 19
 CHUNK_ELEMS = 1 << 18
 
 

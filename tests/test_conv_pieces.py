@@ -128,3 +128,103 @@ def test_openblas_thread_count_is_restored_after_pieces():
         assert blas_threads.get() == [2] * len(saved)
     finally:
         blas_threads.restore(saved)
+
+
+def _pairs(nodes):
+    """(k1, k2) names of consecutive scheduled kernels that blas.piece_pair accepts."""
+    items = fuse.schedule(nodes)
+    found = []
+    for a, b in zip(items, items[1:]):
+        reads = tuple(j for j, n in enumerate(b.inputs) if n is a.out)
+        if reads and blas.piece_pair(a.kernel, b.kernel, reads) is not None:
+            found.append((a.kernel.name, b.kernel.name))
+    return found
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_conv_input_gradient_as_a_piece_pair(case, threads, monkeypatch):
+    """The col2im matmul and the sum that shifts its shares into place run image by image (a piece pair:
+    the sum reads each image's shares while they are in cache); the input's gradient against PyTorch,
+    with the relu of the layer below fused into the sum."""
+    monkeypatch.setenv("TGRAD_THREADS", threads)
+    shape, (cout, *ks), stride, padding, dilation, groups = case
+    ks = tuple(ks[0]) if isinstance(ks[0], tuple) else tuple(ks)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = (rng.standard_normal((cout, shape[1] // groups, *ks)) * 0.2).astype(np.float32)
+    tx = Tensor(x, device="CPU", requires_grad=True)
+    out = tx.relu().conv2d(Tensor(w, device="CPU"), stride=stride, padding=padding, dilation=dilation,
+                           groups=groups)
+    (out * out).sum().backward()
+    # (a grouped conv's col2im matmul has the groups as its axis 0, not the images: not paired)
+    names = [it.kernel.name for it in fuse.schedule([tx.grad.node])]
+    assert bool(_pairs([tx.grad.node])) == (groups == 1), names
+    rx = torch.tensor(x, requires_grad=True)
+    ref = torch.nn.functional.conv2d(rx.relu(), torch.tensor(w), stride=stride, padding=padding,
+                                     dilation=dilation, groups=groups)
+    (ref * ref).sum().backward()
+    np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=2e-3)
+
+
+def test_piece_pair_refuses_reads_of_other_images():
+    """A kernel after a batched matmul that reads the next image's result, or picks images by number,
+    is not run piece by piece (its piece would read rows not computed yet); values as numpy's."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((16, 200, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 300)).astype(np.float32)
+    ref = a @ b
+    ta, tb = Tensor(a, device="CPU"), Tensor(b, device="CPU")
+    for make, want in [
+        (lambda y: y[1:] + y[:-1], ref[1:] + ref[:-1]),
+        (lambda y: y.flip(0) * 2, ref[::-1] * 2),
+        (lambda y: (Tensor.arange(16, device="CPU").reshape(16, 1, 1) < 5).where(y, 0.0) + 1, None),
+    ]:
+        z = make(ta @ tb)
+        assert not _pairs([z.node]), [it.kernel.name for it in fuse.schedule([z.node])]
+        if want is None:
+            want = np.where(np.arange(16).reshape(16, 1, 1) < 5, ref, 0.0) + 1
+        np.testing.assert_allclose(z.numpy(), want, rtol=1e-4, atol=1e-3)
+    z = (ta @ tb) * 3 + 1  # the same image: fused as the matmul's epilogue, not a pair
+    np.testing.assert_allclose(z.numpy(), ref * 3 + 1, rtol=1e-4, atol=1e-3)
+
+
+def test_index_range_under_a_mask():
+    from tgrad.fuse import IDX_DT, Expr, const, iadd, iless, imul
+
+    i1 = Expr("IDX", (), (1, 10), IDX_DT)
+    index = iadd(imul(i1, 4), const(-8, IDX_DT))  # 4 * i1 - 8 where i1 >= 2: 0 .. 28
+    mask = Expr("CMPLT", (const(1, IDX_DT), i1), None, blas.dtypes.bool)
+    assert blas._index_range(index, mask, (5, 10)) == (0, 28)
+    assert blas._index_range(index, iless(i1, 0), (5, 10)) == (0, 0)  # nothing read
+    odd = Expr("SIN", (index,), None, IDX_DT)
+    assert blas._index_range(odd, mask, (5, 10)) == (None, None)
+
+
+def test_piece_pair_checks_every_read_stays_in_its_image():
+    """The conv's pair, with the sum's reads of the shares moved by one element either way (so that an
+    image's first or last read falls in the neighbouring image): refused."""
+    from tgrad.fuse import IDX_DT, Expr, iadd
+
+    x = Tensor(np.ones((8, 16, 24, 24), np.float32), device="CPU", requires_grad=True)
+    (x.conv2d(Tensor(np.ones((8, 16, 5, 5), np.float32), device="CPU")) ** 2).sum().backward()
+    items = fuse.schedule([x.grad.node])
+    k1, k2, reads = next((a.kernel, b.kernel, r) for a, b in zip(items, items[1:])
+                         for r in [tuple(j for j, n in enumerate(b.inputs) if n is a.out)]
+                         if r and blas.piece_pair(a.kernel, b.kernel, r) is not None)
+
+    def moved(e, by, memo):
+        if e not in memo:
+            if e.op == "LOAD" and e.arg in reads:
+                memo[e] = Expr("LOAD", (iadd(e.srcs[0], fuse.const(by, IDX_DT)), e.srcs[1]), e.arg, e.dtype)
+            elif not e.srcs:
+                memo[e] = e
+            else:
+                memo[e] = Expr(e.op, tuple(moved(s, by, memo) for s in e.srcs), e.arg, e.dtype)
+        return memo[e]
+
+    import dataclasses
+
+    for by in (1, -1):
+        k2b = dataclasses.replace(k2, expr=moved(k2.expr, by, {}))
+        assert blas.piece_pair(k1, k2b, reads) is None, by

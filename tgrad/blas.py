@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_const, is_true, linear_terms
 
@@ -202,10 +204,16 @@ def _chunk(k: Kernel, a: Operand, b: Operand, batch, m, n) -> Chunk | None:
         length = k.shape[axis] if axis < len(k.shape) else 0
         if length > 1 and all(op.strides[axis] for _, op in copies):
             per = elems // length  # the copies' elements per index of the axis
-            size = max([d for d in range(1, length) if length % d == 0 and d * per <= CHUNK_ELEMS] or [1])
+            size = _piece_size(length, per)
             if best is None or size * per < best[0] and best[0] > CHUNK_ELEMS:
                 best = (size * per, Chunk(axis, size))
     return None if best is None else best[1]
+
+
+def _piece_size(length: int, per: int) -> int:
+    """The most indices of an axis of `length` per piece (a divisor) whose `per` elements each fit
+    CHUNK_ELEMS, at least 1."""
+    return max([d for d in range(1, length) if length % d == 0 and d * per <= CHUNK_ELEMS] or [1])
 
 
 def _lead_batch(k: Kernel, batch: list[int], m: list[int], n: list[int]):
@@ -268,3 +276,149 @@ def same_index(a: Expr, b: Expr) -> bool:
     """Whether two index expressions are the same sum of terms (in any order)."""
     diff = iadd(a, imul(b, -1))
     return is_const(diff) and diff.arg == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# piece pairs: a matmul and the elementwise kernel after it that reads its result image by image
+
+
+@dataclass(frozen=True)
+class PiecePair:
+    """A BLAS kernel k1 run in pieces of its axis 0 (`chunk`), each piece followed at once by the next
+    kernel k2 over the same images (`sub`: k2 over chunk.size images), which reads k1's result while it
+    is in cache: a conv's col2im matmul (164 MB of window shares for the MNIST CNN's second conv) and
+    the sum that shifts them into place. k1 still writes its whole result; k2's pointers move by
+    `shifts` elements per image (its output's by `out_shift`)."""
+
+    chunk: Chunk
+    sub: Kernel
+    shifts: tuple[int, ...]
+    out_shift: int
+
+
+PAIR_MAX_POINTS = 1 << 22  # points of one image of k2 up to which its reads are checked (piece_pair)
+
+
+def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> PiecePair | None:
+    """k1 (a BLAS kernel) then k2 (elementwise, reading k1's result as its inputs `reads`) as a PiecePair,
+    or None. Only where it gives the same values: k1's plan writes its result row-major with no copies or
+    generated functions; k2's axis 0 (images, the length of k1's) appears in its indices only as a term
+    n * shift of a load or store index, one shift per input; and k2 reads k1's result only within the
+    image it computes (checked at every point of one image, masks applied: `_index_range`)."""
+    plan = blas_plan(k1)
+    if plan is None or plan.prologues or plan.epilogue is not None or plan.chunk is not None:
+        return None
+    if k2.reduce_expr is not None or not k2.shape or k2.shape[0] != k1.shape[0] or k2.shape[0] < 2:
+        return None
+    if k1.n_global < 1 or math.prod(k2.shape[1:]) > PAIR_MAX_POINTS or k2.out_dtype == dtypes.float16 or \
+            dtypes.float16 in k2.in_dtypes:
+        return None
+    shifts: dict[int, int] = {}
+    loads: list[Expr] = []
+    seen: set = set()
+    stack = [k2.expr]
+    while stack:
+        e = stack.pop()
+        if e in seen:
+            continue
+        seen.add(e)
+        if e.op == "LOAD":
+            shift = _axis0_shift(e.srcs[0])
+            if shift is None or 0 in _axes(e.srcs[1]) or shifts.setdefault(e.arg, shift) != shift:
+                return None
+            loads.append(e)
+            stack.append(e.srcs[1])
+        elif e.op == "IDX" and e.arg[0] == 0:
+            return None  # the image number used as a value, or in a mask
+        else:
+            stack.extend(e.srcs)
+    out_shift = _axis0_shift(k2.out_index)
+    per_image = math.prod(k1.shape[1 : k1.n_global])  # k1's result elements per image
+    if out_shift is None or any(shifts.get(p, per_image) != per_image for p in reads):
+        return None
+    for e in loads:
+        if e.arg in reads:
+            lo, hi = _index_range(e.srcs[0], e.srcs[1], k2.shape)
+            if lo is None or lo < 0 or hi >= per_image:
+                return None
+    size = _piece_size(k1.shape[0], per_image)
+    moves = tuple(shifts.get(j, 0) for j in range(len(k2.in_dtypes)))
+    return PiecePair(Chunk(0, size), _resize_axis0(k2, size), moves, out_shift)
+
+
+def _axis0_shift(index: Expr) -> int | None:
+    """c where index = c * i0 + (terms without i0), else None (i0 under a division, a product, ...)."""
+    shift = 0
+    for coef, atom in linear_terms(index):
+        if atom is not None and atom.op == "IDX" and atom.arg[0] == 0:
+            shift += coef
+        elif atom is not None and 0 in _axes(atom):
+            return None
+    return shift
+
+
+def _resize_axis0(k: Kernel, size: int) -> Kernel:
+    def swap(e: Expr, memo: dict) -> Expr:
+        hit = memo.get(e)
+        if hit is None:
+            if e.op == "IDX" and e.arg[0] == 0:
+                hit = Expr("IDX", (), (0, size), e.dtype)
+            elif not e.srcs:
+                hit = e
+            else:
+                hit = Expr(e.op, tuple(swap(s, memo) for s in e.srcs), e.arg, e.dtype)
+            memo[e] = hit
+        return hit
+
+    memo: dict = {}
+    return Kernel(name=f"{k.name}_piece", shape=(size, *k.shape[1:]), n_global=k.n_global, reduce_op=None,
+                  reduce_expr=None, expr=swap(k.expr, memo), out_index=swap(k.out_index, memo),
+                  out_dtype=k.out_dtype, in_dtypes=k.in_dtypes)
+
+
+_INT_OPS = {"ADD": np.add, "MUL": np.multiply, "CMPLT": np.less, "AND": np.logical_and, "OR": np.logical_or,
+            "CMPNE": np.not_equal, "MAX": np.maximum}
+
+
+def _index_range(index: Expr, mask: Expr, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
+    """The least and greatest value of a load's index, without its image term, over the points of one
+    image (axis 0 at 0) where its mask holds; (None, None) where an op is not understood here."""
+    grids = np.indices((1, *shape[1:]), dtype=np.int64).reshape(len(shape), -1)
+
+    def ev(e: Expr, memo: dict):
+        hit = memo.get(e)
+        if hit is not None:
+            return hit
+        if e.op == "IDX":
+            hit = grids[e.arg[0]]
+        elif e.op == "CONST":
+            hit = np.asarray(e.arg)
+        elif e.op in _INT_OPS:
+            a, b = (ev(s, memo) for s in e.srcs)
+            hit = _INT_OPS[e.op](a, b)
+        elif e.op == "IDIV":
+            a, b = (ev(s, memo) for s in e.srcs)
+            hit = np.floor_divide(a, b)  # indices are never negative where they are used
+        elif e.op == "MOD":
+            a, b = (ev(s, memo) for s in e.srcs)
+            hit = np.mod(a, b)
+        elif e.op == "NOT":
+            hit = np.logical_not(ev(e.srcs[0], memo))
+        elif e.op == "WHERE":
+            c, a, b = (ev(s, memo) for s in e.srcs)
+            hit = np.where(c, a, b)
+        else:
+            raise LookupError(e.op)
+        memo[e] = hit
+        return hit
+
+    try:
+        memo: dict = {}
+        values = np.broadcast_to(ev(index, memo), grids.shape[1:])
+        valid = np.broadcast_to(ev(mask, memo), grids.shape[1:]).astype(bool)
+    except (LookupError, ValueError, TypeError):
+        return None, None
+    if not valid.any():
+        return 0, 0
+    picked = values[valid]
+    return int(picked.min()), int(picked.max())

@@ -174,6 +174,12 @@ class Runtime:
         the CPU's row groups, see realize._row_groups); a device that returns a number has rows_runner."""
         return None
 
+    def pairs(self, first, second, reads: tuple[int, ...]) -> bool:
+        """Whether this device runs kernel `first` and the kernel after it, which reads first's result as
+        its inputs `reads`, together as a group (rows_runner of the two): the CPU's piece pairs
+        (blas.piece_pair: a conv's col2im matmul and its sum, image by image)."""
+        return False
+
     def evaluate(self, nodes: list) -> None:
         """(evaluates_graphs devices only) compute the nodes' values into buffers."""
         raise NotImplementedError

@@ -188,6 +188,9 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
             if group is None:
                 break
             best, end = group, end + 1
+        if best is None and _paired(items, start, rt):
+            best = _group(items, start, start + 1, rt)
+            end = start + 1 if best is not None else start
         it = items[start]
         # an assign that reads its target (SGD's update): a group of one reads it through one name (_group)
         if best is None and it.target in it.inputs and _runs(it.kernel) \
@@ -306,6 +309,16 @@ def _chained(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
     return (get_runtime(b.out.device) is rt and _runs(a.kernel) and _runs(b.kernel)
             and not _reads_target_elsewhere(a) and not _reads_target_elsewhere(b)
             and rt.row_count(a.kernel) is not None and rt.row_count(a.kernel) == rt.row_count(b.kernel))
+
+
+def _paired(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
+    """Whether items i and i + 1 run as the device's pair (Runtime.pairs): on one device, no assigns."""
+    if i + 1 >= len(items):
+        return False
+    a, b = items[i], items[i + 1]
+    reads = tuple(j for j, n in enumerate(b.inputs) if n is a.out)
+    return (bool(reads) and get_runtime(b.out.device) is rt and a.target is None and b.target is None
+            and _runs(a.kernel) and _runs(b.kernel) and rt.pairs(a.kernel, b.kernel, reads))
 
 
 def _position(nodes: list[Node], node: Node) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgrad import emit_numba
+from tgrad import blas, emit_numba
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_numba import BlasPlan
@@ -67,12 +67,14 @@ class _Threads:
         self.pid = os.getpid()  # a forked child has none of its parent's threads: it starts its own
         self.local = threading.local()  # per thread: Numba's return-value and exception slots
 
-    def call(self, native, args: tuple, lo: int, hi: int) -> None:
+    def call(self, native, args: tuple, lo: int | None, hi: int | None) -> None:
+        """The native function on [lo, hi) (lo None: a serial function) with this thread's slots."""
         slots = getattr(self.local, "slots", None)
         if slots is None:
             ret, exc = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()
             slots = self.local.slots = (ret, exc, ctypes.addressof(ret), ctypes.addressof(exc))
-        status = native(slots[2], slots[3], *args, lo, hi)
+        ends = () if lo is None else (lo, hi)
+        status = native(slots[2], slots[3], *args, *ends)
         if status not in _RET_OK:
             raise RuntimeError(f"the compiled function returned error status {status}")
 
@@ -242,6 +244,12 @@ def _native(program: Program) -> _Native:
     return _Native(program, hashlib.sha256(program.source.encode()).hexdigest()[:20], path)
 
 
+def _reads(members: tuple) -> tuple[int, ...]:
+    """The inputs of a two-kernel group's second kernel that are the first's output."""
+    (_, _, at), (_, ins, _) = members
+    return tuple(j for j, p in enumerate(ins) if p == at)
+
+
 def _functions(program: Program) -> list[Program]:
     """The generated functions a kernel's Program needs (a BLAS plan has some around the matmul)."""
     if "blas" not in program.launch:
@@ -260,6 +268,7 @@ class CPURuntime(Runtime):
         self.rendered: dict[Kernel, Program] = {}  # rendered by prepare(), not compiled yet
         self.row_runners: dict = {}  # (members, sizes) -> Runner of a row group, or None: not one
         self.row_counts: dict[Kernel, int | None] = {}  # kernel -> rows, None: never in a row group
+        self.piece_pairs: dict[tuple, blas.PiecePair | None] = {}  # (k1, k2, reads) -> blas.piece_pair
         self.seen_groups: weakref.WeakSet[Runner] = weakref.WeakSet()  # row groups prepare() has seen
         if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
             raise DeviceError("the CPU device needs numba: pip install numba")
@@ -325,11 +334,50 @@ class CPURuntime(Runtime):
         key = (members, sizes, aliases)
         hit = self.row_runners.get(key, False)
         if hit is False:
+            if len(members) == 2 and self.pairs(members[0][0], members[1][0], _reads(members)):
+                hit = self.row_runners[key] = self._pair_runner(members)
+                return hit
             program, runner = emit_numba.render_rows(list(members), dict(sizes), dict(aliases)), None
             if program is not None:
                 runner = Runner(program, self._built_on_first_call(program), self.name)
             hit = self.row_runners[key] = runner
         return hit
+
+    def pairs(self, first: Kernel, second: Kernel, reads: tuple[int, ...]) -> bool:
+        key = (first, second, reads)
+        hit = self.piece_pairs.get(key, False)
+        if hit is False:
+            hit = self.piece_pairs[key] = blas.piece_pair(first, second, reads)
+        return hit is not None
+
+    def _pair_runner(self, members: tuple) -> Runner:
+        """A piece pair (blas.piece_pair) as one Runner over the group's nodes (realize._group): k1's
+        matmul in pieces of images (cpu_blas.run_blas), each followed on its thread by k2's function over
+        those images, its pointers moved to them."""
+        (k1, ins1, at1), (k2, ins2, _) = members
+        pair = self.piece_pairs[(k1, k2, _reads(members))]
+        plan = dataclasses.replace(blas.blas_plan(k1), chunk=pair.chunk)
+        program = emit_numba.render_loops(pair.sub, parallel=False)
+        built: list = []
+        memory = self.memory
+
+        def run(out: Buffer, *inputs: Buffer) -> None:
+            if not built:
+                built.append(self._build(program, program.name, free=True))
+            arrays = [b.data for b in inputs]
+            second, whole = built[0], out.data
+
+            def after(start: int) -> None:
+                second(whole[start * pair.out_shift :],
+                       *[arrays[p][start * shift :] for p, shift in zip(ins2, pair.shifts)])
+
+            try:
+                run_blas(plan, k1, [arrays[p] for p in ins1], memory, out=arrays[at1], after=after)
+            except Exception as e:
+                raise KernelError(f"kernels {k1.name} and {k2.name} (in pieces) failed to run: "
+                                  f"{type(e).__name__}: {e}\n{numbered(program.source)}") from e
+
+        return Runner(program, run, self.name)
 
     def _built_on_first_call(self, program: Program):
         built: list = []
@@ -388,16 +436,25 @@ class CPURuntime(Runtime):
 
         return Runner(program, run, self.name)
 
-    def _build(self, program: Program, kernel_name: str):
+    def _build(self, program: Program, kernel_name: str, free: bool = False):
         """A callable running one generated function on numpy arrays (the output, then every input of
         the kernel). Functions with the same source (flattened elementwise kernels of different lengths)
-        and dtypes share one compiled function."""
+        and dtypes share one compiled function. `free`: a serial function called without the GIL, with
+        Numba's slots of the calling thread (a piece pair's second kernel runs on the pieces' threads)."""
         nat = _native(program)
         hit = self.functions.get(nat.key)
         if hit is None:
             hit = self.functions[nat.key] = self._load(nat, kernel_name)
         native, used, extra = hit[0], program.reads, program.args
         address_of_native = ctypes.cast(native, ctypes.c_void_p).value
+        if free and not program.launch.get("split") and not program.scratch:
+            unlocked = ctypes.CFUNCTYPE(ctypes.c_int32, *native.argtypes)(address_of_native)
+
+            def call_free(out: np.ndarray, *inputs: np.ndarray) -> None:
+                args = (_address(out), *[_address(inputs[i]) for i in used], *extra)
+                _THREADS.call(unlocked, args, None, None)
+
+            return call_free
         split, combine = program.launch.get("split", 0), program.launch.get("combine", False)
         scratch = tuple((size, dt.np) for size, dt in program.scratch)
         address, pool = _address, []  # scratch arrays between launches (pop/append are atomic)

@@ -125,12 +125,13 @@ def _column_major(x: np.ndarray) -> bool:
 
 
 def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
-             out: np.ndarray | None = None) -> np.ndarray | None:
+             out: np.ndarray | None = None, after=None) -> np.ndarray | None:
     """The reduce result of a matmul-shaped kernel, row-major over its global axes, in an array from
     `memory` (the caller releases it). With `out` (the kernel's flat output) and a result already in that
-    order, BLAS writes into it and this returns None."""
+    order, BLAS writes into it and this returns None. `after(start)` (a plan whose Chunk cuts axis 0 into
+    rows of `out`) runs on each piece's thread once that piece's rows are in `out` (a piece pair)."""
     if plan.chunk is not None:
-        return _run_pieces(plan, kernel, arrays, memory, out)
+        return _run_pieces(plan, kernel, arrays, memory, out, after)
     return _matmul(plan, plan.a, plan.b, kernel.shape, kernel.n_global, arrays, memory, out)
 
 
@@ -172,7 +173,7 @@ def _matmul(plan: BlasPlan, op_a: Operand, op_b: Operand, shape: tuple[int, ...]
 
 
 def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
-                out: np.ndarray | None) -> np.ndarray | None:
+                out: np.ndarray | None, after=None) -> np.ndarray | None:
     """run_blas of a plan with a Chunk: one matmul per piece of the chunk axis, each copying only its
     piece of the windows (im2col), which BLAS then reads from cache. The pieces run on `threads()` Python
     threads, each calling a one-thread BLAS (numpy releases the GIL in copies and matmuls): a conv's
@@ -187,8 +188,13 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
              _Side(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
     a, b = sides[0].matrix0, sides[1].matrix0
     m, n, swap = plan.m, plan.n, False
-    if _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b)):
-        m, n, swap = n, m, True  # as _matmul: c.T = b.T @ a.T
+    natural = [*plan.batch, *m, *n] == list(range(ng))
+    if not natural and [*plan.batch, *n, *m] == list(range(ng)):
+        m, n, swap = n, m, True  # c.T = b.T @ a.T comes out in the output's order
+    elif not natural and (_column_major(a if _stored(a) >= _stored(b) else b) or
+                          (_column_major(a) and _column_major(b))):
+        m, n, swap = n, m, True  # as _matmul (a piece's operands are small: the result's order comes first:
+        # the col2im matmul of one image swapped by this rule copied each 1.28 MB result transposed)
     order = [*plan.batch, *m, *n]
     dims = (*(sub[x] for x in plan.batch), math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
     dtype = np.result_type(a, b)
@@ -198,6 +204,8 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     total, rows = math.prod(shape[:ng]), ch.axis < ng
     direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
     result = (out if direct else memory.array(total, dtype)) if rows else None
+    if after is not None and not (rows and direct):
+        raise ValueError(f"{kernel.name}: a piece pair needs its matmul's pieces written into its output")
     per = math.prod(dims)  # elements of a piece's product
     states: list[dict] = []
 
@@ -218,6 +226,8 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
             else:
                 c = np.matmul(x, y, out=state["tmp"].reshape(dims))
                 target.reshape(sub[:ng])[...] = c.reshape(ordered).transpose(back)
+            if after is not None:
+                after(start)
         else:
             c = np.matmul(x, y, out=state["tmp"].reshape(dims))
             acc = state["acc"] if in_order else state["acc"].reshape(shape[:ng])

@@ -188,20 +188,22 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
              _Side(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
     a, b = sides[0].matrix0, sides[1].matrix0
     m, n, swap = plan.m, plan.n, False
-    natural = [*plan.batch, *m, *n] == list(range(ng))
-    if not natural and [*plan.batch, *n, *m] == list(range(ng)):
+    # pieces of rows keep their result in the output's order where either orientation gives it (the
+    # col2im matmul of one image, swapped by _matmul's rule, copied each 1.28 MB result transposed);
+    # otherwise, and for pieces of K (whose small results are summed), _matmul's rule
+    natural, rows = [*plan.batch, *m, *n] == list(range(ng)), ch.axis < ng
+    if rows and not natural and [*plan.batch, *n, *m] == list(range(ng)):
         m, n, swap = n, m, True  # c.T = b.T @ a.T comes out in the output's order
-    elif not natural and (_column_major(a if _stored(a) >= _stored(b) else b) or
-                          (_column_major(a) and _column_major(b))):
-        m, n, swap = n, m, True  # as _matmul (a piece's operands are small: the result's order comes first:
-        # the col2im matmul of one image swapped by this rule copied each 1.28 MB result transposed)
+    elif not (rows and natural) and (_column_major(a if _stored(a) >= _stored(b) else b) or
+                                     (_column_major(a) and _column_major(b))):
+        m, n, swap = n, m, True  # as _matmul: c.T = b.T @ a.T
     order = [*plan.batch, *m, *n]
     dims = (*(sub[x] for x in plan.batch), math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
     dtype = np.result_type(a, b)
     in_order = order == list(range(ng))
     back = tuple(order.index(x) for x in range(ng))
     ordered = tuple(sub[x] for x in order)
-    total, rows = math.prod(shape[:ng]), ch.axis < ng
+    total = math.prod(shape[:ng])
     direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
     result = (out if direct else memory.array(total, dtype)) if rows else None
     if after is not None and not (rows and direct):

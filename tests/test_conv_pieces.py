@@ -146,8 +146,10 @@ def _pairs(nodes):
 def test_conv_input_gradient_as_a_piece_pair(case, threads, monkeypatch):
     """The col2im matmul and the sum that shifts its shares into place run image by image (a piece pair:
     the sum reads each image's shares while they are in cache); the input's gradient against PyTorch,
-    with the relu of the layer below fused into the sum."""
+    with the relu of the layer below fused into the sum. (Pairs start at blas.PAIR_MIN_RESULT elements of
+    window shares: lowered so that these small convs pair.)"""
     monkeypatch.setenv("TGRAD_THREADS", threads)
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
     shape, (cout, *ks), stride, padding, dilation, groups = case
     ks = tuple(ks[0]) if isinstance(ks[0], tuple) else tuple(ks)
     rng = np.random.default_rng(8)
@@ -167,9 +169,10 @@ def test_conv_input_gradient_as_a_piece_pair(case, threads, monkeypatch):
     np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=2e-3)
 
 
-def test_piece_pair_refuses_reads_of_other_images():
+def test_piece_pair_refuses_reads_of_other_images(monkeypatch):
     """A kernel after a batched matmul that reads the next image's result, or picks images by number,
     is not run piece by piece (its piece would read rows not computed yet); values as numpy's."""
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
     rng = np.random.default_rng(9)
     a = rng.standard_normal((16, 200, 64)).astype(np.float32)
     b = rng.standard_normal((64, 300)).astype(np.float32)
@@ -201,9 +204,10 @@ def test_index_range_under_a_mask():
     assert blas._index_range(odd, mask, (5, 10)) == (None, None)
 
 
-def test_piece_pair_checks_every_read_stays_in_its_image():
+def test_piece_pair_checks_every_read_stays_in_its_image(monkeypatch):
     """The conv's pair, with the sum's reads of the shares moved by one element either way (so that an
     image's first or last read falls in the neighbouring image): refused."""
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
     from tgrad.fuse import IDX_DT, Expr, iadd
 
     x = Tensor(np.ones((8, 16, 24, 24), np.float32), device="CPU", requires_grad=True)
@@ -228,3 +232,46 @@ def test_piece_pair_checks_every_read_stays_in_its_image():
     for by in (1, -1):
         k2b = dataclasses.replace(k2, expr=moved(k2.expr, by, {}))
         assert blas.piece_pair(k1, k2b, reads) is None, by
+
+
+def test_piece_pair_with_a_computed_operand_matches_torch():
+    """The conv2d_fwd_bwd bench's graph (32 images: 10M window shares, a pair by default): the col2im
+    matmul's gradient operand is computed (relu's gradient) by a prologue, made whole before the pieces;
+    both weights' gradients against PyTorch. The first conv's matmul and its relu (295K elements) are
+    not paired."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((32, 1, 28, 28)).astype(np.float32)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((32, 1, 5, 5), (32, 32, 5, 5)))
+    tx = Tensor(x, device="CPU")
+    tw1, tw2 = (Tensor(w, device="CPU", requires_grad=True) for w in (w1, w2))
+    loss = tx.conv2d(tw1).relu().conv2d(tw2).relu().sum()
+    loss.backward()
+    items = fuse.schedule([loss.node, tw1.grad.node, tw2.grad.node])
+    paired = [a.kernel for a, b in zip(items, items[1:])
+              for r in [tuple(j for j, n in enumerate(b.inputs) if n is a.out)]
+              if r and blas.piece_pair(a.kernel, b.kernel, r) is not None]
+    assert len(paired) == 1 and emit_numba.blas_plan(paired[0]).prologues, [it.kernel.name for it in items]
+    rw1, rw2 = (torch.tensor(w, requires_grad=True) for w in (w1, w2))
+    conv = torch.nn.functional.conv2d
+    ref = conv(conv(torch.tensor(x), rw1).relu(), rw2).relu().sum()
+    ref.backward()
+    np.testing.assert_allclose(loss.numpy(), ref.detach().numpy(), rtol=1e-4)
+    np.testing.assert_allclose(tw2.grad.numpy(), rw2.grad.numpy(), rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(tw1.grad.numpy(), rw1.grad.numpy(), rtol=1e-4, atol=1e-2)
+
+
+def test_a_small_matmul_and_the_kernel_after_it_are_not_a_pair(monkeypatch):
+    """An MLP layer's matmul and a kernel after it that reads its rows (here flipped, so not an
+    epilogue) stay one BLAS call and one kernel: under blas.PAIR_MIN_RESULT elements a pair only costs
+    a thread hand-off. With the bound lowered they pair, with the same values."""
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((128, 784)).astype(np.float32)
+    w = rng.standard_normal((784, 128)).astype(np.float32)
+    want = a @ w
+    want = want * 0.5 + want[:, ::-1]
+    for bound, paired in ((blas.PAIR_MIN_RESULT, False), (1 << 10, True)):
+        monkeypatch.setattr(blas, "PAIR_MIN_RESULT", bound)
+        h = Tensor(a, device="CPU") @ Tensor(w, device="CPU")
+        z = h * 0.5 + h.flip(1)
+        assert bool(_pairs([z.node])) == paired, [it.kernel.name for it in fuse.schedule([z.node])]
+        np.testing.assert_allclose(z.numpy(), want, rtol=1e-4, atol=1e-3)

@@ -297,21 +297,25 @@ class PiecePair:
 
 
 PAIR_MAX_POINTS = 1 << 22  # points of one image of k2 up to which its reads are checked (piece_pair)
+# elements of k1's result from which a pair pays: below, it stays in the caches between the two kernels
+# (and a matmul cut in two for threads is slower than one: an MLP's x @ w then a kernel after it)
+PAIR_MIN_RESULT = 1 << 22
 
 
 def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> PiecePair | None:
     """k1 (a BLAS kernel) then k2 (elementwise, reading k1's result as its inputs `reads`) as a PiecePair,
-    or None. Only where it gives the same values: k1's plan writes its result row-major with no copies or
-    generated functions; k2's axis 0 (images, the length of k1's) appears in its indices only as a term
-    n * shift of a load or store index, one shift per input; and k2 reads k1's result only within the
-    image it computes (checked at every point of one image, masks applied: `_index_range`)."""
+    or None. Only where it gives the same values: k1's plan writes its result row-major with no copies
+    and no epilogue (computed operands are made whole first); k2's axis 0 (images, the length of k1's)
+    appears in its indices only as a term n * shift of a load or store index, one shift per input; and
+    k2 reads k1's result only within the image it computes (checked at every point of one image, masks
+    applied: `_index_range`)."""
     plan = blas_plan(k1)
-    if plan is None or plan.prologues or plan.epilogue is not None or plan.chunk is not None:
+    if plan is None or plan.epilogue is not None or plan.chunk is not None:
         return None
     if k2.reduce_expr is not None or not k2.shape or k2.shape[0] != k1.shape[0] or k2.shape[0] < 2:
         return None
     if k1.n_global < 1 or math.prod(k2.shape[1:]) > PAIR_MAX_POINTS or k2.out_dtype == dtypes.float16 or \
-            dtypes.float16 in k2.in_dtypes:
+            dtypes.float16 in k2.in_dtypes or math.prod(k1.global_shape) < PAIR_MIN_RESULT:
         return None
     shifts: dict[int, int] = {}
     loads: list[Expr] = []

@@ -362,17 +362,28 @@ class CPURuntime(Runtime):
         memory = self.memory
 
         def run(out: Buffer, *inputs: Buffer) -> None:
-            if not built:
+            if not built:  # k2's function over a piece, then the functions of k1's computed operands
                 built.append(self._build(program, program.name, free=True))
+                rendered = emit_numba.render(k1).launch["prologues"]
+                built.extend(self._build(p, k.name) for p, k in zip(rendered, plan.prologues))
             arrays = [b.data for b in inputs]
             second, whole = built[0], out.data
+            operands, scratch = [arrays[p] for p in ins1], []
 
             def after(start: int) -> None:
                 second(whole[start * pair.out_shift :],
                        *[arrays[p][start * shift :] for p, shift in zip(ins2, pair.shifts)])
 
             try:
-                run_blas(plan, k1, [arrays[p] for p in ins1], memory, out=arrays[at1], after=after)
+                k1_inputs = list(operands)
+                for pk, pfn in zip(plan.prologues, built[1:]):  # computed operands, whole, first
+                    dtype = emit_numba.storage_dtype(pk.out_dtype).np
+                    scratch.append(memory.array(math.prod(pk.shape), dtype))
+                    operands.append(scratch[-1])
+                    pfn(scratch[-1], *k1_inputs)
+                run_blas(plan, k1, operands, memory, out=arrays[at1], after=after)
+                for array in scratch:
+                    memory.release(array)
             except Exception as e:
                 raise KernelError(f"kernels {k1.name} and {k2.name} (in pieces) failed to run: "
                                   f"{type(e).__name__}: {e}\n{numbered(program.source)}") from e

@@ -269,9 +269,61 @@ def test_a_small_matmul_and_the_kernel_after_it_are_not_a_pair(monkeypatch):
     w = rng.standard_normal((784, 128)).astype(np.float32)
     want = a @ w
     want = want * 0.5 + want[:, ::-1]
-    for bound, paired in ((blas.PAIR_MIN_RESULT, False), (1 << 10, True)):
+    for bound, paired, rows in ((blas.PAIR_MIN_RESULT, False, 128), (1 << 10, True, 96)):
+        # (other shapes with the bound lowered: the runtime remembers each pair of kernels it looked at)
         monkeypatch.setattr(blas, "PAIR_MIN_RESULT", bound)
-        h = Tensor(a, device="CPU") @ Tensor(w, device="CPU")
+        h = Tensor(a[:rows], device="CPU") @ Tensor(w, device="CPU")
         z = h * 0.5 + h.flip(1)
         assert bool(_pairs([z.node])) == paired, [it.kernel.name for it in fuse.schedule([z.node])]
-        np.testing.assert_allclose(z.numpy(), want, rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(z.numpy(), want[:rows], rtol=1e-4, atol=1e-3)
+        # a pair keeps h in its threads' caches: h is not realized, and reading it computes it again
+        assert h.node.base.realized != paired
+        np.testing.assert_allclose(h.numpy(), a[:rows] @ w, rtol=1e-4, atol=1e-3)
+
+
+def test_a_pair_writes_a_result_that_is_read_elsewhere(monkeypatch):
+    """The first kernel's result of a pair is written whole when the caller reads it too, or a later
+    kernel of the schedule does."""
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 10)
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((64, 300)).astype(np.float32)
+    w = rng.standard_normal((300, 96)).astype(np.float32)
+    ref = a @ w
+    h = Tensor(a, device="CPU") @ Tensor(w, device="CPU")
+    z = h * 0.5 + h.flip(1)
+    assert _pairs([z.node])
+    Tensor.realize(z, h)
+    assert h.node.base.realized
+    np.testing.assert_allclose(h.numpy(), ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(z.numpy(), ref * 0.5 + ref[:, ::-1], rtol=1e-4, atol=1e-3)
+    h = Tensor(a, device="CPU") @ Tensor(w, device="CPU")
+    z = h * 0.5 + h.flip(1)
+    y = (z + h.exp().sum(1, keepdim=True)).numpy()  # a later kernel reads h
+    np.testing.assert_allclose(y, ref * 0.5 + ref[:, ::-1] + np.exp(ref).sum(1, keepdims=True), rtol=1e-4)
+
+
+def test_jitted_conv_steps_with_pairs_match_torch():
+    """TinyJit captures a conv training step whose col2im pair keeps its window shares (no buffer for
+    them) and replays it with new inputs."""
+    from tgrad import TinyJit
+
+    rng = np.random.default_rng(14)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((32, 1, 5, 5), (32, 32, 5, 5)))
+    tw1, tw2 = (Tensor(w, device="CPU", requires_grad=True) for w in (w1, w2))
+
+    @TinyJit
+    def step(x):
+        loss = x.conv2d(tw1).relu().conv2d(tw2).relu().sum()
+        loss.backward()
+        grads = [tw1.grad.realize(), tw2.grad.realize()]
+        tw1.grad = tw2.grad = None
+        return grads
+
+    conv = torch.nn.functional.conv2d
+    for _ in range(4):
+        x = rng.standard_normal((32, 1, 28, 28)).astype(np.float32)
+        g1, g2 = step(Tensor(x, device="CPU"))
+        rw1, rw2 = (torch.tensor(w, requires_grad=True) for w in (w1, w2))
+        conv(conv(torch.tensor(x), rw1).relu(), rw2).relu().sum().backward()
+        np.testing.assert_allclose(g2.numpy(), rw2.grad.numpy(), rtol=1e-4, atol=1e-2)
+        np.testing.assert_allclose(g1.numpy(), rw1.grad.numpy(), rtol=1e-4, atol=1e-2)

@@ -287,8 +287,9 @@ class PiecePair:
     """A BLAS kernel k1 run in pieces of its axis 0 (`chunk`), each piece followed at once by the next
     kernel k2 over the same images (`sub`: k2 over chunk.size images), which reads k1's result while it
     is in cache: a conv's col2im matmul (164 MB of window shares for the MNIST CNN's second conv) and
-    the sum that shifts them into place. k1 still writes its whole result; k2's pointers move by
-    `shifts` elements per image (its output's by `out_shift`)."""
+    the sum that shifts them into place. Where nothing else reads k1's result (realize._private_of) it
+    is never written whole, else k1 writes it too; k2's pointers move by `shifts` elements per image (its
+    output's by `out_shift`)."""
 
     chunk: Chunk
     sub: Kernel

@@ -329,10 +329,37 @@ def _position(nodes: list[Node], node: Node) -> int:
     return len(nodes) - 1
 
 
-def run_schedule(items: list[fuse.ScheduleItem]) -> None:
-    """Run scheduled kernels in order; each item's output node gets its buffer."""
+def _private_of(items: list[fuse.ScheduleItem], groups: dict, requested: list[Node]) -> set[int]:
+    """The items whose output only their pair group needs (Runtime.pairs: the first kernel of a pair,
+    which the group then keeps in its threads' caches instead of writing it): no other item reads it and
+    no requested node is it or a view of it. Such an output gets no buffer and its node stays unrealized:
+    a graph built on it later computes it again. Remembered with a cached schedule (its structure fixes
+    them)."""
+    memo = getattr(items, "memo", None)
+    if memo is not None and "private" in memo:
+        return memo["private"]
+    private = set()
+    for last, (_, _, first) in groups.items():
+        if last != first + 1 or not _paired(items, first, get_runtime(items[first].out.device)):
+            continue
+        node = items[first].out
+        if any(r.base is node for r in requested) or any(
+                it.target is node or (j != last and any(n is node for n in it.inputs))
+                for j, it in enumerate(items)):
+            continue
+        private.add(first)
+    if memo is not None:
+        memo["private"] = private
+    return private
+
+
+def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> None:
+    """Run scheduled kernels in order; each item's output node gets its buffer (but the outputs that only
+    a pair group needs, `_private_of`; `requested`, the nodes the caller reads, are never among them)."""
     t_all = time.perf_counter()
     groups = _row_groups_of(items)
+    private = _private_of(items, groups, requested)
+    hidden = {id(items[i].out) for i in private}
     later = {i for last, (_, _, first) in groups.items() for i in range(first, last)}  # run by the group
     new: dict[Runtime, list] = {}  # kernels to compile, by device (the CPU compiles them in parallel)
     runs: dict[Runtime, list[Runner]] = {}  # row groups, by device (their functions compile with them)
@@ -351,6 +378,8 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
     for index, it in enumerate(items):
         rt = get_runtime(it.out.device)
         k = it.kernel
+        if index in private:  # its group keeps it (nothing to allocate, record or realize)
+            continue
         out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
         if index in later:  # written by its group's function, which runs at the group's last kernel
             if RECORDER is not None:
@@ -360,7 +389,8 @@ def run_schedule(items: list[fuse.ScheduleItem]) -> None:
             t0 = time.perf_counter()
             if index in groups:
                 runner, nodes, _ = groups[index]
-                inputs = [n.buffer for n in nodes]
+                # (an output the group keeps: an empty buffer in its place, which tells its runner so)
+                inputs = [rt.alloc(0, n.dtype) if id(n) in hidden else n.buffer for n in nodes]
             else:
                 runner, inputs = rt.runner(k), [n.buffer for n in it.inputs]
                 if _reads_target_elsewhere(it):
@@ -403,7 +433,7 @@ def realize(nodes: list[Node]) -> None:
                 RECORDER.evaluate(name)
             rt.evaluate(group)
         else:
-            run_schedule(schedule_cache.schedule(group))
+            run_schedule(schedule_cache.schedule(group), group)
 
 
 def to_numpy(node: Node) -> np.ndarray:

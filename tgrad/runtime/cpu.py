@@ -370,9 +370,10 @@ class CPURuntime(Runtime):
             second, whole = built[0], out.data
             operands, scratch = [arrays[p] for p in ins1], []
 
-            def after(start: int) -> None:
-                second(whole[start * pair.out_shift :],
-                       *[arrays[p][start * shift :] for p, shift in zip(ins2, pair.shifts)])
+            def after(start: int, rows: np.ndarray) -> None:  # k2 over the piece's images
+                moved = [rows if p == at1 else arrays[p][start * shift :]
+                         for p, shift in zip(ins2, pair.shifts)]
+                second(whole[start * pair.out_shift :], *moved)
 
             try:
                 k1_inputs = list(operands)
@@ -381,7 +382,9 @@ class CPURuntime(Runtime):
                     scratch.append(memory.array(math.prod(pk.shape), dtype))
                     operands.append(scratch[-1])
                     pfn(scratch[-1], *k1_inputs)
-                run_blas(plan, k1, operands, memory, out=arrays[at1], after=after)
+                # k1's output: an empty buffer when the group keeps it (realize._private_of)
+                first = arrays[at1] if arrays[at1].size else None
+                run_blas(plan, k1, operands, memory, out=first, after=after)
                 for array in scratch:
                     memory.release(array)
             except Exception as e:

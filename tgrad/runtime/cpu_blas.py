@@ -128,8 +128,9 @@ def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: H
              out: np.ndarray | None = None, after=None) -> np.ndarray | None:
     """The reduce result of a matmul-shaped kernel, row-major over its global axes, in an array from
     `memory` (the caller releases it). With `out` (the kernel's flat output) and a result already in that
-    order, BLAS writes into it and this returns None. `after(start)` (a plan whose Chunk cuts axis 0 into
-    rows of `out`) runs on each piece's thread once that piece's rows are in `out` (a piece pair)."""
+    order, BLAS writes into it and this returns None. `after(start, rows)` (a plan whose Chunk cuts axis 0
+    into rows) runs on each piece's thread with that piece's rows of the result (a piece pair): rows of
+    `out`, or with `out` None rows in a buffer of the thread, which the whole result never reaches."""
     if plan.chunk is not None:
         return _run_pieces(plan, kernel, arrays, memory, out, after)
     return _matmul(plan, plan.a, plan.b, kernel.shape, kernel.n_global, arrays, memory, out)
@@ -205,15 +206,18 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     ordered = tuple(sub[x] for x in order)
     total = math.prod(shape[:ng])
     direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
-    result = (out if direct else memory.array(total, dtype)) if rows else None
-    if after is not None and not (rows and direct):
-        raise ValueError(f"{kernel.name}: a piece pair needs its matmul's pieces written into its output")
+    if after is not None and not (rows and (direct or out is None)):
+        raise ValueError(f"{kernel.name}: a piece pair needs its matmul's pieces as rows of its output")
+    kept = after is not None and out is None  # the pieces' rows stay in their threads' buffers
+    result = (out if direct else memory.array(total, dtype)) if rows and not kept else None
     per = math.prod(dims)  # elements of a piece's product
     states: list[dict] = []
 
     def piece(start: int, state: dict | None) -> dict:
         if state is None:  # this thread's copy buffers, product and (K pieces) sum
             state = {"bufs": [side.buffer(memory) for side in sides], "tmp": memory.array(per, dtype)}
+            if kept:
+                state["rows"] = memory.array(per, dtype)
             if not rows:
                 state["acc"] = memory.array(total, dtype)
                 state["acc"][:] = 0
@@ -222,14 +226,15 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
         if swap:
             x, y = y.swapaxes(-1, -2), x.swapaxes(-1, -2)
         if rows:
-            target = result[start * (total // shape[0]) : (start + ch.size) * (total // shape[0])]
+            target = state["rows"] if kept else result[start * (total // shape[0]) : (start + ch.size) *
+                                                            (total // shape[0])]
             if in_order:
                 np.matmul(x, y, out=target.reshape(dims))
             else:
                 c = np.matmul(x, y, out=state["tmp"].reshape(dims))
                 target.reshape(sub[:ng])[...] = c.reshape(ordered).transpose(back)
             if after is not None:
-                after(start)
+                after(start, target)
         else:
             c = np.matmul(x, y, out=state["tmp"].reshape(dims))
             acc = state["acc"] if in_order else state["acc"].reshape(shape[:ng])
@@ -239,7 +244,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     try:
         _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
         if rows:
-            return None if direct else result
+            return None if direct or kept else result
         acc = states[0].pop("acc")
         for st in states[1:]:
             acc += st["acc"]
@@ -250,7 +255,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
         return acc
     finally:
         for st in states:
-            for array in (*filter(lambda x: x is not None, st["bufs"]), st["tmp"], st.get("acc")):
+            for array in (*st["bufs"], st["tmp"], st.get("acc"), st.get("rows")):
                 if array is not None:
                     memory.release(array)
 

@@ -200,6 +200,13 @@ def test_index_range_under_a_mask():
     mask = Expr("CMPLT", (const(1, IDX_DT), i1), None, blas.dtypes.bool)
     assert blas._index_range(index, mask, (5, 10)) == (0, 28)
     assert blas._index_range(index, iless(i1, 0), (5, 10)) == (0, 0)  # nothing read
+    # the kernels' integer division truncates toward zero: (i1 - 5) // 2 >= -1 holds for i1 >= 2 there
+    # (floor division would say i1 >= 3)
+    from tgrad.fuse import idiv
+
+    q = idiv(iadd(i1, const(-5, IDX_DT)), 2)
+    trunc_mask = Expr("CMPLT", (const(-2, IDX_DT), q), None, blas.dtypes.bool)
+    assert blas._index_range(index, trunc_mask, (5, 10)) == (0, 28)
     odd = Expr("SIN", (index,), None, IDX_DT)
     assert blas._index_range(odd, mask, (5, 10)) == (None, None)
 

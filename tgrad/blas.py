@@ -402,12 +402,10 @@ def _index_range(index: Expr, mask: Expr, shape: tuple[int, ...]) -> tuple[int |
         elif e.op in _INT_OPS:
             a, b = (ev(s, memo) for s in e.srcs)
             hit = _INT_OPS[e.op](a, b)
-        elif e.op == "IDIV":
+        elif e.op in ("IDIV", "MOD"):  # as the kernels compute them: truncated toward zero, x // 0 = 0
             a, b = (ev(s, memo) for s in e.srcs)
-            hit = np.floor_divide(a, b)  # indices are never negative where they are used
-        elif e.op == "MOD":
-            a, b = (ev(s, memo) for s in e.srcs)
-            hit = np.mod(a, b)
+            q = np.where(b == 0, 0, np.sign(a) * np.sign(b) * (np.abs(a) // np.maximum(np.abs(b), 1)))
+            hit = q if e.op == "IDIV" else a - b * q
         elif e.op == "NOT":
             hit = np.logical_not(ev(e.srcs[0], memo))
         elif e.op == "WHERE":

@@ -352,3 +352,33 @@ def test_pieces_over_a_flipped_input_match_torch():
     (ref * ref).sum().backward()
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=2e-3)
+
+
+def test_convs_in_pieces_from_two_python_threads():
+    """Two Python threads each running convs in pieces at once: right values, and OpenBLAS's thread count
+    as it was before (each launch reads it and sets it back, one launch at a time)."""
+    import threading
+
+    blas_threads = cpu_blas._BlasThreads()
+    before = blas_threads.get()
+    rng = np.random.default_rng(16)
+    w = (rng.standard_normal((8, 16, 5, 5)) * 0.2).astype(np.float32)
+    errors = []
+
+    def run(seed):
+        try:
+            x = np.random.default_rng(seed).standard_normal((8, 16, 24, 24)).astype(np.float32)
+            for _ in range(3):
+                got = Tensor(x, device="CPU").conv2d(Tensor(w, device="CPU")).numpy()
+                want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w)).numpy()
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    workers = [threading.Thread(target=run, args=(s,)) for s in (1, 2)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors, errors
+    assert blas_threads.get() == before

@@ -310,6 +310,9 @@ class _Pieces:
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.workers, self.pid = 0, os.getpid()
         self.blas: _BlasThreads | None = None
+        # one launch at a time: two Python threads' launches would each read the OpenBLAS count the other's
+        # pieces had set to 1, and one would set that back (the pieces use every core anyway)
+        self.lock = threading.Lock()
 
     def run(self, piece, starts) -> None:
         """state = piece(start, state) for every start, on up to threads() threads (state None at first
@@ -323,11 +326,6 @@ class _Pieces:
             for start in starts:
                 state = piece(start, state)
             return
-        if self.executor is None or self.workers < count or self.pid != os.getpid():
-            if self.executor is not None and self.pid == os.getpid():
-                self.executor.shutdown(wait=False)
-            self.executor = concurrent.futures.ThreadPoolExecutor(count, "tgrad-pieces")
-            self.workers, self.pid = count, os.getpid()
         todo, lock = iter(starts), threading.Lock()
 
         def worker():
@@ -340,14 +338,20 @@ class _Pieces:
                     return
                 state = piece(start, state)
 
-        saved = self.blas.get()
-        try:
-            futures = [self.executor.submit(worker) for _ in range(count)]
-            concurrent.futures.wait(futures)
-            for f in futures:
-                f.result()
-        finally:
-            self.blas.restore(saved)
+        with self.lock:
+            if self.executor is None or self.workers < count or self.pid != os.getpid():
+                if self.executor is not None and self.pid == os.getpid():
+                    self.executor.shutdown(wait=False)
+                self.executor = concurrent.futures.ThreadPoolExecutor(count, "tgrad-pieces")
+                self.workers, self.pid = count, os.getpid()
+            saved = self.blas.get()
+            try:
+                futures = [self.executor.submit(worker) for _ in range(count)]
+                concurrent.futures.wait(futures)
+                for f in futures:
+                    f.result()
+            finally:
+                self.blas.restore(saved)
 
 
 class _BlasThreads:

@@ -382,3 +382,21 @@ def test_convs_in_pieces_from_two_python_threads():
         t.join()
     assert not errors, errors
     assert blas_threads.get() == before
+
+
+def test_debug2_times_a_pair_whose_first_result_is_kept(monkeypatch, capsys):
+    """DEBUG=2 prints a line per launch with its memory traffic: a pair's kept first result has no buffer
+    (it crashed the report)."""
+    from tgrad import device as device_module
+
+    monkeypatch.setattr(device_module, "DEBUG", 2)
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((32, 16, 24, 24)).astype(np.float32)
+    w = (rng.standard_normal((16, 16, 5, 5)) * 0.2).astype(np.float32)
+    tx = Tensor(x, device="CPU", requires_grad=True)
+    (tx.relu().conv2d(Tensor(w, device="CPU")) ** 2).sum().backward()
+    got = tx.grad.numpy()
+    assert "_piece" in capsys.readouterr().err
+    rx = torch.tensor(x, requires_grad=True)
+    (torch.nn.functional.conv2d(rx.relu(), torch.tensor(w)) ** 2).sum().backward()
+    np.testing.assert_allclose(got, rx.grad.numpy(), rtol=1e-4, atol=2e-3)

@@ -131,7 +131,9 @@ def report_random(buf: Buffer, draw: Callable, dtype: DType, device: str) -> Non
 
 def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float, name: str) -> None:
     k = item.kernel
-    nbytes = out.size * out.dtype.itemsize + sum(n.buffer.size * n.dtype.itemsize for n in item.inputs)
+    # (an input a pair group kept in its threads' caches has no buffer: not counted as memory traffic)
+    nbytes = out.size * out.dtype.itemsize + sum(n.buffer.size * n.dtype.itemsize for n in item.inputs
+                                                 if n.buffer is not None)
     flops = prod(k.shape)
     print(f"  {rt.name:6s} {name:30s} {str(k.shape):24s} {seconds * 1e3:9.3f} ms "
           f"{flops / seconds / 1e9 if seconds else 0:8.2f} GFLOP/s "

@@ -263,7 +263,7 @@ def _remap_idx(e: Expr, remap: dict[int, Expr], memo: dict | None = None) -> Exp
     hit = memo.get(e)
     if hit is None:
         if e.op == "IDX":
-            hit = remap[e.arg[0]]
+            hit = remap.get(e.arg[0], e)  # (axes not in remap stay)
         elif not e.srcs:
             hit = e
         else:
@@ -364,22 +364,11 @@ def _axis0_shift(index: Expr) -> int | None:
 
 
 def _resize_axis0(k: Kernel, size: int) -> Kernel:
-    def swap(e: Expr, memo: dict) -> Expr:
-        hit = memo.get(e)
-        if hit is None:
-            if e.op == "IDX" and e.arg[0] == 0:
-                hit = Expr("IDX", (), (0, size), e.dtype)
-            elif not e.srcs:
-                hit = e
-            else:
-                hit = Expr(e.op, tuple(swap(s, memo) for s in e.srcs), e.arg, e.dtype)
-            memo[e] = hit
-        return hit
-
-    memo: dict = {}
+    remap, memo = {0: Expr("IDX", (), (0, size), IDX_DT)}, {}
     return Kernel(name=f"{k.name}_piece", shape=(size, *k.shape[1:]), n_global=k.n_global, reduce_op=None,
-                  reduce_expr=None, expr=swap(k.expr, memo), out_index=swap(k.out_index, memo),
-                  out_dtype=k.out_dtype, in_dtypes=k.in_dtypes)
+                  reduce_expr=None, expr=_remap_idx(k.expr, remap, memo),
+                  out_index=_remap_idx(k.out_index, remap, memo), out_dtype=k.out_dtype,
+                  in_dtypes=k.in_dtypes)
 
 
 _INT_OPS = {"ADD": np.add, "MUL": np.multiply, "CMPLT": np.less, "AND": np.logical_and, "OR": np.logical_or,

@@ -250,6 +250,17 @@ def _reads(members: tuple) -> tuple[int, ...]:
     return tuple(j for j, p in enumerate(ins) if p == at)
 
 
+def _with_prologues(plan: BlasPlan, prologues: list, inputs: list[np.ndarray], memory: HostMemory):
+    """A BLAS kernel's operands: its inputs, then the computed ones its prologue functions make (arrays
+    from `memory`, also returned as the scratch for the caller to release)."""
+    operands, scratch = list(inputs), []
+    for pk, pfn in zip(plan.prologues, prologues):
+        scratch.append(memory.array(math.prod(pk.shape), emit_numba.storage_dtype(pk.out_dtype).np))
+        operands.append(scratch[-1])
+        pfn(scratch[-1], *inputs)
+    return operands, scratch
+
+
 def _functions(program: Program) -> list[Program]:
     """The generated functions a kernel's Program needs (a BLAS plan has some around the matmul)."""
     if "blas" not in program.launch:
@@ -365,23 +376,18 @@ class CPURuntime(Runtime):
             if not built:  # k2's function over a piece, then the functions of k1's computed operands
                 built.append(self._build(program, program.name, free=True))
                 rendered = emit_numba.render(k1).launch["prologues"]
-                built.extend(self._build(p, k.name) for p, k in zip(rendered, plan.prologues))
+                built.append([self._build(p, k.name) for p, k in zip(rendered, plan.prologues)])
             arrays = [b.data for b in inputs]
-            second, whole = built[0], out.data
-            operands, scratch = [arrays[p] for p in ins1], []
+            (second, prologues), whole = built, out.data
+            scratch: list = []
 
             def after(start: int, rows: np.ndarray) -> None:  # k2 over the piece's images
                 moved = [rows if p == at1 else arrays[p][start * shift :]
                          for p, shift in zip(ins2, pair.shifts)]
                 second(whole[start * pair.out_shift :], *moved)
 
-            try:
-                k1_inputs = list(operands)
-                for pk, pfn in zip(plan.prologues, built[1:]):  # computed operands, whole, first
-                    dtype = emit_numba.storage_dtype(pk.out_dtype).np
-                    scratch.append(memory.array(math.prod(pk.shape), dtype))
-                    operands.append(scratch[-1])
-                    pfn(scratch[-1], *k1_inputs)
+            try:  # k1's computed operands are made whole first
+                operands, scratch = _with_prologues(plan, prologues, [arrays[p] for p in ins1], memory)
                 # k1's output: an empty buffer when the group keeps it (realize._private_of)
                 first = arrays[at1] if arrays[at1].size else None
                 run_blas(plan, k1, operands, memory, out=first, after=after)
@@ -425,12 +431,7 @@ class CPURuntime(Runtime):
                 if plan is None:
                     fn(*args)
                 else:
-                    operands, scratch = list(args[1:]), []
-                    for pk, pfn in zip(plan.prologues, prologues):
-                        dtype = emit_numba.storage_dtype(pk.out_dtype).np
-                        scratch.append(memory.array(math.prod(pk.shape), dtype))
-                        operands.append(scratch[-1])
-                        pfn(scratch[-1], *args[1:])
+                    operands, scratch = _with_prologues(plan, prologues, args[1:], memory)
                     if fn is None:  # BLAS writes the output itself when the layout allows
                         acc = run_blas(plan, kernel, operands, memory, out=args[0])
                         if acc is not None:

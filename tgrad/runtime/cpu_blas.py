@@ -94,29 +94,24 @@ def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: Ho
             temps: list) -> np.ndarray:
     """The operand as a (*batch, rows, cols) array: numpy's matmul takes each batch axis with its own
     stride (attention's heads and batch over one qkv buffer), so only rows and cols need to merge. One
-    whose axes do not merge (a conv's sliding windows) is copied (im2col) into an array from `memory`
-    (appended to `temps`), in the order (rows, cols) or (cols, rows) whose innermost run of neighbouring
-    elements is longer: numpy copies a 20-element run ~4x faster than a 5-element one (a 5x5 window's
-    rows); BLAS reads the transposed copy through its flags."""
-    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    nr, nc = size(rows), size(cols)
-    lead = tuple(shape[x] for x in batch)
-    v = _view(array, op, [*batch, *rows, *cols], shape)
-    try:
-        return v.reshape(*lead, nr, nc, copy=False)
-    except ValueError:  # the axes do not merge: a copy
-        pass
-    t = _view(array, op, [*batch, *cols, *rows], shape)
-    src, transposed = (t, True) if _inner_run(t) > _inner_run(v) else (v, False)
-    copy = memory.array(src.size, src.dtype)
-    temps.append(copy)
-    copy.reshape(src.shape)[...] = src
-    return copy.reshape(*lead, nc, nr).swapaxes(-1, -2) if transposed else copy.reshape(*lead, nr, nc)
+    whose axes do not merge (a conv's sliding windows) is copied (im2col, `_Side`) into an array from
+    `memory` (appended to `temps`)."""
+    side = _Side(array, op, batch, rows, cols, shape)
+    buf = side.buffer(memory)
+    if buf is not None:
+        temps.append(buf)
+    return side.matrix(0, buf)
 
 
 def _stored(x: np.ndarray) -> int:
     """Elements a view reads (a batch axis broadcast with stride 0 reads the same matrix again)."""
     return math.prod(d for d, st in zip(x.shape, x.strides) if st)
+
+
+def _read_transposed(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether a @ b runs faster as (b.T @ a.T).T: OpenBLAS reads a big operand 1.2-1.5x slower when it
+    is stored column by column (a conv's im2col laid out window-major), so the bigger one (or both)."""
+    return _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b))
 
 
 def _column_major(x: np.ndarray) -> bool:
@@ -145,9 +140,7 @@ def _matmul(plan: BlasPlan, op_a: Operand, op_b: Operand, shape: tuple[int, ...]
     a = _matrix(arrays[op_a.input], op_a, plan.batch, plan.m, r, shape, memory, temps)
     b = _matrix(arrays[op_b.input], op_b, plan.batch, r, plan.n, shape, memory, temps)
     m, n = plan.m, plan.n
-    if _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b)):
-        # OpenBLAS reads a big operand 1.2-1.5x slower transposed (a conv's im2col laid out window-major):
-        # compute c.T = b.T @ a.T instead, where that operand is read row by row
+    if _read_transposed(a, b):  # compute c.T = b.T @ a.T instead
         a, b, m, n = b.swapaxes(-1, -2), a.swapaxes(-1, -2), n, m
     order = [*plan.batch, *m, *n]
     dims = (*(shape[x] for x in plan.batch), size(m), size(n))
@@ -187,7 +180,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     r = list(range(ng, len(shape)))
     sides = [_Side(arrays[plan.a.input], plan.a, plan.batch, plan.m, r, sub, ch.axis),
              _Side(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
-    a, b = sides[0].matrix0, sides[1].matrix0
+    a, b = sides[0].layout, sides[1].layout
     m, n, swap = plan.m, plan.n, False
     # pieces of rows keep their result in the output's order where either orientation gives it (the
     # col2im matmul of one image, swapped by _matmul's rule, copied each 1.28 MB result transposed);
@@ -195,8 +188,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     natural, rows = [*plan.batch, *m, *n] == list(range(ng)), ch.axis < ng
     if rows and not natural and [*plan.batch, *n, *m] == list(range(ng)):
         m, n, swap = n, m, True  # c.T = b.T @ a.T comes out in the output's order
-    elif not (rows and natural) and (_column_major(a if _stored(a) >= _stored(b) else b) or
-                                     (_column_major(a) and _column_major(b))):
+    elif not (rows and natural) and _read_transposed(a, b):
         m, n, swap = n, m, True  # as _matmul: c.T = b.T @ a.T
     order = [*plan.batch, *m, *n]
     dims = (*(sub[x] for x in plan.batch), math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
@@ -261,13 +253,15 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
 
 
 class _Side:
-    """One operand of a chunked matmul (`_run_pieces`): a piece's (*batch, rows, cols) matrix, a view of
-    the array at the piece's offset, or (a conv's windows) a copy of that view into a buffer of the
-    calling thread, in the orientation `_matrix` would pick."""
+    """One operand of a matmul (`_matrix`) or of a piece of one (`_run_pieces`, pieces of `axis`): its
+    (*batch, rows, cols) matrix, a view of the array at the piece's offset, or (a conv's windows, whose
+    axes do not merge) a copy of that view into a buffer, in the order (rows, cols) or (cols, rows)
+    whose innermost run of neighbouring elements is longer: numpy copies a 20-element run ~4x faster
+    than a 5-element one (a 5x5 window's rows); BLAS reads the transposed copy through its flags."""
 
-    def __init__(self, array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int):
+    def __init__(self, array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int | None = None):
         self.array, self.item = array, array.itemsize
-        self.offset, self.step = op.offset, op.strides[axis]
+        self.offset, self.step = op.offset, 0 if axis is None else op.strides[axis]
         lead = tuple(sub[x] for x in batch)
         nr, nc = math.prod(sub[x] for x in rows), math.prod(sub[x] for x in cols)
         v = _view(array, op, [*batch, *rows, *cols], sub)
@@ -282,7 +276,12 @@ class _Side:
         src, self.transposed = (t, True) if _inner_run(t) > _inner_run(v) else (v, False)
         self.shape, self.strides, self.lead, self.nr, self.nc = src.shape, src.strides, lead, nr, nc
         self.copy = src.size
-        self.matrix0 = self._as_matrix(np.empty(src.size, array.dtype))
+
+    @property
+    def layout(self) -> np.ndarray:
+        """A matrix laid out as every piece's is (an empty buffer of a copy's size where it is a copy):
+        what `_read_transposed` looks at."""
+        return self.matrix0 if self.copy is None else self._as_matrix(np.empty(self.copy, self.array.dtype))
 
     def _as_matrix(self, buf: np.ndarray) -> np.ndarray:
         if self.transposed:

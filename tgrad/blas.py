@@ -1,6 +1,6 @@
 """Matmul-shaped kernels as BLAS calls (the CPU device): `blas_plan` recognises a kernel whose reduce is
 sum_r A[g, r] * B[g, r] over strided (or computed) operands and says how to run it as a batched matmul
-(numpy.matmul on strided views, tgrad/runtime/cpu.py `run_blas`), with generated functions around it:
+(numpy.matmul on strided views, tgrad/runtime/cpu_blas.py `BlasCall`), with generated functions around it:
 prologues that compute computed operands, an epilogue that computes the stored value from the result.
 Pure planning over the Kernel IR, like the emitters: no runtime, no device package."""
 

@@ -35,7 +35,7 @@ from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_pool, cpu_threads
-from tgrad.runtime.cpu_blas import openblas_idle_timeout, run_blas
+from tgrad.runtime.cpu_blas import BlasCall, openblas_idle_timeout
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
 from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, cpu_features, on_disk, use_cpu_features
@@ -363,11 +363,12 @@ class CPURuntime(Runtime):
 
     def _pair_runner(self, members: tuple) -> Runner:
         """A piece pair (blas.piece_pair) as one Runner over the group's nodes (realize._group): k1's
-        matmul in pieces of images (cpu_blas.run_blas), each followed on its thread by k2's function over
+        matmul in pieces of images (cpu_blas.BlasCall), each followed on its thread by k2's function over
         those images, its pointers moved to them."""
         (k1, ins1, at1), (k2, ins2, _) = members
         pair = self.piece_pairs[(k1, k2, _reads(members))]
         plan = dataclasses.replace(blas.blas_plan(k1), chunk=pair.chunk)
+        matmul = BlasCall(plan, k1)
         program = emit_numba.render_loops(pair.sub, parallel=False)
         built: list = []
         memory = self.memory
@@ -390,7 +391,7 @@ class CPURuntime(Runtime):
                 operands, scratch = _with_prologues(plan, prologues, [arrays[p] for p in ins1], memory)
                 # k1's output: an empty buffer when the group keeps it (realize._private_of)
                 first = arrays[at1] if arrays[at1].size else None
-                run_blas(plan, k1, operands, memory, out=first, after=after)
+                matmul(operands, memory, out=first, after=after)
                 for array in scratch:
                     memory.release(array)
             except Exception as e:
@@ -417,6 +418,7 @@ class CPURuntime(Runtime):
             prologues = [self._build(p, k.name) for p, k in zip(program.launch["prologues"], plan.prologues)]
             epilogue = program.launch["epilogue"]
             fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
+            matmul = BlasCall(plan, kernel)
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
         any_widen = any(widen)
@@ -433,11 +435,11 @@ class CPURuntime(Runtime):
                 else:
                     operands, scratch = _with_prologues(plan, prologues, args[1:], memory)
                     if fn is None:  # BLAS writes the output itself when the layout allows
-                        acc = run_blas(plan, kernel, operands, memory, out=args[0])
+                        acc = matmul(operands, memory, out=args[0])
                         if acc is not None:
                             args[0][:] = acc
                     else:
-                        acc = run_blas(plan, kernel, operands, memory)
+                        acc = matmul(operands, memory)
                         fn(*args, acc)
                     for array in (*scratch, acc):
                         if array is not None:

@@ -1,5 +1,5 @@
 """BLAS for the CPU runtime: the reduce of a matmul-shaped kernel (tgrad/blas.py `blas_plan`) as numpy.matmul
-on strided views of its operands (`run_blas`), copying out (im2col) only operands whose axes do not merge;
+on strided views of its operands (`BlasCall`), copying out (im2col) only operands whose axes do not merge;
 a plan with a Chunk runs as matmuls over pieces of one axis, on threads each with a one-thread BLAS
 (`_run_pieces`). Also the settings of numpy's OpenBLAS that tgrad changes (its idle threads' spinning,
 the per-thread thread count), found in the process's loaded libraries."""
@@ -90,19 +90,6 @@ def _inner_run(v: np.ndarray) -> int:
     return run
 
 
-def _matrix(array: np.ndarray, op: Operand, batch, rows, cols, shape, memory: HostMemory,
-            temps: list) -> np.ndarray:
-    """The operand as a (*batch, rows, cols) array: numpy's matmul takes each batch axis with its own
-    stride (attention's heads and batch over one qkv buffer), so only rows and cols need to merge. One
-    whose axes do not merge (a conv's sliding windows) is copied (im2col, `_Side`) into an array from
-    `memory` (appended to `temps`)."""
-    side = _Side(array, op, batch, rows, cols, shape)
-    buf = side.buffer(memory)
-    if buf is not None:
-        temps.append(buf)
-    return side.matrix(0, buf)
-
-
 def _stored(x: np.ndarray) -> int:
     """Elements a view reads (a batch axis broadcast with stride 0 reads the same matrix again)."""
     return math.prod(d for d, st in zip(x.shape, x.strides) if st)
@@ -119,56 +106,88 @@ def _column_major(x: np.ndarray) -> bool:
     return x.shape[-2] > 1 and x.shape[-1] > 1 and x.strides[-2] == x.itemsize != x.strides[-1]
 
 
-def run_blas(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
-             out: np.ndarray | None = None, after=None) -> np.ndarray | None:
-    """The reduce result of a matmul-shaped kernel, row-major over its global axes, in an array from
-    `memory` (the caller releases it). With `out` (the kernel's flat output) and a result already in that
-    order, BLAS writes into it and this returns None. `after(start, rows)` (a plan whose Chunk cuts axis 0
-    into rows) runs on each piece's thread with that piece's rows of the result (a piece pair): rows of
-    `out`, or with `out` None rows in a buffer of the thread, which the whole result never reaches."""
-    if plan.chunk is not None:
-        return _run_pieces(plan, kernel, arrays, memory, out, after)
-    return _matmul(plan, plan.a, plan.b, kernel.shape, kernel.n_global, arrays, memory, out)
+class BlasCall:
+    """A matmul-shaped kernel's reduce result (`plan`, tgrad/blas.py `blas_plan`), row-major over its global
+    axes, in an array from `memory` (the caller releases it). With `out` (the kernel's flat output) and a
+    result already in that order, BLAS writes into it and the call returns None. `after(start, rows)` (a
+    plan whose Chunk cuts axis 0 into rows) runs on each piece's thread with that piece's rows of the
+    result (a piece pair): rows of `out`, or with `out` None rows in a buffer of the thread, which the
+    whole result never reaches. How the operands are viewed, copied and oriented depends only on the plan
+    and the arrays' dtypes (every buffer is flat): worked out at the first call with those dtypes
+    (`_Matmul`) and kept, a call then costs a few us of Python instead of ~30-60 (a GPT step makes 46)."""
+
+    def __init__(self, plan: BlasPlan, kernel: Kernel):
+        self.plan, self.kernel = plan, kernel
+        self.ways: dict[tuple, _Matmul] = {}
+
+    def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None,
+                 after=None) -> np.ndarray | None:
+        plan = self.plan
+        if plan.chunk is not None:
+            return _run_pieces(plan, self.kernel, arrays, memory, out, after)
+        a, b = arrays[plan.a.input], arrays[plan.b.input]
+        key = (a.dtype, b.dtype, None if out is None else (out.dtype, out.flags.c_contiguous))
+        way = self.ways.get(key)
+        if way is None:
+            way = self.ways[key] = _Matmul(plan, self.kernel, a, b, out)
+        return way(a, b, memory, out)
 
 
-def _matmul(plan: BlasPlan, op_a: Operand, op_b: Operand, shape: tuple[int, ...], n_global: int,
-            arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None) -> np.ndarray | None:
-    """run_blas over a kernel of `shape` (the whole kernel, or a piece of it: see _run_pieces)."""
-    r = list(range(n_global, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
-    size = lambda axes: math.prod(shape[x] for x in axes)  # noqa: E731
-    temps: list[np.ndarray] = []  # im2col copies
-    a = _matrix(arrays[op_a.input], op_a, plan.batch, plan.m, r, shape, memory, temps)
-    b = _matrix(arrays[op_b.input], op_b, plan.batch, r, plan.n, shape, memory, temps)
-    m, n = plan.m, plan.n
-    if _read_transposed(a, b):  # compute c.T = b.T @ a.T instead
-        a, b, m, n = b.swapaxes(-1, -2), a.swapaxes(-1, -2), n, m
-    order = [*plan.batch, *m, *n]
-    dims = (*(shape[x] for x in plan.batch), size(m), size(n))
-    dtype = np.result_type(a, b)
-    in_order = order == list(range(n_global))  # the result's rows are the output's
-    try:
-        if out is not None and in_order and out.dtype == dtype and out.flags.c_contiguous:
-            np.matmul(a, b, out=out.reshape(dims))
-            return None
-        c = np.matmul(a, b, out=memory.array(math.prod(dims), dtype).reshape(dims))
-        if in_order:
-            return c.reshape(-1)
-        # rows in another order: put them in the output's (into `out` itself when it takes the result)
-        direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
-        acc = out if direct else memory.array(c.size, dtype)
-        c = c.reshape(tuple(shape[x] for x in order))
-        back = [order.index(x) for x in range(n_global)]
-        acc.reshape(tuple(shape[:n_global]))[...] = c.transpose(back)
-        memory.release(c)
-        return None if direct else acc
-    finally:
-        for copy in temps:
-            memory.release(copy)
+class _Matmul:
+    """BlasCall without a Chunk, for operands of given dtypes: one numpy.matmul over views of the operands
+    (copies of those whose axes do not merge, `_Side`), oriented as `_read_transposed` says."""
+
+    def __init__(self, plan: BlasPlan, kernel: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray | None):
+        shape, ng = kernel.shape, kernel.n_global
+        r = list(range(ng, len(shape)))  # the reduce axes: K of the matmul (a conv has three)
+        self.sides = (_Side(a, plan.a, plan.batch, plan.m, r, shape),
+                      _Side(b, plan.b, plan.batch, r, plan.n, shape))
+        x, y = (side.layout for side in self.sides)
+        m, n = plan.m, plan.n
+        # c.T = b.T @ a.T where a copied operand (im2col) is laid out column by column: operands read in
+        # place are passed as they are (BLAS's transposed flag), which ran 1-2x faster than swapping and
+        # putting the result back in order (GPT/MLP weight gradients, e.g. 784x128x128: 88 vs 152 us)
+        self.swap = any(side.copy for side in self.sides) and _read_transposed(x, y)
+        if self.swap:  # compute c.T = b.T @ a.T instead
+            m, n = n, m
+        order = [*plan.batch, *m, *n]
+        size = lambda axes: math.prod(shape[i] for i in axes)  # noqa: E731
+        self.dims = (*(shape[i] for i in plan.batch), size(m), size(n))
+        self.size = math.prod(self.dims)
+        self.dtype = np.result_type(x, y)
+        self.in_order = order == list(range(ng))  # the result's rows are the output's
+        # the output takes the result itself (in order: BLAS writes it; else the rows are put in order there)
+        self.direct = out is not None and out.dtype == self.dtype and out.flags.c_contiguous
+        self.ordered = tuple(shape[i] for i in order)
+        self.back = tuple(order.index(i) for i in range(ng))
+        self.global_shape = tuple(shape[:ng])
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, memory: HostMemory, out: np.ndarray | None):
+        bufs = [side.buffer(memory) for side in self.sides]  # im2col copies
+        try:
+            x, y = (side.matrix(array, 0, buf) for side, array, buf in zip(self.sides, (a, b), bufs))
+            if self.swap:
+                x, y = y.swapaxes(-1, -2), x.swapaxes(-1, -2)
+            if self.direct and self.in_order:
+                np.matmul(x, y, out=out.reshape(self.dims))
+                return None
+            c = np.matmul(x, y, out=memory.array(self.size, self.dtype).reshape(self.dims))
+            if self.in_order:
+                return c.reshape(-1)
+            # rows in another order: put them in the output's (into `out` itself when it takes the result)
+            acc = out if self.direct else memory.array(c.size, self.dtype)
+            acc.reshape(self.global_shape)[...] = c.reshape(self.ordered).transpose(self.back)
+            memory.release(c)
+            return None if self.direct else acc
+        finally:
+            for buf in bufs:
+                if buf is not None:
+                    memory.release(buf)
 
 
 def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
                 out: np.ndarray | None, after=None) -> np.ndarray | None:
-    """run_blas of a plan with a Chunk: one matmul per piece of the chunk axis, each copying only its
+    """BlasCall of a plan with a Chunk: one matmul per piece of the chunk axis, each copying only its
     piece of the windows (im2col), which BLAS then reads from cache. The pieces run on `threads()` Python
     threads, each calling a one-thread BLAS (numpy releases the GIL in copies and matmuls): a conv's
     images are split between the cores, the way PyTorch's CPU convolutions split them. Pieces of global
@@ -178,18 +197,19 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
     sub = (*shape[: ch.axis], ch.size, *shape[ch.axis + 1 :])
     r = list(range(ng, len(shape)))
-    sides = [_Side(arrays[plan.a.input], plan.a, plan.batch, plan.m, r, sub, ch.axis),
-             _Side(arrays[plan.b.input], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
+    operands = (arrays[plan.a.input], arrays[plan.b.input])
+    sides = [_Side(operands[0], plan.a, plan.batch, plan.m, r, sub, ch.axis),
+             _Side(operands[1], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
     a, b = sides[0].layout, sides[1].layout
     m, n, swap = plan.m, plan.n, False
     # pieces of rows keep their result in the output's order where either orientation gives it (the
-    # col2im matmul of one image, swapped by _matmul's rule, copied each 1.28 MB result transposed);
-    # otherwise, and for pieces of K (whose small results are summed), _matmul's rule
+    # col2im matmul of one image, swapped by _Matmul's rule, copied each 1.28 MB result transposed);
+    # otherwise, and for pieces of K (whose small results are summed), _Matmul's rule
     natural, rows = [*plan.batch, *m, *n] == list(range(ng)), ch.axis < ng
     if rows and not natural and [*plan.batch, *n, *m] == list(range(ng)):
         m, n, swap = n, m, True  # c.T = b.T @ a.T comes out in the output's order
     elif not (rows and natural) and _read_transposed(a, b):
-        m, n, swap = n, m, True  # as _matmul: c.T = b.T @ a.T
+        m, n, swap = n, m, True  # as _Matmul: c.T = b.T @ a.T
     order = [*plan.batch, *m, *n]
     dims = (*(sub[x] for x in plan.batch), math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
     dtype = np.result_type(a, b)
@@ -214,7 +234,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
                 state["acc"] = memory.array(total, dtype)
                 state["acc"][:] = 0
             states.append(state)
-        x, y = (side.matrix(start, buf) for side, buf in zip(sides, state["bufs"]))
+        x, y = (side.matrix(array, start, buf) for side, array, buf in zip(sides, operands, state["bufs"]))
         if swap:
             x, y = y.swapaxes(-1, -2), x.swapaxes(-1, -2)
         if rows:
@@ -253,14 +273,14 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
 
 
 class _Side:
-    """One operand of a matmul (`_matrix`) or of a piece of one (`_run_pieces`, pieces of `axis`): its
+    """One operand of a matmul (`_Matmul`) or of a piece of one (`_run_pieces`, pieces of `axis`): its
     (*batch, rows, cols) matrix, a view of the array at the piece's offset, or (a conv's windows, whose
     axes do not merge) a copy of that view into a buffer, in the order (rows, cols) or (cols, rows)
     whose innermost run of neighbouring elements is longer: numpy copies a 20-element run ~4x faster
     than a 5-element one (a 5x5 window's rows); BLAS reads the transposed copy through its flags."""
 
     def __init__(self, array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int | None = None):
-        self.array, self.item = array, array.itemsize
+        self.dtype, self.item = array.dtype, array.itemsize
         self.offset, self.step = op.offset, 0 if axis is None else op.strides[axis]
         lead = tuple(sub[x] for x in batch)
         nr, nc = math.prod(sub[x] for x in rows), math.prod(sub[x] for x in cols)
@@ -281,7 +301,7 @@ class _Side:
     def layout(self) -> np.ndarray:
         """A matrix laid out as every piece's is (an empty buffer of a copy's size where it is a copy):
         what `_read_transposed` looks at."""
-        return self.matrix0 if self.copy is None else self._as_matrix(np.empty(self.copy, self.array.dtype))
+        return self.matrix0 if self.copy is None else self._as_matrix(np.empty(self.copy, self.dtype))
 
     def _as_matrix(self, buf: np.ndarray) -> np.ndarray:
         if self.transposed:
@@ -289,10 +309,11 @@ class _Side:
         return buf.reshape(*self.lead, self.nr, self.nc)
 
     def buffer(self, memory: HostMemory) -> np.ndarray | None:
-        return None if self.copy is None else memory.array(self.copy, self.array.dtype)
+        return None if self.copy is None else memory.array(self.copy, self.dtype)
 
-    def matrix(self, start: int, buf: np.ndarray | None) -> np.ndarray:
-        view = np.ndarray(self.shape, self.array.dtype, buffer=self.array,
+    def matrix(self, array: np.ndarray, start: int, buf: np.ndarray | None) -> np.ndarray:
+        """The piece at `start` of `array` (of the dtype this was made for): a view, or copied into buf."""
+        view = np.ndarray(self.shape, self.dtype, buffer=array,
                           offset=(self.offset + start * self.step) * self.item, strides=self.strides)
         if buf is None:
             return view

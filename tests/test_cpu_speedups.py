@@ -323,6 +323,22 @@ def test_blas_with_an_operand_stored_column_by_column(shapes, monkeypatch):
     assert made and not any(m.swap for m in made) and all(m.in_order for m in made)
 
 
+@pytest.mark.parametrize("a,b,blas", [((1024, 64), (64,), False), ((2, 512, 64), (64,), False),
+                                      ((64,), (64, 1024), True), ((1024, 1024), (1024,), True)])
+def test_matrix_times_vector_below_a_million_is_the_generated_loop(a, b, blas):
+    """A matrix times a vector whose rows lie along memory is the generated reduce loop (no BLAS plan) below
+    BLAS_MIN_MATVEC_WORK; a vector times a matrix, and bigger ones, keep BLAS. Same values as PyTorch."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(4)
+    an, bn = rng.standard_normal(a).astype(F32), rng.standard_normal(b).astype(F32)
+    out = (Tensor(an, device="CPU") @ Tensor(bn, device="CPU")) * 2
+    plan = emit_numba.blas_plan(fuse.schedule([out.node])[-1].kernel)
+    assert (plan is not None) == blas, plan
+    ref = (torch.from_numpy(an) @ torch.from_numpy(bn)) * 2
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_threaded_kernels_run_in_a_forked_child():
     """A child forked after the parent ran threaded kernels has none of the parent's threads: it starts
     its own instead of waiting forever on the parent's."""

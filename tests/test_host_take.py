@@ -98,3 +98,29 @@ def test_take_under_tinyjit(device):
     bad[2, 2] = VOCAB + 3
     with pytest.raises(IndexRangeError):
         step(Tensor(bad)).numpy()
+
+
+@pytest.mark.parametrize("case", ["middle_axis", "empty", "nan_inf", "float64"])
+def test_take_gradient_sums_repeated_rows(device, case):
+    """The take's gradient adds each id's rows once per occurrence (grouped by id on the host devices):
+    along a middle axis, for no ids at all, with nan/inf gradients, in float64; against PyTorch."""
+    rng = np.random.default_rng(6)
+    dt = np.float64 if case == "float64" else np.float32
+    if case == "float64" and device not in ("CPU", "NUMPY"):
+        pytest.skip("float64 tables: the host devices")
+    axis = 1 if case == "middle_axis" else 0
+    table = rng.standard_normal((3, VOCAB, 2) if axis else (VOCAB, 4)).astype(dt)
+    idx = rng.integers(-VOCAB, VOCAB, (0,) if case == "empty" else (12, 9))
+    if idx.size:  # repeated ids, and one row named from the end and from the start
+        flat = idx.reshape(-1)
+        flat[:4] = flat[4]
+        flat[5] = flat[4] - VOCAB if flat[4] >= 0 else flat[4] + VOCAB
+    x, t = Tensor(table, requires_grad=True), torch.tensor(table, requires_grad=True)
+    got = x[:, Tensor(idx)] if axis else x[Tensor(idx)]
+    want = t[:, torch.tensor(idx)] if axis else t[torch.tensor(idx)]
+    w = rng.standard_normal(want.shape).astype(dt)
+    if case == "nan_inf":
+        w.reshape(-1)[[0, 5, 9]] = [np.nan, np.inf, -np.inf]
+    (got * Tensor(w)).sum().backward()
+    (want * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5)

@@ -102,14 +102,69 @@ def test_chunk_choice():
     out = x.conv2d(w)
     (out * Tensor(np.ones(out.shape, np.float32), device="CPU")).sum().backward()
     fwd = _plans([out.node])[-1]
-    assert fwd.chunk == blas.Chunk(0, 1)  # 800 x 400 windows per image: one image a piece
+    # 800 x 400 windows per image: one image a piece; the kernel row (axis 5) and the output row (2) read
+    # the same image row: each piece copies the rows once and shifts them (blas._shift_pair)
+    assert fwd.chunk == blas.Chunk(0, 1, (5, 2))
     grad = [p for p in _plans([w.grad.node]) if p.chunk is not None and p.chunk.axis == 4]
-    assert grad and grad[0].chunk.size == 1, grad  # (o, c, kh, kw | n, oh, ow): images are K
+    # (o, c, kh, kw | n, oh, ow): images are K
+    assert grad and grad[0].chunk == blas.Chunk(4, 1, (2, 5)), grad
     x1 = Tensor(np.zeros((128, 1, 28, 28), np.float32), device="CPU")
     out1 = x1.conv2d(Tensor(np.zeros((32, 1, 5, 5), np.float32), device="CPU"))
     per_image = 25 * 24 * 24
     size = max(d for d in range(1, 129) if 128 % d == 0 and d * per_image <= blas.CHUNK_ELEMS)
     assert _plans([out1.node])[-1].chunk == blas.Chunk(0, size)
+
+
+SHIFTED = [  # (N, Cin, H, W), (Cout, kh, kw), stride, padding, dilation, dtype: one image's windows a piece
+    ((6, 16, 28, 28), (8, 5, 5), 1, 0, 1, np.float32),
+    ((4, 16, 30, 26), (12, 5, 3), 1, 2, 1, np.float32),  # padded (a computed input), rectangular
+    ((4, 16, 36, 40), (8, 3, 5), (1, 2), (1, 2), (1, 2), np.float32),  # strided and dilated along W only
+    ((3, 8, 40, 40), (4, 7, 7), 1, 3, 1, np.float64),
+]
+
+
+@pytest.mark.parametrize("case", SHIFTED, ids=[f"case{i}" for i in range(len(SHIFTED))])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_shifted_pieces_match_torch(case, threads, monkeypatch):
+    """A stride-1 (along H) conv whose pieces copy each image row once and shift it per kernel row (forward:
+    products summed; weight gradient: one slice of the result per kernel row): values and gradients as
+    PyTorch's, on 1 and 3 threads."""
+    monkeypatch.setenv("TGRAD_THREADS", threads)
+    shape, (cout, kh, kw), stride, padding, dilation, dt = case
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(dt)
+    w = (rng.standard_normal((cout, shape[1], kh, kw)) * 0.2).astype(dt)
+    tx, tw = (Tensor(a, device="CPU", requires_grad=True) for a in (x, w))
+    out = tx.conv2d(tw, stride=stride, padding=padding, dilation=dilation)
+    (out.relu() * out).sum().backward()
+    shifts = [p.chunk.shift for p in _plans([out.node, tw.grad.node]) if p.chunk is not None]
+    assert len([s for s in shifts if s is not None]) == 2, shifts  # the forward and the weight gradient
+    rx, rw = (torch.tensor(a, requires_grad=True) for a in (x, w))
+    ref = torch.nn.functional.conv2d(rx, rw, stride=stride, padding=padding, dilation=dilation)
+    (ref.relu() * ref).sum().backward()
+    tol = 1e-10 if dt == np.float64 else 1e-4
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=tol, atol=tol * 20)
+    np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=tol, atol=tol * 20)
+
+
+@pytest.mark.parametrize("stride,dilation", [(2, 1), (1, 2), ((2, 1), 1)])
+def test_no_shift_where_rows_advance_differently(stride, dilation):
+    """A stride or dilation along H makes the kernel row and the output row advance by different strides:
+    no shift (each piece copies every window), and the same values as PyTorch."""
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((3, 16, 48, 48)).astype(np.float32), rng.standard_normal((8, 16, 5, 5))
+    w = (w * 0.2).astype(np.float32)
+    tx, tw = (Tensor(a, device="CPU", requires_grad=True) for a in (x, w))
+    out = tx.conv2d(tw, stride=stride, dilation=dilation)
+    out.square().sum().backward()
+    chunks = [p.chunk for p in _plans([out.node, tw.grad.node]) if p.chunk is not None]
+    assert chunks and all(c.shift is None for c in chunks), chunks
+    rx, rw = (torch.tensor(a, requires_grad=True) for a in (x, w))
+    ref = torch.nn.functional.conv2d(rx, rw, stride=stride, dilation=dilation)
+    ref.square().sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=2e-3)
 
 
 def test_openblas_thread_count_is_restored_after_pieces():

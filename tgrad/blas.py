@@ -46,6 +46,9 @@ class Chunk:
 
     axis: int
     size: int  # indices of `axis` per piece (divides its length)
+    # (L, P): the copied operand's axes L and P (on the two sides of its matrix) advance by the same stride,
+    # as a conv's kernel row kh and output row y do (it reads row y + kh); see `_shift_pair`
+    shift: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,48 @@ def _chunk(k: Kernel, a: Operand, b: Operand, batch, m, n) -> Chunk | None:
             size = _piece_size(length, per)
             if best is None or size * per < best[0] and best[0] > CHUNK_ELEMS:
                 best = (size * per, Chunk(axis, size))
-    return None if best is None else best[1]
+    if best is None:
+        return None
+    chunk = best[1]
+    shift = None if batch else _shift_pair(k, a, b, m, n, chunk)
+    return Chunk(chunk.axis, chunk.size, shift) if shift else chunk
+
+
+def _shift_pair(k: Kernel, a: Operand, b: Operand, m, n, chunk: Chunk) -> tuple[int, int] | None:
+    """(L, P) where the one copied operand C (a stride-1 conv's windows) reads the same memory along two
+    axes of its matrix, L on one side and P on the other (the kernel row kh in K and the output row y in
+    the result: row y + kh of the image; or for the weight gradient, kh in the result and y in K). A piece
+    then copies C once without L and with P extended by L's length - 1 (each image row once per kernel
+    column, not per 5x5 window: 5x fewer elements for a 5x5 conv) and runs one matmul per index l of L on
+    the copy's columns shifted by l rows, with the other operand at L = l: products summed (L in K) or
+    written to the result's L = l slice (L global). Only for pieces of one index of the chunk axis, where
+    P is then the outermost axis of its side (so each shifted window is a plain column range of the
+    copy), and where a matmul with L in K leaves the result's rows in the output's order."""
+    if chunk.size != 1:
+        return None
+    ng, shape = k.n_global, k.shape
+    sub = tuple(1 if x == chunk.axis else d for x, d in enumerate(shape))  # a piece's shape
+    r = list(range(ng, len(shape)))
+    copied = [not (_merges(op, rows, sub) and _merges(op, cols, sub))
+              for op, rows, cols in ((a, m, r), (b, r, n))]
+    if sum(copied) != 1:
+        return None
+    c, side = (a, list(m)) if copied[0] else (b, list(n))
+    live = lambda axes: [x for x in axes if shape[x] > 1 and x != chunk.axis]  # noqa: E731
+    for dim_l, dim_p in ((r, side), (side, r)):
+        p_axes = live(dim_p)
+        if not p_axes or (dim_l is r) != (chunk.axis < ng):  # L in K for pieces of rows, else in the result
+            continue
+        p = p_axes[0]
+        for lx in live(dim_l):
+            if c.strides[lx] != c.strides[p] or not c.strides[p]:
+                continue
+            if dim_l is r:  # products summed: the rows (the other operand's side, then C's) in order
+                other = list(n) if copied[0] else list(m)
+                if live([*other, *side]) != live(list(range(ng))):
+                    continue
+            return lx, p
+    return None
 
 
 def _piece_size(length: int, per: int) -> int:

@@ -195,6 +195,8 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     piece's operands are viewed or copied is worked out once per call (`_Side`): a piece costs a few us
     of Python, not the ~50 us of the general path, which two threads would wait on each other for."""
     ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
+    if ch.shift is not None and after is None:
+        return _run_shifted(plan, kernel, arrays, memory, out)
     sub = (*shape[: ch.axis], ch.size, *shape[ch.axis + 1 :])
     r = list(range(ng, len(shape)))
     operands = (arrays[plan.a.input], arrays[plan.b.input])
@@ -272,6 +274,104 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
                     memory.release(array)
 
 
+def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
+                 out: np.ndarray | None) -> np.ndarray | None:
+    """_run_pieces of a plan whose Chunk has a shift (L, P) (blas._shift_pair: a stride-1 conv's windows,
+    one image per piece): each piece copies the windows without L and with P extended (X: rows the side
+    that held L, columns P's side), then for each index l of L multiplies the other operand at L = l by
+    X's columns shifted by l indices of P. L in K (a forward): the l products are summed into the piece's
+    rows of the result; L global (a weight gradient, pieces of K): each l product is the result's L = l
+    slice, summed over the pieces per thread. Alone, one thread, MNIST conv2 (128 images, 32->32 5x5):
+    forward 38.7 -> 28.8 ms, weight gradient 44.6 -> 30.6 ms; the copies 9.1 -> 2.5 ms."""
+    ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
+    L, P = ch.shift
+    r = list(range(ng, len(shape)))
+    sub = [1 if x == ch.axis else d for x, d in enumerate(shape)]
+    c_is_a = bool(plan.a.strides[L] and plan.a.strides[P])
+    c_op, o_op = (plan.a, plan.b) if c_is_a else (plan.b, plan.a)
+    c_side, o_side = (list(plan.m), list(plan.n)) if c_is_a else (list(plan.n), list(plan.m))
+    l_in_k = L >= ng
+    xcols = c_side if l_in_k else r
+    xrows = [x for x in (r if l_in_k else c_side) if x != L]
+    ext = list(sub)
+    ext[P] = sub[P] + sub[L] - 1
+    c_arr, o_arr = arrays[c_op.input], arrays[o_op.input]
+    xside = _Side(c_arr, c_op, [], xrows, xcols, ext, ch.axis, transpose=False)
+    step = math.prod(ext[x] for x in xcols[xcols.index(P) + 1 :])  # X's columns per index of P
+    ncols = math.prod(sub[x] for x in xcols)
+    nl = sub[L]
+    # the other operand at each l: (M, K') for L in K, (K, M) for L global (the same for every l)
+    o_ops = [Operand(o_op.input, o_op.offset + l * o_op.strides[L], o_op.strides) for l in range(nl)]
+    o_dims = (o_side, xrows) if l_in_k else (r, o_side)
+    o_sides = [_Side(o_arr, o, [], *o_dims, sub, ch.axis) for o in (o_ops if o_op.strides[L] else o_ops[:1])]
+    fixed = not o_op.strides[ch.axis]  # the other operand is the same for every piece: made once
+    scratch: list[np.ndarray] = []
+    o_fixed = []
+    if fixed:
+        for side in o_sides:
+            buf = side.buffer(memory)
+            if buf is not None:
+                scratch.append(buf)
+            o_fixed.append(side.matrix(o_arr, 0, buf))
+    dtype = np.result_type(c_arr.dtype, o_arr.dtype)
+    total = math.prod(shape[:ng])
+    direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
+    m_size = math.prod(sub[x] for x in o_side)
+    per = m_size * (ncols if l_in_k else math.prod(sub[x] for x in xrows))
+    result = (out if direct else memory.array(total, dtype)) if l_in_k else None
+    rows_per = total // shape[0]
+    order = [*xrows, *o_side]  # a weight-gradient-like product's axes (L global): put in the result's order
+    back = () if l_in_k else tuple(order.index(x) for x in range(ng) if x != L)
+    ordered = tuple(sub[x] for x in order)
+    states: list[dict] = []
+
+    def piece(start: int, state: dict | None) -> dict:
+        if state is None:
+            state = {"x": xside.buffer(memory), "tmp": memory.array(per, dtype),
+                     "o": [] if fixed else [side.buffer(memory) for side in o_sides]}
+            if not l_in_k:  # the thread's sums of the l products, as they come out: (l, X's rows, M)
+                state["acc"] = memory.array(nl * per, dtype)
+                state["acc"][:] = 0
+            states.append(state)
+        x = xside.matrix(c_arr, start, state["x"])
+        mats = o_fixed or [side.matrix(o_arr, start, buf) for side, buf in zip(o_sides, state["o"])]
+        tmp = state["tmp"]
+        if l_in_k:
+            target = result[start * rows_per : (start + ch.size) * rows_per].reshape(m_size, ncols)
+            for l in range(nl):
+                o = mats[min(l, len(mats) - 1)]
+                if l == 0:
+                    np.matmul(o, x[:, :ncols], out=target)
+                else:
+                    np.matmul(o, x[:, l * step : l * step + ncols], out=tmp.reshape(m_size, ncols))
+                    target += tmp.reshape(m_size, ncols)
+        else:
+            acc, o = state["acc"].reshape(nl, -1, m_size), mats[0]
+            for l in range(nl):
+                acc[l] += np.matmul(x[:, l * step : l * step + ncols], o, out=tmp.reshape(-1, m_size))
+        return state
+
+    try:
+        _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
+        if l_in_k:
+            return None if direct else result
+        sums = states[0]["acc"]
+        for st in states[1:]:
+            sums += st["acc"]
+        result = out if direct else memory.array(total, dtype)
+        whole = result.reshape(shape[:ng])
+        for l, part in enumerate(sums.reshape(nl, *ordered)):  # into the result's L = l slice
+            whole[(slice(None),) * L + (l,)] = part.transpose(back)
+        return None if direct else result
+    finally:
+        for array in scratch:
+            memory.release(array)
+        for st in states:
+            for array in (st["x"], st["tmp"], st.get("acc"), *st["o"]):
+                if array is not None:
+                    memory.release(array)
+
+
 class _Side:
     """One operand of a matmul (`_Matmul`) or of a piece of one (`_run_pieces`, pieces of `axis`): its
     (*batch, rows, cols) matrix, a view of the array at the piece's offset, or (a conv's windows, whose
@@ -279,7 +379,8 @@ class _Side:
     whose innermost run of neighbouring elements is longer: numpy copies a 20-element run ~4x faster
     than a 5-element one (a 5x5 window's rows); BLAS reads the transposed copy through its flags."""
 
-    def __init__(self, array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int | None = None):
+    def __init__(self, array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int | None = None,
+                 transpose: bool = True):
         self.dtype, self.item = array.dtype, array.itemsize
         self.offset, self.step = op.offset, 0 if axis is None else op.strides[axis]
         lead = tuple(sub[x] for x in batch)
@@ -293,7 +394,7 @@ class _Side:
         except ValueError:
             pass
         t = _view(array, op, [*batch, *cols, *rows], sub)
-        src, self.transposed = (t, True) if _inner_run(t) > _inner_run(v) else (v, False)
+        src, self.transposed = (t, True) if transpose and _inner_run(t) > _inner_run(v) else (v, False)
         self.shape, self.strides, self.lead, self.nr, self.nc = src.shape, src.strides, lead, nr, nc
         self.copy = src.size
 

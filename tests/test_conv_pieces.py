@@ -108,9 +108,9 @@ def test_chunk_choice():
     grad = [p for p in _plans([w.grad.node]) if p.chunk is not None and p.chunk.axis == 4]
     # (o, c, kh, kw | n, oh, ow): images are K
     assert grad and grad[0].chunk == blas.Chunk(4, 1, (2, 5)), grad
-    x1 = Tensor(np.zeros((128, 1, 28, 28), np.float32), device="CPU")
-    out1 = x1.conv2d(Tensor(np.zeros((32, 1, 5, 5), np.float32), device="CPU"))
-    per_image = 25 * 24 * 24
+    x1 = Tensor(np.zeros((128, 2, 28, 28), np.float32), device="CPU")
+    out1 = x1.conv2d(Tensor(np.zeros((32, 2, 5, 5), np.float32), device="CPU"))
+    per_image = 50 * 24 * 24
     size = max(d for d in range(1, 129) if 128 % d == 0 and d * per_image <= blas.CHUNK_ELEMS)
     assert _plans([out1.node])[-1].chunk == blas.Chunk(0, size)
 

@@ -260,6 +260,35 @@ def test_convolutions_run_as_blas_matmuls(stride, padding, dilation, groups):
     np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("cin,cout,k,stride,padding,dilation,size,blas", [
+    (1, 32, 5, 1, 0, 1, 30, False), (3, 16, 3, 1, 1, 1, 30, False), (3, 32, 3, 2, 0, 1, 64, False),
+    (4, 8, 3, 1, 2, 2, 30, False), (3, 128, 3, 1, 1, 1, 30, True), (2, 32, 5, 1, 0, 1, 30, True)])
+def test_convs_with_few_taps_read_the_input_in_place(cin, cout, k, stride, padding, dilation, size, blas):
+    """A conv forward whose windows would be copied (big: in pieces) with K = cin * k * k <=
+    blas.SMALL_K_MAX (a first layer over 1-4 channels) and at most SMALL_K_MAX_N output channels is the
+    generated loop over the input (no im2col copy, no BLAS); bigger ones keep BLAS. Values and gradients
+    as PyTorch's, nan and inf included."""
+    from tgrad import emit_numba, fuse
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((64, cin, size, size)).astype(F32)
+    x[0, 0, 3, 4], x[1, -1, 5, 6] = np.nan, np.inf
+    w = (rng.standard_normal((cout, cin, k, k)) * 0.3).astype(F32)
+    tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
+    out = tx.conv2d(tw, stride=stride, padding=padding, dilation=dilation)
+    plan = emit_numba.blas_plan(fuse.schedule([out.node])[-1].kernel)
+    assert (plan is not None) == blas, plan
+    g = rng.standard_normal(out.shape).astype(F32)
+    (out * Tensor(g, device="CPU")).sum().backward()
+    rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ref = torch.nn.functional.conv2d(rx, rw, stride=stride, padding=padding, dilation=dilation)
+    (ref * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    # the weight's gradient sums 50k-230k products of magnitude ~1 per entry (float32 in both)
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-3, atol=2e-2)
+    np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("stride,dilation,groups", [(1, 1, 1), (2, 1, 1), (1, 2, 2), ((2, 1), (1, 2), 4)])
 def test_conv_input_gradient_is_col2im_without_window_copies(stride, dilation, groups):
     """The input gradient of a conv is one matmul per image over the output channels, whose operands are

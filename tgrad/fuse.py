@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import TgradError
 from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, prod, strides_for
+from tgrad.schedule_order import order_assigns
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
 
@@ -688,32 +688,4 @@ def schedule(outputs: list[Node]) -> list[ScheduleItem]:
     roots = kernel_roots(outputs)
     realize = set(roots)
     items = [lower_kernel(r, realize) for r in roots]
-    return _order_assigns(items)
-
-
-def _order_assigns(items: list[ScheduleItem]) -> list[ScheduleItem]:
-    """An ASSIGN overwrites its target: every other kernel that reads the target runs first."""
-    assigns = [it for it in items if it.target is not None]
-    if not assigns:
-        return items
-    ordered = [it for it in items if it.target is None]
-    for a in assigns:  # in topological order; each goes as late as it may: just before its first reader
-        start = max((j + 1 for j, it in enumerate(ordered) if it.out in a.inputs), default=0)
-        readers = [j for j, it in enumerate(ordered) if j >= start and a.out in it.inputs]
-        ordered.insert(readers[0] if readers else len(ordered), a)
-    for a in assigns:  # next to the assign that reads it where nothing between forbids (an optimizer's
-        pos = ordered.index(a)  # m, v and parameter updates side by side: the CPU runs them as one loop)
-        user = next((j for j in range(pos + 1, len(ordered)) if a.out in ordered[j].inputs), None)
-        if user is not None and ordered[user].target is not None and all(
-                a.out not in x.inputs and x.target not in a.inputs for x in ordered[pos + 1 : user]):
-            ordered.insert(user - 1, ordered.pop(pos))
-    for pos, it in enumerate(ordered):
-        if it.target is None:
-            continue
-        for later in ordered[pos + 1 :]:
-            if it.target in later.inputs:
-                raise TgradError(
-                    "a kernel reads both the old and the assigned value of one buffer; "
-                    "realize() the old value before assign()"
-                )
-    return ordered
+    return order_assigns(items)

@@ -128,11 +128,12 @@ SHIFTED = [  # (N, Cin, H, W), (Cout, kh, kw), stride, padding, dilation, dtype:
 def test_shifted_pieces_match_torch(case, threads, monkeypatch):
     """A stride-1 (along H) conv whose pieces copy each image row once and shift it per kernel row (forward:
     products summed; weight gradient: one slice of the result per kernel row): values and gradients as
-    PyTorch's, on 1 and 3 threads."""
+    PyTorch's, nan and inf included, on 1 and 3 threads."""
     monkeypatch.setenv("TGRAD_THREADS", threads)
     shape, (cout, kh, kw), stride, padding, dilation, dt = case
     rng = np.random.default_rng(7)
     x = rng.standard_normal(shape).astype(dt)
+    x[0, 0, 3, 4], x[1, -1, 7, 2], x[-1, 1, -1, -1] = np.nan, np.inf, -np.inf  # as PyTorch propagates them
     w = (rng.standard_normal((cout, shape[1], kh, kw)) * 0.2).astype(dt)
     tx, tw = (Tensor(a, device="CPU", requires_grad=True) for a in (x, w))
     out = tx.conv2d(tw, stride=stride, padding=padding, dilation=dilation)

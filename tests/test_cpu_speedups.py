@@ -368,6 +368,27 @@ def test_matrix_times_vector_below_a_million_is_the_generated_loop(a, b, blas):
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_blas_with_nan_and_inf_gives_torchs_values_without_numpy_warnings():
+    """nan and inf through a BLAS matmul and a conv in pieces: PyTorch's values, and none of numpy's
+    RuntimeWarnings (the generated kernels raise none either)."""
+    import warnings
+
+    rng = np.random.default_rng(13)
+    a, b = rng.standard_normal((300, 200)).astype(F32), rng.standard_normal((200, 100)).astype(F32)
+    a[3, 4], a[5, 6], b[7, 8], b[6, 0] = np.nan, np.inf, -np.inf, 0.0  # 0 * inf: numpy's "invalid value"
+    x = rng.standard_normal((4, 16, 28, 28)).astype(F32)
+    x[0, 0, 0, 0] = np.inf
+    w = rng.standard_normal((8, 16, 5, 5)).astype(F32)
+    w[:, 0, 0, 0] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = (Tensor(a, device="CPU") @ Tensor(b, device="CPU")).numpy()
+        conv = Tensor(x, device="CPU").conv2d(Tensor(w, device="CPU") * -1).numpy()
+    np.testing.assert_allclose(got, (torch.from_numpy(a) @ torch.from_numpy(b)).numpy(), rtol=1e-4, atol=1e-3)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), -torch.from_numpy(w)).numpy()
+    np.testing.assert_allclose(conv, ref, rtol=1e-4, atol=1e-3)
+
+
 def test_threaded_kernels_run_in_a_forked_child():
     """A child forked after the parent ran threaded kernels has none of the parent's threads: it starts
     its own instead of waiting forever on the parent's."""

@@ -123,14 +123,15 @@ class BlasCall:
     def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None,
                  after=None) -> np.ndarray | None:
         plan = self.plan
-        if plan.chunk is not None:
-            return _run_pieces(plan, self.kernel, arrays, memory, out, after)
-        a, b = arrays[plan.a.input], arrays[plan.b.input]
-        key = (a.dtype, b.dtype, None if out is None else (out.dtype, out.flags.c_contiguous))
-        way = self.ways.get(key)
-        if way is None:
-            way = self.ways[key] = _Matmul(plan, self.kernel, a, b, out)
-        return way(a, b, memory, out)
+        with np.errstate(all="ignore"):  # nan and inf propagate as in every kernel, without numpy's warnings
+            if plan.chunk is not None:
+                return _run_pieces(plan, self.kernel, arrays, memory, out, after)
+            a, b = arrays[plan.a.input], arrays[plan.b.input]
+            key = (a.dtype, b.dtype, None if out is None else (out.dtype, out.flags.c_contiguous))
+            way = self.ways.get(key)
+            if way is None:
+                way = self.ways[key] = _Matmul(plan, self.kernel, a, b, out)
+            return way(a, b, memory, out)
 
 
 class _Matmul:
@@ -452,12 +453,13 @@ class _Pieces:
         def worker():
             self.blas.one()
             state = None
-            while True:
-                with lock:
-                    start = next(todo, None)
-                if start is None:
-                    return
-                state = piece(start, state)
+            with np.errstate(all="ignore"):  # (numpy's error state is per thread)
+                while True:
+                    with lock:
+                        start = next(todo, None)
+                    if start is None:
+                        return
+                    state = piece(start, state)
 
         with self.lock:
             if self.executor is None or self.workers < count or self.pid != os.getpid():

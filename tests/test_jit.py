@@ -192,17 +192,20 @@ def test_error_numpy_inside():
     np.testing.assert_allclose(Tensor(A).numpy(), A)  # .numpy() works again outside
 
 
-def test_error_loss_read_after_step():
+def test_error_lazy_tensor_read_after_step():
+    """The loss backward() ran from is realized by step() (tests/test_optim.py); another tensor still lazy
+    after the step would read the updated w: TinyJit refuses to return it."""
     w = Tensor(np.ones((4, 2), np.float32), requires_grad=True)
     opt = Adam([w], lr=0.1)
 
     @TinyJit
     def step(x):
         opt.zero_grad()
-        loss = (x @ w).sum()  # its gradient does not need its value: it is still lazy after the step
+        loss = (x @ w).sum()
+        other = (w * 3).sum()  # not what backward() ran from: still lazy after the step
         loss.backward()
         opt.step()  # so returning it would read the updated w
-        return loss
+        return other
 
     with pytest.raises(JitError, match="already overwrote"):
         step(Tensor(A))

@@ -114,6 +114,40 @@ def test_gradients_stay_readable_after_the_step(device):
     np.testing.assert_allclose(w.numpy(), w0 - 0.5 * 2 * w0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("name", ["SGD", "Adam"])
+def test_loss_read_after_the_step_is_the_loss_before_it(device, name, jit):
+    """PyTorch's loop `loss.backward(); opt.step(); print(loss.item())`: step() realizes what backward() ran
+    from with its update, so the loss read afterwards is the one at the old weights (it was computed from
+    the overwritten ones: 3.35 instead of 11.17 for one SGD step below), also when a TinyJit step returns
+    the loss without handing it to step()."""
+    from tgrad.jit import TinyJit
+
+    rng = np.random.default_rng(14)
+    w0, x0 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+    w, x = Tensor(w0, requires_grad=True).realize(), Tensor(x0).realize()
+    opt = {"SGD": SGD, "Adam": Adam}[name]([w], lr=0.1)
+    tw = torch.tensor(w0, requires_grad=True)
+    topt = getattr(torch.optim, name)([tw], lr=0.1)
+
+    def step():
+        opt.zero_grad()
+        loss = (x @ w).square().sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = TinyJit(step) if jit else step
+    for _ in range(4):
+        loss = run()
+        topt.zero_grad()
+        tloss = (torch.from_numpy(x0) @ tw).square().sum()
+        tloss.backward()
+        topt.step()
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4)
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_step_writes_parameters_in_place():
     w = Tensor(np.ones((3,), np.float32), requires_grad=True)
     opt = SGD([w], lr=0.5)

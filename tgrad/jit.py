@@ -424,8 +424,8 @@ class TinyJit:
                 if _stale_leaves(t, log.written):
                     raise JitError(
                         f"returned tensor {i} ({t.shape}) reads a buffer that an assign() in this call "
-                        "already overwrote (e.g. the loss after opt.step()): realize it together with the "
-                        "update, opt.step(loss), or call loss.realize() before opt.step()"
+                        "already overwrote (e.g. a metric built before opt.step()): realize it together with "
+                        "the update, opt.step(metric), or call metric.realize() before opt.step()"
                     )
             touched = [t for t in leaves if t.grad is not pre[id(t)]]
             # state updates the function left pending run now, with the outputs and the gradients

@@ -50,6 +50,19 @@ def pending_assigns() -> list[Tensor]:
     return out
 
 
+# tensors backward() ran from, not realized yet: an optimizer step realizes them with its update (the
+# usual `loss.backward(); opt.step(); print(loss.item())` would else compute the loss after the update,
+# from the overwritten weights)
+BACKWARD_ROOTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def backward_roots() -> list[Tensor]:
+    """Take the tensors backward() ran from since the last call that are still alive and not realized."""
+    out = [t for t in list(BACKWARD_ROOTS.values()) if not t.node.realized]
+    BACKWARD_ROOTS.clear()
+    return out
+
+
 def _uint8_linear_weights(n: int, out: int, align_corners: bool) -> tuple[np.ndarray, int]:
     """(out, n) int32 weights and their fixed-point bits of PyTorch's uint8 linear resize along one axis
     (aten's _compute_index_ranges_int16_weights: a triangle filter around each output's centre,
@@ -435,6 +448,7 @@ class Tensor(metaclass=_NoGradMeta):
                 continue
             gt = Tensor(gn)
             t.grad = gt if t.grad is None else Tensor(g.alu(Op.ADD, t.grad.node, gn))
+        BACKWARD_ROOTS[id(self)] = self
         return self
 
     def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
-from tgrad.tensor import Tensor, pending_assigns
+from tgrad.tensor import Tensor, backward_roots, pending_assigns
 
 
 def _state(t: Tensor, value: float = 0.0) -> Tensor:
@@ -65,14 +65,15 @@ class Optimizer:
         return self.params + self.buffers + state
 
     def step(self, *also: Tensor) -> None:
-        """Apply one update. Tensors in `also` (e.g. the loss) and the gradients are realized in the same
-        call, before any parameter buffer is overwritten."""
+        """Apply one update. Tensors in `also`, the gradients and the tensors backward() ran from (the loss)
+        are realized in the same call, before any parameter buffer is overwritten."""
         tensors = self.schedule_step()
         # the gradients too: they read the parameters' old values, which the update overwrites, so
-        # computing them later (reading p.grad after the step) would see the new ones. Pending assigns
-        # (BatchNorm's running statistics when this optimizer was not given them) run too: each reads
-        # this step's activations, which it would keep alive until the next step's forward
-        Tensor.realize(*also, *tensors, *[t.grad for t in self.params], *pending_assigns())
+        # computing them later (reading p.grad after the step) would see the new ones; so would the loss
+        # (`opt.step(); loss.item()`, PyTorch's usual loop). Pending assigns (BatchNorm's running
+        # statistics when this optimizer was not given them) run too: each reads this step's
+        # activations, which it would keep alive until the next step's forward
+        Tensor.realize(*also, *tensors, *[t.grad for t in self.params], *pending_assigns(), *backward_roots())
 
     def _step(self) -> list[Tensor]:
         raise NotImplementedError

@@ -148,6 +148,50 @@ def test_loss_read_after_the_step_is_the_loss_before_it(device, name, jit):
     np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_a_loss_from_outside_a_jitted_step_keeps_its_value(device):
+    """backward() run outside a TinyJit step whose function steps the optimizer: that loss is realized before
+    the call (at the weights it was built on), not captured into the step's replays (a replay launches as
+    many kernels as one of a step with no outside loss)."""
+    from tgrad.device import Stats
+    from tgrad.jit import TinyJit
+
+    rng = np.random.default_rng(15)
+    w0, x0 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+
+    def run(outside_loss: bool):
+        w, x = Tensor(w0, requires_grad=True).realize(), Tensor(x0).realize()
+        opt = SGD([w], lr=0.05)
+
+        @TinyJit
+        def step():
+            opt.zero_grad()
+            loss = (x @ w).square().sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        losses = [step().item()]  # (runs plainly; the next call captures)
+        w1 = w.numpy().astype(np.float64)
+        outside = (x @ w).square().mean() if outside_loss else None  # on the weights after one step
+        if outside is not None:
+            outside.backward()
+        losses += [step().item() for _ in range(3)]  # capture, then two replays
+        before = Stats.kernels_run
+        step()
+        return losses, Stats.kernels_run - before, outside, w1, w.numpy()
+
+    losses, replay, outside, w1, w_end = run(True)
+    _, control, _, _, _ = run(False)
+    assert replay == control, (replay, control)
+    np.testing.assert_allclose(outside.item(), np.square(x0 @ w1).mean(), rtol=1e-5)
+    wn, want = w0.astype(np.float64), []
+    for _ in range(5):  # the same SGD steps in numpy (the outside backward's gradient is zeroed first)
+        want.append(np.square(x0 @ wn).sum())
+        wn = wn - 0.05 * 2 * x0.T @ (x0 @ wn)
+    np.testing.assert_allclose(losses, want[:4], rtol=1e-4)
+    np.testing.assert_allclose(w_end, wn, rtol=1e-4, atol=1e-5)
+
+
 def test_step_writes_parameters_in_place():
     w = Tensor(np.ones((3,), np.float32), requires_grad=True)
     opt = SGD([w], lr=0.5)

@@ -191,8 +191,7 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             in_dtypes=(*k.in_dtypes, dtype),
         )
     r = list(range(ng, naxes))
-    copied = [not (_merges(op, rows, k.shape) and _merges(op, cols, k.shape)) for op, rows, cols in
-              ((a, m, r), (b, r, n))]
+    copied = _copied(a, b, m, n, r, k.shape)
     if sum(copied) == 1 and math.prod(k.reduce_shape) <= SMALL_K_MAX and not batch:
         win, rows, cols = (a, m, r) if copied[0] else (b, r, n)
         columns = math.prod(k.shape[x] for x in (n if copied[0] else m))
@@ -209,6 +208,13 @@ def _overlaps(op: Operand, axes, shape) -> bool:
     return math.prod(shape[x] for x in axes) > span
 
 
+def _copied(a: Operand, b: Operand, m, n, r, shape) -> list[bool]:
+    """Whether A (rows m, cols r) and B (rows r, cols n) must each be copied to be a matrix (im2col): their
+    axes do not merge into one run of memory per side."""
+    return [not (_merges(op, rows, shape) and _merges(op, cols, shape)) for op, rows, cols in
+            ((a, m, r), (b, r, n))]
+
+
 def _merges(op: Operand, axes, shape) -> bool:
     """Whether the operand's axes (in this order) are one run of memory (a matrix side without a copy)."""
     axes = [x for x in axes if shape[x] > 1]
@@ -222,10 +228,9 @@ def _chunk(k: Kernel, a: Operand, b: Operand, batch, m, n) -> Chunk | None:
     grouped conv's weight gradient has the groups first, the images in K; 5 images of 286K window
     elements each are cut along the channels instead)."""
     r = list(range(k.n_global, len(k.shape)))
-    copies = []
-    for op, rows, cols in ((a, m, r), (b, r, n)):
-        if not (_merges(op, rows, k.shape) and _merges(op, cols, k.shape)):
-            copies.append((math.prod(k.shape[x] for x in (*batch, *rows, *cols)), op))
+    sides = ((a, m, r), (b, r, n))
+    copies = [(math.prod(k.shape[x] for x in (*batch, *rows, *cols)), op)
+              for copy, (op, rows, cols) in zip(_copied(a, b, m, n, r, k.shape), sides) if copy]
     elems = sum(e for e, _ in copies)
     if elems < CHUNK_MIN:
         return None
@@ -259,8 +264,7 @@ def _shift_pair(k: Kernel, a: Operand, b: Operand, m, n, chunk: Chunk) -> tuple[
     ng, shape = k.n_global, k.shape
     sub = tuple(1 if x == chunk.axis else d for x, d in enumerate(shape))  # a piece's shape
     r = list(range(ng, len(shape)))
-    copied = [not (_merges(op, rows, sub) and _merges(op, cols, sub))
-              for op, rows, cols in ((a, m, r), (b, r, n))]
+    copied = _copied(a, b, m, n, r, sub)
     if sum(copied) != 1:
         return None
     c, side = (a, list(m)) if copied[0] else (b, list(n))

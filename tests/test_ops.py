@@ -766,6 +766,52 @@ def test_a_kernel_reading_both_the_old_and_the_assigned_value_raises(device):
         (old + p).numpy()
 
 
+# assign sequences (a random search's finds): a realize in between leaves a node realized on a buffer that
+# a later assign() overwrites, read by a tensor built before (a row group read it through that other node
+# while the assign wrote the buffer: wrong values on CPU); each step: (op, tensor, other, constant)
+_ASSIGN_SEQUENCES = {
+    "a_row_group_reading_an_alias_of_its_target": (65, [
+        ("axpy", "b", "d", -0.083), ("sub_sum", "c", "d", 0.1), ("axpy", "d", "c", -0.606),
+        ("flip_max", "a", "c", 0), ("flip_max", "b", "a", 0), ("sub_sum", "c", "b", 0.1),
+        ("realize", "a", "c", 0), ("axpy", "a", "c", -0.499), ("sub_sum", "c", "a", 0.1)]),
+}
+
+
+@pytest.mark.parametrize("case", list(_ASSIGN_SEQUENCES))
+def test_assign_sequences_match_an_eager_replay(device, case):
+    """Every value as numpy computes it step by step (PyTorch's eager order): tensors built before an
+    assign read the old value when realized with it, through whichever node holds the buffer."""
+    seed, steps = _ASSIGN_SEQUENCES[case]
+    rngs = [np.random.default_rng(seed + i) for i in range(4)]
+    init = {k: r.standard_normal(6).astype(np.float32) for k, r in zip("abcd", rngs)}
+    ts = {k: Tensor(v).realize() for k, v in init.items()}
+    ref = {k: v.astype(np.float64) for k, v in init.items()}
+    vals, refs = [], []
+    for op, k, o, c in steps:
+        if op == "axpy":
+            ts[k].assign(ts[k] * c + ts[o])
+            ref[k] = ref[k] * c + ref[o]
+        elif op == "sub_sum":
+            ts[k].assign(ts[k] - ts[o].sum() * c)
+            ref[k] = ref[k] - ref[o].sum() * c
+        elif op == "flip_max":
+            ts[k].assign(ts[o].flip(0) + ts[k].max())
+            ref[k] = ref[o][::-1] + ref[k].max()
+        elif op == "mm":
+            ts[k].assign((ts[k].reshape(2, 3) @ ts[o].reshape(3, 2)).reshape(-1)[:4].pad(((0, 2),)))
+            ref[k] = np.pad((ref[k].reshape(2, 3) @ ref[o].reshape(3, 2)).reshape(-1)[:4], (0, 2))
+        elif op == "val":
+            vals.append(ts[k] * 2 + ts[o].max())
+            refs.append(ref[k] * 2 + ref[o].max())
+        elif op == "realize":
+            Tensor.realize(*[vals[int(x[1:])] if x.startswith("v") else ts[x] for x in (k, o)])
+    Tensor.realize(*ts.values(), *vals)
+    for k in "abcd":
+        np.testing.assert_allclose(ts[k].numpy(), ref[k], rtol=1e-4, atol=1e-4, err_msg=k)
+    for i, (v, r) in enumerate(zip(vals, refs)):
+        np.testing.assert_allclose(v.numpy(), r, rtol=1e-4, atol=1e-4, err_msg=f"v{i}")
+
+
 @pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
 def test_two_optimizer_steps_before_one_realize_match_torch(device, opt_name):
     """schedule_step() builds an update without running it; a second forward, backward and step() on the

@@ -236,8 +236,12 @@ def _group(items: list[fuse.ScheduleItem], start: int, last: int, rt: Runtime) -
     """items[start..last] as one row group: its runner and the nodes it takes (see _row_groups), or None."""
     nodes: list[Node] = []
     members, sizes = [], {}
+    # a node realized before on an assign's target buffer (an earlier assign's) is that target: one name,
+    # so the checks below see every read of the buffer the group overwrites
+    target_of = {id(it.target.buffer): it.target for it in items[start : last + 1] if it.target is not None}
     for i, it in enumerate(items[start : last + 1]):
-        ins = tuple(_position(nodes, n) for n in it.inputs)
+        ins = tuple(_position(nodes, target_of.get(id(n.buffer), n) if n.buffer is not None else n)
+                    for n in it.inputs)
         at = None if start + i == last else _position(nodes, it.out)
         if at is not None:
             sizes[at] = prod(it.out.shape)
@@ -273,21 +277,24 @@ def _reads_target_elsewhere(it: fuse.ScheduleItem) -> bool:
     """Whether an assign's kernel reads its target anywhere but at the element it writes (x.assign(x.flip(0)),
     x.assign(x + x[0]), a reduce over x): written in place, later elements would read new values, so the
     target is read from a copy (run_schedule). Remembered per kernel."""
-    if it.target is None or not any(n is it.target for n in it.inputs):
+    if it.target is None:
         return False
-    k, p = it.kernel, next(i for i, n in enumerate(it.inputs) if n is it.target)
-    hit = _ELSEWHERE.get((k, p))
-    if hit is None:
-        seen, stack, hit = set(), [k.expr] + ([k.reduce_expr] if k.reduce_expr is not None else []), False
-        while stack and not hit:
-            e = stack.pop()
-            if e not in seen:
-                seen.add(e)
-                stack.extend(e.srcs)
-                if e.op == "LOAD" and e.arg == p:  # not exactly the element written: another one
-                    hit = not (fuse.is_true(e.srcs[1]) and same_index(e.srcs[0], k.out_index))
-        _ELSEWHERE[(k, p)] = hit
-    return hit
+    k, buf = it.kernel, it.target.buffer
+    for p in (i for i, n in enumerate(it.inputs) if n.buffer is buf):  # the target, or a node aliasing it
+        hit = _ELSEWHERE.get((k, p))
+        if hit is None:
+            seen, stack, hit = set(), [k.expr] + ([k.reduce_expr] if k.reduce_expr is not None else []), False
+            while stack and not hit:
+                e = stack.pop()
+                if e not in seen:
+                    seen.add(e)
+                    stack.extend(e.srcs)
+                    if e.op == "LOAD" and e.arg == p:  # not exactly the element written: another one
+                        hit = not (fuse.is_true(e.srcs[1]) and same_index(e.srcs[0], k.out_index))
+            _ELSEWHERE[(k, p)] = hit
+        if hit:
+            return True
+    return False
 
 
 def _copy(rt: Runtime, buf: Buffer, node: Node) -> Buffer:
@@ -396,7 +403,8 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
             else:
                 runner, inputs = rt.runner(k), [n.buffer for n in it.inputs]
                 if _reads_target_elsewhere(it):
-                    inputs = [_copy(rt, b, n) if n is it.target else b for n, b in zip(it.inputs, inputs)]
+                    tb = it.target.buffer
+                    inputs = [_copy(rt, b, n) if b is tb else b for n, b in zip(it.inputs, inputs)]
             if fresh:
                 progress.compiled(time.perf_counter() - t0)
             if device.DEBUG >= 3:

@@ -20,15 +20,18 @@ def order_assigns(items: list) -> list:
     if not any(it.target is not None for it in items):
         return items
     made = {id(it.out): i for i, it in enumerate(items)}
-    readers: dict[int, list[int]] = {}  # id(node) -> the items that read it
+    # the items that read each buffer realized before this schedule, through any node: two realized nodes
+    # may hold one buffer (an assign realized earlier, and the buffer node a later assign() targets)
+    readers: dict[int, list[int]] = {}
     for i, it in enumerate(items):
         for n in it.inputs:
-            readers.setdefault(id(n), []).append(i)
+            if n.buffer is not None:
+                readers.setdefault(id(n.buffer), []).append(i)
     before: list[set[int]] = [set() for _ in items]  # the items that must run before each item
     for i, it in enumerate(items):
         before[i].update(made[id(n)] for n in it.inputs if id(n) in made and made[id(n)] != i)
-        if it.target is not None:  # after every reader of the value it overwrites
-            before[i].update(j for j in readers.get(id(it.target), ()) if j != i)
+        if it.target is not None and it.target.buffer is not None:  # after every reader of what it overwrites
+            before[i].update(j for j in readers.get(id(it.target.buffer), ()) if j != i)
     users: list[list[int]] = [[] for _ in items]
     for i, deps in enumerate(before):
         for j in deps:

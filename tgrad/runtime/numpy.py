@@ -93,12 +93,16 @@ def movement(op: Op, arg, x: np.ndarray) -> np.ndarray:
     raise ValueError(op)
 
 
+_SAVED = "saved buffers"  # memo key: id(buffer) -> its data before this realize's assigns wrote it
+
+
 def evaluate(node: Node, memo: dict) -> np.ndarray:
     hit = memo.get(node)
     if hit is not None:
         return hit
     if node.realized:
-        out = node.buffer.data.reshape(node.shape)
+        saved = memo.get(_SAVED, {}).get(id(node.buffer))
+        out = (node.buffer.data if saved is None else saved).reshape(node.shape)
     elif node.op is Op.CONST:
         out = np.broadcast_to(np.array(node.arg, dtype=node.dtype.np), node.shape)
     elif node.op in MOVEMENT:
@@ -140,8 +144,11 @@ class NumpyRuntime(Runtime):
     evaluates_graphs = True
 
     def evaluate(self, nodes: list[Node]) -> None:
-        # an ASSIGN overwrites its target's buffer: everything else in this realize reads the old value
-        memo: dict = {t: t.buffer.data.reshape(t.shape).copy() for t in _assign_targets(nodes)}
+        # an ASSIGN overwrites its target's buffer: everything else in this realize reads the old value,
+        # through the target or any other node realized before on that buffer (an earlier assign's)
+        targets = _assign_targets(nodes)
+        memo: dict = {t: t.buffer.data.reshape(t.shape).copy() for t in targets}
+        memo[_SAVED] = {id(t.buffer): memo[t] for t in targets}
         for node in nodes:
             base = node.base
             if base.realized:

@@ -114,6 +114,19 @@ def test_gradients_stay_readable_after_the_step(device):
     np.testing.assert_allclose(w.numpy(), w0 - 0.5 * 2 * w0, rtol=1e-6)
 
 
+def _squared_loss_step(x, w, opt):
+    """A training step on sum((x @ w)^2) that calls opt.step() without the loss and returns the loss."""
+
+    def step():
+        opt.zero_grad()
+        loss = (x @ w).square().sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("name", ["SGD", "Adam"])
 def test_loss_read_after_the_step_is_the_loss_before_it(device, name, jit):
@@ -130,13 +143,7 @@ def test_loss_read_after_the_step_is_the_loss_before_it(device, name, jit):
     tw = torch.tensor(w0, requires_grad=True)
     topt = getattr(torch.optim, name)([tw], lr=0.1)
 
-    def step():
-        opt.zero_grad()
-        loss = (x @ w).square().sum()
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = _squared_loss_step(x, w, opt)
     run = TinyJit(step) if jit else step
     for _ in range(4):
         loss = run()
@@ -149,9 +156,10 @@ def test_loss_read_after_the_step_is_the_loss_before_it(device, name, jit):
 
 
 def test_a_loss_from_outside_a_jitted_step_keeps_its_value(device):
-    """backward() run outside a TinyJit step whose function steps the optimizer: that loss is realized before
-    the call (at the weights it was built on), not captured into the step's replays (a replay launches as
-    many kernels as one of a step with no outside loss)."""
+    """backward() run outside a TinyJit step whose function steps the optimizer: that loss keeps the value
+    at the weights it was built on (the step inside the capturing call realizes it before the update), and
+    the step's replays do not compute it again (a replay launches as many kernels as one of a step with no
+    outside loss)."""
     from tgrad.device import Stats
     from tgrad.jit import TinyJit
 
@@ -162,14 +170,7 @@ def test_a_loss_from_outside_a_jitted_step_keeps_its_value(device):
         w, x = Tensor(w0, requires_grad=True).realize(), Tensor(x0).realize()
         opt = SGD([w], lr=0.05)
 
-        @TinyJit
-        def step():
-            opt.zero_grad()
-            loss = (x @ w).square().sum()
-            loss.backward()
-            opt.step()
-            return loss
-
+        step = TinyJit(_squared_loss_step(x, w, opt))
         losses = [step().item()]  # (runs plainly; the next call captures)
         w1 = w.numpy().astype(np.float64)
         outside = (x @ w).square().mean() if outside_loss else None  # on the weights after one step

@@ -197,7 +197,7 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
         columns = math.prod(k.shape[x] for x in (n if copied[0] else m))
         if columns <= SMALL_K_MAX_N and _overlaps(win, [*rows, *cols], k.shape):
             return None
-    chunk = _chunk(k, a, b, batch, m, n)
+    chunk = _chunk(k, a, b, batch, m, n, copied)
     return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues), chunk)
 
 
@@ -221,16 +221,15 @@ def _merges(op: Operand, axes, shape) -> bool:
     return all(op.strides[x] == op.strides[y] * shape[y] for x, y in zip(axes, axes[1:]))
 
 
-def _chunk(k: Kernel, a: Operand, b: Operand, batch, m, n) -> Chunk | None:
+def _chunk(k: Kernel, a: Operand, b: Operand, batch, m, n, copied: list[bool]) -> Chunk | None:
     """How to cut a matmul whose operands are copied (im2col) into pieces (`Chunk`), or None: no big
     copy, or no axis that every copied operand indexes. Global axis 0 (pieces of the result's rows) where
     its pieces fit CHUNK_ELEMS, else whichever of it and the first reduce axis has the smaller pieces (a
     grouped conv's weight gradient has the groups first, the images in K; 5 images of 286K window
-    elements each are cut along the channels instead)."""
+    elements each are cut along the channels instead). `copied`: which of A and B (`_copied`)."""
     r = list(range(k.n_global, len(k.shape)))
-    sides = ((a, m, r), (b, r, n))
     copies = [(math.prod(k.shape[x] for x in (*batch, *rows, *cols)), op)
-              for copy, (op, rows, cols) in zip(_copied(a, b, m, n, r, k.shape), sides) if copy]
+              for copy, (op, rows, cols) in zip(copied, ((a, m, r), (b, r, n))) if copy]
     elems = sum(e for e, _ in copies)
     if elems < CHUNK_MIN:
         return None

@@ -269,10 +269,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
             return None
         return acc
     finally:
-        for st in states:
-            for array in (*st["bufs"], st["tmp"], st.get("acc"), st.get("rows")):
-                if array is not None:
-                    memory.release(array)
+        _release(memory, states)
 
 
 def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
@@ -319,7 +316,7 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
     direct = out is not None and out.dtype == dtype and out.flags.c_contiguous
     m_size = math.prod(sub[x] for x in o_side)
     per = m_size * (ncols if l_in_k else math.prod(sub[x] for x in xrows))
-    result = (out if direct else memory.array(total, dtype)) if l_in_k else None
+    result = out if direct else memory.array(total, dtype)
     rows_per = total // shape[0]
     order = [*xrows, *o_side]  # a weight-gradient-like product's axes (L global): put in the result's order
     back = () if l_in_k else tuple(order.index(x) for x in range(ng) if x != L)
@@ -359,16 +356,19 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
         sums = states[0]["acc"]
         for st in states[1:]:
             sums += st["acc"]
-        result = out if direct else memory.array(total, dtype)
         whole = result.reshape(shape[:ng])
         for l, part in enumerate(sums.reshape(nl, *ordered)):  # into the result's L = l slice
             whole[(slice(None),) * L + (l,)] = part.transpose(back)
         return None if direct else result
     finally:
-        for array in scratch:
-            memory.release(array)
-        for st in states:
-            for array in (st["x"], st["tmp"], st.get("acc"), *st["o"]):
+        _release(memory, [{"o": scratch}, *states])
+
+
+def _release(memory: HostMemory, states: list[dict]) -> None:
+    """Give back every array the pieces' threads took (a state's values: arrays, None, lists of them)."""
+    for st in states:
+        for value in st.values():
+            for array in value if isinstance(value, list) else [value]:
                 if array is not None:
                     memory.release(array)
 

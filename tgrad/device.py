@@ -92,6 +92,10 @@ class Buffer:
     """A device allocation of `size` elements of `dtype`. `data` is the device's handle (a numpy array
     on the host devices, a pyopencl / wgpu buffer or a torch tensor elsewhere)."""
 
+    # True for a kernel's result: the graph is hash-consed, so several tensors may hold the node it is the
+    # value of, and an assign() to one of them writes a buffer of its own instead (Tensor.assign)
+    computed = False
+
     def __init__(self, device: str, size: int, dtype: DType, data=None):
         self.device, self.size, self.dtype = device, size, dtype
         self.data = data if data is not None else np.empty(size, dtype.np)

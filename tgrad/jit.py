@@ -29,8 +29,10 @@ to do):
   control flow on tensor values cannot be replayed). Tensors made from host data are frozen at
   capture. A function that launches no kernel raises JitError. assign()s made outside the function and
   not realized yet are realized before the call (and those the function leaves pending, at its end).
-- A returned Tensor must not read a buffer that an assign() in the same call overwrote (the loss
-  after opt.step()): realize it with the step, `opt.step(loss)`, or JitError.
+- Values keep PyTorch's in-place semantics (inplace.py): a tensor built before an assign() that
+  overwrites what it reads is computed before the write, inside the call (recorded: a returned metric
+  built before opt.step()) or, for tensors made outside the call, before it (unrecorded: every replay
+  computes such tensors first). A returned view of assigned state shows the new value.
 - Host steps (realize.HostStep, run with Tensor.run_host: a Python function over numpy arrays between
   kernels, such as tgrad.distributed's MPI allreduce) are recorded in launch order and replayed there
   with that call's buffers; their outputs are new buffers on every call. A host step's function may
@@ -43,18 +45,19 @@ to do):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import os
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from tgrad import device
+from tgrad import device, inplace
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
@@ -122,8 +125,18 @@ def _bare(t: Tensor) -> Tensor:
             "function; replays cannot recompute it. Compute it inside the function, or pass .detach()"
         )
     buf = t.node.buffer if t.node.realized else _copy(t).realize().node.buffer
+    buf.computed = False  # (the argument's own: an assign() to it writes there, and replays write back)
     t.node = g.Node.from_buffer(buf, t.shape, t.dtype, t.device)
     return t
+
+
+@contextlib.contextmanager
+def _outside_done() -> Iterator[None]:
+    """Forget which tensors were made before the call (inplace.OUTSIDE) when it ends, however it ends."""
+    try:
+        yield
+    finally:
+        inplace.OUTSIDE = None
 
 
 def _reaches(nodes: tuple[g.Node, ...], ids: set[int]) -> bool:
@@ -222,7 +235,11 @@ class _Recorder(driver.Recorder):
 
 def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
     """Whether the unrealized graph of t reads a buffer through a node made before an assign() in this
-    call overwrote that buffer."""
+    call overwrote that buffer (a view of the buffer sees the write, as in PyTorch: not stale). The
+    realize that ran the assign computed every live tensor that read the old value first (inplace.py),
+    so this catches only what that missed."""
+    if inplace.is_view(t.node):
+        return False
     stack, seen = [t.node], set()
     while stack:
         n = stack.pop()
@@ -258,6 +275,7 @@ class _Variant:
         self.grad_outs: list[tuple] = []  # (leaf ref, id(its .grad buffer after) or None for no grad)
         self.needs: list[tuple] = []  # (leaf ref, grad meta before the call or None): when this replays
         self.randoms: list[tuple] = []  # (id(buffer at capture), draw, dtype, device) in draw order
+        self.inplace: set[int] = set()  # ids of the buffers a replay writes in place (assigned state)
         self.ret: Any = None
         self.first_other: Any = None
         self.first_fresh: dict[int, tuple] = {}  # call 1's new buffers, to spot values kept across calls
@@ -417,7 +435,8 @@ class TinyJit:
                 _bare(t.grad)
         pre = {id(t): t.grad for t in leaves}
         log = _Recorder()
-        with driver.recording(log):
+        inplace.OUTSIDE = dict(inplace.LAZY)
+        with driver.recording(log), _outside_done():
             ret = self.fn(*args, **kwargs)
             outs = [t for t in _flatten(ret) if isinstance(t, Tensor)]
             for i, t in enumerate(outs):
@@ -534,6 +553,7 @@ class TinyJit:
                 v.fresh.append((id(b), b.size, b.dtype, get_runtime(b.device)))
         v.out_ids = [id(t.node.buffer) for t in outs]
         v.randoms = [(id(b), draw, dt, dev) for b, draw, dt, dev in log.randoms]
+        v.inplace = {id(out) for _, out, _ in _kernels(log.launches) if id(out) not in log.fresh}
         # a kernel that reads a value that call 1 computed from its arguments (or random numbers), and that
         # this call does not update in place, reads a tensor that Python kept across calls: replays would
         # read call 1's value forever
@@ -551,6 +571,11 @@ class TinyJit:
         v.first_fresh, v.first_inputs, v.captured, v.cnt = {}, [], list(log.launches), 2
 
     def _replay(self, v: _Variant, bufs: list) -> Any:
+        # tensors made outside and not computed yet that read state this replay overwrites: computed first,
+        # as a realize that runs assigns does (inplace.py)
+        stale = inplace.computed_before(v.inplace)
+        if stale:
+            driver.realize(stale)
         remap = {k: bufs[i] for k, i in v.in_ids.items()}
         for ref, k in v.grad_ins:
             remap[k] = _bare(ref().grad).node.buffer

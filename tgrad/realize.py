@@ -424,6 +424,8 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
             it.out.written(out)
         else:
             it.out.buffer = out
+            if it.target is None:
+                out.computed = True
     if device.DEBUG >= 1 and items:
         ms = (time.perf_counter() - t_all) * 1e3
         where = user_frame() or "inside tgrad"
@@ -431,8 +433,18 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
               f"{progress.seconds * 1e3:.2f} ms, the rest running) {where}", file=sys.stderr)
 
 
+# nodes -> what a realize of them computes: tensor.py adds the pending assigns and, before those write,
+# the live tensors that read the old values (inplace.with_writes)
+WRITES: Callable[[list[Node]], list[Node]] | None = None
+
+
 def realize(nodes: list[Node]) -> None:
     """Compute every node (grouped by device); movement ops over realized nodes stay views."""
+    compute(WRITES(nodes) if WRITES is not None else nodes)
+
+
+def compute(nodes: list[Node]) -> None:
+    """realize() without adding the pending assigns and what they make stale."""
     by_device: dict[str, list[Node]] = {}
     for n in nodes:
         by_device.setdefault(n.device, []).append(n)
@@ -446,13 +458,14 @@ def realize(nodes: list[Node]) -> None:
             run_schedule(schedule_cache.schedule(group), group)
 
 
-def to_numpy(node: Node) -> np.ndarray:
+def to_numpy(node: Node, now: Callable[[], Node] | None = None) -> np.ndarray:
     """The value of a node as a numpy array: realized, then read back (movement ops over a realized
-    buffer are applied on the host)."""
+    buffer are applied on the host). `now`: the node to read after the realize (a tensor's: the realize
+    may give it a copy, inplace.py)."""
     if RECORDER is not None:
         RECORDER.read(node)
     realize([node])
-    return _read_views(node)
+    return _read_views(now() if now is not None else node)
 
 
 def _read_views(node: Node) -> np.ndarray:

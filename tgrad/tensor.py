@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import autodiff, blas
+from tgrad import autodiff, blas, inplace
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
@@ -41,6 +41,9 @@ KEEP_WINDOWS_MAX = 1 << 26
 _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 # tensors with an assign() not realized yet (TinyJit realizes them before and after a jitted call)
 PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+driver.WRITES = lambda nodes: inplace.with_writes(nodes, PENDING_ASSIGNS)
 
 
 def pending_assigns() -> list[Tensor]:
@@ -202,7 +205,9 @@ class _Training:
 class Tensor(metaclass=_NoGradMeta):
     """A lazy n-dimensional array with autograd. Nothing runs until numpy()/tolist()/item()/realize()."""
 
-    __slots__ = ("node", "_requires_grad", "grad", "__weakref__")
+    # _base: (the tensor whose memory this view shares, the view ops from it) or None: not a view; _views:
+    # views of this one (weak references). See inplace.py: they make assign() act as PyTorch's in-place ops
+    __slots__ = ("node", "_requires_grad", "grad", "_base", "_views", "__weakref__")
     __array_ufunc__ = None  # numpy_array * tensor calls Tensor.__rmul__ instead of converting the tensor
     training = False
     train = _Training
@@ -231,6 +236,11 @@ class Tensor(metaclass=_NoGradMeta):
         self.node: Node = node
         self.grad: Tensor | None = None
         self._requires_grad: bool | None = None
+        self._base = self._views = None
+        if node.buffer is None:
+            inplace.track(self)
+        if isinstance(data, Tensor) and node is data.node:  # Tensor(t) shares t's memory, as in PyTorch
+            inplace.add_view(data, self, ())
         if requires_grad is not None:
             self.requires_grad = requires_grad
 
@@ -345,7 +355,7 @@ class Tensor(metaclass=_NoGradMeta):
             self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
 
     def numpy(self) -> np.ndarray:
-        out = np.array(driver.to_numpy(self.node), copy=True)
+        out = np.array(driver.to_numpy(self.node, lambda: self.node), copy=True)
         self._drop_history()
         return out
 
@@ -383,11 +393,21 @@ class Tensor(metaclass=_NoGradMeta):
         return self._from(autodiff.custom_gradient(out.node, (node,), rule, f"to {source}"), self)
 
     def detach(self) -> Tensor:
-        """The same value, with no gradient flowing back through it."""
-        return Tensor(Node(Op.DETACH, (self.node,), None, self.shape, self.dtype, self.device))
+        """The same value, with no gradient flowing back through it; shares this tensor's memory (an
+        assign() to either is seen by both, as in PyTorch)."""
+        out = Tensor(Node(Op.DETACH, (self.node,), None, self.shape, self.dtype, self.device))
+        inplace.add_view(self, out, ((Op.DETACH, None),))
+        return out
 
     def clone(self) -> Tensor:
-        return self._from(self.node)
+        """A copy (PyTorch's clone): later assign()s to this tensor, or to the memory it views, leave it
+        as it is. Computed lazily (a copy kernel, often fused into its readers), and before any assign
+        that would overwrite what it reads. Gradients flow through."""
+        copy = Node(Op.CAST, (self.node,), self.dtype, self.shape, self.dtype, self.device)
+        out = Tensor(autodiff.custom_gradient(copy, (self.node,), lambda grad: (grad,), "clone"))
+        if self._requires_grad and not _NoGradMeta._no_grad:
+            out._requires_grad = True
+        return out
 
     def contiguous(self) -> Tensor:
         """This value in a buffer of its own, row-major (tinygrad's contiguous; PyTorch's copy of a
@@ -410,12 +430,61 @@ class Tensor(metaclass=_NoGradMeta):
         if x.device != self.device:
             raise DeviceError(f"assign: value on {x.device}, tensor on {self.device}; use .to()")
         x = x.cast(self.dtype)
-        if self.node.op is Op.BUFFER and x.node is not self.node:
-            self.node = Node(Op.ASSIGN, (self.node, x.node), None, self.shape, self.dtype, self.device)
+        if self._base is not None and self._assign_view(x):
+            return self
+        if self.node.op is Op.ASSIGN:  # assigned before: that write runs first (both write this buffer)
+            if self.node.buffer is None:
+                self.realize()
+            if self.node.op is Op.ASSIGN:
+                self.node = Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
+        old = self.node
+        if x.node is old:
+            return self
+        if old.op is Op.BUFFER:
+            target = old
+            if old.buffer.computed:  # other tensors may hold the node it was computed for: a buffer of its
+                buf = get_runtime(self.device).alloc(self.numel(), self.dtype)  # own (x computes all of it)
+                target = Node.from_buffer(buf, self.shape, self.dtype, self.device)
+            self.node = Node(Op.ASSIGN, (target, x.node), None, self.shape, self.dtype, self.device)
             PENDING_ASSIGNS[id(self)] = self
-        else:
+        else:  # not realized (or realized with a history): the tensor takes the new value, no write
             self.node = x.node
+        if self.node.buffer is None:
+            inplace.track(self)
+        inplace.rebase(self, self.node)
         return self
+
+    def _assign_view(self, x: Tensor) -> bool:
+        """assign() to a view writes into its base (PyTorch's in-place ops on a view): the base takes x
+        where this view's elements are, and its views (this one too) the new value. False when this
+        tensor is not a view in PyTorch's sense (a reshape strides cannot express: a copy there)."""
+        root, steps = self._base
+        trackers = inplace.shapes(root.shape, steps)
+        st = trackers[-1]
+        if len(st.views) != 1 or st.views[0].mask is not None:
+            self._base = None
+            return False
+        value, mask = x, None
+        for (op, arg), before in zip(reversed(steps), reversed(trackers[:-1])):  # each op undone, on x and
+            shape = before.shape  # on the mask of the elements it covers
+            if op is Op.RESHAPE:
+                value, mask = value.reshape(shape), mask if mask is None else mask.reshape(shape)
+            elif op is Op.PERMUTE:
+                back = tuple(np.argsort(arg))
+                value, mask = value.permute(back), mask if mask is None else mask.permute(back)
+            elif op is Op.SHRINK:
+                pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
+                if mask is None:
+                    mask = Tensor.ones(*value.shape, dtype=dtypes.bool, device=self.device)
+                value, mask = value.pad(pads), mask.pad(pads)
+            elif op is Op.EXPAND and tuple(arg) != tuple(shape):
+                raise ArgumentError(
+                    f"assign: this tensor ({self.shape}) is an expanded view of a {root.shape} tensor, so "
+                    "several of its elements are one element of that tensor (PyTorch refuses such in-place "
+                    "writes too); clone() it first"
+                )
+        root.assign(value if mask is None else mask.where(value, root))
+        return True
 
     # ----------------------------------------------------------------------------------------------
     # autograd
@@ -471,10 +540,14 @@ class Tensor(metaclass=_NoGradMeta):
     # ----------------------------------------------------------------------------------------------
     # construction helpers
 
-    def _from(self, node: Node, *inputs: Tensor) -> Tensor:
+    def _from(self, node: Node, *inputs: Tensor, view: inplace.Steps | None = None) -> Tensor:
+        """A tensor of node, which self and inputs made; `view`: node is these view ops of self, and the
+        result a view of self's memory (inplace.py)."""
         out = Tensor(node)
         if (self._requires_grad or any(t._requires_grad for t in inputs)) and not _NoGradMeta._no_grad:
             out._requires_grad = True
+        if view is not None:
+            inplace.add_view(self, out, view)
         return out
 
     @staticmethod
@@ -765,12 +838,13 @@ class Tensor(metaclass=_NoGradMeta):
 
     def _expand_to(self, shape: tuple[int, ...]) -> Tensor:
         """_broadcast_to for a shape that _broadcast_shape made from this tensor's (nothing to check)."""
-        node = self.node
+        node, steps = self.node, ((Op.EXPAND, shape),)
         if node.shape == shape:
             return self
         if len(shape) != len(node.shape):
-            node = g.move(node, Op.RESHAPE, (1,) * (len(shape) - len(node.shape)) + node.shape)
-        return self._from(g.move(node, Op.EXPAND, shape))
+            lead = (1,) * (len(shape) - len(node.shape)) + node.shape
+            node, steps = g.move(node, Op.RESHAPE, lead), ((Op.RESHAPE, lead),) + steps
+        return self._from(g.move(node, Op.EXPAND, shape), view=steps)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
         if self.shape == shape:
@@ -1816,7 +1890,7 @@ class Tensor(metaclass=_NoGradMeta):
             shape = tuple(self.numel() // known if s == -1 else s for s in shape)
         if math.prod(shape) != self.numel() or any(s < 0 for s in shape):
             raise ShapeError(f"reshape: cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
-        return self._from(g.move(self.node, Op.RESHAPE, shape), self)
+        return self._from(g.move(self.node, Op.RESHAPE, shape), self, view=((Op.RESHAPE, shape),))
 
     def view(self, *shape) -> Tensor:
         return self.reshape(*shape)
@@ -1826,7 +1900,7 @@ class Tensor(metaclass=_NoGradMeta):
         order = tuple(_normalize_axis(a, self.ndim, "permute") for a in order)
         if sorted(order) != list(range(self.ndim)):
             raise ShapeError(f"permute: {order} is not a permutation of the {self.ndim} axes of {self.shape}")
-        return self._from(g.move(self.node, Op.PERMUTE, order), self)
+        return self._from(g.move(self.node, Op.PERMUTE, order), self, view=((Op.PERMUTE, order),))
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
         if self.ndim < 2 and dim0 in (0, -1) and dim1 in (0, -1):
@@ -1934,7 +2008,7 @@ class Tensor(metaclass=_NoGradMeta):
         arg = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
         if len(arg) != self.ndim or any(not 0 <= b <= e <= s for (b, e), s in zip(arg, self.shape)):
             raise ShapeError(f"shrink: {arg} is not inside {self.shape}")
-        return self._from(g.move(self.node, Op.SHRINK, arg), self)
+        return self._from(g.move(self.node, Op.SHRINK, arg), self, view=((Op.SHRINK, arg),))
 
     def flip(self, axis) -> Tensor:
         axes = (axis,) if isinstance(axis, int) else tuple(axis)

@@ -158,6 +158,7 @@ class NumpyRuntime(Runtime):
                 base.written(base.srcs[0].buffer)
             else:
                 base.buffer = Buffer(self.name, value.size, base.dtype, value.copy())
+                base.buffer.computed = True  # (see Buffer.computed)
 
 
 def _assign_targets(nodes: list[Node]) -> set[Node]:

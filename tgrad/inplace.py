@@ -1,0 +1,224 @@
+"""Laziness and in-place writes: a tensor keeps the value it had when it was made, as in PyTorch's eager
+mode, except views, which share their base's memory and so see its later writes.
+
+tgrad computes lazily, and `assign()` writes a buffer in place when it is realized, so without care a
+tensor made before an assign and first computed after it would read the new value (PyTorch computed it
+at once: the old). Three rules make the lazy result PyTorch's:
+
+- Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
+  detach, and only where the result is strided memory, as in PyTorch: not `repeat`'s reshape of an
+  expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops on the base's
+  new node, so a view reads the new value, and so does anything computed from it afterwards. An
+  `assign()` to a view writes through to its base (`Tensor._assign_view`).
+- Every realize runs the assigns still pending (eager semantics: in PyTorch they ran when called).
+- Before a realize (or a TinyJit replay) overwrites buffers, every live tensor not computed yet whose
+  value reads one of those buffers, other than through a view of it, is computed in the same schedule,
+  before the writes (`with_writes`, `computed_before`). That is the snapshot PyTorch would have taken.
+
+The bookkeeping: `LAZY` holds every tensor made with an unrealized node (by weak reference; purged as
+it grows), a tensor's `_views` its views (weak references), a view's `_base` its base tensor.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from tgrad import realize as driver
+from tgrad.graph import MOVEMENT, Node, Op, ShapeTracker, move
+
+# ops whose result is a view of their source's memory when the whole chain stays strided (PyTorch's view);
+# a DETACH only without a name (a named one is a custom gradient over a computed value)
+VIEW_OPS = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.DETACH})
+# id(tensor) -> weakref.ref(tensor), for tensors made with a node not computed yet
+LAZY: dict[int, weakref.ref] = {}
+# while a TinyJit function runs: LAZY as it was before the call (tensors made outside it)
+OUTSIDE: dict[int, weakref.ref] | None = None
+_purge_at = 4096
+
+Steps = tuple[tuple[Op, object], ...]  # view ops (op, arg), first first; (DETACH, None) for detach()
+
+
+def track(t) -> None:
+    """Note a tensor whose value is not computed yet (dropped again once it is, or once it is a view)."""
+    global _purge_at
+    LAZY[id(t)] = weakref.ref(t)
+    if len(LAZY) > _purge_at:
+        for k, r in list(LAZY.items()):
+            x = r()
+            if x is None or x.node.buffer is not None:
+                del LAZY[k]
+        _purge_at = max(4096, 2 * len(LAZY))
+
+
+def viewing(node: Node) -> bool:
+    """Whether node is one view op over its source."""
+    return node.op in VIEW_OPS and (node.op is not Op.DETACH or node.arg is None)
+
+
+def view_chain(node: Node) -> tuple[Node, Steps]:
+    """The node under node's chain of view ops, and those ops."""
+    steps = []
+    while viewing(node):
+        steps.append((node.op, node.arg))
+        node = node.srcs[0]
+    return node, tuple(reversed(steps))
+
+
+def shapes(shape: tuple[int, ...], steps: Steps) -> list[ShapeTracker]:
+    """The ShapeTracker after each step, over a contiguous tensor of this shape."""
+    out = [ShapeTracker.contiguous(shape)]
+    for op, arg in steps:
+        out.append(out[-1] if op is Op.DETACH else out[-1].apply(op, arg))
+    return out
+
+
+def strided(shape: tuple[int, ...], steps: Steps) -> bool:
+    """Whether these view ops over a contiguous tensor of this shape give strided memory (one view, no
+    mask): what PyTorch returns a view for. A reshape it cannot express (of an expand, of a transpose)
+    copies in PyTorch, and so is not a view here either."""
+    st = shapes(shape, steps)[-1]
+    return len(st.views) == 1 and st.views[0].mask is None
+
+
+def is_view(node: Node) -> bool:
+    """Whether reading node reads a realized buffer as it is now (a PyTorch view of it)."""
+    base, steps = view_chain(node)
+    return base.buffer is not None and strided(base.shape, steps)
+
+
+def replay(node: Node, steps: Steps) -> Node:
+    """View ops applied to a node."""
+    for op, arg in steps:
+        if op is Op.DETACH:
+            node = Node(Op.DETACH, (node,), None, node.shape, node.dtype, node.device)
+        else:
+            node = move(node, op, arg)
+    return node
+
+
+def add_view(base, view, steps: Steps) -> None:
+    """Record `view`, made from `base` by view ops `steps`, on the tensor whose memory both see (its
+    `_base` becomes (that tensor, the ops from it))."""
+    root, before = base._base if base._base is not None else (base, ())
+    if before and not strided(root.shape, before):  # base is a copy in PyTorch's sense: the root of this
+        base._base, root, before = None, base, ()  # view (its own views follow its copy, _to_compute)
+    view._base = (root, before + steps)
+    if root._views is None:
+        root._views = []
+    views = root._views
+    views.append(weakref.ref(view))
+    if len(views) > 64 and len(views) & (len(views) - 1) == 0:  # (at powers of two: dead ones dropped)
+        views[:] = [r for r in views if r() is not None]
+
+
+def rebase(root, new: Node) -> None:
+    """root's node is now `new` (an assign): its views are rebuilt on it, where they are views in
+    PyTorch's sense (strided); the others were copies there and keep their value."""
+    if not root._views:
+        return
+    live = []
+    for ref in root._views:
+        v = ref()
+        if v is None or v._base is None or v._base[0] is not root:
+            continue
+        steps = v._base[1]
+        if not strided(root.shape, steps):
+            v._base = None
+            continue
+        live.append(ref)
+        v.node = replay(new, steps)
+        if v.node.buffer is None:
+            track(v)
+    root._views = live
+
+
+def reads_written(node: Node, written: set[int], memo: dict) -> bool:
+    """Whether node's value, not computed yet, reads one of the buffers in `written` (ids). An unrealized
+    ASSIGN is the value after its write: what its own value reads is in the schedule that writes."""
+    stack = [node]
+    while stack:
+        n = stack[-1]
+        if n in memo:
+            stack.pop()
+            continue
+        if n.buffer is not None:
+            memo[n] = id(n.buffer) in written
+            stack.pop()
+            continue
+        if n.op is Op.ASSIGN:
+            memo[n] = False
+            stack.pop()
+            continue
+        todo = [s for s in n.srcs if s not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        memo[n] = any(memo[s] for s in n.srcs)
+        stack.pop()
+    return memo[node]
+
+
+def computed_before(written: set[int], exclude=()) -> list[Node]:
+    """The nodes of live tensors, not computed yet, that read a buffer about to be overwritten (ids in
+    `written`) other than as a view of it: they must be computed before the write. `exclude`: nodes the
+    same schedule computes anyway. Inside a TinyJit call, those of tensors made before the call are
+    computed here and now, unrecorded: a replay computes them before it runs (TinyJit._replay)."""
+    memo: dict = {}
+    out: dict[Node, None] = {}
+    before: list[Node] = []
+    for k, ref in list(LAZY.items()):
+        t = ref()
+        if t is None:
+            del LAZY[k]
+            continue
+        n = t.node
+        while n.op is Op.DETACH and n.arg is not None:  # (a custom gradient: the value is its source's)
+            n = n.srcs[0]
+        if n.buffer is not None or is_view(n):
+            del LAZY[k]
+            continue
+        # (a node the schedule computes is read before the write, but realizing view ops computes nothing)
+        if (n not in exclude or n.op in MOVEMENT or n.op is Op.DETACH) and reads_written(n, written, memo):
+            n = _to_compute(t)
+            if OUTSIDE is not None and OUTSIDE.get(k) is ref:
+                before.append(n)
+            else:
+                out[n] = None
+    if before:
+        with driver.recording(None):
+            driver.compute(before)
+    return list(out)
+
+
+def _to_compute(t) -> Node:
+    """The node to realize so that t's value is fixed: its own, or, for a view (realizing view ops
+    computes nothing), the node it views, so that it stays a view of that; a copy when there is none."""
+    n = t.node
+    if n.op not in MOVEMENT and n.op is not Op.DETACH:
+        return n
+    base, steps = view_chain(n)
+    if base.buffer is None and base.op not in MOVEMENT and strided(base.shape, steps):
+        return base
+    t.node, t._base = Node(Op.CAST, (n,), n.dtype, n.shape, n.dtype, n.device), None
+    rebase(t, t.node)
+    return t.node
+
+
+def with_writes(nodes: list[Node], pending) -> list[Node]:
+    """What a realize of `nodes` computes: the nodes, every assign still pending (`pending`: the tensors
+    with one), and, before those overwrite their buffers, the live tensors that read the old values."""
+    extra = []
+    if pending:
+        for k, t in list(pending.items()):
+            if t.node.op is Op.ASSIGN and t.node.buffer is None:
+                extra.append(t.node)
+            else:
+                del pending[k]
+    assigns = extra + [n for n in nodes if n.op is Op.ASSIGN and n.buffer is None]
+    if not assigns:
+        return nodes
+    written = {id(a.srcs[0].buffer) for a in assigns}
+    have = set(nodes)
+    extra = [a for a in extra if a not in have]
+    have.update(extra)
+    return nodes + extra + computed_before(written, have)

@@ -225,7 +225,8 @@ def test_values_made_before_an_optimizer_step(device, jit):
 
 
 def test_sgd_momentum_state_views(device):
-    """A view of a parameter taken before training follows it through the optimizer's in-place steps."""
+    """A view of a parameter taken before training follows it through the optimizer's in-place steps, and
+    a gradient taken through it afterwards reaches the parameter."""
     w = Tensor(M.copy(), requires_grad=True)
     tw = torch.tensor(M.copy(), requires_grad=True)
     row, trow = w[1], tw[1]
@@ -238,6 +239,11 @@ def test_sgd_momentum_state_views(device):
         (tw * tw).sum().backward()
         topt.step()
         np.testing.assert_allclose(row.numpy(), trow.detach().numpy(), rtol=1e-6)
+    opt.zero_grad()
+    (row * row).sum().backward()
+    topt.zero_grad()
+    (trow * trow).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-6)
 
 
 def random_program(x, seed: int, steps: int = 16) -> list:

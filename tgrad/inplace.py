@@ -76,6 +76,13 @@ def strided(shape: tuple[int, ...], steps: Steps) -> bool:
     """Whether these view ops over a contiguous tensor of this shape give strided memory (one view, no
     mask): what PyTorch returns a view for. A reshape it cannot express (of an expand, of a transpose)
     copies in PyTorch, and so is not a view here either."""
+    moved = False  # (a reshape before any other op keeps memory contiguous: strided without a tracker)
+    for op, _ in steps:
+        if op is Op.RESHAPE and moved:
+            break
+        moved = moved or op is not Op.RESHAPE and op is not Op.DETACH
+    else:
+        return True
     st = shapes(shape, steps)[-1]
     return len(st.views) == 1 and st.views[0].mask is None
 

@@ -353,6 +353,7 @@ class Tensor(metaclass=_NoGradMeta):
         is_leaf = not self.requires_grad or _grad_leaves.get(id(self)) is self
         if is_leaf and self.node.op is not Op.BUFFER and self.node.realized:
             self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
+            inplace.rebase(self, self.node)  # (its views too: a gradient through one reaches this node)
 
     def numpy(self) -> np.ndarray:
         out = np.array(driver.to_numpy(self.node, lambda: self.node), copy=True)

@@ -3,20 +3,22 @@ mode, except views, which share their base's memory and so see its later writes.
 
 tgrad computes lazily, and `assign()` writes a buffer in place when it is realized, so without care a
 tensor made before an assign and first computed after it would read the new value (PyTorch computed it
-at once: the old). Three rules make the lazy result PyTorch's:
+at once: the old). Two rules make the lazy result PyTorch's:
 
 - Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
   detach, and only where the result is strided memory, as in PyTorch: not `repeat`'s reshape of an
   expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops on the base's
   new node, so a view reads the new value, and so does anything computed from it afterwards. An
   `assign()` to a view writes through to its base (`Tensor._assign_view`).
-- Every realize runs the assigns still pending (eager semantics: in PyTorch they ran when called).
-- Before a realize (or a TinyJit replay) overwrites buffers, every live tensor not computed yet whose
-  value reads one of those buffers, other than through a view of it, is computed in the same schedule,
-  before the writes (`with_writes`, `computed_before`). That is the snapshot PyTorch would have taken.
+- Before a realize (or a TinyJit replay) overwrites buffers (the assigns of its nodes, or ones their
+  graphs read), every live tensor not computed yet whose value reads one of those buffers, other than
+  through a view of it, is computed in the same schedule, before the writes (`with_writes`,
+  `computed_before`). That is the snapshot PyTorch would have taken. An assign nothing reads runs when
+  its tensor is realized (or an optimizer step, a TinyJit call, realizes it).
 
 The bookkeeping: `LAZY` holds every tensor made with an unrealized node (by weak reference; purged as
-it grows), a tensor's `_views` its views (weak references), a view's `_base` its base tensor.
+it grows), `ASSIGNS` the assigns made, a tensor's `_views` its views (weak references), a view's `_base`
+(its base tensor, the view ops from it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ VIEW_OPS = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.DETACH})
 LAZY: dict[int, weakref.ref] = {}
 # while a TinyJit function runs: LAZY as it was before the call (tensors made outside it)
 OUTSIDE: dict[int, weakref.ref] | None = None
+# ASSIGN nodes made by assign() and still alive (realized ones too, until they are freed)
+ASSIGNS: weakref.WeakSet = weakref.WeakSet()
 _purge_at = 4096
 
 Steps = tuple[tuple[Op, object], ...]  # view ops (op, arg), first first; (DETACH, None) for detach()
@@ -211,21 +215,53 @@ def _to_compute(t) -> Node:
     return t.node
 
 
-def with_writes(nodes: list[Node], pending) -> list[Node]:
-    """What a realize of `nodes` computes: the nodes, every assign still pending (`pending`: the tensors
-    with one), and, before those overwrite their buffers, the live tensors that read the old values."""
-    extra = []
-    if pending:
-        for k, t in list(pending.items()):
-            if t.node.op is Op.ASSIGN and t.node.buffer is None:
-                extra.append(t.node)
-            else:
-                del pending[k]
-    assigns = extra + [n for n in nodes if n.op is Op.ASSIGN and n.buffer is None]
-    if not assigns:
+def assigned(node: Node) -> None:
+    """Note an ASSIGN node made by assign(): realizes that reach it overwrite its target's buffer."""
+    ASSIGNS.add(node)
+
+
+def _assigns_reached(nodes: list[Node]) -> list[Node]:
+    """The ASSIGN nodes not realized yet that computing `nodes` runs."""
+    out, seen, stack = [], set(), list(nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen or n.buffer is not None:
+            continue
+        seen.add(n)
+        if n.op is Op.ASSIGN:
+            out.append(n)
+        stack.extend(n.srcs)
+    return out
+
+
+def with_writes(nodes: list[Node]) -> list[Node]:
+    """What a realize of `nodes` computes: the nodes and, when that runs assigns (theirs, or ones their
+    graphs read), before those overwrite their buffers, the live tensors that read the old values. An
+    assign not run yet whose value reads such a buffer runs with them (before the write, as it would
+    have in PyTorch), and so on for what that one overwrites."""
+    waiting = []
+    for a in list(ASSIGNS):
+        if a.buffer is None:
+            waiting.append(a)
+        else:
+            ASSIGNS.discard(a)
+    if not waiting:  # (no assign waits: nothing to walk)
         return nodes
-    written = {id(a.srcs[0].buffer) for a in assigns}
-    have = set(nodes)
-    extra = [a for a in extra if a not in have]
-    have.update(extra)
-    return nodes + extra + computed_before(written, have)
+    run = _assigns_reached(nodes)
+    if not run:
+        return nodes
+    written = {id(a.srcs[0].buffer) for a in run}
+    ran, extra = set(run), []
+    others = [a for a in waiting if a not in ran]
+    while others:
+        memo: dict = {}
+        more = [a for a in others if reads_written(a.srcs[1], written, memo)]
+        if not more:
+            break
+        for a in _assigns_reached(more):
+            if a not in ran:
+                ran.add(a)
+                written.add(id(a.srcs[0].buffer))
+        extra += more
+        others = [a for a in others if a not in ran]
+    return nodes + extra + computed_before(written, set(nodes) | set(extra))

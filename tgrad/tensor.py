@@ -43,7 +43,7 @@ _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-driver.WRITES = lambda nodes: inplace.with_writes(nodes, PENDING_ASSIGNS)
+driver.WRITES = inplace.with_writes
 
 
 def pending_assigns() -> list[Tensor]:
@@ -448,6 +448,7 @@ class Tensor(metaclass=_NoGradMeta):
                 target = Node.from_buffer(buf, self.shape, self.dtype, self.device)
             self.node = Node(Op.ASSIGN, (target, x.node), None, self.shape, self.dtype, self.device)
             PENDING_ASSIGNS[id(self)] = self
+            inplace.assigned(self.node)
         else:  # not realized (or realized with a history): the tensor takes the new value, no write
             self.node = x.node
         if self.node.buffer is None:
@@ -2916,15 +2917,16 @@ class Tensor(metaclass=_NoGradMeta):
         out = win.max(axes)
         plane = self.shape[-len(k):]
         padded = ceil_mode or any(_spatial_pads(padding, len(k)))
+        device = self.device  # (the gradient rule below must not hold a Tensor: inplace.py would keep it)
 
         def where_in_plane() -> Tensor:  # each window position's flat index in the plane (-1: padding)
-            flat = Tensor.arange(math.prod(plane), device=self.device, dtype=dtypes.default_int)
+            flat = Tensor.arange(math.prod(plane), device=device, dtype=dtypes.default_int)
             flat = flat.reshape(plane)
             return flat._pool_windows(kernel_size, stride, padding, dilation, ceil_mode, -1)[0]
 
         def pick(win: Tensor, out: Tensor) -> Tensor:  # bool mask of each window's picked element
             n = math.prod(k)
-            pos = Tensor.arange(n, device=self.device, dtype=_position_dtype(n)).reshape(k)
+            pos = Tensor.arange(n, device=device, dtype=_position_dtype(n)).reshape(k)
             top = out.reshape(out.shape + (1,) * len(k))
             hit = win == top
             if padded:

@@ -151,21 +151,20 @@ def reads_written(node: Node, written: set[int], memo: dict) -> bool:
         n = stack[-1]
         if n in memo:
             stack.pop()
-            continue
-        if n.buffer is not None:
+        elif n.buffer is not None:
             memo[n] = id(n.buffer) in written
             stack.pop()
-            continue
-        if n.op is Op.ASSIGN:
+        elif n.op is Op.ASSIGN:
             memo[n] = False
             stack.pop()
-            continue
-        todo = [s for s in n.srcs if s not in memo]
-        if todo:
-            stack.extend(todo)
-            continue
-        memo[n] = any(memo[s] for s in n.srcs)
-        stack.pop()
+        else:
+            before = len(stack)
+            for s in n.srcs:
+                if s not in memo:
+                    stack.append(s)
+            if len(stack) == before:
+                memo[n] = any(memo[s] for s in n.srcs)
+                stack.pop()
     return memo[node]
 
 
@@ -247,7 +246,8 @@ def with_writes(nodes: list[Node]) -> list[Node]:
             ASSIGNS.discard(a)
     if not waiting:  # (no assign waits: nothing to walk)
         return nodes
-    run = _assigns_reached(nodes)
+    top = set(nodes)  # (an optimizer step names all its assigns: then no walk finds them)
+    run = [a for a in waiting if a in top] if all(a in top for a in waiting) else _assigns_reached(nodes)
     if not run:
         return nodes
     written = {id(a.srcs[0].buffer) for a in run}
@@ -264,4 +264,4 @@ def with_writes(nodes: list[Node]) -> list[Node]:
                 written.add(id(a.srcs[0].buffer))
         extra += more
         others = [a for a in others if a not in ran]
-    return nodes + extra + computed_before(written, set(nodes) | set(extra))
+    return nodes + extra + computed_before(written, top.union(extra))

@@ -108,7 +108,11 @@ def setitem_on_a_view_writes_its_base(x):
     row = m[1]
     x.setitem(row, slice(0, 2), 9.0)
     x.setitem(m, (2, 3), -1.0)
-    return [m, row]
+    top = m[0]
+    top *= 2  # in-place operators on a view write its base
+    col = m[:, 3]
+    col += 100
+    return [m, row, top, col]
 
 
 def assigns_in_a_row(x):

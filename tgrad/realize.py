@@ -433,8 +433,8 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
               f"{progress.seconds * 1e3:.2f} ms, the rest running) {where}", file=sys.stderr)
 
 
-# nodes -> what a realize of them computes: tensor.py adds the pending assigns and, before those write,
-# the live tensors that read the old values (inplace.with_writes)
+# nodes -> what a realize of them computes: when that runs assigns, tensor.py adds the live tensors that
+# read the old values of the buffers they overwrite (inplace.with_writes), so they are computed first
 WRITES: Callable[[list[Node]], list[Node]] | None = None
 
 
@@ -444,7 +444,7 @@ def realize(nodes: list[Node]) -> None:
 
 
 def compute(nodes: list[Node]) -> None:
-    """realize() without adding the pending assigns and what they make stale."""
+    """realize() without adding the tensors its assigns would leave reading overwritten buffers."""
     by_device: dict[str, list[Node]] = {}
     for n in nodes:
         by_device.setdefault(n.device, []).append(n)

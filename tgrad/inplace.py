@@ -35,7 +35,7 @@ VIEW_OPS = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK, Op.DETACH})
 LAZY: dict[int, weakref.ref] = {}
 # while a TinyJit function runs: LAZY as it was before the call (tensors made outside it)
 OUTSIDE: dict[int, weakref.ref] | None = None
-# ASSIGN nodes made by assign() and still alive (realized ones too, until they are freed)
+# ASSIGN nodes made by assign() and still alive (a realized one until the next realize drops it)
 ASSIGNS: weakref.WeakSet = weakref.WeakSet()
 _purge_at = 4096
 

@@ -11,7 +11,10 @@ import math
 
 import numpy as np
 
+from tgrad import graph as g
+from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
+from tgrad.graph import Op
 from tgrad.tensor import Tensor, backward_roots, pending_assigns
 
 
@@ -132,13 +135,18 @@ class LAMB(Optimizer):
         log_b1 = self.b1.log2() if isinstance(self.b1, Tensor) else math.log2(self.b1)
         c1 = 1 - (step * log_b1).exp2()  # with the current beta1, as PyTorch when OneCycleLR cycles it
         c2 = 1 - (step * math.log2(self.b2)).exp2()
+        rc1, rc2 = c1.reciprocal(), c2.reciprocal()
         for t, m, v in zip(self.params, self.m, self.v):
             grad = self._grad(t)
+            fast = self.adam and t.ndim and isinstance(self.b1, float)
+            if fast and t.dtype == grad.dtype == dtypes.float32:
+                self._adam_nodes(t, m, v, grad, rc1, rc2)
+                continue
             m.assign(m * self.b1 + grad * (1 - self.b1))
             v.assign(v * self.b2 + grad * grad * (1 - self.b2))
             # multiplications by reciprocals: c1, c2 and the denominator are never tiny (>= 1 - b, >= eps),
             # so the guarded division (Tensor.div, ~10 more graph nodes each) has nothing to guard here
-            up = m * c1.reciprocal() * ((v * c2.reciprocal()).sqrt() + self.eps).reciprocal()
+            up = m * rc1 * ((v * rc2).sqrt() + self.eps).reciprocal()
             if self.wd:
                 up = up + self.wd * t.detach()
             if not self.adam:
@@ -147,6 +155,29 @@ class LAMB(Optimizer):
                 up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
             t.assign(t.detach() - self.lr * up)
         return [self.t, *self.m, *self.v]
+
+    def _adam_nodes(self, t: Tensor, m: Tensor, v: Tensor, grad: Tensor, rc1: Tensor, rc2: Tensor) -> None:
+        """The Adam / AdamW update of one float32 parameter, as _step's Tensor code builds it (the same
+        nodes, so the same kernels and values), from graph nodes: ~4x less Python per parameter, a
+        quarter of an eager MLP step's optimizer."""
+        shape, dt, dev = t.shape, t.dtype, t.device
+
+        def c(x: float) -> g.Node:
+            return g.const(x, dt, dev, shape)
+
+        def each(s: Tensor) -> g.Node:  # a 1-element tensor broadcast to the parameter's shape
+            return g.move(g.move(s.node, Op.RESHAPE, (1,) * len(shape)), Op.EXPAND, shape)
+
+        gn = grad.node
+        m.assign(Tensor(g.alu(Op.ADD, g.alu(Op.MUL, m.node, c(self.b1)), g.alu(Op.MUL, gn, c(1 - self.b1)))))
+        v.assign(Tensor(g.alu(Op.ADD, g.alu(Op.MUL, v.node, c(self.b2)),
+                              g.alu(Op.MUL, g.alu(Op.MUL, gn, gn), c(1 - self.b2)))))
+        denom = g.alu(Op.ADD, g.alu(Op.SQRT, g.alu(Op.MUL, v.node, each(rc2))), c(self.eps))
+        up = g.alu(Op.MUL, g.alu(Op.MUL, m.node, each(rc1)), g.alu(Op.RECIP, denom))
+        own = t.detach().node
+        if self.wd:
+            up = g.alu(Op.ADD, up, g.alu(Op.MUL, c(self.wd), own))
+        t.assign(Tensor(g.alu(Op.SUB, own, g.alu(Op.MUL, each(self.lr), up))))
 
     def _grad(self, t: Tensor) -> Tensor:
         return t.grad.detach()

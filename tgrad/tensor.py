@@ -3135,7 +3135,10 @@ class Tensor(metaclass=_NoGradMeta):
         if reduction == "sum":
             return loss.sum()
         if keep is not None:
-            return loss.sum() / keep.sum().cast(loss.dtype)
+            count = keep.sum().cast(loss.dtype)
+            if loss.dtype == dtypes.float32:  # (a count in [0, 2**31): no scaling, the quotient is the same)
+                return loss.sum() * count.reciprocal()
+            return loss.sum() / count
         return loss.mean()
 
     def sparse_categorical_crossentropy(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from tgrad import fuse
-from tgrad.graph import Node, Op, _arg_key
+from tgrad.graph import Node, Op
 
 MAX_ENTRIES = 256  # schedules kept (least recently used first out)
 
@@ -35,37 +35,39 @@ class Cached(list):
     memo: dict
 
 
-def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[int, int]]:
-    """(structure key, nodes in walk order, id(node) -> its position) of the graph fuse.schedule sees."""
-    position: dict[int, int] = {}
+def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[Node, int]]:
+    """(structure key, nodes in walk order, node -> its position) of the graph fuse.schedule sees."""
+    position: dict[Node, int] = {}  # (keyed by the node: Node hashes by identity, in C)
     buffers: dict[int, int] = {}
     nodes: list[Node] = []
     entries: list[tuple] = []
-    leaf, buffer_op = "leaf", Op.BUFFER
+    leaf, buffer_op, scalar = "leaf", Op.BUFFER, (float, int, bool)
     for root in outputs:
         stack = [root]
         while stack:  # post-order: a node is numbered once its sources are
             node = stack[-1]
-            if id(node) in position:
+            if node in position:
                 stack.pop()
                 continue
             if node.buffer is None:
-                pending = [s for s in node.srcs if id(s) not in position]
+                pending = [s for s in node.srcs if s not in position]
                 if pending:
                     stack.extend(reversed(pending))
                     continue
             stack.pop()
-            position[id(node)] = len(nodes)
+            position[node] = len(nodes)
             nodes.append(node)
             # names, not Op and DType objects: a str caches its hash (Enums, dataclasses hash in Python)
             if node.buffer is not None:
                 buf = buffers.setdefault(id(node.buffer), len(buffers))
                 entries.append((leaf, buf, node.shape, node.dtype.name, node.device))
             else:
-                arg = None if node.op is buffer_op else _arg_key(node.arg)
+                arg = None if node.op is buffer_op else node.arg
+                if isinstance(arg, scalar):  # (_arg_key, inline)
+                    arg = (type(arg), repr(arg))
                 entries.append((node.op._value_, arg, node.shape, node.dtype.name, node.device,
-                                tuple([position[id(s)] for s in node.srcs])))
-    outs = tuple(position[id(n)] for n in outputs)
+                                tuple(map(position.__getitem__, node.srcs))))
+    outs = tuple(position[n] for n in outputs)
     return (tuple(entries), outs), nodes, position
 
 
@@ -85,8 +87,8 @@ def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
     items = Cached(fuse.schedule(outputs))
     items.memo = {}
     try:
-        _cache[key] = ([(it.kernel, index[id(it.out)], [index[id(n)] for n in it.inputs],
-                         None if it.target is None else index[id(it.target)]) for it in items], items.memo)
+        _cache[key] = ([(it.kernel, index[it.out], [index[n] for n in it.inputs],
+                         None if it.target is None else index[it.target]) for it in items], items.memo)
     except KeyError:  # a node the walk did not see (not expected): schedule such graphs every time
         return list(items)
     if len(_cache) > MAX_ENTRIES:

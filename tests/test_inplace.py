@@ -66,9 +66,10 @@ def computed_before_a_pending_assign(x):
 def views_see_assigns(x):
     p = x.tensor(P)
     v, r, d, e = p[1:3], p.reshape(2, 2), p.detach(), p.reshape(1, 4).expand(3, 4)
+    s, s2 = p[::2], p[1::3]  # step slices are views too
     x.assign(p, p * 3)
     after = v + 1  # made from a view after the assign: the new value
-    return [v, after, r, d, e, p]
+    return [v, after, r, d, e, s, s2 + 1, p]
 
 
 def views_of_realized_assigns(x):
@@ -100,7 +101,11 @@ def assign_to_a_view_writes_its_base(x):
     x.assign(flat[3:5], flat[3:5] - 100)
     d = m.detach()
     x.assign(d[0, 0:1], d[0, 0:1] + 0.5)
-    return [m, col, block, t, flat, d]
+    every = m[:, ::2]
+    x.assign(every, every * -1)
+    odd = m.T[1::2, 0:3:2]  # a step slice of a transposed view
+    x.assign(odd, odd + 1000)
+    return [m, col, block, t, flat, d, every, odd]
 
 
 def setitem_on_a_view_writes_its_base(x):
@@ -277,7 +282,7 @@ def random_program(x, seed: int, steps: int = 24) -> list:
         if k == 0:
             ts.append(x.plus(t, int(rnd.integers(1, 4))))
         elif k == 1 and t.shape == (3, 4):
-            ts.append(t[1:3])
+            ts.append(t[1:3] if rnd.integers(2) else t[::2, 1::2])
         elif k == 2 and t.ndim == 2:
             ts.append(t.T)
         elif k == 3:

@@ -6,8 +6,8 @@ tensor made before an assign and first computed after it would read the new valu
 at once: the old). Two rules make the lazy result PyTorch's:
 
 - Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
-  detach, and only where the result is strided memory, as in PyTorch: not `repeat`'s reshape of an
-  expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops on the base's
+  step slices, detach, and only where the result is strided memory, as in PyTorch: not `repeat`'s
+  reshape of an expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops on the base's
   new node, so a view reads the new value, and so does anything computed from it afterwards. An
   `assign()` to a view writes through to its base (`Tensor._assign_view`).
 - Before a realize (or a TinyJit replay) overwrites buffers (the assigns of its nodes, or ones their
@@ -26,7 +26,7 @@ from __future__ import annotations
 import weakref
 
 from tgrad import realize as driver
-from tgrad.graph import MOVEMENT, Node, Op, ShapeTracker, move
+from tgrad.graph import MOVEMENT, Node, Op, View, move
 
 # ops whose result is a view of their source's memory when the whole chain stays strided (PyTorch's view);
 # a DETACH only without a name (a named one is a custom gradient over a computed value)
@@ -39,7 +39,10 @@ OUTSIDE: dict[int, weakref.ref] | None = None
 ASSIGNS: weakref.WeakSet = weakref.WeakSet()
 _purge_at = 4096
 
-Steps = tuple[tuple[Op, object], ...]  # view ops (op, arg), first first; (DETACH, None) for detach()
+Steps = tuple[tuple[Op | str, object], ...]  # view ops (op, arg), first first; (DETACH, None): detach()
+# a step slice x[::k] along one axis, arg (axis, k): a pad, reshape, shrink and reshape in the graph (no
+# single movement op says it), so views record it as one op
+STRIDE = "STRIDE"
 
 
 def track(t) -> None:
@@ -68,18 +71,40 @@ def view_chain(node: Node) -> tuple[Node, Steps]:
     return node, tuple(reversed(steps))
 
 
-def shapes(shape: tuple[int, ...], steps: Steps) -> list[ShapeTracker]:
-    """The ShapeTracker after each step, over a contiguous tensor of this shape."""
-    out = [ShapeTracker.contiguous(shape)]
-    for op, arg in steps:
-        out.append(out[-1] if op is Op.DETACH else out[-1].apply(op, arg))
-    return out
+def stride_node(node: Node, axis: int, step: int) -> Node:
+    """Every step-th element of node along axis (whose length a shrink made (count - 1) * step + 1): a
+    pad to count * step, a reshape to (count, step), the first of each row, a reshape back."""
+    shape = node.shape
+    n = shape[axis]
+    count = (n + step - 1) // step
+    pad = [(0, 0)] * len(shape)
+    pad[axis] = (0, count * step - n)
+    x = move(node, Op.PAD, tuple(pad))
+    x = move(x, Op.RESHAPE, shape[:axis] + (count, step) + shape[axis + 1 :])
+    arg = [(0, s) for s in x.shape]
+    arg[axis + 1] = (0, 1)
+    x = move(x, Op.SHRINK, tuple(arg))
+    return move(x, Op.RESHAPE, shape[:axis] + (count,) + shape[axis + 1 :])
+
+
+def shape_after(shape: tuple[int, ...], op, arg) -> tuple[int, ...]:
+    """The shape a view op gives."""
+    if op is Op.RESHAPE or op is Op.EXPAND:
+        return tuple(arg)
+    if op is Op.PERMUTE:
+        return tuple(shape[i] for i in arg)
+    if op is Op.SHRINK:
+        return tuple(e - b for b, e in arg)
+    if op == STRIDE:
+        axis, step = arg
+        return shape[:axis] + ((shape[axis] + step - 1) // step,) + shape[axis + 1 :]
+    return shape
 
 
 def strided(shape: tuple[int, ...], steps: Steps) -> bool:
-    """Whether these view ops over a contiguous tensor of this shape give strided memory (one view, no
-    mask): what PyTorch returns a view for. A reshape it cannot express (of an expand, of a transpose)
-    copies in PyTorch, and so is not a view here either."""
+    """Whether these view ops over a contiguous tensor of this shape give strided memory (sizes, strides
+    and an offset): what PyTorch returns a view for. A reshape that strides cannot express (of an expand,
+    of a transpose) copies in PyTorch, and so is not a view here either."""
     moved = False  # (a reshape before any other op keeps memory contiguous: strided without a tracker)
     for op, _ in steps:
         if op is Op.RESHAPE and moved:
@@ -87,8 +112,23 @@ def strided(shape: tuple[int, ...], steps: Steps) -> bool:
         moved = moved or op is not Op.RESHAPE and op is not Op.DETACH
     else:
         return True
-    st = shapes(shape, steps)[-1]
-    return len(st.views) == 1 and st.views[0].mask is None
+    view: View | None = View.contiguous(shape)
+    for op, arg in steps:
+        if op is Op.RESHAPE:
+            view = View.contiguous(arg) if 0 in arg else view.reshape(tuple(arg))
+            if view is None:
+                return False
+        elif op is Op.PERMUTE:
+            view = view.permute(arg)
+        elif op is Op.EXPAND:
+            view = view.expand(arg)
+        elif op is Op.SHRINK:
+            view = view.shrink(arg)
+        elif op == STRIDE:
+            axis, step = arg
+            strides = tuple(st * step if i == axis else st for i, st in enumerate(view.strides))
+            view = View(shape_after(view.shape, op, arg), strides, view.offset, None)
+    return True
 
 
 def is_view(node: Node) -> bool:
@@ -102,6 +142,8 @@ def replay(node: Node, steps: Steps) -> Node:
     for op, arg in steps:
         if op is Op.DETACH:
             node = Node(Op.DETACH, (node,), None, node.shape, node.dtype, node.device)
+        elif op == STRIDE:
+            node = stride_node(node, *arg)
         else:
             node = move(node, op, arg)
     return node

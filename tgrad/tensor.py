@@ -461,15 +461,15 @@ class Tensor(metaclass=_NoGradMeta):
         where this view's elements are, and its views (this one too) the new value. False when this
         tensor is not a view in PyTorch's sense (a reshape strides cannot express: a copy there)."""
         root, steps = self._base
-        trackers = inplace.shapes(root.shape, steps)
-        st = trackers[-1]
-        if len(st.views) != 1 or st.views[0].mask is not None:
+        if not inplace.strided(root.shape, steps):
             self._base = None
             return False
+        shapes = [root.shape]  # the shape before each step
+        for op, arg in steps[:-1]:
+            shapes.append(inplace.shape_after(shapes[-1], op, arg))
         value, mask = x, None
-        for (op, arg), before in zip(reversed(steps), reversed(trackers[:-1])):  # each op undone, on x and
-            shape = before.shape  # on the mask of the elements it covers
-            if op is Op.RESHAPE:
+        for (op, arg), shape in zip(reversed(steps), reversed(shapes)):  # each op undone, on x and on the
+            if op is Op.RESHAPE:  # mask of the elements it covers
                 value, mask = value.reshape(shape), mask if mask is None else mask.reshape(shape)
             elif op is Op.PERMUTE:
                 back = tuple(np.argsort(arg))
@@ -479,6 +479,18 @@ class Tensor(metaclass=_NoGradMeta):
                 if mask is None:
                     mask = Tensor.ones(*value.shape, dtype=dtypes.bool, device=self.device)
                 value, mask = value.pad(pads), mask.pad(pads)
+            elif op == inplace.STRIDE:  # every step-th element: the rows of a (count, step) block
+                axis, step = arg
+                count = value.shape[axis]
+                grow = [(0, 0)] * (value.ndim + 1)
+                grow[axis + 1] = (0, step - 1)
+                if mask is None:
+                    mask = Tensor.ones(*value.shape, dtype=dtypes.bool, device=self.device)
+                keep = [None] * len(shape)
+                keep[axis] = (0, shape[axis])
+                value, mask = (t.unsqueeze(axis + 1).pad(tuple(grow))
+                               .reshape(shape[:axis] + (count * step,) + shape[axis + 1:]).shrink(keep)
+                               for t in (value, mask))
             elif op is Op.EXPAND and tuple(arg) != tuple(shape):
                 raise ArgumentError(
                     f"assign: this tensor ({self.shape}) is an expanded view of a {root.shape} tensor, so "
@@ -2369,20 +2381,13 @@ class Tensor(metaclass=_NoGradMeta):
         return x.permute(order)
 
     def _stride(self, steps: list[int]) -> Tensor:
-        """Every step-th element along each axis (after a shrink that made lengths fit)."""
+        """Every step-th element along each axis (after a shrink that made lengths fit): a view, as
+        PyTorch's x[::k]."""
         x = self
         for axis, step in enumerate(steps):
-            if step == 1:
-                continue
-            n = x.shape[axis]
-            count = (n + step - 1) // step
-            pad = [(0, 0)] * x.ndim
-            pad[axis] = (0, count * step - n)
-            x = x.pad(tuple(pad))
-            x = x.reshape(x.shape[:axis] + (count, step) + x.shape[axis + 1 :])
-            arg = [None] * x.ndim
-            arg[axis + 1] = (0, 1)
-            x = x.shrink(arg).reshape(x.shape[:axis] + (count,) + x.shape[axis + 2 :])
+            if step != 1:
+                node = inplace.stride_node(x.node, axis, step)
+                x = x._from(node, x, view=((inplace.STRIDE, (axis, step)),))
         return x
 
     @staticmethod

@@ -7,9 +7,9 @@ at once: the old). Two rules make the lazy result PyTorch's:
 
 - Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
   step slices, detach, and only where the result is strided memory, as in PyTorch: not `repeat`'s
-  reshape of an expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops on the base's
-  new node, so a view reads the new value, and so does anything computed from it afterwards. An
-  `assign()` to a view writes through to its base (`Tensor._assign_view`).
+  reshape of an expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops
+  on the base's new node, so a view reads the new value, and so does anything computed from it
+  afterwards. An `assign()` to a view writes through to its base (`Tensor._assign_view`).
 - Before a realize (or a TinyJit replay) overwrites buffers (the assigns of its nodes, or ones their
   graphs read), every live tensor not computed yet whose value reads one of those buffers, other than
   through a view of it, is computed in the same schedule, before the writes (`with_writes`,

@@ -67,9 +67,10 @@ def views_see_assigns(x):
     p = x.tensor(P)
     v, r, d, e = p[1:3], p.reshape(2, 2), p.detach(), p.reshape(1, 4).expand(3, 4)
     s, s2 = p[::2], p[1::3]  # step slices are views too
+    n, sel, un = p.narrow(0, 1, 2), p.reshape(2, 2).select(1, 0), p.reshape(2, 2).unbind(0)[1]
     x.assign(p, p * 3)
     after = v + 1  # made from a view after the assign: the new value
-    return [v, after, r, d, e, s, s2 + 1, p]
+    return [v, after, r, d, e, s, s2 + 1, n, sel, un, p]
 
 
 def views_of_realized_assigns(x):

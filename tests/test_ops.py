@@ -478,6 +478,35 @@ def test_cat_stack_split_chunk(device):
     helper_test_op([(4, 4)], lambda a: a.chunk(2, 0)[0] + a.chunk(2, 0)[1])
 
 
+def test_narrow_select_unbind_swapaxes(device):
+    """PyTorch's view functions (values and gradients here; that they are views: test_inplace.py), and
+    their bad arguments raise as PyTorch's do."""
+    from tgrad.errors import ArgumentError, IndexRangeError
+
+    helper_test_op([S], lambda a: a.narrow(1, 1, 2))
+    helper_test_op([S], lambda a: a.narrow(1, -2, 2) * 3)
+    helper_test_op([S], lambda a: a.narrow(0, 3, 0).sum() + a.sum())
+    helper_test_op([S3], lambda a: a.select(1, -1))
+    helper_test_op([S3], lambda a: a.select(0, 1).exp())
+    helper_test_op([S3], lambda a: a.unbind(2)[3] * a.unbind(2)[0])
+    helper_test_op([S3], lambda a: a.swapaxes(0, 2) + 1)
+    helper_test_op([S3], lambda a: a.swapdims(-1, 1))
+    x, t = Tensor.ones(3, 4), torch.ones(3, 4)
+    for call, error in [
+        (lambda a: a.narrow(1, 3, 2), IndexRangeError),  # PyTorch: RuntimeError "exceeds dimension size"
+        (lambda a: a.narrow(1, -5, 1), IndexRangeError),
+        (lambda a: a.narrow(2, 0, 1), IndexRangeError),
+        (lambda a: a.narrow(1, 1, -1), ArgumentError),
+        (lambda a: a.select(0, 3), IndexRangeError),
+        (lambda a: a.select(2, 0), IndexRangeError),
+    ]:
+        with pytest.raises((RuntimeError, IndexError)):
+            call(t)
+        with pytest.raises(error):
+            call(x)
+    assert len(x.unbind(1)) == 4 and [u.shape for u in x.unbind(0)] == [(4,)] * 3
+
+
 def test_getitem_basic(device):
     for fn in (
         lambda a: a[1],

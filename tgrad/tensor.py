@@ -2094,6 +2094,40 @@ class Tensor(metaclass=_NoGradMeta):
             start += s
         return out
 
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        """The `length` elements from `start` along dim (PyTorch's narrow: a view; a negative start counts
+        from the end)."""
+        d = _normalize_axis(dim, self.ndim, "narrow")
+        n = self.shape[d]
+        if not -n <= start <= n:
+            raise IndexRangeError(f"narrow: start {start} is out of range for size {n} ([{-n}, {n}])")
+        if length < 0:
+            raise ArgumentError(f"narrow: length must be non-negative, got {length}")
+        if start < 0:
+            start += n
+        if start + length > n:
+            raise IndexRangeError(f"narrow: start ({start}) + length ({length}) exceeds size {n} of axis {d}")
+        arg = [None] * self.ndim
+        arg[d] = (start, start + length)
+        return self.shrink(arg)
+
+    def select(self, dim: int, index: int) -> Tensor:
+        """t.select(dim, i) is t[..., i, ...] with i on axis dim (a view, one axis fewer)."""
+        d = _normalize_axis(dim, self.ndim, "select")
+        if self.ndim == 0:
+            raise IndexRangeError("select: a 0-d tensor has no axis to select from")
+        return self[(slice(None),) * d + (index,)]
+
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        """The slices along dim, each without it (views)."""
+        d = _normalize_axis(dim, self.ndim, "unbind")
+        return tuple(self.select(d, i) for i in range(self.shape[d]))
+
+    def swapaxes(self, axis0: int, axis1: int) -> Tensor:
+        return self.transpose(axis0, axis1)
+
+    swapdims = swapaxes
+
     def roll(self, shifts, dims=None) -> Tensor:
         """Shift elements along dims, wrapping around (PyTorch's roll; dims=None rolls the flat tensor)."""
         if dims is None:

@@ -106,7 +106,9 @@ def assign_to_a_view_writes_its_base(x):
     x.assign(every, every * -1)
     odd = m.T[1::2, 0:3:2]  # a step slice of a transposed view
     x.assign(odd, odd + 1000)
-    return [m, col, block, t, flat, d, every, odd]
+    diag, above = m.diagonal(), m.diagonal(1)
+    x.assign(diag, diag * 0 + 0.25)
+    return [m, col, block, t, flat, d, every, odd, diag, above]
 
 
 def setitem_on_a_view_writes_its_base(x):

@@ -2201,10 +2201,16 @@ class Tensor(metaclass=_NoGradMeta):
         if a == b:
             raise ShapeError(f"diagonal: dim1 and dim2 are the same axis {a}")
         x = self.permute([i for i in range(self.ndim) if i not in (a, b)] + [a, b])
-        x = x[..., :, offset:] if offset >= 0 else x[..., -offset:, :]
-        n = min(x.shape[-2:])
-        x = x[..., :n, :n].flatten(-2)
-        return x[..., :: n + 1] if n else x
+        rows, cols = x.shape[-2:]
+        # every (cols + 1)-th element of the flattened planes from the first one on the diagonal: view ops
+        # only, so when the planes are the last two axes this is a view of self, as in PyTorch
+        length = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+        start = offset if offset >= 0 else -offset * cols
+        flat = x.flatten(-2)
+        keep = [None] * flat.ndim
+        keep[-1] = (start, start + (length - 1) * (cols + 1) + 1) if length else (0, 0)
+        flat = flat.shrink(keep)
+        return flat._stride([1] * (flat.ndim - 1) + [cols + 1]) if length > 1 else flat
 
     def diag(self, diagonal: int = 0) -> Tensor:
         """1-d: a square matrix with self on the diagonal; 2-d: the diagonal (PyTorch's diag)."""

@@ -327,7 +327,8 @@ def test_triangles_and_diagonals(device):
     for shape in [(4, 6), (6, 4), (1, 5), (0, 3), (2, 3, 4)]:  # every offset, off the plane too
         for offset in (0, 1, -1, 3, -4, 7):
             for dims in ((0, 1), (-1, -2), (0, -1)):
-                helper_test_op([shape], lambda x, o=offset, d=dims: x.diagonal(o, *d), forward_only=shape[0] == 0)
+                empty = shape[0] == 0
+                helper_test_op([shape], lambda x, o=offset, d=dims: x.diagonal(o, *d), forward_only=empty)
     helper_test_op([(4,)], lambda x: x.diag(), lambda x: x.diag())
     helper_test_op([(3,)], lambda x: x.diag(-1), lambda x: x.diag(-1))
     helper_test_op([S], lambda x: x.diag(), lambda x: x.diag())

@@ -229,8 +229,8 @@ def computed_before(written: set[int], exclude=()) -> list[Node]:
         if n.buffer is not None or is_view(n):
             del LAZY[k]
             continue
-        if n in exclude and _computed_by_realize(n):  # the schedule computes it, before the writes
-            continue
+        if n in exclude and n.base.buffer is None:  # the schedule computes it, before the writes (view
+            continue  # ops over a realized buffer are the exception: realizing them computes nothing)
         if reads_written(n, written, memo):
             n = _to_compute(t)
             if OUTSIDE is not None and OUTSIDE.get(k) is ref:
@@ -241,14 +241,6 @@ def computed_before(written: set[int], exclude=()) -> list[Node]:
         with driver.recording(None):
             driver.compute(before)
     return list(out)
-
-
-def _computed_by_realize(n: Node) -> bool:
-    """Whether realizing n computes a buffer that holds its value: not for view ops over a realized
-    buffer (they stay views of it)."""
-    while n.op in MOVEMENT or n.op is Op.DETACH:
-        n = n.srcs[0]
-    return n.buffer is None
 
 
 def _to_compute(t) -> Node:

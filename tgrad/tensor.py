@@ -467,37 +467,33 @@ class Tensor(metaclass=_NoGradMeta):
         shapes = [root.shape]  # the shape before each step
         for op, arg in steps[:-1]:
             shapes.append(inplace.shape_after(shapes[-1], op, arg))
-        value, mask = x, None
-        for (op, arg), shape in zip(reversed(steps), reversed(shapes)):  # each op undone, on x and on the
-            if op is Op.RESHAPE:  # mask of the elements it covers
-                value, mask = value.reshape(shape), mask if mask is None else mask.reshape(shape)
+        # each op undone on x and, where the view covers part of the base, on a mask of its elements
+        partial = any(op is Op.SHRINK or op == inplace.STRIDE for op, _ in steps)
+        ts = [x, Tensor.ones(*x.shape, dtype=dtypes.bool, device=self.device)] if partial else [x]
+        for (op, arg), shape in zip(reversed(steps), reversed(shapes)):
+            if op is Op.RESHAPE:
+                ts = [t.reshape(shape) for t in ts]
             elif op is Op.PERMUTE:
                 back = tuple(np.argsort(arg))
-                value, mask = value.permute(back), mask if mask is None else mask.permute(back)
+                ts = [t.permute(back) for t in ts]
             elif op is Op.SHRINK:
                 pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
-                if mask is None:
-                    mask = Tensor.ones(*value.shape, dtype=dtypes.bool, device=self.device)
-                value, mask = value.pad(pads), mask.pad(pads)
-            elif op == inplace.STRIDE:  # every step-th element: the rows of a (count, step) block
+                ts = [t.pad(pads) for t in ts]
+            elif op == inplace.STRIDE:  # every step-th element: the first in each row of a (count, step)
                 axis, step = arg
-                count = value.shape[axis]
-                grow = [(0, 0)] * (value.ndim + 1)
+                grow = [(0, 0)] * (len(shape) + 1)
                 grow[axis + 1] = (0, step - 1)
-                if mask is None:
-                    mask = Tensor.ones(*value.shape, dtype=dtypes.bool, device=self.device)
+                flat = shape[:axis] + (ts[0].shape[axis] * step,) + shape[axis + 1 :]
                 keep = [None] * len(shape)
                 keep[axis] = (0, shape[axis])
-                value, mask = (t.unsqueeze(axis + 1).pad(tuple(grow))
-                               .reshape(shape[:axis] + (count * step,) + shape[axis + 1:]).shrink(keep)
-                               for t in (value, mask))
+                ts = [t.unsqueeze(axis + 1).pad(tuple(grow)).reshape(flat).shrink(keep) for t in ts]
             elif op is Op.EXPAND and tuple(arg) != tuple(shape):
                 raise ArgumentError(
                     f"assign: this tensor ({self.shape}) is an expanded view of a {root.shape} tensor, so "
                     "several of its elements are one element of that tensor (PyTorch refuses such in-place "
                     "writes too); clone() it first"
                 )
-        root.assign(value if mask is None else mask.where(value, root))
+        root.assign(ts[1].where(ts[0], root) if partial else ts[0])
         return True
 
     # ----------------------------------------------------------------------------------------------

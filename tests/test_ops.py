@@ -504,6 +504,11 @@ def test_narrow_select_unbind_swapaxes(device):
             call(t)
         with pytest.raises(error):
             call(x)
+    for start, length in ((1.5, 1), (1, 2.0), (True, 1)):  # not ints (1.5 was read as 1)
+        with pytest.raises(TypeError):
+            t.narrow(1, start, length)
+        with pytest.raises(ArgumentError, match="must be an int"):
+            x.narrow(1, start, length)
     assert len(x.unbind(1)) == 4 and [u.shape for u in x.unbind(0)] == [(4,)] * 3
 
 

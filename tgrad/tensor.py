@@ -2094,6 +2094,9 @@ class Tensor(metaclass=_NoGradMeta):
         """The `length` elements from `start` along dim (PyTorch's narrow: a view; a negative start counts
         from the end)."""
         d = _normalize_axis(dim, self.ndim, "narrow")
+        for name, v in (("start", start), ("length", length)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ArgumentError(f"narrow: {name} must be an int, got {type(v).__name__} {v!r}")
         n = self.shape[d]
         if not -n <= start <= n:
             raise IndexRangeError(f"narrow: start {start} is out of range for size {n} ([{-n}, {n}])")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tgrad import Tensor, blas, emit_numba, fuse
-from tgrad.runtime import cpu_blas
+from tgrad.runtime import cpu_blas, cpu_gemm
 
 
 def _plans(nodes):
@@ -125,11 +125,17 @@ SHIFTED = [  # (N, Cin, H, W), (Cout, kh, kw), stride, padding, dilation, dtype:
 
 @pytest.mark.parametrize("case", SHIFTED, ids=[f"case{i}" for i in range(len(SHIFTED))])
 @pytest.mark.parametrize("threads", ["1", "3"])
-def test_shifted_pieces_match_torch(case, threads, monkeypatch):
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "numpy"])
+def test_shifted_pieces_match_torch(case, threads, native, monkeypatch):
     """A stride-1 (along H) conv whose pieces copy each image row once and shift it per kernel row (forward:
     products summed; weight gradient: one slice of the result per kernel row): values and gradients as
-    PyTorch's, nan and inf included, on 1 and 3 threads."""
+    PyTorch's, nan and inf included, on 1 and 3 threads; as cpu_gemm's compiled function calling BLAS
+    (where numpy's BLAS has the ILP64 gemm it calls) and as numpy calls."""
     monkeypatch.setenv("TGRAD_THREADS", threads)
+    monkeypatch.setenv("TGRAD_NATIVE_GEMM", native)
+    ran = []
+    real = cpu_blas._native_shifted
+    monkeypatch.setattr(cpu_blas, "_native_shifted", lambda *a: ran.append(real(*a)) or ran[-1])
     shape, (cout, kh, kw), stride, padding, dilation, dt = case
     rng = np.random.default_rng(7)
     x = rng.standard_normal(shape).astype(dt)
@@ -147,6 +153,8 @@ def test_shifted_pieces_match_torch(case, threads, monkeypatch):
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=tol, atol=tol)
     np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=tol, atol=tol * 20)
     np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=tol, atol=tol * 20)
+    # the forward and the weight gradient each ran natively (only when asked to, and where it can)
+    assert len([r for r in ran if r is not None]) == (2 if native == "1" and cpu_gemm.available() else 0), ran
 
 
 @pytest.mark.parametrize("stride,dilation", [(2, 1), (1, 2), ((2, 1), 1)])

@@ -110,6 +110,7 @@ class _Threads:
 
 
 _THREADS = _Threads()
+_LOADING = threading.Lock()
 _ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weakref to the array, address of its data)
 
 
@@ -400,6 +401,18 @@ class CPURuntime(Runtime):
 
         return Runner(program, run, self.name)
 
+    def _run_native(self, program: Program, arrays: list[np.ndarray], ints: tuple, lo: int, hi: int) -> None:
+        """A threaded-signature function (program.launch "split": ints, then lo, hi) called once on
+        [lo, hi) without the GIL, on the calling thread (cpu_gemm's pieces, from cpu_blas's threads)."""
+        nat = _native(program)
+        hit = self.functions.get(nat.key)
+        if hit is None:
+            with _LOADING:  # the pieces' threads all call it first: loaded (or compiled) once
+                hit = self.functions.get(nat.key)
+                if hit is None:
+                    hit = self.functions[nat.key] = self._load(nat, program.name)
+        _THREADS.call(hit[0], (*map(_address, arrays), *ints), lo, hi)
+
     def _built_on_first_call(self, program: Program):
         built: list = []
 
@@ -418,7 +431,7 @@ class CPURuntime(Runtime):
             prologues = [self._build(p, k.name) for p, k in zip(program.launch["prologues"], plan.prologues)]
             epilogue = program.launch["epilogue"]
             fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
-            matmul = BlasCall(plan, kernel)
+            matmul = BlasCall(plan, kernel, self._run_native)
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
         any_widen = any(widen)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import dataclasses
 import math
 import os
 import threading
@@ -16,6 +17,8 @@ import numpy as np
 
 from tgrad.blas import BlasPlan, Operand
 from tgrad.fuse import Kernel
+from tgrad.runtime import cpu_gemm
+from tgrad.runtime.cpu_gemm import openblas as _openblas
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import HostMemory
 
@@ -46,27 +49,6 @@ def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
             lib.blas_thread_init()
             done = True
     return done
-
-
-def _openblas() -> list[ctypes.CDLL]:
-    """The OpenBLAS libraries loaded in this process (found in /proc/self/maps: numpy's, and SciPy's when
-    it is imported) that export what openblas_idle_timeout calls."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
-    except OSError:
-        return []
-    libs = []
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-            for name in ("openblas_read_env", "openblas_thread_timeout", "blas_thread_shutdown_",
-                         "blas_thread_init"):
-                getattr(lib, name).restype = ctypes.c_int
-            libs.append(lib)
-        except (OSError, AttributeError):
-            continue
-    return libs
 
 
 def _view(array: np.ndarray, op: Operand, axes: list[int], sizes: tuple[int, ...]) -> np.ndarray:
@@ -116,16 +98,19 @@ class BlasCall:
     and the arrays' dtypes (every buffer is flat): worked out at the first call with those dtypes
     (`_Matmul`) and kept, a call then costs a few us of Python instead of ~30-60 (a GPT step makes 46)."""
 
-    def __init__(self, plan: BlasPlan, kernel: Kernel):
+    def __init__(self, plan: BlasPlan, kernel: Kernel, native=None):
         self.plan, self.kernel = plan, kernel
         self.ways: dict[tuple, _Matmul] = {}
+        # native(program, arrays, ints, lo, hi) runs a compiled function without the GIL (the CPU
+        # runtime's; cpu_gemm's pieces use it)
+        self.native = native
 
     def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None,
                  after=None) -> np.ndarray | None:
         plan = self.plan
         with np.errstate(all="ignore"):  # nan and inf propagate as in every kernel, without numpy's warnings
             if plan.chunk is not None:
-                return _run_pieces(plan, self.kernel, arrays, memory, out, after)
+                return _run_pieces(plan, self.kernel, arrays, memory, out, after, self.native)
             a, b = arrays[plan.a.input], arrays[plan.b.input]
             key = (a.dtype, b.dtype, None if out is None else (out.dtype, out.flags.c_contiguous))
             way = self.ways.get(key)
@@ -187,7 +172,7 @@ class _Matmul:
 
 
 def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
-                out: np.ndarray | None, after=None) -> np.ndarray | None:
+                out: np.ndarray | None, after=None, native=None) -> np.ndarray | None:
     """BlasCall of a plan with a Chunk: one matmul per piece of the chunk axis, each copying only its
     piece of the windows (im2col), which BLAS then reads from cache. The pieces run on `threads()` Python
     threads, each calling a one-thread BLAS (numpy releases the GIL in copies and matmuls): a conv's
@@ -197,7 +182,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     of Python, not the ~50 us of the general path, which two threads would wait on each other for."""
     ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
     if ch.shift is not None and after is None:
-        return _run_shifted(plan, kernel, arrays, memory, out)
+        return _run_shifted(plan, kernel, arrays, memory, out, native)
     sub = (*shape[: ch.axis], ch.size, *shape[ch.axis + 1 :])
     r = list(range(ng, len(shape)))
     operands = (arrays[plan.a.input], arrays[plan.b.input])
@@ -273,7 +258,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
 
 
 def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
-                 out: np.ndarray | None) -> np.ndarray | None:
+                 out: np.ndarray | None, native=None) -> np.ndarray | None:
     """_run_pieces of a plan whose Chunk has a shift (L, P) (blas._shift_pair: a stride-1 conv's windows,
     one image per piece): each piece copies the windows without L and with P extended (X: rows the side
     that held L, columns P's side), then for each index l of L multiplies the other operand at L = l by
@@ -322,8 +307,22 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
     back = () if l_in_k else tuple(order.index(x) for x in range(ng) if x != L)
     ordered = tuple(sub[x] for x in order)
     states: list[dict] = []
+    spec = None
+    if native is not None and cpu_gemm.enabled():
+        spec = _native_shifted(xside, c_arr, o_arr, o_sides, o_fixed, fixed, dtype, l_in_k, nl, m_size,
+                               ncols, step, rows_per, shape[ch.axis], memory, scratch)
 
     def piece(start: int, state: dict | None) -> dict:
+        if spec is not None:  # pieces [start, start + spec.size) in one native call
+            if state is None:
+                state = {"x": xside.buffer(memory)}
+                if not l_in_k:
+                    state["acc"] = memory.array(nl * per, dtype)
+                    state["acc"][:] = 0
+                states.append(state)
+            native(cpu_gemm.program(dtype), [c_arr, state["x"], spec.o, result if l_in_k else state["acc"]],
+                   spec.ints, start, min(start + spec.size, shape[ch.axis]))
+            return state
         if state is None:
             state = {"x": xside.buffer(memory), "tmp": memory.array(per, dtype),
                      "o": [] if fixed else [side.buffer(memory) for side in o_sides]}
@@ -350,7 +349,7 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
         return state
 
     try:
-        _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
+        _PIECES.run(piece, range(0, shape[ch.axis], ch.size if spec is None else spec.size))
         if l_in_k:
             return None if direct else result
         sums = states[0]["acc"]
@@ -362,6 +361,55 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
         return None if direct else result
     finally:
         _release(memory, [{"o": scratch}, *states])
+
+
+@dataclasses.dataclass
+class _NativeShifted:
+    """How `_run_shifted`'s pieces run as cpu_gemm's function: the other operand's array (its matrices
+    from its start), the function's int arguments, and images per call."""
+
+    o: np.ndarray
+    ints: tuple[int, ...]
+    size: int
+
+
+def _native_shifted(xside: _Side, c_arr: np.ndarray, o_arr: np.ndarray, o_sides: list[_Side], o_fixed: list,
+                    fixed: bool, dtype, l_in_k: bool, nl: int, m: int, ncols: int, step: int, rows_per: int,
+                    n_pieces: int, memory: HostMemory, scratch: list) -> _NativeShifted | None:
+    """`_run_shifted`'s pieces as calls of cpu_gemm's compiled function, or None where it does not apply
+    (another dtype, a copy of more than cpu_gemm.DIMS axes, a windows operand read in place, another
+    operand copied per piece or with neither rows nor columns along memory)."""
+    if not (dtype in (np.float32, np.float64) and c_arr.dtype == o_arr.dtype == dtype and xside.copy
+            and len(xside.shape) <= cpu_gemm.DIMS and not any(s % xside.item for s in xside.strides)):
+        return None
+    nr = xside.nr
+    if l_in_k:  # o_l for each kernel row l: stacked into one array (the weights: small)
+        if not fixed:
+            return None
+        o = memory.array(nl * m * nr, dtype)
+        scratch.append(o)
+        for l in range(nl):
+            o[l * m * nr : (l + 1) * m * nr].reshape(m, nr)[...] = o_fixed[min(l, len(o_fixed) - 1)]
+        ta, ld, o_step, o_ls = cpu_gemm.NO_TRANS, nr, 0, m * nr
+    else:  # one matrix per piece (the output's gradient of one image), read in place
+        if fixed:
+            o = o_fixed[0]
+            o_step = 0
+        elif o_sides[0].copy is None:
+            o = o_sides[0].matrix(o_arr, 0, None)
+            o_step = o_sides[0].step
+        else:
+            return None
+        flags = cpu_gemm.matrix_flags(o)
+        if flags is None:
+            return None
+        (ta, ld), o_ls = flags, 0
+    pad = cpu_gemm.DIMS - len(xside.shape)
+    dims = (1,) * pad + tuple(xside.shape)
+    strides = (0,) * pad + tuple(s // xside.item for s in xside.strides)
+    ints = (xside.offset, xside.step, *dims, *strides, nr, xside.nc, m, ncols, step, nl, int(l_in_k), 0,
+            o_step, o_ls, ta, ld, rows_per)
+    return _NativeShifted(o, ints, max(1, -(-n_pieces // (4 * threads()))))  # 4 calls a thread
 
 
 def _release(memory: HostMemory, states: list[dict]) -> None:

@@ -15,6 +15,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from tgrad.runtime.cpu_gemm import SYMBOLS
+
 
 def kernel(**options):
     """Marks a generated kernel function with the Numba options it compiles with (`parallel`);
@@ -193,3 +195,39 @@ def _f16(x):
     e = math.frexp(ax)[1] - 1
     q = 2.0 ** max(e - 10, -24)
     return np.float32(np.round(np.float64(x) / q) * q)
+
+
+GEMM_SYMBOLS = {types.float32: SYMBOLS["float32"], types.float64: SYMBOLS["float64"]}
+
+
+@intrinsic
+def _gemm(typingctx, ta, tb, m, n, k, a, ai, lda, b, bi, ldb, beta, c, ci, ldc):
+    """c[ci:] = a[ai:] @ b[bi:] + beta * c[ci:] (row major; `ta`, `tb` CBLAS's transpose flags 111 or
+    112): BLAS's gemm with 64-bit integers (an ILP64 cblas_sgemm / cblas_dgemm), called by the name
+    runtime/cpu_gemm.py gives the one it found in the process (so object code using it can be cached).
+    Pointers are the arrays' CPointers plus element offsets."""
+    if not (isinstance(a, types.CPointer) and a == b == c and a.dtype in GEMM_SYMBOLS):
+        return None
+    name = GEMM_SYMBOLS[a.dtype]
+
+    def codegen(context, builder, sig, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        scalar = context.get_value_type(a.dtype)
+        ptr = args[5].type
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, scalar, ptr, i64, ptr, i64,
+                                               scalar, ptr, i64])
+        fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name)
+        ta_, tb_, m_, n_, k_, a_, ai_, lda_, b_, bi_, ldb_, beta_, c_, ci_, ldc_ = args
+        to64 = lambda v: builder.sext(v, i64) if v.type.width < 64 else v  # noqa: E731
+        to32 = lambda v: builder.trunc(v, i32) if v.type.width > 32 else v  # noqa: E731
+        bval = beta_ if beta_.type == scalar else (builder.fptrunc(beta_, scalar) if scalar == ir.FloatType()
+                                                    else builder.fpext(beta_, scalar))
+        builder.call(fn, [ir.Constant(i32, 101), to32(ta_), to32(tb_), to64(m_), to64(n_), to64(k_),
+                          ir.Constant(scalar, 1.0), builder.gep(a_, [to64(ai_)]), to64(lda_),
+                          builder.gep(b_, [to64(bi_)]), to64(ldb_), bval, builder.gep(c_, [to64(ci_)]),
+                          to64(ldc_)])
+        return context.get_dummy_value()
+
+    ints = [types.int64] * 5
+    return types.void(*ints, a, types.int64, types.int64, b, types.int64, types.int64, types.float64, c,
+                      types.int64, types.int64), codegen

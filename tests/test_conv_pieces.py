@@ -27,8 +27,17 @@ CASES = [  # (N, Cin, H, W), (Cout, k, k), stride, padding, dilation, groups: wi
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 @pytest.mark.parametrize("threads", ["1", "2", "3"])
-def test_conv_in_pieces_matches_torch(case, threads, monkeypatch):
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "numpy"])
+def test_conv_in_pieces_matches_torch(case, threads, native, monkeypatch):
+    """As cpu_gemm's compiled function calling BLAS on the native workers (where numpy's BLAS has what it
+    calls: pieces of rows in the output's order, put in order from a buffer, or pieces of K summed per
+    slot) and as numpy calls on Python threads."""
     monkeypatch.setenv("TGRAD_THREADS", threads)
+    monkeypatch.setenv("TGRAD_NATIVE_GEMM", native)
+    ran = []
+    for name in ("_native_pieces", "_native_shifted"):
+        real = getattr(cpu_blas, name)
+        monkeypatch.setattr(cpu_blas, name, lambda *a, real=real: ran.append(real(*a)) or ran[-1])
     shape, (cout, *ks), stride, padding, dilation, groups = case
     ks = tuple(ks[0]) if isinstance(ks[0], tuple) else tuple(ks)
     rng = np.random.default_rng(3)
@@ -51,6 +60,11 @@ def test_conv_in_pieces_matches_torch(case, threads, monkeypatch):
     np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=2e-3)
     np.testing.assert_allclose(tb.grad.numpy(), rb.grad.numpy(), rtol=1e-4, atol=2e-3)
     np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=2e-3)
+    native_ran = [r for r in ran if r is not None]
+    if native == "1" and cpu_gemm.available():
+        assert native_ran or case == CASES[3], ran  # (case 3's grouped windows are batched matmuls)
+    else:
+        assert not native_ran
 
 
 def test_conv1d_and_conv3d_in_pieces_match_torch():

@@ -110,7 +110,6 @@ class _Threads:
 
 
 _THREADS = _Threads()
-_LOADING = threading.Lock()
 _ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weakref to the array, address of its data)
 
 
@@ -401,17 +400,16 @@ class CPURuntime(Runtime):
 
         return Runner(program, run, self.name)
 
-    def _run_native(self, program: Program, arrays: list[np.ndarray], ints: tuple, lo: int, hi: int) -> None:
-        """A threaded-signature function (program.launch "split": ints, then lo, hi) called once on
-        [lo, hi) without the GIL, on the calling thread (cpu_gemm's pieces, from cpu_blas's threads)."""
+    def _run_native(self, program: Program, arrays: list[np.ndarray], ints: tuple, n: int) -> None:
+        """A threaded-signature function (program.launch "split": pointers, ints, then lo, hi) on range(n),
+        on the threads threaded kernels use, without the GIL (cpu_gemm's pieces: n slots)."""
         nat = _native(program)
         hit = self.functions.get(nat.key)
         if hit is None:
-            with _LOADING:  # the pieces' threads all call it first: loaded (or compiled) once
-                hit = self.functions.get(nat.key)
-                if hit is None:
-                    hit = self.functions[nat.key] = self._load(nat, program.name)
-        _THREADS.call(hit[0], (*map(_address, arrays), *ints), lo, hi)
+            hit = self.functions[nat.key] = self._load(nat, program.name)
+        native = hit[0]
+        _THREADS.run(native, ctypes.cast(native, ctypes.c_void_p).value, (*map(_address, arrays), *ints), n,
+                     False)
 
     def _built_on_first_call(self, program: Program):
         built: list = []

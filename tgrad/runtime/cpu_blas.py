@@ -212,6 +212,10 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     result = (out if direct else memory.array(total, dtype)) if rows and not kept else None
     per = math.prod(dims)  # elements of a piece's product
     states: list[dict] = []
+    spec = None
+    if native is not None and after is None and not plan.batch and cpu_gemm.enabled():
+        spec = _native_pieces(plan, sub, ng, sides, operands, dtype, rows, ch.size * (total // shape[0]),
+                              shape[ch.axis] // ch.size)
 
     def piece(start: int, state: dict | None) -> dict:
         if state is None:  # this thread's copy buffers, product and (K pieces) sum
@@ -242,12 +246,30 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
         return state
 
     try:
-        _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
-        if rows:
-            return None if direct or kept else result
-        acc = states[0].pop("acc")
-        for st in states[1:]:
-            acc += st["acc"]
+        if spec is not None:  # the pieces in slots, each with its copy buffers and (pieces of K) its sum
+            srcs = [operands[i] for i in spec.order]  # A, B of the call, then their copies (or anything)
+            lens = [sides[i].copy or 0 for i in spec.order]
+            bufs = [memory.array(spec.slots * n, dtype) if n else src for n, src in zip(lens, srcs)]
+            target = result if rows else memory.array(spec.slots * total, dtype)
+            tmp = memory.array(spec.slots * spec.scatter, dtype) if spec.scatter else target
+            states.append({"bufs": [b for b, n in zip(bufs, lens) if n], "acc": None if rows else target,
+                           "tmp": tmp if spec.scatter else None})
+            if not rows:
+                target[:] = 0
+            ints = (*spec.ints, shape[ch.axis] // ch.size, spec.slots, *lens, spec.scatter,
+                    0 if rows else total)
+            _PIECES.native(native, cpu_gemm.program(dtype, "blas_pieces"), [*srcs, *bufs, target, tmp], ints,
+                           spec.slots)
+            if rows:
+                return None if direct else result
+            acc = _slot_sum(target, spec.slots, memory)
+        else:
+            _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
+            if rows:
+                return None if direct or kept else result
+            acc = states[0].pop("acc")
+            for st in states[1:]:
+                acc += st["acc"]
         if direct:
             out[:] = acc
             memory.release(acc)
@@ -313,16 +335,6 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
                                ncols, step, rows_per, shape[ch.axis], memory, scratch)
 
     def piece(start: int, state: dict | None) -> dict:
-        if spec is not None:  # pieces [start, start + spec.size) in one native call
-            if state is None:
-                state = {"x": xside.buffer(memory)}
-                if not l_in_k:
-                    state["acc"] = memory.array(nl * per, dtype)
-                    state["acc"][:] = 0
-                states.append(state)
-            native(cpu_gemm.program(dtype), [c_arr, state["x"], spec.o, result if l_in_k else state["acc"]],
-                   spec.ints, start, min(start + spec.size, shape[ch.axis]))
-            return state
         if state is None:
             state = {"x": xside.buffer(memory), "tmp": memory.array(per, dtype),
                      "o": [] if fixed else [side.buffer(memory) for side in o_sides]}
@@ -349,12 +361,24 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
         return state
 
     try:
-        _PIECES.run(piece, range(0, shape[ch.axis], ch.size if spec is None else spec.size))
+        if spec is not None:  # the pieces in slots, each with its copy buffer and (L global) its sums
+            x = memory.array(spec.slots * xside.copy, dtype)
+            acc = x if l_in_k else memory.array(spec.slots * nl * per, dtype)
+            states.append({"x": x, "acc": None if l_in_k else acc})
+            if not l_in_k:
+                acc[:] = 0
+            ints = (*spec.ints, shape[ch.axis], spec.slots, xside.copy, 0 if l_in_k else nl * per)
+            _PIECES.native(native, cpu_gemm.program(dtype), [c_arr, x, spec.o, result if l_in_k else acc],
+                           ints, spec.slots)
+            sums = None if l_in_k else _slot_sum(acc, spec.slots, memory)
+            states.append({"sum": sums})
+        else:
+            _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
+            sums = None if l_in_k else states[0]["acc"]
+            for st in states[1:] if sums is not None else ():
+                sums += st["acc"]
         if l_in_k:
             return None if direct else result
-        sums = states[0]["acc"]
-        for st in states[1:]:
-            sums += st["acc"]
         whole = result.reshape(shape[:ng])
         for l, part in enumerate(sums.reshape(nl, *ordered)):  # into the result's L = l slice
             whole[(slice(None),) * L + (l,)] = part.transpose(back)
@@ -363,14 +387,74 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
         _release(memory, [{"o": scratch}, *states])
 
 
+def _slots(n_pieces: int) -> int:
+    """Slots of cpu_gemm's functions (each its own buffers and sums): 4 a thread (at least 8, so that sums
+    come out the same on 1 or 2 threads), at most one a piece."""
+    return max(1, min(n_pieces, max(8, 4 * threads())))
+
+
+def _slot_sum(acc: np.ndarray, slots: int, memory: HostMemory) -> np.ndarray:
+    """The sum of the slots' sums (`acc`: slots of equal length), in slot order, in an array from memory."""
+    size = acc.size // slots
+    total = memory.array(size, acc.dtype)
+    np.copyto(total, acc[:size])
+    for j in range(1, slots):
+        total += acc[j * size : (j + 1) * size]
+    return total
+
+
 @dataclasses.dataclass
 class _NativeShifted:
     """How `_run_shifted`'s pieces run as cpu_gemm's function: the other operand's array (its matrices
-    from its start), the function's int arguments, and images per call."""
+    from its start), the function's int arguments (those before the slots'), and its slots."""
 
     o: np.ndarray
     ints: tuple[int, ...]
-    size: int
+    slots: int
+
+
+@dataclasses.dataclass
+class _NativePieces:
+    """How `_run_pieces`' pieces run as cpu_gemm's blas_pieces: which side is the call's A and which its
+    B (swapped: c.T = b.T @ a.T), the function's int arguments (those before the slots'), its slots, and
+    the elements of a product put in order from a buffer (0: none, the product is in the output's order)."""
+
+    order: tuple[int, int]
+    ints: tuple[int, ...]
+    slots: int
+    scatter: int
+
+
+def _native_pieces(plan: BlasPlan, sub: tuple, ng: int, sides: list[_Side], operands: tuple, dtype,
+                   rows: bool, c_step: int, n_pieces: int) -> _NativePieces | None:
+    """`_run_pieces`' pieces (no batch axes) as calls of cpu_gemm's blas_pieces, or None where it does not
+    apply (another dtype, an operand it cannot read, pieces of K whose sum is not in the output's order).
+    Pieces of rows write theirs `c_step` elements apart, put in order from a buffer where the matmul
+    gives them in another (a forward conv's (image, y, x) x channels); pieces of K add to one sum."""
+    if not (dtype in (np.float32, np.float64) and all(x.dtype == dtype for x in operands)):
+        return None
+    natural = list(range(ng))
+    swap = [*plan.m, *plan.n] != natural
+    scatter = swap and [*plan.n, *plan.m] != natural
+    if scatter:  # the product as it comes out (not swapped), put in order per piece
+        if not rows or ng > cpu_gemm.DIMS:
+            return None
+        swap = False
+    m, n = (plan.n, plan.m) if swap else (plan.m, plan.n)
+    order = (1, 0) if swap else (0, 1)
+    args = [cpu_gemm.side_ints(sides[i], plan.chunk.size, swap) for i in order]
+    if None in args:
+        return None
+    dims = (math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
+    k = math.prod(sub[x] for x in range(ng, len(sub)))
+    pos = [*m, *n]  # the product's axes; each one's stride in it
+    stride = [math.prod(sub[x] for x in pos[j + 1 :]) for j in range(len(pos))]
+    pad = cpu_gemm.DIMS - ng
+    e = (1,) * pad + tuple(sub[:ng]) if scatter else (1,) * cpu_gemm.DIMS
+    f = (0,) * pad + tuple(stride[pos.index(x)] for x in natural) if scatter else (0,) * cpu_gemm.DIMS
+    beta = 0 if rows else 1
+    ints = (*args[0], *args[1], *dims, k, beta, c_step if rows else 0, int(scatter), *e, *f)
+    return _NativePieces(order, ints, _slots(n_pieces), math.prod(dims) if scatter else 0)
 
 
 def _native_shifted(xside: _Side, c_arr: np.ndarray, o_arr: np.ndarray, o_sides: list[_Side], o_fixed: list,
@@ -409,7 +493,7 @@ def _native_shifted(xside: _Side, c_arr: np.ndarray, o_arr: np.ndarray, o_sides:
     strides = (0,) * pad + tuple(s // xside.item for s in xside.strides)
     ints = (xside.offset, xside.step, *dims, *strides, nr, xside.nc, m, ncols, step, nl, int(l_in_k), 0,
             o_step, o_ls, ta, ld, rows_per)
-    return _NativeShifted(o, ints, max(1, -(-n_pieces // (4 * threads()))))  # 4 calls a thread
+    return _NativeShifted(o, ints, _slots(n_pieces))
 
 
 def _release(memory: HostMemory, states: list[dict]) -> None:
@@ -483,6 +567,19 @@ class _Pieces:
         # one launch at a time: two Python threads' launches would each read the OpenBLAS count the other's
         # pieces had set to 1, and one would set that back (the pieces use every core anyway)
         self.lock = threading.Lock()
+
+    def native(self, native, program, arrays: list[np.ndarray], ints: tuple, n: int) -> None:
+        """native(program, arrays, ints, n): cpu_gemm's function on n slots, on the native workers of
+        threaded kernels, with numpy's BLAS one-threaded meanwhile (its global count set back after)."""
+        if self.blas is None:
+            self.blas = _BlasThreads()
+        with self.lock:
+            saved = self.blas.get()
+            self.blas.one()
+            try:
+                native(program, arrays, ints, n)
+            finally:
+                self.blas.restore(saved)
 
     def run(self, piece, starts) -> None:
         """state = piece(start, state) for every start, on up to threads() threads (state None at first

@@ -29,44 +29,86 @@ DIMS = 6  # axes of a piece's copy the function takes (a conv's copy has 4 or 5)
 NO_TRANS, TRANS = 111, 112  # CBLAS's flags
 SYMBOLS = {"float32": "tgrad_sgemm64", "float64": "tgrad_dgemm64"}  # what numba_rt._gemm calls
 
-# one piece per image in [lo, hi): copy the image's rows into x (the copy's view: offset c_off + p * c_step,
-# sizes d*, element strides s*), then for each kernel row l either (l_in_k, a forward)
+def _copy(src: str, base: str, dst: str, d: str, st: str, indent: str) -> str:
+    """Source of a copy of the DIMS-axis view of `src` at element `base` (sizes d0.., element strides s0..)
+    into `dst` from element `i`, in C order."""
+    lines, at = [], base
+    for j in range(DIMS):
+        pad = "    " * j
+        lines.append(f"{pad}for x{j} in range({d}{j}):")
+        if j < DIMS - 1:
+            lines.append(f"{pad}    o{j} = {at} + x{j} * {st}{j}")
+            at = f"o{j}"
+    pad = "    " * DIMS
+    lines += [f"{pad}{dst}[i + x{DIMS - 1}] = {src}[{at} + x{DIMS - 1} * {st}{DIMS - 1}]",
+              f"{pad[:-4]}i += {d}{DIMS - 1}"]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def _names(d: str, s: str) -> str:
+    return ", ".join([f"{d}{j}" for j in range(DIMS)] + [f"{s}{j}" for j in range(DIMS)])
+
+
+HEAD = f"""import numpy as np
+
+from tgrad.runtime.numba_rt import _gemm, kernel  # runtime {_RT_DIGEST}
+
+
+"""
+
+# Both functions take the pieces in `nslots` slots and run slots [lo, hi) (a thread's share: cpu.py's
+# native workers call them on ranges of slots): slot j has pieces [j * npieces // nslots, (j + 1) * npieces
+# // nslots) and its own copy buffers (`xlen` elements apart) and, where the pieces are summed, its own sum
+# (`acc` elements apart), which the caller adds up.
+#
+# shifted_pieces, one image a piece p: copy its rows into x (the copy's view at c_off + p * c_step, sizes
+# d*, element strides s*), then for each kernel row l either (l_in_k, a forward)
 #   out[p * out_step:] (m x ncols) (+)= o_l (m x nr) @ x[:, l * step:] (nr x ncols, rows of xcols)
 # with o_l at o_off + l * o_ls (flag ta, leading dimension ld), or (a weight gradient)
 #   out[l * nr * m:] (nr x m) += x[:, l * step:] (nr x ncols) @ o_p (ncols x m)
 # with o_p at o_off + p * o_step (flag ta, leading dimension ld)
-SOURCE = '''import numpy as np
+SHIFTED = HEAD + f"""@kernel()
+def shifted_pieces(c, x, o, out, c_off, c_step, {_names("d", "s")}, nr, xcols, m, ncols, step, nl, l_in_k,
+                   o_off, o_step, o_ls, ta, ld, out_step, npieces, nslots, xlen, acc, lo, hi):
+    for slot in range(lo, hi):
+        xo, ao = slot * xlen, slot * acc
+        for p in range(slot * npieces // nslots, (slot + 1) * npieces // nslots):
+            i = xo
+{_copy("c", "c_off + p * c_step", "x", "d", "s", " " * 12)}            for l in range(nl):
+                if l_in_k:
+                    _gemm(ta, {NO_TRANS}, m, ncols, nr, o, o_off + l * o_ls, ld, x, xo + l * step, xcols,
+                          0.0 if l == 0 else 1.0, out, p * out_step, ncols)
+                else:
+                    _gemm({NO_TRANS}, ta, nr, m, ncols, x, xo + l * step, xcols, o, o_off + p * o_step, ld,
+                          1.0, out, ao + l * nr * m, m)
+"""
 
-from tgrad.runtime.numba_rt import _gemm, kernel  # runtime {digest}
-
-
-@kernel()
-def shifted_pieces(c, x, o, out, c_off, c_step, d0, d1, d2, d3, d4, d5, s0, s1, s2, s3, s4, s5, nr, xcols,
-                   m, ncols, step, nl, l_in_k, o_off, o_step, o_ls, ta, ld, out_step, lo, hi):
-    for p in range(lo, hi):
-        base = c_off + p * c_step
-        i = 0
-        for a0 in range(d0):
-            b0 = base + a0 * s0
-            for a1 in range(d1):
-                b1 = b0 + a1 * s1
-                for a2 in range(d2):
-                    b2 = b1 + a2 * s2
-                    for a3 in range(d3):
-                        b3 = b2 + a3 * s3
-                        for a4 in range(d4):
-                            b4 = b3 + a4 * s4
-                            for a5 in range(d5):
-                                x[i + a5] = c[b4 + a5 * s5]
-                            i += d5
-        for l in range(nl):
-            if l_in_k:
-                _gemm(ta, {no_trans}, m, ncols, nr, o, o_off + l * o_ls, ld, x, l * step, xcols,
-                      0.0 if l == 0 else 1.0, out, p * out_step, ncols)
-            else:
-                _gemm({no_trans}, ta, nr, m, ncols, x, l * step, xcols, o, o_off + p * o_step, ld, 1.0,
-                      out, l * nr * m, m)
-'''
+# blas_pieces, pieces q of a matmul (cpu_blas._run_pieces): out[q * c_step:] (m x n) = A_q @ B_q, or
+# (beta 1, pieces of K) the slot's sum += A_q @ B_q; each operand read in place at off + q * step or copied
+# first into its buffer (the view at off + q * step, sizes d*, element strides s*), with its flag and
+# leading dimension. With `scatter`, the product goes to the slot's tmp and is copied from there into
+# out[q * c_step:] in C order of sizes e*, reading tmp with element strides f* (rows that come out of the
+# matmul in another order than the output's)
+PIECES = HEAD + f"""@kernel()
+def blas_pieces(a, b, xa, xb, out, tmp, ca, a_off, a_step, {_names("ad", "as")}, ta, lda, cb, b_off, b_step,
+                {_names("bd", "bs")}, tb, ldb, m, n, k, beta, c_step, scatter, {_names("ed", "f")}, npieces,
+                nslots, alen, blen, tlen, acc, lo, hi):
+    for slot in range(lo, hi):
+        for q in range(slot * npieces // nslots, (slot + 1) * npieces // nslots):
+            pa, ia, pb, ib = a, a_off + q * a_step, b, b_off + q * b_step
+            if ca:
+                i = slot * alen
+{_copy("a", "a_off + q * a_step", "xa", "ad", "as", " " * 16)}                pa, ia = xa, slot * alen
+            if cb:
+                i = slot * blen
+{_copy("b", "b_off + q * b_step", "xb", "bd", "bs", " " * 16)}                pb, ib = xb, slot * blen
+            if scatter:
+                t0 = slot * tlen
+                _gemm(ta, tb, m, n, k, pa, ia, lda, pb, ib, ldb, 0.0, tmp, t0, n)
+                i = q * c_step
+{_copy("tmp", "t0", "out", "ed", "f", " " * 16)}            else:
+                _gemm(ta, tb, m, n, k, pa, ia, lda, pb, ib, ldb, 1.0 * beta, out, q * c_step + slot * acc, n)
+"""
 
 
 def openblas() -> list[ctypes.CDLL]:
@@ -96,8 +138,12 @@ def enabled() -> bool:
 
 @functools.cache
 def available() -> bool:
-    """Whether numpy's BLAS has ILP64 cblas_sgemm and cblas_dgemm (given to LLVM under numba_rt's names)."""
+    """Whether numpy's BLAS has ILP64 cblas_sgemm and cblas_dgemm (given to LLVM under SYMBOLS' names) and
+    a per-thread thread count (cpu_blas sets it to 1 while the functions run on several threads)."""
     for lib in openblas():
+        local = ("openblas_set_num_threads_local", "scipy_openblas_set_num_threads_local64_")
+        if not any(hasattr(lib, name) for name in local):
+            continue
         found = {}
         for short, full in (("s", "sgemm"), ("d", "dgemm")):
             for name in (f"scipy_cblas_{full}64_", f"cblas_{full}64_"):
@@ -115,11 +161,14 @@ def available() -> bool:
 
 
 @functools.cache
-def program(dtype: np.dtype) -> Program:
-    dt = dtypes.from_any(dtype)
-    source = SOURCE.format(digest=_RT_DIGEST, no_trans=NO_TRANS)
-    # (int arguments: 27 sizes, then lo and hi, which "split" adds; the values are passed at each call)
-    return Program("shifted_pieces", source, args=(0,) * 27, launch={"storage": (dt,) * 4, "split": 1})
+def program(dtype: np.dtype, name: str = "shifted_pieces") -> Program:
+    """cpu_gemm's function `name` (shifted_pieces, blas_pieces) for arrays of `dtype`: its int arguments
+    are passed at each call (the Program's `args` only count them; "split" adds lo and hi)."""
+    source = {"shifted_pieces": SHIFTED, "blas_pieces": PIECES}[name]
+    params = source[source.index(f"def {name}(") :].split("(", 1)[1].split(")", 1)[0].split(",")
+    pointers = 4 if name == "shifted_pieces" else 6
+    return Program(name, source, args=(0,) * (len(params) - pointers - 2),
+                   launch={"storage": (dtypes.from_any(dtype),) * pointers, "split": 1})
 
 
 def matrix_flags(array: np.ndarray) -> tuple[int, int] | None:
@@ -134,3 +183,27 @@ def matrix_flags(array: np.ndarray) -> tuple[int, int] | None:
         if cols == 1 or cs >= max(1, rows):
             return TRANS, max(cs, rows, 1)
     return None
+
+
+def side_ints(side, size: int, transpose: bool) -> tuple[int, ...] | None:
+    """blas_pieces' arguments for one operand (a cpu_blas._Side without batch axes), pieces of `size`
+    indices of its chunk axis, read transposed with `transpose`: (copied, offset, offset per piece, sizes,
+    element strides, flag, leading dimension); None where the function cannot read it."""
+    if side.copy:
+        if side.lead or len(side.shape) > DIMS or any(s % side.item for s in side.strides):
+            return None
+        flags = (TRANS, side.nr) if side.transposed else (NO_TRANS, side.nc)
+        pad = DIMS - len(side.shape)
+        dims = (1,) * pad + tuple(side.shape)
+        strides = (0,) * pad + tuple(s // side.item for s in side.strides)
+    else:
+        if len(side.shape) != 2:
+            return None
+        flags = matrix_flags(side.matrix0)
+        dims, strides = (1,) * DIMS, (0,) * DIMS
+    if flags is None:
+        return None
+    flag, ld = flags
+    if transpose:
+        flag = TRANS if flag == NO_TRANS else NO_TRANS
+    return (int(bool(side.copy)), side.offset, size * side.step, *dims, *strides, flag, ld)

@@ -186,8 +186,8 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     sub = (*shape[: ch.axis], ch.size, *shape[ch.axis + 1 :])
     r = list(range(ng, len(shape)))
     operands = (arrays[plan.a.input], arrays[plan.b.input])
-    sides = [_Side(operands[0], plan.a, plan.batch, plan.m, r, sub, ch.axis),
-             _Side(operands[1], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
+    sides = [_side(operands[0], plan.a, plan.batch, plan.m, r, sub, ch.axis),
+             _side(operands[1], plan.b, plan.batch, r, plan.n, sub, ch.axis)]
     a, b = sides[0].layout, sides[1].layout
     m, n, swap = plan.m, plan.n, False
     # pieces of rows keep their result in the output's order where either orientation gives it (the
@@ -253,9 +253,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
             target = result if rows else memory.array(spec.slots * total, dtype)
             tmp = memory.array(spec.slots * spec.scatter, dtype) if spec.scatter else target
             states.append({"bufs": [b for b, n in zip(bufs, lens) if n], "acc": None if rows else target,
-                           "tmp": tmp if spec.scatter else None})
-            if not rows:
-                target[:] = 0
+                           "tmp": tmp if spec.scatter else None})  # (each slot's first piece sets its sum)
             ints = (*spec.ints, shape[ch.axis] // ch.size, spec.slots, *lens, spec.scatter,
                     0 if rows else total)
             _PIECES.native(native, cpu_gemm.program(dtype, "blas_pieces"), [*srcs, *bufs, target, tmp], ints,
@@ -301,14 +299,14 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
     ext = list(sub)
     ext[P] = sub[P] + sub[L] - 1
     c_arr, o_arr = arrays[c_op.input], arrays[o_op.input]
-    xside = _Side(c_arr, c_op, [], xrows, xcols, ext, ch.axis, transpose=False)
+    xside = _side(c_arr, c_op, [], xrows, xcols, ext, ch.axis, transpose=False)
     step = math.prod(ext[x] for x in xcols[xcols.index(P) + 1 :])  # X's columns per index of P
     ncols = math.prod(sub[x] for x in xcols)
     nl = sub[L]
     # the other operand at each l: (M, K') for L in K, (K, M) for L global (the same for every l)
     o_ops = [Operand(o_op.input, o_op.offset + l * o_op.strides[L], o_op.strides) for l in range(nl)]
     o_dims = (o_side, xrows) if l_in_k else (r, o_side)
-    o_sides = [_Side(o_arr, o, [], *o_dims, sub, ch.axis) for o in (o_ops if o_op.strides[L] else o_ops[:1])]
+    o_sides = [_side(o_arr, o, [], *o_dims, sub, ch.axis) for o in (o_ops if o_op.strides[L] else o_ops[:1])]
     fixed = not o_op.strides[ch.axis]  # the other operand is the same for every piece: made once
     scratch: list[np.ndarray] = []
     o_fixed = []
@@ -363,10 +361,8 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
     try:
         if spec is not None:  # the pieces in slots, each with its copy buffer and (L global) its sums
             x = memory.array(spec.slots * xside.copy, dtype)
-            acc = x if l_in_k else memory.array(spec.slots * nl * per, dtype)
+            acc = x if l_in_k else memory.array(spec.slots * nl * per, dtype)  # (slots: first piece sets)
             states.append({"x": x, "acc": None if l_in_k else acc})
-            if not l_in_k:
-                acc[:] = 0
             ints = (*spec.ints, shape[ch.axis], spec.slots, xside.copy, 0 if l_in_k else nl * per)
             _PIECES.native(native, cpu_gemm.program(dtype), [c_arr, x, spec.o, result if l_in_k else acc],
                            ints, spec.slots)
@@ -553,6 +549,26 @@ class _Side:
             return view
         np.copyto(buf.reshape(self.shape), view)
         return self._as_matrix(buf)
+
+
+_SIDES: dict[tuple, _Side] = {}  # _side's: every chunked matmul of a step made them anew (~10-50 us each)
+
+
+def _side(array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int | None = None,
+          transpose: bool = True) -> _Side:
+    """_Side(...), made once per layout: it depends on the array's dtype and length only. The kept one's
+    `matrix0` (an operand read in place) gives the matrix's shape and strides, over no array's memory."""
+    key = (array.dtype.str, array.size, op, tuple(batch), tuple(rows), tuple(cols), tuple(sub), axis,
+           transpose)
+    side = _SIDES.get(key)
+    if side is None:
+        side = _Side(array, op, batch, rows, cols, sub, axis, transpose)
+        if side.copy is None:
+            side.matrix0 = np.lib.stride_tricks.as_strided(np.empty(1, side.dtype), side.shape, side.strides)
+        if len(_SIDES) > 4096:
+            _SIDES.clear()
+        _SIDES[key] = side
+    return side
 
 
 class _Pieces:

@@ -59,7 +59,7 @@ from tgrad.runtime.numba_rt import _gemm, kernel  # runtime {_RT_DIGEST}
 # Both functions take the pieces in `nslots` slots and run slots [lo, hi) (a thread's share: cpu.py's
 # native workers call them on ranges of slots): slot j has pieces [j * npieces // nslots, (j + 1) * npieces
 # // nslots) and its own copy buffers (`xlen` elements apart) and, where the pieces are summed, its own sum
-# (`acc` elements apart), which the caller adds up.
+# (`acc` elements apart; its first piece writes it, the others add), which the caller adds up.
 #
 # shifted_pieces, one image a piece p: copy its rows into x (the copy's view at c_off + p * c_step, sizes
 # d*, element strides s*), then for each kernel row l either (l_in_k, a forward)
@@ -72,7 +72,8 @@ def shifted_pieces(c, x, o, out, c_off, c_step, {_names("d", "s")}, nr, xcols, m
                    o_off, o_step, o_ls, ta, ld, out_step, npieces, nslots, xlen, acc, lo, hi):
     for slot in range(lo, hi):
         xo, ao = slot * xlen, slot * acc
-        for p in range(slot * npieces // nslots, (slot + 1) * npieces // nslots):
+        first = slot * npieces // nslots
+        for p in range(first, (slot + 1) * npieces // nslots):
             i = xo
 {_copy("c", "c_off + p * c_step", "x", "d", "s", " " * 12)}            for l in range(nl):
                 if l_in_k:
@@ -80,7 +81,7 @@ def shifted_pieces(c, x, o, out, c_off, c_step, {_names("d", "s")}, nr, xcols, m
                           0.0 if l == 0 else 1.0, out, p * out_step, ncols)
                 else:
                     _gemm({NO_TRANS}, ta, nr, m, ncols, x, xo + l * step, xcols, o, o_off + p * o_step, ld,
-                          1.0, out, ao + l * nr * m, m)
+                          0.0 if p == first else 1.0, out, ao + l * nr * m, m)
 """
 
 # blas_pieces, pieces q of a matmul (cpu_blas._run_pieces): out[q * c_step:] (m x n) = A_q @ B_q, or
@@ -94,7 +95,8 @@ def blas_pieces(a, b, xa, xb, out, tmp, ca, a_off, a_step, {_names("ad", "as")},
                 {_names("bd", "bs")}, tb, ldb, m, n, k, beta, c_step, scatter, {_names("ed", "f")}, npieces,
                 nslots, alen, blen, tlen, acc, lo, hi):
     for slot in range(lo, hi):
-        for q in range(slot * npieces // nslots, (slot + 1) * npieces // nslots):
+        first = slot * npieces // nslots
+        for q in range(first, (slot + 1) * npieces // nslots):
             pa, ia, pb, ib = a, a_off + q * a_step, b, b_off + q * b_step
             if ca:
                 i = slot * alen
@@ -107,7 +109,8 @@ def blas_pieces(a, b, xa, xb, out, tmp, ca, a_off, a_step, {_names("ad", "as")},
                 _gemm(ta, tb, m, n, k, pa, ia, lda, pb, ib, ldb, 0.0, tmp, t0, n)
                 i = q * c_step
 {_copy("tmp", "t0", "out", "ed", "f", " " * 16)}            else:
-                _gemm(ta, tb, m, n, k, pa, ia, lda, pb, ib, ldb, 1.0 * beta, out, q * c_step + slot * acc, n)
+                _gemm(ta, tb, m, n, k, pa, ia, lda, pb, ib, ldb, 0.0 if q == first else 1.0 * beta, out,
+                      q * c_step + slot * acc, n)
 """
 
 

@@ -29,6 +29,11 @@ except ImportError:
 
 from tgrad.device import DEVICES, VARIANT_OF
 from tgrad.errors import DeviceError
+from tgrad.runtime.numba_compile import use_cpu_features
+
+# the features CPU kernels compile for, before any test compiles a Numba function of its own: Numba makes
+# its code generator once, and kernels compiled by another one are not written to the disk cache
+use_cpu_features()
 
 # every device, except those that here would only run another device's code again (CUDA and AMD are
 # TRITON without a GPU, QCOM is CL without an Adreno)

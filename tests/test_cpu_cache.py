@@ -93,7 +93,7 @@ def test_a_damaged_cache_entry_is_compiled_again(tmp_path, monkeypatch):
     (entry,) = (tmp_path / "cpu").glob("*.pkl")
     entry.write_bytes(b"not a pickle")
     np.testing.assert_allclose(_compile_fresh(src * 3 + 1), x * 3 + 1)
-    assert set(pickle.loads(entry.read_bytes())) == {"name", "object", "symbols"}  # rewritten
+    assert set(pickle.loads(entry.read_bytes())) == {"name", "object", "symbols", "features"}  # rewritten
 
 
 def test_an_entry_needing_an_unknown_symbol_is_not_loaded():
@@ -150,7 +150,12 @@ def test_a_compile_worker_returns_object_code_the_main_process_runs():
 
     good = (GOOD, "triple", "tgrad_kernel_test_good", ["float32", "float32"], 1)
     entry = compiled_by_the_worker("good", good)
-    assert set(entry) == {"name", "object", "symbols"}
+    assert set(entry) == {"name", "object", "symbols", "features"}
+    # compiled for the features the cache key names (the worker's set-up once made Numba's code generator
+    # with the host's defaults first: 256-bit vectors on AVX-512 hosts)
+    from tgrad.runtime.numba_compile import cpu_features
+
+    assert entry["features"] == cpu_features()
     broken = ("def broken(:\n", "broken", "tgrad_kernel_test_broken", ["float32"], 0)
     assert compiled_by_the_worker("broken", broken) is None  # the caller builds it and reports the error
     engine, address = device._load_object(entry)
@@ -297,3 +302,39 @@ def test_kernels_compile_for_wide_vectors_on_avx512_hosts(tmp_path, bits):
     assert out["features"] == host.flatten() + (",-prefer-256-bit" if wide else "")
     assert out["features"] in out["key"]
     assert out["err"] < 1e-6
+
+
+EARLY_NUMBA_PROBE = """
+import json, os
+import numpy as np
+if os.environ.get("EARLY"):  # a Numba function compiled first: Numba's code generator has the host's defaults
+    import numba
+    numba.njit(lambda v: v + 1)(1)
+from tgrad import Tensor
+from tgrad.runtime.numba_compile import cpu_features
+from numba.core.registry import cpu_target
+x = np.random.default_rng(1).standard_normal((300, 70)).astype(np.float32)
+got = Tensor(x).softmax(-1).numpy()
+want = np.exp(x - x.max(-1, keepdims=True))
+print(json.dumps({"same": cpu_target.target_context.codegen()._tm_features == cpu_features(),
+                  "err": float(np.abs(got - want / want.sum(-1, keepdims=True)).max())}))
+"""
+
+
+def test_kernels_compiled_for_other_features_are_not_cached(tmp_path):
+    """In a process whose Numba compiled a function before tgrad's first kernel, Numba's code generator
+    keeps the host's default features (on AVX-512: 256-bit vectors), not cpu_features(): its kernels are
+    right and used there, but never written to the disk cache under a key that says otherwise (a test
+    process left such entries, and softmax ran 1.3 -> 1.6 ms in every later process)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "TGRAD_CPU_VECTOR_BITS")}
+    outs = {}
+    for early in ("1", ""):
+        cache = tmp_path / (early or "plain")
+        env.update(TGRAD_CACHE=str(cache), PYTHONPATH=str(ROOT), EARLY=early, TGRAD_COMPILE_WORKERS="0")
+        run = subprocess.run([sys.executable, "-c", EARLY_NUMBA_PROBE], env=env, capture_output=True,
+                             text=True, check=True)
+        outs[early] = json.loads(run.stdout.strip().splitlines()[-1])
+        assert outs[early]["err"] < 1e-6
+        written = list((cache / "cpu").glob("*.pkl")) if (cache / "cpu").exists() else []
+        assert bool(written) == outs[early]["same"], (early, outs[early], written)
+    assert outs[""]["same"]  # without the early function, kernels are compiled for cpu_features() and kept

@@ -38,7 +38,14 @@ from tgrad.runtime import cpu_pool, cpu_threads
 from tgrad.runtime.cpu_blas import BlasCall, openblas_idle_timeout
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
-from tgrad.runtime.numba_compile import KERNEL_OPT, compile_native, cpu_features, on_disk, use_cpu_features
+from tgrad.runtime.numba_compile import (
+    KERNEL_OPT,
+    cacheable,
+    compile_native,
+    cpu_features,
+    on_disk,
+    use_cpu_features,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # native functions: loaded from object code, called through ctypes
@@ -133,7 +140,7 @@ def _native_key() -> str:
     import llvmlite.binding as llvm
 
     return "|".join([version("numba"), version("llvmlite"), llvm.get_host_cpu_name(), cpu_features(),
-                     str(KERNEL_OPT), sys.platform])
+                     str(KERNEL_OPT), sys.platform, "checked-features"])  # (older entries may not be)
 
 
 @functools.cache
@@ -171,8 +178,9 @@ def _load_object(entry: dict) -> tuple[object, int] | None:
 
 
 def _write_entry(path: Path | None, entry: dict) -> None:
-    """Keep a compiled kernel on disk; a cache that cannot be written is warned about once, not fatal."""
-    if path is None:
+    """Keep a compiled kernel on disk (when it was compiled for what the key says, `cacheable`); a cache that
+    cannot be written is warned about once, not fatal."""
+    if path is None or not cacheable(entry):
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

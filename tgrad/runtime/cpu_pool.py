@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 
 from tgrad.errors import DeviceError
-from tgrad.runtime.numba_compile import compile_object
+from tgrad.runtime.numba_compile import compile_object, use_cpu_features
 
 MIN_JOBS_TO_START = 3  # with a warm cache, a worker (~1 s to start) is not worth it for one or two kernels
 IDLE_EXIT_S = 20.0  # a worker with nothing to do for this long exits (it holds ~150 MB); more start on demand
@@ -151,6 +151,9 @@ def _worker() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything printed goes to stderr, not the protocol
     from numba.core.registry import cpu_target
 
+    # the target features first: Numba's code generator is made with them once, and the set-up below made
+    # it with the host's defaults (every kernel a worker compiled ran 8 floats wide on AVX-512 hosts)
+    use_cpu_features()
     cpu_target.typing_context.refresh()  # Numba's one-time set-up, before the first job
     cpu_target.target_context.refresh()
     pickle.dump("ready", out)

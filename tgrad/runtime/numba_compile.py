@@ -121,13 +121,24 @@ def compile_native(source: str, fname: str, modname: str, storage: tuple[DType, 
         library, name = cres.library, cres.fndesc.llvm_func_name
         address = library.get_pointer_to_function(name)
         obj = library.serialize_using_object_code()[2][0]
+    # the features the code was compiled for: not cpu_features() where Numba's code generator was made
+    # before tgrad's first compile (another Numba function compiled first in this process)
+    features = getattr(cpu_target.target_context.codegen(), "_tm_features", None)
     return {"name": name, "object": obj, "symbols": declared_symbols(library.get_llvm_str()),
-            "library": library, "address": address}
+            "library": library, "address": address, "features": features}
 
 
 def on_disk(entry: dict) -> dict:
     """What the disk cache keeps of a compiled kernel (and what a compile worker sends back)."""
-    return {k: entry[k] for k in ("name", "object", "symbols")}
+    return {k: entry[k] for k in ("name", "object", "symbols", "features")}
+
+
+def cacheable(entry: dict) -> bool:
+    """Whether a compiled kernel may go to the disk cache, whose key says it was compiled for
+    cpu_features(): in a process whose Numba compiled something before tgrad set them, kernels compile
+    for the host's defaults (256-bit vectors on AVX-512: softmax ran 1.3 -> 1.6 ms from such a cache
+    entry, written by a test process), and are used there but not kept."""
+    return entry.get("features") in (None, cpu_features())
 
 
 def compile_object(source: str, fname: str, modname: str, storage: list[str], n_ints: int) -> dict:

@@ -12,6 +12,14 @@ from tgrad import Tensor, blas, emit_numba, fuse
 from tgrad.runtime import cpu_blas, cpu_gemm
 
 
+@pytest.fixture(autouse=True, params=["1", "0"], ids=["native", "numpy"])
+def native(request, monkeypatch):
+    """Every test here runs both ways: pieces as cpu_gemm's compiled functions calling BLAS (where numpy's
+    BLAS has the ILP64 gemm they call) and as numpy calls on Python threads."""
+    monkeypatch.setenv("TGRAD_NATIVE_GEMM", request.param)
+    return request.param
+
+
 def _plans(nodes):
     return [p for p in (emit_numba.blas_plan(it.kernel) for it in fuse.schedule(nodes)) if p is not None]
 
@@ -27,17 +35,15 @@ CASES = [  # (N, Cin, H, W), (Cout, k, k), stride, padding, dilation, groups: wi
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 @pytest.mark.parametrize("threads", ["1", "2", "3"])
-@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "numpy"])
 def test_conv_in_pieces_matches_torch(case, threads, native, monkeypatch):
     """As cpu_gemm's compiled function calling BLAS on the native workers (where numpy's BLAS has what it
     calls: pieces of rows in the output's order, put in order from a buffer, or pieces of K summed per
     slot) and as numpy calls on Python threads."""
     monkeypatch.setenv("TGRAD_THREADS", threads)
-    monkeypatch.setenv("TGRAD_NATIVE_GEMM", native)
     ran = []
-    for name in ("_native_pieces", "_native_shifted"):
-        real = getattr(cpu_blas, name)
-        monkeypatch.setattr(cpu_blas, name, lambda *a, real=real: ran.append(real(*a)) or ran[-1])
+    for name in ("pieces_spec", "shifted_spec"):
+        real = getattr(cpu_gemm, name)
+        monkeypatch.setattr(cpu_gemm, name, lambda *a, real=real: ran.append(real(*a)) or ran[-1])
     shape, (cout, *ks), stride, padding, dilation, groups = case
     ks = tuple(ks[0]) if isinstance(ks[0], tuple) else tuple(ks)
     rng = np.random.default_rng(3)
@@ -139,17 +145,15 @@ SHIFTED = [  # (N, Cin, H, W), (Cout, kh, kw), stride, padding, dilation, dtype:
 
 @pytest.mark.parametrize("case", SHIFTED, ids=[f"case{i}" for i in range(len(SHIFTED))])
 @pytest.mark.parametrize("threads", ["1", "3"])
-@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "numpy"])
 def test_shifted_pieces_match_torch(case, threads, native, monkeypatch):
     """A stride-1 (along H) conv whose pieces copy each image row once and shift it per kernel row (forward:
     products summed; weight gradient: one slice of the result per kernel row): values and gradients as
     PyTorch's, nan and inf included, on 1 and 3 threads; as cpu_gemm's compiled function calling BLAS
     (where numpy's BLAS has the ILP64 gemm it calls) and as numpy calls."""
     monkeypatch.setenv("TGRAD_THREADS", threads)
-    monkeypatch.setenv("TGRAD_NATIVE_GEMM", native)
     ran = []
-    real = cpu_blas._native_shifted
-    monkeypatch.setattr(cpu_blas, "_native_shifted", lambda *a: ran.append(real(*a)) or ran[-1])
+    real = cpu_gemm.shifted_spec
+    monkeypatch.setattr(cpu_gemm, "shifted_spec", lambda *a: ran.append(real(*a)) or ran[-1])
     shape, (cout, kh, kw), stride, padding, dilation, dt = case
     rng = np.random.default_rng(7)
     x = rng.standard_normal(shape).astype(dt)
@@ -221,12 +225,16 @@ def _pairs(nodes):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 @pytest.mark.parametrize("threads", ["1", "2"])
-def test_conv_input_gradient_as_a_piece_pair(case, threads, monkeypatch):
+def test_conv_input_gradient_as_a_piece_pair(case, threads, native, monkeypatch):
     """The col2im matmul and the sum that shifts its shares into place run image by image (a piece pair:
     the sum reads each image's shares while they are in cache); the input's gradient against PyTorch,
     with the relu of the layer below fused into the sum. (Pairs start at blas.PAIR_MIN_RESULT elements of
-    window shares: lowered so that these small convs pair.)"""
+    window shares: lowered so that these small convs pair.) Natively: cpu_gemm's pair_pieces calls the
+    sum's compiled function after each piece's gemm."""
     monkeypatch.setenv("TGRAD_THREADS", threads)
+    ran = []
+    real = cpu_gemm.pair_words
+    monkeypatch.setattr(cpu_gemm, "pair_words", lambda *a: ran.append(real(*a)) or ran[-1])
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
     shape, (cout, *ks), stride, padding, dilation, groups = case
     ks = tuple(ks[0]) if isinstance(ks[0], tuple) else tuple(ks)
@@ -245,6 +253,8 @@ def test_conv_input_gradient_as_a_piece_pair(case, threads, monkeypatch):
                                      dilation=dilation, groups=groups)
     (ref * ref).sum().backward()
     np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=2e-3)
+    pairs_ran = [r for r in ran if r is not None]
+    assert bool(pairs_ran) == (groups == 1 and native == "1" and cpu_gemm.available()), ran
 
 
 def test_piece_pair_refuses_reads_of_other_images(monkeypatch):

@@ -376,7 +376,7 @@ class CPURuntime(Runtime):
         (k1, ins1, at1), (k2, ins2, _) = members
         pair = self.piece_pairs[(k1, k2, _reads(members))]
         plan = dataclasses.replace(blas.blas_plan(k1), chunk=pair.chunk)
-        matmul = BlasCall(plan, k1)
+        matmul = BlasCall(plan, k1, self._run_native)
         program = emit_numba.render_loops(pair.sub, parallel=False)
         built: list = []
         memory = self.memory
@@ -386,14 +386,24 @@ class CPURuntime(Runtime):
                 built.append(self._build(program, program.name, free=True))
                 rendered = emit_numba.render(k1).launch["prologues"]
                 built.append([self._build(p, k.name) for p, k in zip(rendered, plan.prologues)])
+                native = self.functions[_native(program).key][0]
+                built.append(ctypes.cast(native, ctypes.c_void_p).value)
             arrays = [b.data for b in inputs]
-            (second, prologues), whole = built, out.data
+            (second, prologues, address), whole = built, out.data
             scratch: list = []
 
             def after(start: int, rows: np.ndarray) -> None:  # k2 over the piece's images
                 moved = [rows if p == at1 else arrays[p][start * shift :]
                          for p, shift in zip(ins2, pair.shifts)]
                 second(whole[start * pair.out_shift :], *moved)
+
+            # the same call for cpu_gemm's pair_pieces: k2's arguments as (kind, value, bytes per image):
+            # an array moved per image, k1's rows (1), an int (2)
+            moves = [(0, _address(whole), pair.out_shift * whole.itemsize)]
+            for i in program.reads:
+                p, shift = ins2[i], pair.shifts[i]
+                moves.append((1, 0, 0) if p == at1 else (0, _address(arrays[p]), shift * arrays[p].itemsize))
+            after.native = (address, [*moves, *((2, v, 0) for v in program.args)])
 
             try:  # k1's computed operands are made whole first
                 operands, scratch = _with_prologues(plan, prologues, [arrays[p] for p in ins1], memory)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import dataclasses
 import math
 import os
 import threading
@@ -213,9 +212,16 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     per = math.prod(dims)  # elements of a piece's product
     states: list[dict] = []
     spec = None
+    pair = getattr(after, "native", None)
+    if native is not None and pair is not None and cpu_gemm.enabled():
+        found = cpu_gemm.pair_words(plan, sub, ng, sides, operands, dtype, ch.size * (total // shape[0]),
+                                    shape[ch.axis] // ch.size, ch.size, per, kept, pair)
+        if found is not None:
+            _run_pair(native, *found, operands, dtype, result, memory)
+            return None if direct or kept else result
     if native is not None and after is None and not plan.batch and cpu_gemm.enabled():
-        spec = _native_pieces(plan, sub, ng, sides, operands, dtype, rows, ch.size * (total // shape[0]),
-                              shape[ch.axis] // ch.size)
+        spec = cpu_gemm.pieces_spec(plan, sub, ng, sides, operands, dtype, rows,
+                                    ch.size * (total // shape[0]), shape[ch.axis] // ch.size)
 
     def piece(start: int, state: dict | None) -> dict:
         if state is None:  # this thread's copy buffers, product and (K pieces) sum
@@ -260,7 +266,7 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
                            spec.slots)
             if rows:
                 return None if direct else result
-            acc = _slot_sum(target, spec.slots, memory)
+            acc = cpu_gemm.slot_sum(target, spec.slots, memory)
         else:
             _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
             if rows:
@@ -329,8 +335,8 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
     states: list[dict] = []
     spec = None
     if native is not None and cpu_gemm.enabled():
-        spec = _native_shifted(xside, c_arr, o_arr, o_sides, o_fixed, fixed, dtype, l_in_k, nl, m_size,
-                               ncols, step, rows_per, shape[ch.axis], memory, scratch)
+        spec = cpu_gemm.shifted_spec(xside, c_arr, o_arr, o_sides, o_fixed, fixed, dtype, l_in_k, nl, m_size,
+                                     ncols, step, rows_per, shape[ch.axis], memory, scratch)
 
     def piece(start: int, state: dict | None) -> dict:
         if state is None:
@@ -366,7 +372,7 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
             ints = (*spec.ints, shape[ch.axis], spec.slots, xside.copy, 0 if l_in_k else nl * per)
             _PIECES.native(native, cpu_gemm.program(dtype), [c_arr, x, spec.o, result if l_in_k else acc],
                            ints, spec.slots)
-            sums = None if l_in_k else _slot_sum(acc, spec.slots, memory)
+            sums = None if l_in_k else cpu_gemm.slot_sum(acc, spec.slots, memory)
             states.append({"sum": sums})
         else:
             _PIECES.run(piece, range(0, shape[ch.axis], ch.size))
@@ -383,113 +389,25 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
         _release(memory, [{"o": scratch}, *states])
 
 
-def _slots(n_pieces: int) -> int:
-    """Slots of cpu_gemm's functions (each its own buffers and sums): 4 a thread (at least 8, so that sums
-    come out the same on 1 or 2 threads), at most one a piece."""
-    return max(1, min(n_pieces, max(8, 4 * threads())))
-
-
-def _slot_sum(acc: np.ndarray, slots: int, memory: HostMemory) -> np.ndarray:
-    """The sum of the slots' sums (`acc`: slots of equal length), in slot order, in an array from memory."""
-    size = acc.size // slots
-    total = memory.array(size, acc.dtype)
-    np.copyto(total, acc[:size])
-    for j in range(1, slots):
-        total += acc[j * size : (j + 1) * size]
-    return total
-
-
-@dataclasses.dataclass
-class _NativeShifted:
-    """How `_run_shifted`'s pieces run as cpu_gemm's function: the other operand's array (its matrices
-    from its start), the function's int arguments (those before the slots'), and its slots."""
-
-    o: np.ndarray
-    ints: tuple[int, ...]
-    slots: int
-
-
-@dataclasses.dataclass
-class _NativePieces:
-    """How `_run_pieces`' pieces run as cpu_gemm's blas_pieces: which side is the call's A and which its
-    B (swapped: c.T = b.T @ a.T), the function's int arguments (those before the slots'), its slots, and
-    the elements of a product put in order from a buffer (0: none, the product is in the output's order)."""
-
-    order: tuple[int, int]
-    ints: tuple[int, ...]
-    slots: int
-    scatter: int
-
-
-def _native_pieces(plan: BlasPlan, sub: tuple, ng: int, sides: list[_Side], operands: tuple, dtype,
-                   rows: bool, c_step: int, n_pieces: int) -> _NativePieces | None:
-    """`_run_pieces`' pieces (no batch axes) as calls of cpu_gemm's blas_pieces, or None where it does not
-    apply (another dtype, an operand it cannot read, pieces of K whose sum is not in the output's order).
-    Pieces of rows write theirs `c_step` elements apart, put in order from a buffer where the matmul
-    gives them in another (a forward conv's (image, y, x) x channels); pieces of K add to one sum."""
-    if not (dtype in (np.float32, np.float64) and all(x.dtype == dtype for x in operands)):
-        return None
-    natural = list(range(ng))
-    swap = [*plan.m, *plan.n] != natural
-    scatter = swap and [*plan.n, *plan.m] != natural
-    if scatter:  # the product as it comes out (not swapped), put in order per piece
-        if not rows or ng > cpu_gemm.DIMS:
-            return None
-        swap = False
-    m, n = (plan.n, plan.m) if swap else (plan.m, plan.n)
-    order = (1, 0) if swap else (0, 1)
-    args = [cpu_gemm.side_ints(sides[i], plan.chunk.size, swap) for i in order]
-    if None in args:
-        return None
-    dims = (math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
-    k = math.prod(sub[x] for x in range(ng, len(sub)))
-    pos = [*m, *n]  # the product's axes; each one's stride in it
-    stride = [math.prod(sub[x] for x in pos[j + 1 :]) for j in range(len(pos))]
-    pad = cpu_gemm.DIMS - ng
-    e = (1,) * pad + tuple(sub[:ng]) if scatter else (1,) * cpu_gemm.DIMS
-    f = (0,) * pad + tuple(stride[pos.index(x)] for x in natural) if scatter else (0,) * cpu_gemm.DIMS
-    beta = 0 if rows else 1
-    ints = (*args[0], *args[1], *dims, k, beta, c_step if rows else 0, int(scatter), *e, *f)
-    return _NativePieces(order, ints, _slots(n_pieces), math.prod(dims) if scatter else 0)
-
-
-def _native_shifted(xside: _Side, c_arr: np.ndarray, o_arr: np.ndarray, o_sides: list[_Side], o_fixed: list,
-                    fixed: bool, dtype, l_in_k: bool, nl: int, m: int, ncols: int, step: int, rows_per: int,
-                    n_pieces: int, memory: HostMemory, scratch: list) -> _NativeShifted | None:
-    """`_run_shifted`'s pieces as calls of cpu_gemm's compiled function, or None where it does not apply
-    (another dtype, a copy of more than cpu_gemm.DIMS axes, a windows operand read in place, another
-    operand copied per piece or with neither rows nor columns along memory)."""
-    if not (dtype in (np.float32, np.float64) and c_arr.dtype == o_arr.dtype == dtype and xside.copy
-            and len(xside.shape) <= cpu_gemm.DIMS and not any(s % xside.item for s in xside.strides)):
-        return None
-    nr = xside.nr
-    if l_in_k:  # o_l for each kernel row l: stacked into one array (the weights: small)
-        if not fixed:
-            return None
-        o = memory.array(nl * m * nr, dtype)
-        scratch.append(o)
-        for l in range(nl):
-            o[l * m * nr : (l + 1) * m * nr].reshape(m, nr)[...] = o_fixed[min(l, len(o_fixed) - 1)]
-        ta, ld, o_step, o_ls = cpu_gemm.NO_TRANS, nr, 0, m * nr
-    else:  # one matrix per piece (the output's gradient of one image), read in place
-        if fixed:
-            o = o_fixed[0]
-            o_step = 0
-        elif o_sides[0].copy is None:
-            o = o_sides[0].matrix(o_arr, 0, None)
-            o_step = o_sides[0].step
-        else:
-            return None
-        flags = cpu_gemm.matrix_flags(o)
-        if flags is None:
-            return None
-        (ta, ld), o_ls = flags, 0
-    pad = cpu_gemm.DIMS - len(xside.shape)
-    dims = (1,) * pad + tuple(xside.shape)
-    strides = (0,) * pad + tuple(s // xside.item for s in xside.strides)
-    ints = (xside.offset, xside.step, *dims, *strides, nr, xside.nc, m, ncols, step, nl, int(l_in_k), 0,
-            o_step, o_ls, ta, ld, rows_per)
-    return _NativeShifted(o, ints, _slots(n_pieces))
+def _run_pair(native, words: np.ndarray, order: tuple, operands: tuple, dtype, result: np.ndarray | None,
+              memory: HostMemory) -> None:
+    """cpu_gemm's pair_pieces on `words` (`cpu_gemm.pair_words`): each piece's rows into `result` (None: the
+    group keeps them, in slot buffers), then the second kernel over them. Raises if that kernel failed."""
+    slots = int(words[cpu_gemm.W_NSLOTS])
+    srcs = [operands[i] for i in order]
+    lens = [int(words[cpu_gemm.W_ALEN]), int(words[cpu_gemm.W_BLEN])]
+    bufs = [memory.array(slots * n, dtype) if n else src for n, src in zip(lens, srcs)]
+    rows = memory.array(slots * int(words[cpu_gemm.W_ROWS]), dtype) if result is None else result
+    try:
+        _PIECES.native(native, cpu_gemm.program(dtype, "pair_pieces"), [*srcs, *bufs, rows, words], (), slots)
+    finally:
+        for buf, n in zip(bufs, lens):
+            if n:
+                memory.release(buf)
+        if result is None:
+            memory.release(rows)
+    if words[cpu_gemm.W_STATUS]:
+        raise RuntimeError(f"a piece pair's second kernel returned error status {words[cpu_gemm.W_STATUS]}")
 
 
 def _release(memory: HostMemory, states: list[dict]) -> None:

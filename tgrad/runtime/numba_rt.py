@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from tgrad.runtime.cpu_gemm import SYMBOLS
+from tgrad.runtime.cpu_gemm import KERNEL_ARGS, SYMBOLS
 
 
 def kernel(**options):
@@ -231,3 +231,38 @@ def _gemm(typingctx, ta, tb, m, n, k, a, ai, lda, b, bi, ldb, beta, c, ci, ldc):
     ints = [types.int64] * 5
     return types.void(*ints, a, types.int64, types.int64, b, types.int64, types.int64, types.float64, c,
                       types.int64, types.int64), codegen
+
+
+@intrinsic
+def _addr(typingctx, p, i):
+    """The address of p[i] as an int64 (a pointer passed on in _call_kernel's arguments)."""
+    if not isinstance(p, types.CPointer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.ptrtoint(builder.gep(args[0], [args[1]]), ir.IntType(64))
+
+    return types.int64(p, types.int64), codegen
+
+
+@intrinsic
+def _call_kernel(typingctx, fn, words, at):
+    """Call the compiled kernel at address `fn` with Numba's return-value and exception slots at
+    words[at:at + 2] and words[at + 2:at + 4], and KERNEL_ARGS int64 arguments words[at + 4:...] (its
+    pointers and ints, then anything): on x86-64 and AArch64 pointers and int64s go in the same registers
+    and stack slots, and arguments a function does not declare are never read (runtime/cpu_threads.py
+    calls kernels the same way). Returns the kernel's status (0 or -2: it returned)."""
+    if not (isinstance(words, types.CPointer) and words.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        f, w, base = args
+        slot = lambda j: builder.gep(w, [builder.add(base, ir.Constant(i64, j))])  # noqa: E731
+        vals = [builder.load(slot(4 + j)) for j in range(KERNEL_ARGS)]
+        ptr = w.type
+        fnty = ir.FunctionType(ir.IntType(32), [ptr, ptr] + [i64] * KERNEL_ARGS)
+        callee = builder.inttoptr(f, fnty.as_pointer())
+        return builder.call(callee, [slot(0), slot(2), *vals])
+
+    return types.int32(types.int64, words, types.int64), codegen

@@ -55,6 +55,17 @@ def _names(d: str, s: str) -> str:
     return ", ".join([f"{d}{j}" for j in range(DIMS)] + [f"{s}{j}" for j in range(DIMS)])
 
 
+def _operands(a_off: str, a_step: str, a_copied: str, b_off: str, b_step: str, b_copied: str) -> str:
+    """Source of piece q's two operands (pointer pa / pb, element offset ia / ib): read in place, or
+    copied into the slot's buffer (xa / xb, `alen` / `blen` elements a slot) first."""
+    lines = f"            pa, ia, pb, ib = a, {a_off} + q * {a_step}, b, {b_off} + q * {b_step}\n"
+    for x, off, step, copied in (("a", a_off, a_step, a_copied), ("b", b_off, b_step, b_copied)):
+        lines += (f"            if {copied}:\n                i = slot * {x}len\n"
+                  + _copy(x, f"{off} + q * {step}", f"x{x}", f"{x}d", f"{x}s", " " * 16)
+                  + f"                p{x}, i{x} = x{x}, slot * {x}len\n")
+    return lines
+
+
 HEAD = f"""import numpy as np
 
 from tgrad.runtime.numba_rt import _gemm, kernel  # runtime {_RT_DIGEST}
@@ -103,14 +114,7 @@ def blas_pieces(a, b, xa, xb, out, tmp, ca, a_off, a_step, {_names("ad", "as")},
     for slot in range(lo, hi):
         first = slot * npieces // nslots
         for q in range(first, (slot + 1) * npieces // nslots):
-            pa, ia, pb, ib = a, a_off + q * a_step, b, b_off + q * b_step
-            if ca:
-                i = slot * alen
-{_copy("a", "a_off + q * a_step", "xa", "ad", "as", " " * 16)}                pa, ia = xa, slot * alen
-            if cb:
-                i = slot * blen
-{_copy("b", "b_off + q * b_step", "xb", "bd", "bs", " " * 16)}                pb, ib = xb, slot * blen
-            if scatter:
+{_operands("a_off", "a_step", "ca", "b_off", "b_step", "cb")}            if scatter:
                 t0 = slot * tlen
                 _gemm(ta, tb, m, n, k, pa, ia, lda, pb, ib, ldb, 0.0, tmp, t0, n)
                 i = q * c_step
@@ -147,19 +151,13 @@ _WORDS = (_locals(_HEADER, 0) + _locals(["a" + x for x in _SIDE_NAMES], W_SIDE)
           + _locals(["b" + x for x in _SIDE_NAMES], W_SIDE + SIDE))
 
 
+_PAIR_OPERANDS = _operands("aoff", "astep", "ac", "boff", "bstep", "bc")
 PAIR = HEAD.replace("import _gemm, kernel", "import _addr, _call_kernel, _gemm, kernel") + f"""@kernel()
 def pair_pieces(a, b, xa, xb, out, words, lo, hi):
 {_WORDS}    for slot in range(lo, hi):
         w = {W_SLOTS} + slot * {SLOT}
         for q in range(slot * npieces // nslots, (slot + 1) * npieces // nslots):
-            pa, ia, pb, ib = a, aoff + q * astep, b, boff + q * bstep
-            if ac:
-                i = slot * alen
-{_copy("a", "aoff + q * astep", "xa", "ad", "as", " " * 16)}                pa, ia = xa, slot * alen
-            if bc:
-                i = slot * blen
-{_copy("b", "boff + q * bstep", "xb", "bd", "bs", " " * 16)}                pb, ib = xb, slot * blen
-            c0 = slot * rows_len if kept else q * c_step
+{_PAIR_OPERANDS}            c0 = slot * rows_len if kept else q * c_step
             for bi in range(nb):
                 _gemm(at, bt, m, n, k, pa, ia + bi * abst, ald, pb, ib + bi * bbst, bld, 0.0, out,
                       c0 + bi * cbs, n)

@@ -488,3 +488,30 @@ def test_debug2_times_a_pair_whose_first_result_is_kept(monkeypatch, capsys):
     rx = torch.tensor(x, requires_grad=True)
     (torch.nn.functional.conv2d(rx.relu(), torch.tensor(w)) ** 2).sum().backward()
     np.testing.assert_allclose(got, rx.grad.numpy(), rtol=1e-4, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_float64_and_float32_pieces_and_pairs_match_torch(dtype, native, monkeypatch):
+    """Pieces of rows and of K, and piece pairs (a batch of images per piece included), in float64 (the
+    compiled pieces call dgemm) and float32, strided and padded, against PyTorch."""
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 12)
+    ran = []
+    for name in ("pieces_spec", "pair_words"):
+        real = getattr(cpu_gemm, name)
+        monkeypatch.setattr(cpu_gemm, name, lambda *a, real=real: ran.append(real(*a)) or ran[-1])
+    rng = np.random.default_rng(15)
+    tol = 1e-10 if dtype == np.float64 else 1e-4
+    for shape, w_shape, stride, padding in [((16, 8, 20, 20), (6, 8, 3, 3), 1, 1),
+                                            ((4, 3, 33, 31), (5, 3, 4, 2), (2, 1), (1, 0)),
+                                            ((64, 16, 12, 12), (16, 16, 3, 3), 1, 0)]:
+        x, w = rng.standard_normal(shape).astype(dtype), (rng.standard_normal(w_shape) * 0.3).astype(dtype)
+        tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
+        out = tx.relu().conv2d(tw, stride=stride, padding=padding)
+        (out * out.sin()).sum().backward()
+        rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+        ref = torch.nn.functional.conv2d(rx.relu(), rw, stride=stride, padding=padding)
+        (ref * ref.sin()).sum().backward()
+        np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=tol, atol=tol)
+        np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=tol, atol=tol * 20)
+        np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=tol, atol=tol * 20)
+    assert bool([r for r in ran if r is not None]) == (native == "1" and cpu_gemm.available()), ran

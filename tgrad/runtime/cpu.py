@@ -34,7 +34,7 @@ from tgrad.emit_numba import BlasPlan
 from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
-from tgrad.runtime import cpu_pool, cpu_threads
+from tgrad.runtime import cpu_gemm, cpu_pool, cpu_threads
 from tgrad.runtime.cpu_blas import BlasCall, openblas_idle_timeout
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
@@ -326,10 +326,16 @@ class CPURuntime(Runtime):
         self.seen_groups.update(groups)
         if len(kernels) + len(groups) < 2 or not cpu_pool.default_workers():
             return
-        parts = []
+        parts, pieces = [], set()
         for kernel in kernels:
             program = self.rendered[kernel] = emit_numba.render(kernel)
             parts += _functions(program)
+            plan = program.launch.get("blas")
+            if plan is not None and plan.chunk is not None and kernel.out_dtype in (dtypes.float32,
+                                                                                     dtypes.float64):
+                pieces.add(kernel.out_dtype)
+        if pieces and cpu_gemm.enabled():  # the compiled conv pieces it may run (cpu_gemm.py)
+            parts += [cpu_gemm.program(dt.np, name) for dt in pieces for name in cpu_gemm.PROGRAMS]
         jobs: dict[tuple, tuple] = {}
         for part in parts + [runner.program for runner in groups]:
             nat = _native(part)

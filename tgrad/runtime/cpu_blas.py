@@ -215,13 +215,13 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     pair = getattr(after, "native", None)
     if native is not None and pair is not None and cpu_gemm.enabled():
         found = cpu_gemm.pair_words(plan, sub, ng, sides, operands, dtype, ch.size * (total // shape[0]),
-                                    shape[ch.axis] // ch.size, ch.size, per, kept, pair)
+                                    shape[ch.axis] // ch.size, ch.size, per, kept, pair, threads())
         if found is not None:
             _run_pair(native, *found, operands, dtype, result, memory)
             return None if direct or kept else result
     if native is not None and after is None and not plan.batch and cpu_gemm.enabled():
         spec = cpu_gemm.pieces_spec(plan, sub, ng, sides, operands, dtype, rows,
-                                    ch.size * (total // shape[0]), shape[ch.axis] // ch.size)
+                                    ch.size * (total // shape[0]), shape[ch.axis] // ch.size, threads())
 
     def piece(start: int, state: dict | None) -> dict:
         if state is None:  # this thread's copy buffers, product and (K pieces) sum
@@ -336,7 +336,7 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
     spec = None
     if native is not None and cpu_gemm.enabled():
         spec = cpu_gemm.shifted_spec(xside, c_arr, o_arr, o_sides, o_fixed, fixed, dtype, l_in_k, nl, m_size,
-                                     ncols, step, rows_per, shape[ch.axis], memory, scratch)
+                                     ncols, step, rows_per, shape[ch.axis], memory, scratch, threads())
 
     def piece(start: int, state: dict | None) -> dict:
         if state is None:

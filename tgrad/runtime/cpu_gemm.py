@@ -27,7 +27,6 @@ from tgrad.blas import BlasPlan
 from tgrad.dtype import dtypes
 from tgrad.emit_numba import _RT_DIGEST
 from tgrad.program import Program
-from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import HostMemory
 
 DIMS = 6  # axes of a piece's copy the function takes (a conv's copy has 4 or 5)
@@ -223,6 +222,9 @@ def available() -> bool:
     return False
 
 
+PROGRAMS = ("shifted_pieces", "blas_pieces", "pair_pieces")
+
+
 @functools.cache
 def program(dtype: np.dtype, name: str = "shifted_pieces") -> Program:
     """cpu_gemm's function `name` (shifted_pieces, blas_pieces, pair_pieces) for arrays of `dtype`: its int
@@ -302,7 +304,7 @@ def side_words(side, size: int, transpose: bool) -> list[int] | None:
 
 
 def pair_words(plan: BlasPlan, sub: tuple, ng: int, sides: list, operands: tuple, dtype, c_step: int,
-                 n_pieces: int, size: int, per: int, kept: bool, pair: tuple) -> tuple | None:
+                 n_pieces: int, size: int, per: int, kept: bool, pair: tuple, workers: int) -> tuple | None:
     """(words, order) of pair_pieces for a piece pair (cpu_blas._run_pieces with `after`, whose
     `native` is (address of the second kernel, its arguments as (kind, value, bytes per image))), or None
     where it does not apply (another dtype, a product out of the output's order, an operand it cannot
@@ -323,7 +325,7 @@ def pair_words(plan: BlasPlan, sub: tuple, ng: int, sides: list, operands: tuple
     descs = [side_words(sides[i], size, swap) for i in order]
     if None in descs:
         return None
-    nslots = slots(n_pieces)
+    nslots = slots(n_pieces, workers)
     dims = (math.prod(sub[x] for x in m), math.prod(sub[x] for x in n))
     nb = math.prod(sub[x] for x in plan.batch)
     words = np.zeros(W_SLOTS + nslots * SLOT, np.int64)
@@ -336,10 +338,10 @@ def pair_words(plan: BlasPlan, sub: tuple, ng: int, sides: list, operands: tuple
     return words, order
 
 
-def slots(n_pieces: int) -> int:
-    """Slots of the functions here (each its own buffers and sums): 4 a thread (at least 8, so that sums
-    come out the same on 1 or 2 threads), at most one a piece."""
-    return max(1, min(n_pieces, max(8, 4 * threads())))
+def slots(n_pieces: int, workers: int) -> int:
+    """Slots of the functions here (each its own buffers and sums): 4 for each of `workers` threads, at
+    least 8 (so that sums come out the same on 1 or 2 threads), at most one a piece."""
+    return max(1, min(n_pieces, max(8, 4 * workers)))
 
 
 def slot_sum(acc: np.ndarray, slots: int, memory: HostMemory) -> np.ndarray:
@@ -375,7 +377,7 @@ class NativePieces:
 
 
 def pieces_spec(plan: BlasPlan, sub: tuple, ng: int, sides: list, operands: tuple, dtype, rows: bool,
-                c_step: int, n_pieces: int) -> NativePieces | None:
+                c_step: int, n_pieces: int, workers: int) -> NativePieces | None:
     """cpu_blas._run_pieces' pieces (no batch axes) as calls of blas_pieces, or None where it does not
     apply (another dtype, an operand it cannot read, pieces of K whose sum is not in the output's order).
     Pieces of rows write theirs `c_step` elements apart, put in order from a buffer where the matmul
@@ -403,12 +405,12 @@ def pieces_spec(plan: BlasPlan, sub: tuple, ng: int, sides: list, operands: tupl
     f = (0,) * pad + tuple(stride[pos.index(x)] for x in natural) if scatter else (0,) * DIMS
     beta = 0 if rows else 1
     ints = (*args[0], *args[1], *dims, k, beta, c_step if rows else 0, int(scatter), *e, *f)
-    return NativePieces(order, ints, slots(n_pieces), math.prod(dims) if scatter else 0)
+    return NativePieces(order, ints, slots(n_pieces, workers), math.prod(dims) if scatter else 0)
 
 
 def shifted_spec(xside, c_arr: np.ndarray, o_arr: np.ndarray, o_sides: list, o_fixed: list, fixed: bool,
                  dtype, l_in_k: bool, nl: int, m: int, ncols: int, step: int, rows_per: int, n_pieces: int,
-                 memory: HostMemory, scratch: list) -> NativeShifted | None:
+                 memory: HostMemory, scratch: list, workers: int) -> NativeShifted | None:
     """cpu_blas._run_shifted's pieces as calls of shifted_pieces, or None where it does not apply
     (another dtype, a copy of more than DIMS axes, a windows operand read in place, another
     operand copied per piece or with neither rows nor columns along memory)."""
@@ -442,4 +444,4 @@ def shifted_spec(xside, c_arr: np.ndarray, o_arr: np.ndarray, o_sides: list, o_f
     strides = (0,) * pad + tuple(s // xside.item for s in xside.strides)
     ints = (xside.offset, xside.step, *dims, *strides, nr, xside.nc, m, ncols, step, nl, int(l_in_k), 0,
             o_step, o_ls, ta, ld, rows_per)
-    return NativeShifted(o, ints, slots(n_pieces))
+    return NativeShifted(o, ints, slots(n_pieces, workers))

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from tgrad.errors import DeviceError
+from tgrad.runtime import cpu_gemm
 from tgrad.runtime.numba_compile import compile_object, use_cpu_features
 
 MIN_JOBS_TO_START = 3  # with a warm cache, a worker (~1 s to start) is not worth it for one or two kernels
@@ -154,6 +155,7 @@ def _worker() -> None:
     # the target features first: Numba's code generator is made with them once, and the set-up below made
     # it with the host's defaults (every kernel a worker compiled ran 8 floats wide on AVX-512 hosts)
     use_cpu_features()
+    cpu_gemm.available()  # BLAS's gemm under the names cpu_gemm's functions call, if numpy's BLAS has it
     cpu_target.typing_context.refresh()  # Numba's one-time set-up, before the first job
     cpu_target.target_context.refresh()
     pickle.dump("ready", out)

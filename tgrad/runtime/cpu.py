@@ -284,6 +284,7 @@ class CPURuntime(Runtime):
     def __init__(self):
         super().__init__()
         self.functions: dict[tuple, tuple] = {}  # _Native.key -> (ctypes function, what keeps it alive)
+        self.native_calls: dict[int, tuple] = {}  # id(program) -> (program, ctypes function, address)
         self.rendered: dict[Kernel, Program] = {}  # rendered by prepare(), not compiled yet
         self.row_runners: dict = {}  # (members, sizes) -> Runner of a row group, or None: not one
         self.row_counts: dict[Kernel, int | None] = {}  # kernel -> rows, None: never in a row group
@@ -405,11 +406,13 @@ class CPURuntime(Runtime):
 
             # the same call for cpu_gemm's pair_pieces: k2's arguments as (kind, value, bytes per image):
             # an array moved per image, k1's rows (1), an int (2)
-            moves = [(0, _address(whole), pair.out_shift * whole.itemsize)]
-            for i in program.reads:
-                p, shift = ins2[i], pair.shifts[i]
-                moves.append((1, 0, 0) if p == at1 else (0, _address(arrays[p]), shift * arrays[p].itemsize))
-            after.native = (address, [*moves, *((2, v, 0) for v in program.args)])
+            if not program.scratch and not program.launch.get("split"):  # (as _build's `free` call)
+                moves = [(0, _address(whole), pair.out_shift * whole.itemsize)]
+                for i in program.reads:
+                    p, shift = ins2[i], pair.shifts[i]
+                    moved = (0, _address(arrays[p]), shift * arrays[p].itemsize)
+                    moves.append((1, 0, 0) if p == at1 else moved)
+                after.native = (address, [*moves, *((2, v, 0) for v in program.args)])
 
             try:  # k1's computed operands are made whole first
                 operands, scratch = _with_prologues(plan, prologues, [arrays[p] for p in ins1], memory)
@@ -427,13 +430,15 @@ class CPURuntime(Runtime):
     def _run_native(self, program: Program, arrays: list[np.ndarray], ints: tuple, n: int) -> None:
         """A threaded-signature function (program.launch "split": pointers, ints, then lo, hi) on range(n),
         on the threads threaded kernels use, without the GIL (cpu_gemm's pieces: n slots)."""
-        nat = _native(program)
-        hit = self.functions.get(nat.key)
-        if hit is None:
-            hit = self.functions[nat.key] = self._load(nat, program.name)
-        native = hit[0]
-        _THREADS.run(native, ctypes.cast(native, ctypes.c_void_p).value, (*map(_address, arrays), *ints), n,
-                     False)
+        hit = self.native_calls.get(id(program))
+        if hit is None or hit[0] is not program:
+            nat = _native(program)
+            loaded = self.functions.get(nat.key)
+            if loaded is None:
+                loaded = self.functions[nat.key] = self._load(nat, program.name)
+            address = ctypes.cast(loaded[0], ctypes.c_void_p).value
+            hit = self.native_calls[id(program)] = (program, loaded[0], address)
+        _THREADS.run(hit[1], hit[2], (*map(_address, arrays), *ints), n, False)
 
     def _built_on_first_call(self, program: Program):
         built: list = []

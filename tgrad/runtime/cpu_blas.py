@@ -100,8 +100,8 @@ class BlasCall:
     def __init__(self, plan: BlasPlan, kernel: Kernel, native=None):
         self.plan, self.kernel = plan, kernel
         self.ways: dict[tuple, _Matmul] = {}
-        # native(program, arrays, ints, lo, hi) runs a compiled function without the GIL (the CPU
-        # runtime's; cpu_gemm's pieces use it)
+        # native(program, arrays, ints, n) runs a compiled function of the split signature on range(n) on
+        # the native workers, without the GIL (the CPU runtime's; cpu_gemm's pieces use it)
         self.native = native
 
     def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None,
@@ -177,8 +177,10 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     threads, each calling a one-thread BLAS (numpy releases the GIL in copies and matmuls): a conv's
     images are split between the cores, the way PyTorch's CPU convolutions split them. Pieces of global
     axis 0 write rows of the result; pieces of a reduce axis each give a whole result, summed. How a
-    piece's operands are viewed or copied is worked out once per call (`_Side`): a piece costs a few us
-    of Python, not the ~50 us of the general path, which two threads would wait on each other for."""
+    piece's operands are viewed or copied is worked out once per layout (`_side`): a piece costs a few us
+    of Python, not the ~50 us of the general path, which two threads would wait on each other for.
+    With `native` (and numpy's BLAS as cpu_gemm needs it) the pieces run as cpu_gemm's compiled functions
+    instead: blas_pieces, or pair_pieces for a piece pair (`after.native`), shifted_pieces for shifts."""
     ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
     if ch.shift is not None and after is None:
         return _run_shifted(plan, kernel, arrays, memory, out, native)

@@ -180,7 +180,15 @@ def _load_object(entry: dict) -> tuple[object, int] | None:
 def _write_entry(path: Path | None, entry: dict) -> None:
     """Keep a compiled kernel on disk (when it was compiled for what the key says, `cacheable`); a cache that
     cannot be written is warned about once, not fatal."""
-    if path is None or not cacheable(entry):
+    if path is None:
+        return
+    if not cacheable(entry):
+        if not _UNCACHED:
+            _UNCACHED.append(path)
+            warnings.warn("tgrad: Numba compiled a function in this process before tgrad's first CPU kernel, "
+                          "so this process's kernels compile for other CPU features than tgrad's cache "
+                          "names and are not kept on disk (import tgrad and run a kernel first, or set "
+                          "NUMBA_CPU_FEATURES)", stacklevel=2)
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +204,7 @@ def _write_entry(path: Path | None, entry: dict) -> None:
 
 
 _UNWRITABLE: set = set()
+_UNCACHED: list = []  # warned once: kernels compiled for other features than the cache key names
 
 
 def _cached(path: Path | None) -> bool:

@@ -1,16 +1,19 @@
-"""A conv's shifted pieces (cpu_blas._run_shifted) as one compiled function over a range of images, which
-copies each image's rows and calls BLAS's gemm itself, without the GIL.
+"""A conv's matmul pieces (cpu_blas._run_pieces, _run_shifted, piece pairs) as compiled functions over
+ranges of pieces, which copy each piece's windows and call BLAS's gemm themselves, without the GIL.
 
-Each piece of a shifted conv is one image: a copy of its rows (~300 KB) and one matmul per kernel row
-(32x160 @ 160x400 for MNIST's conv2, ~30 us each). Run from Python threads, those ~10 numpy calls a piece
-held the GIL between them long enough that two threads ran 1.4x faster than one, not 2x (conv2's forward
-alone: 16.8 ms on two threads against 23.8 on one). Here the copy, the matmuls and the sums (gemm's beta,
-instead of a product added afterwards) are one native call per range of images: 11.4 ms on two threads.
+Each piece of a conv is one image or a few: a copy of its windows (~300 KB) and one matmul or a few
+(32x160 @ 160x400 per kernel row for MNIST's conv2, ~30 us each). Run from Python threads, those ~10 numpy
+calls a piece held the GIL between them long enough that two threads ran 1.4x faster than one, not 2x
+(conv2's forward alone: 16.8 ms on two threads against 23.8 on one). Here the copies, the matmuls and the
+sums (gemm's beta, instead of a product added afterwards) are one native call per range of pieces: 11.4
+ms on two threads. Three functions: shifted_pieces (a stride-1 conv's shifted copies, one gemm per kernel
+row), blas_pieces (im2col pieces of rows or of K), pair_pieces (a piece pair: the gemms, then the second
+kernel's compiled function on the piece's images).
 
 BLAS is the one numpy uses, found in the process (an ILP64 OpenBLAS: numpy's own wheels); its cblas_sgemm
-and cblas_dgemm are given to LLVM under fixed names (SYMBOLS), so the compiled function is
-cached on disk like any kernel. Where no such BLAS is found (`available()` False), cpu_blas keeps its
-numpy path; TGRAD_NATIVE_GEMM=0 keeps it too.
+and cblas_dgemm are given to LLVM under fixed names (SYMBOLS), so the compiled functions are cached on
+disk like any kernel. Where no such BLAS is found (`available()` False), cpu_blas keeps its numpy path;
+TGRAD_NATIVE_GEMM=0 keeps it too.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ DIMS = 6  # axes of a piece's copy the function takes (a conv's copy has 4 or 5)
 NO_TRANS, TRANS = 111, 112  # CBLAS's flags
 SYMBOLS = {"float32": "tgrad_sgemm64", "float64": "tgrad_dgemm64"}  # what numba_rt._gemm calls
 KERNEL_ARGS = 12  # int64 arguments numba_rt._call_kernel passes (the kernel reads its own, ignores the rest)
+
 
 def _copy(src: str, base: str, dst: str, d: str, st: str, indent: str) -> str:
     """Source of a copy of the DIMS-axis view of `src` at element `base` (sizes d0.., element strides s0..)
@@ -72,7 +76,7 @@ from tgrad.runtime.numba_rt import _gemm, kernel  # runtime {_RT_DIGEST}
 
 """
 
-# Both functions take the pieces in `nslots` slots and run slots [lo, hi) (a thread's share: cpu.py's
+# The functions take the pieces in `nslots` slots and run slots [lo, hi) (a thread's share: cpu.py's
 # native workers call them on ranges of slots): slot j has pieces [j * npieces // nslots, (j + 1) * npieces
 # // nslots) and its own copy buffers (`xlen` elements apart) and, where the pieces are summed, its own sum
 # (`acc` elements apart; its first piece writes it, the others add), which the caller adds up.

@@ -490,10 +490,35 @@ def test_debug2_times_a_pair_whose_first_result_is_kept(monkeypatch, capsys):
     np.testing.assert_allclose(got, rx.grad.numpy(), rtol=1e-4, atol=2e-3)
 
 
+def _conv_relu_sin_reference(x, w, stride, padding):
+    """conv2d(relu(x), w) and the gradients of sum(out * sin(out)) in float64 numpy (sliding windows and
+    einsum): exact to ~1e-12, and the same in every process. PyTorch's CPU convolutions were not: run beside
+    other tests (pytest -n 2), its float32 weight gradient was sometimes 4e-3 off at 17.55 (exact 17.5516)
+    and its float64 one 1e-7 off, in some runs and not others."""
+    (sh, sw), (ph, pw) = (stride if isinstance(stride, tuple) else (stride, stride),
+                          padding if isinstance(padding, tuple) else (padding, padding))
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    kh, kw = w.shape[2:]
+    xp = np.pad(np.maximum(x, 0), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+    out = np.einsum("ncyxij,ocij->noyx", win, w)
+    g = np.sin(out) + out * np.cos(out)
+    gw = np.einsum("noyx,ncyxij->ocij", g, win)
+    dwin = np.einsum("noyx,ocij->ncyxij", g, w)
+    gxp = np.zeros_like(xp)
+    oh, ow = out.shape[2:]
+    for i in range(kh):
+        for j in range(kw):
+            gxp[:, :, i : i + sh * oh : sh, j : j + sw * ow : sw] += dwin[..., i, j]
+    gx = gxp[:, :, ph : ph + x.shape[2], pw : pw + x.shape[3]] * (x > 0)
+    return out, gw, gx
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_float64_and_float32_pieces_and_pairs_match_torch(dtype, native, monkeypatch):
     """Pieces of rows and of K, and piece pairs (a batch of images per piece included), in float64 (the
-    compiled pieces call dgemm) and float32, strided and padded, against PyTorch."""
+    compiled pieces call dgemm) and float32, strided and padded, against a float64 numpy reference (whose
+    strided-window reading is checked against PyTorch's float64 forward)."""
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 12)
     ran = []
     for name in ("pieces_spec", "pair_words"):
@@ -508,10 +533,31 @@ def test_float64_and_float32_pieces_and_pairs_match_torch(dtype, native, monkeyp
         tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
         out = tx.relu().conv2d(tw, stride=stride, padding=padding)
         (out * out.sin()).sum().backward()
-        rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-        ref = torch.nn.functional.conv2d(rx.relu(), rw, stride=stride, padding=padding)
-        (ref * ref.sin()).sum().backward()
-        np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=tol, atol=tol)
-        np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=tol, atol=tol * 20)
-        np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=tol, atol=tol * 20)
+        ref, gw, gx = _conv_relu_sin_reference(x, w, stride, padding)
+        conv = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64).relu(),
+                                          torch.tensor(w, dtype=torch.float64), stride=stride,
+                                          padding=padding)
+        np.testing.assert_allclose(ref, conv.numpy(), rtol=1e-6, atol=1e-6)  # the reference's windows
+        np.testing.assert_allclose(out.numpy(), ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(tw.grad.numpy(), gw, rtol=tol, atol=tol * 20)
+        np.testing.assert_allclose(tx.grad.numpy(), gx, rtol=tol, atol=tol * 20)
     assert bool([r for r in ran if r is not None]) == (native == "1" and cpu_gemm.available()), ran
+
+
+def test_single_pieces_cut_one_image_a_piece_where_each_has_the_work():
+    """blas.single_pieces (what the CPU runtime runs with its compiled pieces): pieces of one image, with
+    the shift a stride-1 conv then allows; a plan whose one-image pieces would be too small is kept."""
+    x = Tensor(np.zeros((128, 32, 10, 10), np.float32), device="CPU")
+    w = Tensor(np.zeros((64, 32, 3, 3), np.float32), device="CPU")
+    out = x.conv2d(w)
+    item = fuse.schedule([out.node])[-1]
+    plan = emit_numba.blas_plan(item.kernel)
+    assert plan.chunk.size > 1 and plan.chunk.shift is None, plan.chunk  # several images a piece
+    one = blas.single_pieces(item.kernel, plan)
+    assert one.chunk.axis == plan.chunk.axis and one.chunk.size == 1 and one.chunk.shift is not None
+    assert (one.a, one.b, one.m, one.n) == (plan.a, plan.b, plan.m, plan.n)
+    small = Tensor(np.zeros((128, 4, 6, 6), np.float32), device="CPU").conv2d(
+        Tensor(np.zeros((4, 4, 3, 3), np.float32), device="CPU"))
+    small_plan = emit_numba.blas_plan(fuse.schedule([small.node])[-1].kernel)
+    if small_plan is not None and small_plan.chunk is not None:
+        assert blas.single_pieces(fuse.schedule([small.node])[-1].kernel, small_plan) == small_plan

@@ -467,6 +467,8 @@ class CPURuntime(Runtime):
             prologues = [self._build(p, k.name) for p, k in zip(program.launch["prologues"], plan.prologues)]
             epilogue = program.launch["epilogue"]
             fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
+            if plan.chunk is not None and cpu_gemm.enabled():  # compiled pieces: one image a piece
+                plan = blas.single_pieces(kernel, plan)
             matmul = BlasCall(plan, kernel, self._run_native)
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]

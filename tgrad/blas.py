@@ -291,7 +291,7 @@ def single_pieces(k: Kernel, plan: BlasPlan) -> BlasPlan:
     """`plan` with pieces of one index of its chunk axis (one image), and the shift that allows
     (`_shift_pair`), where a piece still has ONE_INDEX_MIN_WORK multiply-adds: what the CPU's compiled
     pieces (runtime/cpu_gemm.py) run fastest. A piece costs them a call, not the ~30 us of Python the numpy
-    path pays, so smaller copies win: MNIST CNN conv3 forward 2.2 -> 1.5 ms, conv4's 3.0 -> 2.3, conv1's
+    path pays, so smaller copies win: MNIST CNN conv3 forward 2.2 -> 1.4 ms, conv4's 3.0 -> 2.1, conv1's
     weight gradient 2.2 -> 1.1 (one image's output gradient is a matrix as it is, four images' a copy)."""
     ch = plan.chunk
     if ch is None or ch.size == 1:

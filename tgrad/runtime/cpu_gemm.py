@@ -257,27 +257,10 @@ def matrix_flags(array: np.ndarray) -> tuple[int, int] | None:
 
 
 def side_ints(side, size: int, transpose: bool) -> tuple[int, ...] | None:
-    """blas_pieces' arguments for one operand (a cpu_blas._Side without batch axes), pieces of `size`
-    indices of its chunk axis, read transposed with `transpose`: (copied, offset, offset per piece, sizes,
-    element strides, flag, leading dimension); None where the function cannot read it."""
-    if side.copy:
-        if side.lead or len(side.shape) > DIMS or any(s % side.item for s in side.strides):
-            return None
-        flags = (TRANS, side.nr) if side.transposed else (NO_TRANS, side.nc)
-        pad = DIMS - len(side.shape)
-        dims = (1,) * pad + tuple(side.shape)
-        strides = (0,) * pad + tuple(s // side.item for s in side.strides)
-    else:
-        if len(side.shape) != 2:
-            return None
-        flags = matrix_flags(side.matrix0)
-        dims, strides = (1,) * DIMS, (0,) * DIMS
-    if flags is None:
-        return None
-    flag, ld = flags
-    if transpose:
-        flag = TRANS if flag == NO_TRANS else NO_TRANS
-    return (int(bool(side.copy)), side.offset, size * side.step, *dims, *strides, flag, ld)
+    """blas_pieces' arguments for one operand (a cpu_blas._Side without batch axes): side_words' but the
+    batch step; None where the function cannot read it (a batch axis too)."""
+    words = None if (side.lead if side.copy else side.shape[:-2]) else side_words(side, size, transpose)
+    return None if words is None else tuple(words[:-1])
 
 
 def side_words(side, size: int, transpose: bool) -> list[int] | None:

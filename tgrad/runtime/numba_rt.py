@@ -217,15 +217,11 @@ def _gemm(typingctx, ta, tb, m, n, k, a, ai, lda, b, bi, ldb, beta, c, ci, ldc):
         fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, scalar, ptr, i64, ptr, i64,
                                                scalar, ptr, i64])
         fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name)
-        ta_, tb_, m_, n_, k_, a_, ai_, lda_, b_, bi_, ldb_, beta_, c_, ci_, ldc_ = args
-        to64 = lambda v: builder.sext(v, i64) if v.type.width < 64 else v  # noqa: E731
-        to32 = lambda v: builder.trunc(v, i32) if v.type.width > 32 else v  # noqa: E731
-        bval = beta_ if beta_.type == scalar else (builder.fptrunc(beta_, scalar) if scalar == ir.FloatType()
-                                                    else builder.fpext(beta_, scalar))
-        builder.call(fn, [ir.Constant(i32, 101), to32(ta_), to32(tb_), to64(m_), to64(n_), to64(k_),
-                          ir.Constant(scalar, 1.0), builder.gep(a_, [to64(ai_)]), to64(lda_),
-                          builder.gep(b_, [to64(bi_)]), to64(ldb_), bval, builder.gep(c_, [to64(ci_)]),
-                          to64(ldc_)])
+        ta_, tb_, m_, n_, k_, a_, ai_, lda_, b_, bi_, ldb_, beta_, c_, ci_, ldc_ = args  # (ints: int64)
+        beta_ = builder.fptrunc(beta_, scalar) if scalar == ir.FloatType() else beta_  # (beta: a double)
+        builder.call(fn, [ir.Constant(i32, 101), builder.trunc(ta_, i32), builder.trunc(tb_, i32), m_, n_, k_,
+                          ir.Constant(scalar, 1.0), builder.gep(a_, [ai_]), lda_, builder.gep(b_, [bi_]),
+                          ldb_, beta_, builder.gep(c_, [ci_]), ldc_])
         return context.get_dummy_value()
 
     ints = [types.int64] * 5

@@ -319,7 +319,7 @@ class CPURuntime(Runtime):
     def _buffer(self, data: np.ndarray, dtype: DType) -> Buffer:
         buf = Buffer(self.name, data.size, dtype, data)
         if data.nbytes >= MIN_KEEP:  # its block goes back to self.memory when the Buffer is gone
-            weakref.finalize(buf, self.memory.release, data)
+            buf.on_free = self.memory.release
         return buf
 
     def render(self, kernel: Kernel) -> Program:

@@ -582,6 +582,42 @@ def test_linear(device):
     F = torch.nn.functional
     helper_test_op([(2, 4), (3, 4), (3,)], lambda x, w, b: F.linear(x, w, b), lambda x, w, b: x.linear(w, b))
     helper_test_op([(2, 4), (3, 4)], lambda x, w: F.linear(x, w), lambda x, w: x.linear(w))
+    for shapes in ([(2, 3, 4), (5, 4), (5,)], [(2, 4), (3, 4), (1, 3)]):
+        helper_test_op(shapes, lambda x, w, b: F.linear(x, w, b), lambda x, w, b: x.linear(w, b))
+
+
+def test_matmul_and_linear_build_the_general_paths_graph(device):
+    """matmul and linear build their common case (one float dtype, 2-d or more) as graph nodes directly:
+    the same nodes as the general path (x (..., n, 1, k) times w transposed (..., 1, m, k), summed over k;
+    then + bias). Nodes are hash-consed, so the same graph is the same node object."""
+    x, w, b = Tensor.randn(2, 3, 4), Tensor.randn(5, 4), Tensor.randn(5)
+    xb, wb = Tensor.randn(2, 1, 3, 4), Tensor.randn(3, 4, 2)
+    for left, right in ((x, w.T), (xb, wb)):
+        general = (left.reshape(left.shape[:-1] + (1, 4)) * right.transpose(-1, -2).unsqueeze(-3)).sum(-1)
+        fast = left @ right
+        assert fast.node is general.node and fast.shape == general.shape
+    lin = x.linear(w, b)
+    assert lin.node is (x.matmul(w.T) + b).node
+
+
+def test_matmul_and_linear_outside_the_common_case(device):
+    F = torch.nn.functional
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((4, 5))
+    if has_float64():  # mixed float dtypes promote (as in tinygrad; PyTorch's matmul raises)
+        out = Tensor(a, dtype="float32") @ Tensor(b, dtype="float64")
+        ref = torch.tensor(a, dtype=torch.float32).double() @ torch.tensor(b, dtype=torch.float64)
+        assert out.dtype == dtypes.float64
+        compare("mixed matmul", out.numpy(), ref.numpy(), 1e-6, 1e-6)
+    with pytest.raises(ShapeError, match="cannot broadcast"):
+        Tensor.ones(2, 3, 4) @ Tensor.ones(3, 4, 5)
+    with pytest.raises(ShapeError, match="inner dimensions"):
+        Tensor.ones(2, 3, 4).linear(Tensor.ones(5, 3))
+    x, w = Tensor(a, dtype="float32"), Tensor(b.T, dtype="float32")
+    ref = F.linear(torch.tensor(a, dtype=torch.float32), torch.tensor(b.T, dtype=torch.float32),
+                   torch.arange(5.0, dtype=torch.float32))
+    out = x.linear(w, Tensor([0.0, 1, 2, 3, 4]))
+    compare("linear of a 3-d input", out.numpy(), ref.numpy(), 1e-5, 1e-5)
 
 
 # ------------------------------------------------------------------------------------------------

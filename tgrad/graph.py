@@ -393,6 +393,9 @@ def move(node: Node, op: Op, arg) -> Node:
         new = arg
     elif op is Op.PERMUTE:
         arg = tuple(arg)
+        if node.op is Op.PERMUTE:  # a permute of a permute is one permute (w.T.transpose(-1, -2): none)
+            arg, node = tuple(node.arg[i] for i in arg), node.srcs[0]
+            shape = node.shape
         if arg == tuple(range(len(shape))):
             return node
         new = tuple(shape[i] for i in arg)

@@ -130,3 +130,23 @@ def test_row_groups_of_a_cached_schedule_are_found_once(monkeypatch):
         assert kept[last][0] is runner and kept[last][2] == start
         assert len(kept[last][1]) == len(nodes) and all(a is b for a, b in zip(kept[last][1], nodes))
     assert any(any(n is again[last].target for n in nodes) for last, (_, nodes, _) in kept.items())
+
+
+def test_recursive_and_iterative_walks_agree_and_the_fallback_computes(monkeypatch):
+    """_walk numbers the graph recursively (twice as fast) and falls back to its own stack where a graph is
+    deeper than the recursion limit allows: both give the same key and nodes, and the fallback computes."""
+    rng = np.random.default_rng(0)
+    xs, ws = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
+    x, w = Tensor(xs), Tensor(ws)
+    out = ((x @ w).relu() * 2 - x.sum(1, keepdim=True)).softmax(-1)
+    nodes = [out.node, x.node, (x * 2).node]
+    rec, it = schedule_cache._walk_recursive(nodes), schedule_cache._walk_iterative(nodes)
+    assert rec[0] == it[0] and rec[1] == it[1] and rec[2] == it[2]
+
+    def too_deep(outputs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(schedule_cache, "_walk_recursive", too_deep)
+    monkeypatch.setattr(schedule_cache, "_cache", type(schedule_cache._cache)())
+    y = (Tensor(xs) @ Tensor(ws) + 1).numpy()
+    np.testing.assert_allclose(y, xs @ ws + 1, rtol=1e-5, atol=1e-5)

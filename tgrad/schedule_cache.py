@@ -37,14 +37,62 @@ class Cached(list):
 
 def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[Node, int]]:
     """(structure key, nodes in walk order, node -> its position) of the graph fuse.schedule sees."""
+    try:
+        return _walk_recursive(outputs)
+    except RecursionError:  # a graph deeper than the interpreter's recursion limit allows from here
+        return _walk_iterative(outputs)
+
+
+_LEAF, _SCALAR = "leaf", (float, int, bool)
+
+
+def _walk_recursive(outputs: list[Node]) -> tuple[tuple, list[Node], dict[Node, int]]:
+    """_walk as a recursive function: twice as fast as the loop over a stack below (each node is seen once,
+    not once to push its sources and once more to number it); the nodes, their order and the key are the
+    same."""
     position: dict[Node, int] = {}  # (keyed by the node: Node hashes by identity, in C)
     buffers: dict[int, int] = {}
     nodes: list[Node] = []
     entries: list[tuple] = []
-    leaf, buffer_op, scalar = "leaf", Op.BUFFER, (float, int, bool)
+    buffer_op, getpos = Op.BUFFER, position.__getitem__
+
+    def visit(node: Node) -> None:  # post-order: a node is numbered once its sources are
+        buf = node.buffer
+        if buf is None:
+            srcs = node.srcs
+            for s in srcs:
+                if s not in position:
+                    visit(s)
+            # names, not Op and DType objects: a str caches its hash (Enums, dataclasses hash in Python)
+            arg = node.arg
+            if node.op is buffer_op:
+                arg = None
+            elif isinstance(arg, _SCALAR):  # (_arg_key, inline)
+                arg = (type(arg), repr(arg))
+            entries.append((node.op._value_, arg, node.shape, node.dtype.name, node.device,
+                            tuple(map(getpos, srcs))))
+        else:
+            entries.append((_LEAF, buffers.setdefault(id(buf), len(buffers)), node.shape, node.dtype.name,
+                            node.device))
+        position[node] = len(nodes)
+        nodes.append(node)
+
+    for root in outputs:
+        if root not in position:
+            visit(root)
+    return (tuple(entries), tuple(position[n] for n in outputs)), nodes, position
+
+
+def _walk_iterative(outputs: list[Node]) -> tuple[tuple, list[Node], dict[Node, int]]:
+    """_walk over a stack of its own, for graphs of any depth."""
+    position: dict[Node, int] = {}
+    buffers: dict[int, int] = {}
+    nodes: list[Node] = []
+    entries: list[tuple] = []
+    buffer_op = Op.BUFFER
     for root in outputs:
         stack = [root]
-        while stack:  # post-order: a node is numbered once its sources are
+        while stack:
             node = stack[-1]
             if node in position:
                 stack.pop()
@@ -57,13 +105,12 @@ def _walk(outputs: list[Node]) -> tuple[tuple, list[Node], dict[Node, int]]:
             stack.pop()
             position[node] = len(nodes)
             nodes.append(node)
-            # names, not Op and DType objects: a str caches its hash (Enums, dataclasses hash in Python)
             if node.buffer is not None:
                 buf = buffers.setdefault(id(node.buffer), len(buffers))
-                entries.append((leaf, buf, node.shape, node.dtype.name, node.device))
+                entries.append((_LEAF, buf, node.shape, node.dtype.name, node.device))
             else:
                 arg = None if node.op is buffer_op else node.arg
-                if isinstance(arg, scalar):  # (_arg_key, inline)
+                if isinstance(arg, _SCALAR):
                     arg = (type(arg), repr(arg))
                 entries.append((node.op._value_, arg, node.shape, node.dtype.name, node.device,
                                 tuple(map(position.__getitem__, node.srcs))))

@@ -3207,7 +3207,7 @@ class Tensor(metaclass=_NoGradMeta):
             _check_smoothing(label_smoothing)
             tc, cls = _class_positions(t, c, ignore, x.ndim)
             # picked with where(), not multiplied by a one-hot: another class's -inf logit is no 0 * -inf
-            loss = -(tc.unsqueeze(1) == cls).where(logp, 0).sum(1)
+            loss = -(tc.unsqueeze(1) != cls).where(0, logp).sum(1)  # (!=: == is != and a not)
             if label_smoothing:
                 loss = loss * (1 - label_smoothing) - logp.sum(1) * (label_smoothing / c)
             if ignore is not None:
@@ -3558,8 +3558,25 @@ def _class_positions(t: Tensor, c: int, ignore: int | None, ndim: int) -> tuple[
     """Class labels (checked: in [0, c) or `ignore`) and the classes (1, c, 1...) they are compared with,
     both int32 where every value fits (as `_position_dtype`'s masks), else in the labels' dtype."""
     dt = _position_dtype(c, 0 if ignore is None else ignore) if t.dtype.is_int else t.dtype
-    cls = Tensor.arange(c, device=t.device, dtype=dt).reshape((1, c) + (1,) * (ndim - 2))
+    cls = Tensor(g.move(_arange_buffer(c, dt, t.device), Op.RESHAPE, (1, c) + (1,) * (ndim - 2)))
     return (t if t.dtype == dt else t.cast(dt)), cls
+
+
+_ARANGES: dict[tuple, Node] = {}  # (n, dtype name, device) -> its BUFFER node
+
+
+def _arange_buffer(n: int, dtype: DType, device: str) -> Node:
+    """0, 1, ..., n - 1 as a realized node that ops read and never write, uploaded once instead of at each
+    call (Tensor.arange is a host array sent to the device: ~75 us of a cross_entropy's 265). At most 64
+    kept (then they are made again)."""
+    key = (n, dtype.name, device)
+    node = _ARANGES.get(key)
+    if node is None:
+        if len(_ARANGES) >= 64:
+            _ARANGES.clear()
+        node = _ARANGES[key] = Tensor.arange(n, device=device, dtype=dtype).realize().node
+        node.buffer.computed = True  # (an assign to a tensor holding it would write a buffer of its own)
+    return node
 
 
 def _check_reduction(reduction: str) -> None:

@@ -216,6 +216,9 @@ def get_runtime(name: str) -> Runtime:
     holds a lock: two threads that both made a first tensor opened two CPU runtimes, and the one dropped
     freed the code of kernels the other thread was running (a segfault), or restarted OpenBLAS's threads
     under the other thread's matmul (a hang)."""
+    rt = _runtimes.get(name)  # (a canonical name, the usual case: ~80 calls an eager MLP step)
+    if rt is not None:
+        return rt
     name = canonical(name)
     rt = _runtimes.get(name)
     if rt is None:

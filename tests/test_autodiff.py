@@ -138,3 +138,28 @@ def test_higher_derivatives_survive_realizing_the_gradient(device):
     th, = torch.autograd.grad((tg * 2).sum(), tx)
     np.testing.assert_allclose(g.numpy(), tg.detach().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(h.numpy(), th.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_recursive_and_iterative_path_walks_agree_and_the_fallback_is_right(monkeypatch):
+    """gradients() finds the nodes between the root and the targets recursively (twice as fast) and falls
+    back to a loop over its own stack where the graph is deeper than the recursion limit allows: both give
+    the same order (so the same gradient graph), and gradients through the fallback match PyTorch."""
+    rng = np.random.default_rng(0)
+    xs, ws = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
+    x, w = Tensor(xs, requires_grad=True), Tensor(ws, requires_grad=True)
+    loss = (x.linear(w).relu() * x.sum(1, keepdim=True)).log_softmax(1).sum() + w.square().mean()
+    for constants in (frozenset(), frozenset({w.node})):
+        rec = autodiff._paths_recursive(loss.node, {x.node, w.node}, constants)
+        it = autodiff._paths_iterative(loss.node, {x.node, w.node}, constants)
+        assert rec[0] == it[0] and rec[1] == it[1] and rec[2] == it[2]
+
+    def too_deep(*args):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(autodiff, "_paths_recursive", too_deep)
+    loss.backward()
+    tx, tw = torch.tensor(xs, requires_grad=True), torch.tensor(ws, requires_grad=True)
+    tl = ((tx @ tw.T).relu() * tx.sum(1, keepdim=True)).log_softmax(1).sum() + tw.square().mean()
+    tl.backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-5)

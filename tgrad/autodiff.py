@@ -265,25 +265,14 @@ def gradients(root: Node, seed: Node, targets: set[Node],
     """d root / d t for every t in targets reachable from root (as lazy nodes). Nodes in `constants` count
     as inputs: no gradient flows past them (a custom rule differentiating only its own op uses it)."""
     # nodes on a path from root to a target, in topological order (sources first)
-    order: list[Node] = []
-    on_path: dict[Node, bool] = {}
-    stack: list[tuple[Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            on_path[node] = node in targets or any(on_path.get(s, False) for s in _sources(node))
-            order.append(node)
-            continue
-        if node in on_path:
-            continue
-        on_path[node] = False
-        stack.append((node, True))
-        if node not in constants:
-            stack.extend((s, False) for s in _sources(node) if s not in on_path)
+    try:
+        order, on_path, sources = _paths_recursive(root, targets, constants)
+    except RecursionError:  # a graph deeper than the interpreter's recursion limit allows from here
+        order, on_path, sources = _paths_iterative(root, targets, constants)
     grads: dict[Node, Node] = {root: seed}
     for node in reversed(order):
         g = grads.get(node)
-        srcs = _sources(node)
+        srcs = sources[node]
         if g is None or not on_path[node] or not srcs or node in constants:
             continue
         for src, sg in zip(srcs, grad_rule(node, g)):
@@ -291,3 +280,53 @@ def gradients(root: Node, seed: Node, targets: set[Node],
                 continue
             grads[src] = alu(Op.ADD, grads[src], sg) if src in grads else sg
     return {t: grads[t] for t in targets if t in grads}
+
+
+def _paths_recursive(root: Node, targets: set[Node], constants: frozenset):
+    """(the nodes reachable from root in post-order, node -> whether a target is reachable from it, node ->
+    its sources) by a recursive walk: ~2x faster than the stack loop of _paths_iterative (each node is
+    seen once), in the same order (sources visited last first, as that loop pops them)."""
+    order: list[Node] = []
+    on_path: dict[Node, bool] = {}
+    sources: dict[Node, tuple[Node, ...]] = {}
+
+    def visit(node: Node) -> None:
+        on_path[node] = False
+        srcs = sources[node] = _sources(node)
+        if node not in constants:
+            for s in reversed(srcs):
+                if s not in on_path:
+                    visit(s)
+        reach = node in targets
+        if not reach:
+            for s in srcs:
+                if on_path.get(s, False):
+                    reach = True
+                    break
+        on_path[node] = reach
+        order.append(node)
+
+    visit(root)
+    return order, on_path, sources
+
+
+def _paths_iterative(root: Node, targets: set[Node], constants: frozenset):
+    """_paths_recursive over a stack of its own, for graphs of any depth."""
+    order: list[Node] = []
+    on_path: dict[Node, bool] = {}
+    sources: dict[Node, tuple[Node, ...]] = {}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            on_path[node] = node in targets or any(on_path.get(s, False) for s in sources[node])
+            order.append(node)
+            continue
+        if node in on_path:
+            continue
+        on_path[node] = False
+        sources[node] = _sources(node)
+        stack.append((node, True))
+        if node not in constants:
+            stack.extend((s, False) for s in sources[node] if s not in on_path)
+    return order, on_path, sources

@@ -2,6 +2,7 @@
 see them, never while a view of them lives, and arrays it did not make are never taken in."""
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -59,6 +60,31 @@ def test_releasing_twice_raises_instead_of_handing_one_block_to_two_owners():
     mem.release(a)
     with pytest.raises(RuntimeError, match="released twice"):
         mem.release(a)
+
+
+def test_a_buffer_freed_by_a_collection_while_the_lock_is_held_does_not_hang():
+    """A Buffer gives its block back in __del__, which may run in a garbage collection that starts inside
+    array() (its sweep allocates) while the lock is held: release() must not wait for that lock (it did:
+    a softmax benchmark hung for ever)."""
+    from tgrad.device import Buffer
+    from tgrad.dtype import dtypes
+
+    mem = HostMemory()
+    buf = Buffer("CPU", N, dtypes.float32, mem.array(N, np.float32))
+    buf.on_free = mem.release
+    buf.cycle = buf  # only the collector frees it
+    del buf
+
+    def collect_holding_the_lock():
+        with mem.lock:
+            gc.collect()
+
+    worker = threading.Thread(target=collect_holding_the_lock, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), "release() waited for the lock its own thread holds"
+    mem.array(N, np.float32)
+    assert mem.reused == 1
 
 
 def test_free_blocks_are_kept_up_to_the_limit():

@@ -22,6 +22,26 @@ def test_temporaries_are_freed(device):
     assert Stats.live_bytes == before_bytes
 
 
+def test_buffers_are_freed_without_a_garbage_collection(device):
+    """Reference counting alone frees a dropped result's buffer (and an eager step's buffers: blocks are
+    reused at once). The schedule cache's and backward()'s walks were recursive closures, a reference cycle
+    that kept every graph they saw, buffers included, alive until the next collection."""
+    x = Tensor.rand(32, 32, requires_grad=True).realize()
+    gc.collect()
+    gc.disable()
+    try:
+        before = Stats.live_buffers
+        for _ in range(3):
+            y = ((x * 2 + 1).relu() @ x).sum()
+            y.backward()
+            Tensor.realize(y, x.grad)
+            del y
+            x.grad = None
+            assert Stats.live_buffers == before
+    finally:
+        gc.enable()
+
+
 def test_peak_live_bytes_is_a_high_water_mark(device):
     base = Stats.reset_peak()
     assert Stats.peak_live_bytes == base

@@ -306,7 +306,10 @@ def _paths_recursive(root: Node, targets: set[Node], constants: frozenset):
         on_path[node] = reach
         order.append(node)
 
-    visit(root)
+    try:
+        visit(root)
+    finally:
+        visit = None  # noqa: F841  (break the cycle visit -> its closure -> visit: see schedule_cache._walk)
     return order, on_path, sources
 
 

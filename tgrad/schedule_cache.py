@@ -77,9 +77,13 @@ def _walk_recursive(outputs: list[Node]) -> tuple[tuple, list[Node], dict[Node, 
         position[node] = len(nodes)
         nodes.append(node)
 
-    for root in outputs:
-        if root not in position:
-            visit(root)
+    try:
+        for root in outputs:
+            if root not in position:
+                visit(root)
+    finally:
+        visit = None  # noqa: F841  (visit's closure holds visit: a cycle that kept the graph and its buffers
+        # alive until the next garbage collection, so freed blocks were not reused)
     return (tuple(entries), tuple(position[n] for n in outputs)), nodes, position
 
 

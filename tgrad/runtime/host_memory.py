@@ -65,6 +65,10 @@ class HostMemory:
         self.limit = limit
         self.free: list[np.ndarray] = []  # uint8 blocks nobody sees, oldest first
         self.pending: list[np.ndarray] = []  # released blocks that a view may still see
+        # blocks given back by release(), which takes no lock: a Buffer's __del__ releases its block, and
+        # may run inside a garbage collection that starts while this thread holds the lock (array()'s
+        # sweep allocates); waiting for the lock there would wait for ever. Moved to `pending` under it.
+        self.returned: list[np.ndarray] = []
         self.lock = threading.Lock()
         self.owners: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> owner, made here
         self.reused = self.made = 0  # counters for tests and DEBUG
@@ -91,12 +95,11 @@ class HostMemory:
         """`array` (from `array()`) is no longer used by its holder; its block is reused once no view of
         it is left."""
         owner = array.base
-        with self.lock:
-            if owner is None or self.owners.get(id(owner)) is not owner:
-                return  # not made here (a user's array, a view of one): never reused
-            if any(o is owner for o in self.pending) or any(b.base is owner for b in self.free):
-                raise RuntimeError("tgrad: a host memory block was released twice")
-            self.pending.append(owner)
+        if owner is None or self.owners.get(id(owner)) is not owner:
+            return  # not made here (a user's array, a view of one): never reused
+        if any(o is owner for o in self.returned):
+            raise RuntimeError("tgrad: a host memory block was released twice")
+        self.returned.append(owner)  # (list.append is atomic: no lock, see __init__)
 
     def kept_bytes(self) -> int:
         with self.lock:
@@ -105,6 +108,11 @@ class HostMemory:
 
     def _sweep(self) -> None:
         """Move pending blocks that only this pool references to `free` (holding the lock)."""
+        while self.returned:
+            owner = self.returned.pop(0)
+            if any(o is owner for o in self.pending) or any(b.base is owner for b in self.free):
+                raise RuntimeError("tgrad: a host memory block was released twice")
+            self.pending.append(owner)
         still = []
         for owner in self.pending:
             # references: the list, the loop variable, getrefcount's argument (_FREE_REFS); any view adds one

@@ -109,6 +109,47 @@ def test_threaded_kernels_from_two_python_threads(monkeypatch):
     assert not errors, errors
 
 
+def test_two_threads_loading_one_function_share_the_first_stored(monkeypatch):
+    """Two threads that compile or load the same kernel function at once both run the one stored first:
+    storing the second over it freed the first's code while the other thread ran it (a segfault)."""
+    import gc
+
+    from tgrad import emit_numba, fuse
+    from tgrad.device import get_runtime
+
+    rt = get_runtime("CPU")
+    x = Tensor(np.arange(12, dtype=np.float32), device="CPU").realize()
+    kernel = fuse.schedule([(x * 3.0 + 0.8125).node])[-1].kernel  # (a constant no other test uses)
+    program = emit_numba.render(kernel)
+    load = rt._load
+
+    def slow_load(nat, name):  # both threads miss the table before either stores
+        out = load(nat, name)
+        time.sleep(0.3)
+        return out
+
+    monkeypatch.setattr(rt, "_load", slow_load)
+    built, errors = [], []
+
+    def build():
+        try:
+            built.append(rt._build(program, kernel.name))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(built) == 2
+    gc.collect()
+    for fn in built:  # each runs the stored function (the other one's code was freed with it)
+        out = np.zeros(12, np.float32)
+        fn(out, x.node.buffer.data)
+        np.testing.assert_allclose(out, np.arange(12, dtype=np.float32) * 3.0 + 0.8125)
+
+
 def test_without_native_workers(monkeypatch):
     """TGRAD_NATIVE_THREADS=0: threaded kernels run on Python threads, with the same values."""
     from tgrad.runtime import cpu

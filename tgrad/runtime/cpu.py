@@ -443,8 +443,8 @@ class CPURuntime(Runtime):
         if hit is None or hit[0] is not program:
             nat = _native(program)
             loaded = self.functions.get(nat.key)
-            if loaded is None:
-                loaded = self.functions[nat.key] = self._load(nat, program.name)
+            if loaded is None:  # (setdefault: see _build)
+                loaded = self.functions.setdefault(nat.key, self._load(nat, program.name))
             address = ctypes.cast(loaded[0], ctypes.c_void_p).value
             hit = self.native_calls[id(program)] = (program, loaded[0], address)
         _THREADS.run(hit[1], hit[2], (*map(_address, arrays), *ints), n, False)
@@ -512,7 +512,9 @@ class CPURuntime(Runtime):
         nat = _native(program)
         hit = self.functions.get(nat.key)
         if hit is None:
-            hit = self.functions[nat.key] = self._load(nat, kernel_name)
+            # setdefault: two threads that both load it use the first one stored. Storing the second over it
+            # freed the first's code while the other thread ran it (a segfault, test_cpu_threads)
+            hit = self.functions.setdefault(nat.key, self._load(nat, kernel_name))
         native, used, extra = hit[0], program.reads, program.args
         address_of_native = ctypes.cast(native, ctypes.c_void_p).value
         if free and not program.launch.get("split") and not program.scratch:

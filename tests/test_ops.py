@@ -12,6 +12,7 @@ import torch
 from tests.helpers import compare, float64_or_raises, has_float64, helper_test_op
 from tgrad import Tensor, dtypes
 from tgrad.errors import AutogradError, DeviceError, DTypeError, ShapeError, TgradError
+from tgrad.graph import Op
 
 S = (3, 4)
 S3 = (2, 3, 4)
@@ -405,6 +406,26 @@ def test_softmax_family(device):
     helper_test_op(
         [S3], lambda a: torch.logsumexp(a, 2, keepdim=True), lambda a: a.logsumexp(2, keepdim=True)
     )
+
+
+def test_softmax_and_log_softmax_build_the_tensor_ops_graph(device):
+    """softmax and log_softmax build their graphs from nodes (no tensor per step): the nodes the Tensor
+    ops of their definitions build (hash-consed, so the same graph is the same node object)."""
+    for dtype in ("float32", "float16", "int32"):
+        x = Tensor((np.arange(24).reshape(2, 3, 4) % 5).tolist(), dtype=dtype)
+        for axis in (-1, 0, 1):
+            f = x.float() if dtype == "int32" else x
+            m = f - f.max(axis, keepdim=True).detach()
+            e = m.exp()
+            with Tensor.no_grad:
+                assert x.softmax(axis).node is (e * e.sum(axis, keepdim=True).reciprocal()).node
+            soft = x.softmax(axis)  # (with gradients: the same value under softmax's own gradient rule)
+            p = e * e.sum(axis, keepdim=True).reciprocal()
+            assert soft.node.op is Op.DETACH and soft.node.srcs[0] is p.node
+            assert x.log_softmax(axis).node is (m - m.exp().sum(axis, keepdim=True).log()).node
+    helper_test_op([()], lambda a: a.softmax(0))
+    helper_test_op([()], lambda a: a.log_softmax(-1))
+    helper_test_op([(3, 0)], lambda a: a.softmax(1), forward_only=True)
 
 
 def test_cumsum(device):

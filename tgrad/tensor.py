@@ -130,6 +130,18 @@ def _expand_node(node: Node, shape: tuple[int, ...]) -> Node:
     return g.move(node, Op.EXPAND, shape)
 
 
+def _shift_by_max(x: Node, axis: int) -> Node:
+    """x - x.max(axis, keepdim=True).detach() for a float node (the nodes those Tensor ops build)."""
+    top = g.reduce(x, "MAX", (axis,))
+    top = Node(Op.DETACH, (top,), None, top.shape, top.dtype, top.device)
+    return g.alu(Op.SUB, x, _expand_node(top, x.shape))
+
+
+def _exp_node(x: Node) -> Node:
+    """Tensor.exp of a float node: exp2(x * (1 / ln 2)), the nodes Tensor.exp builds."""
+    return g.alu(Op.EXP2, g.alu(Op.MUL, x, g.const(1 / math.log(2), x.dtype, x.device, x.shape)))
+
+
 def _matmul_node(x: Node, w: Node) -> Node:
     """x @ w for nodes of one float dtype, at least 2-d, x's last axis as long as w's second-to-last: the
     nodes Tensor.matmul's general path builds (x (..., n, 1, k) times w transposed (..., 1, m, k), summed
@@ -1828,9 +1840,16 @@ class Tensor(metaclass=_NoGradMeta):
         x = self._float()
         if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "softmax")] == 0:
             return x  # nothing to normalize (PyTorch returns the empty tensor too)
-        # the result does not depend on the shift, so no gradient flows through the max
-        e = (x - x.max(axis, keepdim=True).detach()).exp()
-        p = e * e.sum(axis, keepdim=True).reciprocal()  # the sum is >= 1: no overflowing reciprocal
+        # the result does not depend on the shift, so no gradient flows through the max:
+        # e = (x - x.max(axis, keepdim=True).detach()).exp(); p = e * e.sum(axis, keepdim=True).reciprocal()
+        # (the sum is >= 1: no overflowing reciprocal), as graph nodes (_shifted_exp)
+        if x.ndim:
+            ax = _normalize_axis(axis, x.ndim, "softmax")
+            e = _exp_node(_shift_by_max(x.node, ax))
+            p = x._from(g.alu(Op.MUL, e, _expand_node(g.alu(Op.RECIP, g.reduce(e, "SUM", (ax,))), e.shape)))
+        else:
+            e = (x - x.max(axis, keepdim=True).detach()).exp()
+            p = e * e.sum(axis, keepdim=True).reciprocal()
         if Tensor.no_grad:
             return p
         def rule(grad: Node, out: Node) -> tuple[Node]:  # PyTorch's p * (g - sum(g * p)), reading the
@@ -1844,6 +1863,12 @@ class Tensor(metaclass=_NoGradMeta):
         x = self._float()
         if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "log_softmax")] == 0:
             return x
+        if x.ndim:  # m - m.exp().sum(axis, keepdim=True).log() with m = x - x.max(axis, keepdim).detach()
+            ax = _normalize_axis(axis, x.ndim, "log_softmax")
+            m = _shift_by_max(x.node, ax)
+            total = g.reduce(_exp_node(m), "SUM", (ax,))
+            lse = g.alu(Op.MUL, g.alu(Op.LOG2, total), g.const(math.log(2), m.dtype, m.device, total.shape))
+            return x._from(g.alu(Op.SUB, m, _expand_node(lse, m.shape)))
         m = x - x.max(axis, keepdim=True).detach()
         return m - m.exp().sum(axis, keepdim=True).log()
 

@@ -258,3 +258,29 @@ def test_cpu_kernel_build_failure_keeps_the_compiler_message(fresh_cache, monkey
     x = Tensor(np.ones((7, 13), np.float32), device="CPU")
     message = raised(KernelError, lambda: (x * 3 + 1).realize())
     assert "SyntaxError" in message and "def E_n(:" in message
+
+
+def test_a_graph_too_deep_to_compile_raises_naming_the_users_line(device):
+    """A chain of ops deeper than Python's recursion limit allows (scheduling and lowering recurse over
+    it) raises GraphDepthError (a RecursionError too) with advice and the user's line, not a RecursionError
+    thousands of frames deep."""
+    from tgrad.errors import GraphDepthError
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1500)
+    try:
+        v, ref = Tensor(np.ones(3, np.float32)), np.ones(3, np.float32)
+        for i in range(3000):
+            v, ref = v + float(i % 3), ref + np.float32(i % 3)
+        message = raised(GraphDepthError, lambda: v.numpy())
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "too deep" in message and "realize() parts of it" in message
+    user_line(message, "Tensor.numpy")
+    assert issubclass(GraphDepthError, RecursionError)
+    parts = Tensor(np.ones(3, np.float32))
+    for i in range(3000):  # realized every few hundred ops: computes
+        parts = parts + float(i % 3)
+        if i % 500 == 499:
+            parts = parts.realize()
+    np.testing.assert_array_equal(parts.numpy(), ref)

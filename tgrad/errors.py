@@ -71,6 +71,11 @@ class DistributedError(TgradError, ValueError):
     """Ranks of a distributed job disagree (parameter lists), or a distributed call got a bad argument."""
 
 
+class GraphDepthError(TgradError, RecursionError):
+    """A lazy graph too deep to schedule or compile (a chain of ops longer than Python's recursion limit
+    allows): realize() parts of it first."""
+
+
 class KernelError(TgradError, RuntimeError):
     """A generated kernel failed to compile or to run; the message carries its name and source."""
 

@@ -24,7 +24,7 @@ from tgrad import device, fuse, schedule_cache
 from tgrad.blas import same_index
 from tgrad.device import Buffer, Runner, Runtime, Stats, get_runtime
 from tgrad.dtype import DType, dtypes, round_bf16
-from tgrad.errors import user_frame
+from tgrad.errors import GraphDepthError, user_frame
 from tgrad.graph import MOVEMENT, Node, Op, prod
 from tgrad.runtime.numpy import movement
 
@@ -450,12 +450,21 @@ def compute(nodes: list[Node]) -> None:
         by_device.setdefault(n.device, []).append(n)
     for name, group in by_device.items():
         rt = get_runtime(name)
-        if rt.evaluates_graphs:
-            if RECORDER is not None:
-                RECORDER.evaluate(name)
-            rt.evaluate(group)
-        else:
-            run_schedule(schedule_cache.schedule(group), group)
+        try:
+            if rt.evaluates_graphs:
+                if RECORDER is not None:
+                    RECORDER.evaluate(name)
+                rt.evaluate(group)
+            else:
+                run_schedule(schedule_cache.schedule(group), group)
+        except RecursionError as e:
+            if isinstance(e, GraphDepthError):
+                raise
+            # (not chained: the cause is thousands of identical frames)
+            raise GraphDepthError(
+                f"realize: the graph is too deep to schedule and compile on {name} (a chain of ops longer "
+                f"than Python's recursion limit, {sys.getrecursionlimit()}, allows from here); realize() "
+                "parts of it as you build it, e.g. every few hundred ops of a loop") from None
 
 
 def to_numpy(node: Node, now: Callable[[], Node] | None = None) -> np.ndarray:

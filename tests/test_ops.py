@@ -639,6 +639,12 @@ def test_matmul_and_linear_outside_the_common_case(device):
                    torch.arange(5.0, dtype=torch.float32))
     out = x.linear(w, Tensor([0.0, 1, 2, 3, 4]))
     compare("linear of a 3-d input", out.numpy(), ref.numpy(), 1e-5, 1e-5)
+    # a numpy weight and bias, a Python scalar bias: the general path, as before
+    wn = b.T.astype(np.float32)
+    out = x.linear(wn, np.arange(5.0, dtype=np.float32))
+    compare("linear, numpy weight and bias", out.numpy(), ref.numpy(), 1e-5, 1e-5)
+    ref = F.linear(torch.tensor(a, dtype=torch.float32), torch.tensor(wn)) + 0.5
+    compare("linear, scalar bias", x.linear(w, 0.5).numpy(), ref.numpy(), 1e-5, 1e-5)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -392,14 +392,15 @@ def move(node: Node, op: Op, arg) -> Node:
         arg = tuple(arg)
         if arg == shape:
             return node
-        if node.op is Op.RESHAPE:  # reshape of a reshape is one reshape
+        if node.op is Op.RESHAPE and node.buffer is None:  # reshape of a reshape is one reshape
             node = node.srcs[0]
             if arg == node.shape:
                 return node
         new = arg
     elif op is Op.PERMUTE:
         arg = tuple(arg)
-        if node.op is Op.PERMUTE:  # a permute of a permute is one permute (w.T.transpose(-1, -2): none)
+        if node.op is Op.PERMUTE and node.buffer is None:  # a permute of a permute is one permute
+            # (w.T.transpose(-1, -2): none; never past a node holding its own values)
             arg, node = tuple(node.arg[i] for i in arg), node.srcs[0]
             shape = node.shape
         if arg == tuple(range(len(shape))):

@@ -1842,7 +1842,7 @@ class Tensor(metaclass=_NoGradMeta):
             return x  # nothing to normalize (PyTorch returns the empty tensor too)
         # the result does not depend on the shift, so no gradient flows through the max:
         # e = (x - x.max(axis, keepdim=True).detach()).exp(); p = e * e.sum(axis, keepdim=True).reciprocal()
-        # (the sum is >= 1: no overflowing reciprocal), as graph nodes (_shifted_exp)
+        # (the sum is >= 1: no overflowing reciprocal), as graph nodes (_shift_by_max, _exp_node)
         if x.ndim:
             ax = _normalize_axis(axis, x.ndim, "softmax")
             e = _exp_node(_shift_by_max(x.node, ax))
@@ -2807,9 +2807,12 @@ class Tensor(metaclass=_NoGradMeta):
 
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """x @ weight.T + bias, with weight of shape (out_features, in_features) as in PyTorch."""
-        xn, wn, bn = self.node, weight.node, None if bias is None else bias.node
-        if (xn.dtype is wn.dtype and xn.dtype.is_float and len(xn.shape) > 1 and len(wn.shape) == 2
-                and xn.shape[-1] == wn.shape[1] and xn.device == wn.device and (bn is None or (
+        xn = self.node
+        wn = weight.node if isinstance(weight, Tensor) else None
+        bn = bias.node if isinstance(bias, Tensor) else None
+        if (wn is not None and (bias is None or bn is not None) and xn.dtype is wn.dtype and xn.dtype.is_float
+                and len(xn.shape) > 1 and len(wn.shape) == 2 and xn.shape[-1] == wn.shape[1]
+                and xn.device == wn.device and (bn is None or (
                     bn.dtype is xn.dtype and bn.shape == wn.shape[:1] and bn.device == xn.device))):
             # the common case, as graph nodes (those of the two lines below): no intermediate tensors
             out = _matmul_node(xn, g.move(wn, Op.PERMUTE, (1, 0)))

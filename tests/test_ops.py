@@ -428,6 +428,26 @@ def test_softmax_and_log_softmax_build_the_tensor_ops_graph(device):
     helper_test_op([(3, 0)], lambda a: a.softmax(1), forward_only=True)
 
 
+def test_cross_entropy_mean_builds_the_tensor_codes_graph(device):
+    """cross_entropy's common case (float32 (N, C) logits, class labels, mean, no smoothing) builds its graph
+    from nodes: the nodes of its Tensor code (written out here), so the same kernels, values, gradients."""
+    from tgrad.tensor import _class_positions
+
+    x = Tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32), requires_grad=True)
+    for labels in ([0, 3, 1, -100, 2], [1, 1, 0, 2, 3]):
+        for dtype in ("int64", "int32"):
+            t = Tensor(labels, dtype=dtype)
+            loss = x.cross_entropy(t)
+            logp = x.log_softmax(1)
+            tc, cls = _class_positions(t, 4, -100, 2)
+            per_row = -(tc.unsqueeze(1) != cls).where(0, logp).sum(1)
+            keep = t != -100
+            per_row = keep.where(per_row, 0)
+            assert loss.node is (per_row.sum() * keep.sum().cast(per_row.dtype).reciprocal()).node
+            ref = torch.nn.functional.cross_entropy(torch.tensor(x.numpy()), torch.tensor(labels))
+            compare("cross_entropy", loss.numpy(), ref.numpy(), 1e-6, 1e-6)
+
+
 def test_cumsum(device):
     helper_test_op([S3], lambda a: a.cumsum(1))
     helper_test_op([S3], lambda a: a.cumsum(-1))

@@ -209,3 +209,13 @@ def test_gpu_kernel_profile_names_each_kernel(capsys):
     kernel_profile(lambda: (a @ a).relu().sum().realize(), lambda: None, steps=2)
     out = capsys.readouterr().out
     assert "2 kernels per step" in out and "r_64_64_64" in out and "r_64_64" in out
+
+
+def test_op_overhead_script_prints_every_row():
+    """bench/op_overhead.py (the per-op Python overhead table of bench/README.md) runs and times each op."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "bench/op_overhead.py", "--calls", "3", "--repeat", "1"],
+                          capture_output=True, text=True, cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| `")]
+    assert len(rows) == 11 and all(float(r.split("|")[2]) > 0 for r in rows), proc.stdout

@@ -402,7 +402,7 @@ class CPURuntime(Runtime):
                 built.append(self._build(program, program.name, free=True))
                 rendered = emit_numba.render(k1).launch["prologues"]
                 built.append([self._build(p, k.name) for p, k in zip(rendered, plan.prologues)])
-                native = self.functions[_native(program).key][0]
+                native = self._function(_native(program), program.name)[0]
                 built.append(ctypes.cast(native, ctypes.c_void_p).value)
             arrays = [b.data for b in inputs]
             (second, prologues, address), whole = built, out.data
@@ -441,10 +441,7 @@ class CPURuntime(Runtime):
         on the threads threaded kernels use, without the GIL (cpu_gemm's pieces: n slots)."""
         hit = self.native_calls.get(id(program))
         if hit is None or hit[0] is not program:
-            nat = _native(program)
-            loaded = self.functions.get(nat.key)
-            if loaded is None:  # (setdefault: see _build)
-                loaded = self.functions.setdefault(nat.key, self._load(nat, program.name))
+            loaded = self._function(_native(program), program.name)
             address = ctypes.cast(loaded[0], ctypes.c_void_p).value
             hit = self.native_calls[id(program)] = (program, loaded[0], address)
         _THREADS.run(hit[1], hit[2], (*map(_address, arrays), *ints), n, False)
@@ -509,12 +506,7 @@ class CPURuntime(Runtime):
         the kernel). Functions with the same source (flattened elementwise kernels of different lengths)
         and dtypes share one compiled function. `free`: a serial function called without the GIL, with
         Numba's slots of the calling thread (a piece pair's second kernel runs on the pieces' threads)."""
-        nat = _native(program)
-        hit = self.functions.get(nat.key)
-        if hit is None:
-            # setdefault: two threads that both load it use the first one stored. Storing the second over it
-            # freed the first's code while the other thread ran it (a segfault, test_cpu_threads)
-            hit = self.functions.setdefault(nat.key, self._load(nat, kernel_name))
+        hit = self._function(_native(program), kernel_name)
         native, used, extra = hit[0], program.reads, program.args
         address_of_native = ctypes.cast(native, ctypes.c_void_p).value
         if free and not program.launch.get("split") and not program.scratch:
@@ -545,6 +537,13 @@ class CPURuntime(Runtime):
                 pool.append(tmp)
 
         return call
+
+    def _function(self, nat: _Native, kernel_name: str) -> tuple:
+        """The native function of `nat` as self.functions keeps it (ctypes function, what keeps it alive),
+        loaded on first use. Two threads that load it at once both get the one stored first (setdefault):
+        storing the second over it freed the first's code while the other thread ran it (a segfault)."""
+        hit = self.functions.get(nat.key)
+        return hit if hit is not None else self.functions.setdefault(nat.key, self._load(nat, kernel_name))
 
     def _load(self, nat: _Native, kernel_name: str):
         """The native function as a ctypes function (and what keeps its code alive): from the disk cache

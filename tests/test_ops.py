@@ -423,6 +423,11 @@ def test_softmax_and_log_softmax_build_the_tensor_ops_graph(device):
             p = e * e.sum(axis, keepdim=True).reciprocal()
             assert soft.node.op is Op.DETACH and soft.node.srcs[0] is p.node
             assert x.log_softmax(axis).node is (m - m.exp().sum(axis, keepdim=True).log()).node
+    s = Tensor(1.5)  # a 0-d tensor: the same nodes, reduced over no axis
+    with Tensor.no_grad:
+        m = s - s.max(0, keepdim=True).detach()
+        assert s.softmax(0).node is (m.exp() * m.exp().sum(0, keepdim=True).reciprocal()).node
+        assert s.log_softmax(-1).node is (m - m.exp().sum(-1, keepdim=True).log()).node
     helper_test_op([()], lambda a: a.softmax(0))
     helper_test_op([()], lambda a: a.log_softmax(-1))
     helper_test_op([(3, 0)], lambda a: a.softmax(1), forward_only=True)

@@ -130,16 +130,22 @@ def _expand_node(node: Node, shape: tuple[int, ...]) -> Node:
     return g.move(node, Op.EXPAND, shape)
 
 
-def _shift_by_max(x: Node, axis: int) -> Node:
-    """x - x.max(axis, keepdim=True).detach() for a float node (the nodes those Tensor ops build)."""
-    top = g.reduce(x, "MAX", (axis,))
+def _shift_by_max(x: Node, axes: tuple[int, ...]) -> Node:
+    """x - x.max(axes, keepdim=True).detach() for a float node (the nodes those Tensor ops build; no axes:
+    a 0-d tensor, whose max is itself)."""
+    top = g.reduce(x, "MAX", axes)
     top = Node(Op.DETACH, (top,), None, top.shape, top.dtype, top.device)
     return g.alu(Op.SUB, x, _expand_node(top, x.shape))
 
 
 def _exp_node(x: Node) -> Node:
-    """Tensor.exp of a float node: exp2(x * (1 / ln 2)), the nodes Tensor.exp builds."""
+    """Tensor.exp of a float node: exp2(x * (1 / ln 2))."""
     return g.alu(Op.EXP2, g.alu(Op.MUL, x, g.const(1 / math.log(2), x.dtype, x.device, x.shape)))
+
+
+def _log_node(x: Node) -> Node:
+    """Tensor.log of a float node: log2(x) * ln 2."""
+    return g.alu(Op.MUL, g.alu(Op.LOG2, x), g.const(math.log(2), x.dtype, x.device, x.shape))
 
 
 def _matmul_node(x: Node, w: Node) -> Node:
@@ -1323,10 +1329,12 @@ class Tensor(metaclass=_NoGradMeta):
         return x._alu(Op.LOG2)
 
     def exp(self) -> Tensor:
-        return (self._float() * (1 / math.log(2))).exp2()
+        x = self._float()
+        return x._from(_exp_node(x.node))
 
     def log(self) -> Tensor:
-        return self.log2() * math.log(2)
+        x = self._float()
+        return x._from(_log_node(x.node))
 
     def sqrt(self) -> Tensor:
         x = self._float()
@@ -1838,18 +1846,15 @@ class Tensor(metaclass=_NoGradMeta):
     def softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "softmax")] == 0:
+        ax = _normalize_axis(axis, x.ndim, "softmax")
+        if x.ndim and x.shape[ax] == 0:
             return x  # nothing to normalize (PyTorch returns the empty tensor too)
         # the result does not depend on the shift, so no gradient flows through the max:
         # e = (x - x.max(axis, keepdim=True).detach()).exp(); p = e * e.sum(axis, keepdim=True).reciprocal()
-        # (the sum is >= 1: no overflowing reciprocal), as graph nodes (_shift_by_max, _exp_node)
-        if x.ndim:
-            ax = _normalize_axis(axis, x.ndim, "softmax")
-            e = _exp_node(_shift_by_max(x.node, ax))
-            p = x._from(g.alu(Op.MUL, e, _expand_node(g.alu(Op.RECIP, g.reduce(e, "SUM", (ax,))), e.shape)))
-        else:
-            e = (x - x.max(axis, keepdim=True).detach()).exp()
-            p = e * e.sum(axis, keepdim=True).reciprocal()
+        # (the sum is >= 1: no overflowing reciprocal), as graph nodes; a 0-d tensor reduces over no axis
+        axes = (ax,) if x.ndim else ()
+        e = _exp_node(_shift_by_max(x.node, axes))
+        p = x._from(g.alu(Op.MUL, e, _expand_node(g.alu(Op.RECIP, g.reduce(e, "SUM", axes)), e.shape)))
         if Tensor.no_grad:
             return p
         def rule(grad: Node, out: Node) -> tuple[Node]:  # PyTorch's p * (g - sum(g * p)), reading the
@@ -1861,16 +1866,14 @@ class Tensor(metaclass=_NoGradMeta):
     def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.ndim and x.shape[_normalize_axis(axis, x.ndim, "log_softmax")] == 0:
+        ax = _normalize_axis(axis, x.ndim, "log_softmax")
+        if x.ndim and x.shape[ax] == 0:
             return x
-        if x.ndim:  # m - m.exp().sum(axis, keepdim=True).log() with m = x - x.max(axis, keepdim).detach()
-            ax = _normalize_axis(axis, x.ndim, "log_softmax")
-            m = _shift_by_max(x.node, ax)
-            total = g.reduce(_exp_node(m), "SUM", (ax,))
-            lse = g.alu(Op.MUL, g.alu(Op.LOG2, total), g.const(math.log(2), m.dtype, m.device, total.shape))
-            return x._from(g.alu(Op.SUB, m, _expand_node(lse, m.shape)))
-        m = x - x.max(axis, keepdim=True).detach()
-        return m - m.exp().sum(axis, keepdim=True).log()
+        # m - m.exp().sum(axis, keepdim=True).log() with m = x - x.max(axis, keepdim=True).detach(), as nodes
+        axes = (ax,) if x.ndim else ()
+        m = _shift_by_max(x.node, axes)
+        lse = _log_node(g.reduce(_exp_node(m), "SUM", axes))
+        return x._from(g.alu(Op.SUB, m, _expand_node(lse, m.shape)))
 
     def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis

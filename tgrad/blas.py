@@ -26,6 +26,12 @@ BLAS_MIN_MATVEC_WORK = 1 << 20
 SMALL_K_MAX = 36
 SMALL_K_MAX_N = 64
 BLAS_MIN_BATCH_WORK = 1 << 14  # multiply-adds per matmul below which batch axes are not made (_lead_batch)
+# a batch of matmuls of at most this many multiply-adds each, K at most BATCHED_MAX_K, runs as generated code
+# (`generated_batch`, emit_numba.render_batched) instead of one BLAS call per matmul: attention's
+# 64 x (64x16 @ 16x64) 160 -> 60 us, 64 x (64x64 @ 64x16) 125 -> 60 (2 threads), OpenBLAS's cost per call
+# being most of its time at these sizes
+BATCHED_MAX_WORK = 1 << 17
+BATCHED_MAX_K = 64
 # elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the
 # generated loop runs instead: 256 MiB of float32
 BLAS_MAX_OPERAND = 1 << 26
@@ -199,6 +205,20 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             return None
     chunk = _chunk(k, a, b, batch, m, n, copied)
     return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues), chunk)
+
+
+def generated_batch(k: Kernel, plan: BlasPlan) -> bool:
+    """Whether a plan's matmuls are run by a generated function (emit_numba.render_batched) instead of
+    BLAS: a batch of at least two small matmuls (BATCHED_MAX_WORK, BATCHED_MAX_K) over one M, one N and
+    one K axis, with operands read in place and the result stored as it comes (no prologue, epilogue or
+    chunk)."""
+    if not plan.batch or plan.prologues or plan.epilogue is not None or plan.chunk is not None:
+        return False
+    if len(plan.m) != 1 or len(plan.n) != 1 or len(k.reduce_shape) != 1:
+        return False
+    kk = k.reduce_shape[0]
+    work = k.shape[plan.m[0]] * k.shape[plan.n[0]] * kk
+    return kk <= BATCHED_MAX_K and work <= BATCHED_MAX_WORK and math.prod(k.shape[b] for b in plan.batch) >= 2
 
 
 def _overlaps(op: Operand, axes, shape) -> bool:

@@ -22,7 +22,7 @@ import math
 import re
 from pathlib import Path
 
-from tgrad.blas import BlasPlan, Operand, _affine, blas_plan  # noqa: F401 (re-exported)
+from tgrad.blas import BlasPlan, Operand, _affine, blas_plan, generated_batch  # noqa: F401 (re-exported)
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import (
     Expr,
@@ -37,7 +37,10 @@ from tgrad.loop_axes import flatten, merge_axes, nodes, split_axes
 from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
-PARALLEL_MIN_WORK = 1 << 20  # iterations (global x reduce) below which threads cost more than they save
+# iterations (global x reduce) below which threads cost more than they save. 2**18 since the seventeenth
+# session: GPT step 12.5 -> 11.8 ms (in one process, alternating), GELU-sized kernels whose operands come
+# from the shared cache run at one core's bandwidth (~10 GB/s) on one thread; MLP and CNN steps unchanged
+PARALLEL_MIN_WORK = 1 << 18
 
 # the helpers kernels call live in tgrad/runtime/numba_rt.py; a digest of that file is part of every
 # kernel's source, so kernels cached on disk are rebuilt when the helpers change (the file is read, not
@@ -47,7 +50,7 @@ _RT_DIGEST = hashlib.sha256(_RT_PATH.read_bytes()).hexdigest()[:12]
 HEADER = f"""import numpy as np
 
 from tgrad.runtime.numba_rt import (  # runtime {_RT_DIGEST}
-    _acc_add, _acc_mul, _bf16, _exp2f, _f16, _idiv, _maximum, _opaque, kernel,
+    _acc_add, _acc_mul, _bf16, _exp2f, _f16, _fma, _idiv, _maximum, _opaque, kernel,
 )
 """
 
@@ -346,12 +349,86 @@ def render(kernel: Kernel) -> Program:
     plan = blas_plan(kernel)
     if plan is None:
         return render_loops(kernel)
+    if generated_batch(kernel, plan):
+        return render_batched(kernel, plan)
     prologues = tuple(render_loops(p) for p in plan.prologues)
     epilogue = None if plan.epilogue is None else render_loops(plan.epilogue)
     what = "the reduce is a BLAS matmul" if epilogue is not None else "a BLAS matmul"
     source = f"# {kernel.name}: {what} (see emit_numba.blas_plan)\n" + (epilogue.source if epilogue else "")
     launch = {"blas": plan, "prologues": prologues, "epilogue": epilogue}
     return Program(kernel.name, source, launch=launch)
+
+
+BATCHED_ROWS = 2  # rows of C a generated batched matmul computes at once (render_batched)
+
+
+def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
+    """A batch of small matmuls (blas.generated_batch: attention's) as one function, the matmuls split over
+    threads. Each matmul copies its B to `pack` row by row where B's rows are not contiguous, then computes
+    BATCHED_ROWS rows of C at a time: for each column j an accumulator per row, the K products added one
+    statement each (K is a constant, so the loop over j is the innermost loop: LLVM vectorizes it, each
+    accumulator a vector of columns, B's row a vector load, A's element broadcast), each product added with
+    one rounding (`_fma`), as BLAS does. Alone, 64 matmuls of 64x16 @ 16x64 (attention's scores) take
+    ~57 us instead of BLAS's ~126, 64 of 64x64 @ 64x16 ~54 instead of ~88 (2 threads; BATCHED_ROWS 1 or 4:
+    slower, 4 no longer vectorizes for K = 64)."""
+    k = kernel
+    reads = tuple(sorted({plan.a.input, plan.b.input}))
+    name = {i: f"in{j}" for j, i in enumerate(reads)}
+    a_in, b_in, dt = name[plan.a.input], name[plan.b.input], k.reduce_expr.dtype
+    (m,), (n,), r = plan.m, plan.n, k.n_global
+    rows_m, cols, depth = k.shape[m], k.shape[n], k.shape[r]
+    sa, sb = plan.a.strides, plan.b.strides
+    so, size = [0] * k.n_global, 1  # the output is row-major over the global axes (the plan has no epilogue)
+    for axis in reversed(range(k.n_global)):
+        so[axis], size = size, size * k.shape[axis]
+    count = math.prod(k.shape[b] for b in plan.batch)
+    pack = sb[n] != 1
+    body = ["for t in range(lo, hi):"]
+    rest = "t"  # t counts the matmuls row-major over the batch axes
+    for pos, b in reversed(list(enumerate(plan.batch))):
+        if pos == 0:
+            body.append(f"    i{b} = {rest}")
+        else:
+            body += [f"    q{pos} = {rest} // {k.shape[b]}", f"    i{b} = {rest} - q{pos} * {k.shape[b]}"]
+            rest = f"q{pos}"
+
+    def at(strides, base: int) -> str:
+        return " + ".join([str(base), *(f"i{b} * {strides[b]}" for b in plan.batch)])
+
+    body += [f"    oa = {at(sa, plan.a.offset)}", f"    ob = {at(sb, plan.b.offset)}",
+             f"    oo = {at(so, 0)}"]
+    if pack:
+        body += [f"    pb = t * {depth * cols}", f"    for i{r} in range({depth}):",
+                 f"        for i{n} in range({cols}):",
+                 f"            pack[pb + i{r} * {cols} + i{n}] = "
+                 f"{b_in}[ob + i{r} * {sb[r]} + i{n} * {sb[n]}]"]
+
+    def block(first: str, rows: int) -> list[str]:
+        lines = [f"    a0 = oa + {first} * {sa[m]}", f"    o0 = oo + {first} * {so[m]}",
+                 f"    for i{n} in range({cols}):"]
+        lines += [f"        c{j} = {render_const(0, dt)}" for j in range(rows)]
+        for kk in range(depth):
+            b_at = f"pack[pb + {kk * cols} + i{n}]" if pack else f"{b_in}[ob + {kk * sb[r]} + i{n}]"
+            lines.append(f"        w = {b_at}")
+            lines += [f"        c{j} = _fma({a_in}[a0 + {j * sa[m] + kk * sa[r]}], w, c{j})"
+                      for j in range(rows)]
+        return lines + [f"        out[o0 + {j * so[m]} + i{n}] = c{j}" for j in range(rows)]
+
+    tail = rows_m % BATCHED_ROWS
+    if rows_m >= BATCHED_ROWS:
+        body.append(f"    for i{m} in range(0, {rows_m - tail}, {BATCHED_ROWS}):")
+        body += ["    " + line for line in block(f"i{m}", BATCHED_ROWS)]
+    if tail:
+        body += block(str(rows_m - tail), tail)
+    args = ", ".join(["out", *name.values(), *(["pack"] if pack else []), "lo", "hi"])
+    source = "\n".join(["@kernel()", f"def {k.name}({args}):", *("    " + line for line in body)])
+    temps = ((count * depth * cols, storage_dtype(dt)),) if pack else ()
+    ins = tuple(storage_dtype(k.in_dtypes[i]) for i in reads)
+    parallel = count * rows_m * cols * depth >= PARALLEL_MIN_WORK
+    launch = {"storage": (storage_dtype(k.out_dtype), *ins, *(t for _, t in temps)),
+              "split": count if parallel else 0, "combine": False}
+    return Program(k.name, HEADER + "\n\n" + source + "\n", reads=reads, scratch=temps,
+                   args=() if parallel else (0, count), launch=launch)
 
 
 def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:

@@ -98,6 +98,19 @@ def _maximum(typingctx, a, b):
 
 
 @intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma), as BLAS computes its products' sums: a generated batched matmul's
+    (emit_numba.render_batched) one instruction per product instead of two."""
+    if not (isinstance(a, types.Float) and a == b and b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _call_llvm(builder, "llvm.fma", *args)
+
+    return a(a, b, c), codegen
+
+
+@intrinsic
 def _opaque(typingctx, a):
     """`a` unchanged, as a value LLVM cannot see through (llvm.arithmetic.fence): a MAX reduce's infinite
     constants go through it once, before the loops. Knowing one is -inf, LLVM rewrites

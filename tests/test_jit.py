@@ -6,12 +6,12 @@ import torch
 import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test loads Mesa's; see report)
 
 from tgrad import Tensor
-from tgrad.device import Stats
+from tgrad.device import Stats, get_runtime
 from tgrad.dtype import dtypes
 from tgrad.errors import JitError
 from tgrad.jit import TinyJit
 from tgrad.nn import Linear
-from tgrad.nn.optim import Adam
+from tgrad.nn.optim import SGD, Adam
 from tgrad.realize import HostStep
 
 RNG = np.random.default_rng(0)
@@ -57,6 +57,75 @@ def test_training_step_matches_torch_for_50_steps():
     # earlier returned losses still hold their own values
     assert len({round(float(v.item()), 7) for v in losses}) > 40
     np.testing.assert_allclose(l1.weight.numpy(), t1.weight.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+def test_cross_entropy_step_captures_on_the_second_call_whatever_ran_before():
+    """cross_entropy's class positions are a buffer tgrad makes once (tensor._arange_buffer): made inside
+    the first call, it was host data of that call only, the second call differed, and the capture waited
+    for a third (a test passed or failed by what ran before it)."""
+    from tgrad import tensor as tensor_mod
+
+    tensor_mod._ARANGES.clear()
+    w = Tensor(RNG.standard_normal((5, 11)).astype(np.float32), requires_grad=True)
+    opt = SGD([w], lr=0.1)
+    calls = []
+
+    @TinyJit
+    def step(x, y):
+        calls.append(1)
+        opt.zero_grad()
+        loss = (x @ w).cross_entropy(y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    x, y = RNG.standard_normal((8, 5)).astype(np.float32), RNG.integers(0, 11, 8)
+    tw = torch.tensor(w.numpy(), requires_grad=True)
+    for _ in range(4):
+        loss = step(Tensor(x), Tensor(y))
+        tloss = torch.nn.functional.cross_entropy(torch.tensor(x) @ tw, torch.tensor(y))
+        tloss.backward()
+        with torch.no_grad():
+            tw -= 0.1 * tw.grad
+        tw.grad = None
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 2
+
+
+def _chain(x, w):
+    """Six matmuls in a row: each intermediate (16, 16) is dead after the next kernel reads it."""
+    h = x
+    for _ in range(6):
+        h = (h @ w).relu() + 0.5  # (relu and + fuse into the matmul's epilogue or the next kernel)
+    return h.sum(0)
+
+
+def _buffers(jit: TinyJit) -> int:
+    return len({id(out) for _, out, _ in jit.captured} | {id(b) for *_, ins in jit.captured for b in ins})
+
+
+def test_replays_reuse_the_memory_of_dead_intermediates(device):
+    """Memory planning (jit._plan, at the first replay): intermediates whose lives do not overlap share a
+    buffer; every replay's values as numpy's."""
+    if get_runtime(device).evaluates_graphs:
+        pytest.skip("the NUMPY reference runs the function at every call: nothing is captured")
+    w = RNG.standard_normal((16, 16)).astype(np.float32) / 4
+    f = TinyJit(lambda x, w: _chain(x, w))
+    ref = lambda x: _chain_numpy(x, w)  # noqa: E731
+    for i in range(5):
+        x = RNG.standard_normal((16, 16)).astype(np.float32)
+        if i == 2:
+            before = _buffers(f)
+        np.testing.assert_allclose(f(Tensor(x, device=device), Tensor(w, device=device)).numpy(), ref(x),
+                                   rtol=1e-4, atol=1e-4)
+    assert _buffers(f) < before, (before, _buffers(f))
+
+
+def _chain_numpy(x, w):
+    h = x.astype(np.float64)
+    for _ in range(6):
+        h = np.maximum(h @ w, 0) + 0.5
+    return h.sum(0)
 
 
 def test_replay_uses_new_inputs_and_keeps_old_outputs():

@@ -524,3 +524,30 @@ def test_debug_1_reports_captures_and_replays(device, monkeypatch, capsys):
         return
     assert "TinyJit <lambda>: capture 1 (" in err
     assert "TinyJit <lambda>: replay 1 (" in err and "TinyJit <lambda>: replay 2 (" in err
+
+
+def test_an_intermediate_the_function_keeps_in_python_is_not_shared(device):
+    """Replays reuse the memory of dead intermediates (jit._plan); a tensor the function stored in Python
+    without returning it is not planned: it shows the value the last call computed (on kernel devices the
+    capture's tensor, which every replay overwrites; on NUMPY each call appends its own), never another
+    intermediate's."""
+    w = RNG.standard_normal((16, 16)).astype(np.float32) / 4
+    kept = []
+
+    @TinyJit
+    def f(x, w):
+        h = x
+        for i in range(6):
+            h = (h @ w).relu() + 0.5
+            if i == 2:
+                kept.append(h)
+        return h.sum(0)
+
+    for _ in range(4):
+        x = RNG.standard_normal((16, 16)).astype(np.float32)
+        f(Tensor(x), Tensor(w)).numpy()
+    h = x.astype(np.float64)
+    for _ in range(3):
+        h = np.maximum(h @ w, 0) + 0.5
+    assert len(kept) == (2 if jitted(device) else 4)
+    close(kept[-1], h, rtol=1e-4, atol=1e-4)

@@ -55,8 +55,9 @@ RECORDER: Recorder | None = None
 
 
 @contextlib.contextmanager
-def recording(recorder: Recorder) -> Iterator[Recorder]:
-    """Report launches, uploads, random draws and reads to `recorder` inside the block."""
+def recording(recorder: Recorder | None) -> Iterator[Recorder | None]:
+    """Report launches, uploads, random draws and reads to `recorder` inside the block (None: to no one,
+    as for a constant tgrad keeps across calls)."""
     global RECORDER
     saved, RECORDER = RECORDER, recorder
     try:

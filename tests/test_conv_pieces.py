@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tgrad import Tensor, blas, emit_numba, fuse
+from tgrad import Tensor, blas, emit_numba, emit_numba_conv, fuse
 from tgrad.runtime import cpu_blas, cpu_gemm
 
 
@@ -149,7 +149,10 @@ def test_shifted_pieces_match_torch(case, threads, native, monkeypatch):
     """A stride-1 (along H) conv whose pieces copy each image row once and shift it per kernel row (forward:
     products summed; weight gradient: one slice of the result per kernel row): values and gradients as
     PyTorch's, nan and inf included, on 1 and 3 threads; as cpu_gemm's compiled function calling BLAS
-    (where numpy's BLAS has the ILP64 gemm it calls) and as numpy calls."""
+    (where numpy's BLAS has the ILP64 gemm it calls) and as numpy calls. (Forwards like these run as
+    direct convolutions, tests/test_direct_conv.py; BLAS takes them here, as it takes those that path
+    does not.)"""
+    monkeypatch.setattr(emit_numba_conv, "direct_conv", lambda kernel, plan: False)
     monkeypatch.setenv("TGRAD_THREADS", threads)
     ran = []
     real = cpu_gemm.shifted_spec

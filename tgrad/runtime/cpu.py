@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgrad import blas, emit_numba
+from tgrad import blas, emit_numba, emit_numba_conv
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_numba import BlasPlan
@@ -282,7 +282,40 @@ def _functions(program: Program) -> list[Program]:
     """The generated functions a kernel's Program needs (a BLAS plan has some around the matmul)."""
     if "blas" not in program.launch:
         return [program]
-    return [*program.launch["prologues"], *filter(None, [program.launch["epilogue"]])]
+    around = [program.launch["epilogue"], program.launch.get("direct")]
+    return [*program.launch["prologues"], *filter(None, around)]
+
+
+def _render(kernel: Kernel) -> Program:
+    """emit_numba's Program for the kernel; a convolution's forward product also gets its direct
+    convolution (emit_numba_conv), which runs instead of BLAS (launch fact `direct`)."""
+    program = emit_numba.render(kernel)
+    plan = program.launch.get("blas")
+    if plan is not None and emit_numba_conv.direct_conv(kernel, plan):
+        program.launch["direct"] = emit_numba_conv.render_direct(kernel, plan)
+    return program
+
+
+class _DirectConv:
+    """BlasCall's part for a direct convolution (emit_numba_conv): packs the weight (c, kh, kw, o) from its
+    operand's strides (the index of each element worked out once), then runs the generated function over
+    the images on the threaded kernels' threads; the sums come out in the kernel's order, into `out`
+    itself when it takes them."""
+
+    def __init__(self, function, plan: BlasPlan, kernel: Kernel):
+        self.function, self.plan = function, plan
+        sb = plan.b.strides
+        c, kh, kw, o = np.ix_(*map(np.arange, emit_numba_conv.packed_weight_shape(kernel)))
+        self.index = (plan.b.offset + c * sb[4] + kh * sb[5] + kw * sb[6] + o * sb[1]).reshape(-1)
+        self.size = math.prod(kernel.global_shape)
+
+    def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
+        a, b = arrays[self.plan.a.input], arrays[self.plan.b.input]
+        packed = np.take(b, self.index)
+        direct = out is not None and out.dtype == a.dtype
+        acc = out if direct else memory.array(self.size, a.dtype)
+        self.function(acc, a, packed)
+        return None if direct else acc
 
 
 class CPURuntime(Runtime):
@@ -324,7 +357,7 @@ class CPURuntime(Runtime):
 
     def render(self, kernel: Kernel) -> Program:
         hit = self.rendered.pop(kernel, None)
-        return hit if hit is not None else emit_numba.render(kernel)
+        return hit if hit is not None else _render(kernel)
 
     def prepare(self, kernels: list, groups: list[Runner] = ()) -> None:
         """Before a schedule runs: queue the native functions it needs that are neither in memory nor on
@@ -338,7 +371,7 @@ class CPURuntime(Runtime):
             return
         parts, pieces = [], set()
         for kernel in kernels:
-            program = self.rendered[kernel] = emit_numba.render(kernel)
+            program = self.rendered[kernel] = _render(kernel)
             parts += _functions(program)
             plan = program.launch.get("blas")
             if plan is not None and plan.chunk is not None and kernel.out_dtype in (dtypes.float32,
@@ -464,9 +497,13 @@ class CPURuntime(Runtime):
             prologues = [self._build(p, k.name) for p, k in zip(program.launch["prologues"], plan.prologues)]
             epilogue = program.launch["epilogue"]
             fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
-            if plan.chunk is not None and cpu_gemm.enabled():  # compiled pieces: one image a piece
-                plan = blas.single_pieces(kernel, plan)
-            matmul = BlasCall(plan, kernel, self._run_native)
+            direct = program.launch.get("direct")
+            if direct is not None:
+                matmul = _DirectConv(self._build(direct, kernel.name), plan, kernel)
+            else:
+                if plan.chunk is not None and cpu_gemm.enabled():  # compiled pieces: one image a piece
+                    plan = blas.single_pieces(kernel, plan)
+                matmul = BlasCall(plan, kernel, self._run_native)
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
         any_widen = any(widen)

@@ -291,9 +291,12 @@ def _render(kernel: Kernel) -> Program:
     convolution (emit_numba_conv), which runs instead of BLAS (launch fact `direct`)."""
     program = emit_numba.render(kernel)
     plan = program.launch.get("blas")
-    if plan is not None and emit_numba_conv.direct_conv(kernel, plan):
-        program.launch["direct"] = emit_numba_conv.render_direct(kernel, plan)
-    return program
+    if plan is None or not emit_numba_conv.direct_conv(kernel, plan):
+        return program
+    direct, epilogue = emit_numba_conv.render_direct(kernel, plan), program.launch["epilogue"]
+    source = f"# {kernel.name}: a direct convolution (see emit_numba_conv), then its epilogue if any\n"
+    source += direct.source + ("" if epilogue is None else "\n" + epilogue.source)
+    return dataclasses.replace(program, source=source, launch={**program.launch, "direct": direct})
 
 
 class _DirectConv:

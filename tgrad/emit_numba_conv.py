@@ -4,10 +4,11 @@ of BLAS over copied windows (tgrad/blas.py, runtime/cpu_blas.py).
 The kernel is the one `blas.blas_plan` recognises as a matmul: out[n, o, y, x] = sum over (c, kh, kw) of
 windows[n, y, x, c, kh, kw] * weight[o, c, kh, kw], the windows read in place from the input (strides for
 stride and dilation). Per image (the images split over threads), for each input channel, for each output
-row and tile of DIRECT_PIXELS pixels: a loop over the output channels, innermost so that LLVM vectorizes it
+row and tile of 4 (or 3) pixels: a loop over the output channels, innermost so that LLVM vectorizes it
 (each accumulator a vector of output channels), whose body is every kernel tap times every pixel of the
 tile written out as a `_fma` statement (the taps are constants: nothing else is in the loop), accumulating
-into a per-image buffer laid out (pixel, channel). The weight comes packed (c, kh, kw, o) (the runtime
+into a per-image buffer laid out (pixel, channel); for 3x3 kernels two input channels a pass (fewer loads
+and stores of the accumulators: conv4 1.83 -> 1.62 ms). The weight comes packed (c, kh, kw, o) (the runtime
 packs it at each call: a few thousand elements). At the end of each image, the (pixel, channel) sums are
 put in the kernel's order (o, y, x), where the BLAS path's epilogue (bias, relu...) takes them as from BLAS.
 
@@ -29,7 +30,12 @@ from tgrad.fuse import Kernel
 from tgrad.program import Program
 
 DIRECT_MAX_TAPS = 49  # kernel taps (kh * kw) up to which the taps are written out (a 7x7 kernel)
-DIRECT_MIN_CHANNELS = 8  # output channels from which the loop over them is worth vectorizing
+# output channels from which the loop over them pays (a vector of 16 floats; 8 output channels, 16 or 32
+# input channels, 3x3: 1.07 -> 2.94 and 3.09 -> 11.07 ms against BLAS), and multiply-adds per output
+# value (c * kh * kw) from which it does (16 -> 32 channels 3x3, 144: 4.1 -> 4.4 ms; 32 -> 16, 288:
+# 5.1 -> 3.6)
+DIRECT_MIN_CHANNELS = 16
+DIRECT_MIN_DEPTH = 256
 DIRECT_MIN_WORK = 1 << 20  # multiply-adds below which the BLAS path's overheads are no matter
 
 
@@ -48,8 +54,8 @@ def direct_conv(kernel: Kernel, plan: BlasPlan) -> bool:
     if k.in_dtypes[plan.a.input] != dt or k.in_dtypes[plan.b.input] != dt:
         return False
     _, channels, _, _ = k.global_shape
-    _, kh, kw = k.reduce_shape
-    big = math.prod(k.shape) >= DIRECT_MIN_WORK
+    cin, kh, kw = k.reduce_shape
+    big = math.prod(k.shape) >= DIRECT_MIN_WORK and cin * kh * kw >= DIRECT_MIN_DEPTH
     return kh * kw <= DIRECT_MAX_TAPS and channels >= DIRECT_MIN_CHANNELS and big
 
 
@@ -70,15 +76,17 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
     pixels, taps = rows * cols, kh * kw
     tile = 4 if cols % 4 == 0 or cols % 3 else 3
     tail = cols % tile
+    group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
 
     def block(x: str, width: int) -> list[str]:
         lines = [f"ai = ay + {x} * {sa[3]}", f"ti = ty + {x} * {chans}", f"for o in range({chans}):"]
         lines += [f"    a{p} = tmp[ti + {p * chans} + o]" for p in range(width)]
-        for t in range(taps):
-            dy, dx = divmod(t, kw)
-            lines.append(f"    w = wp[wc + {t * chans} + o]")
-            lines += [f"    a{p} = _fma(inp[ai + {p * sa[3] + dy * sa[5] + dx * sa[6]}], w, a{p})"
-                      for p in range(width)]
+        for g in range(group):
+            for t in range(taps):
+                dy, dx = divmod(t, kw)
+                lines.append(f"    w = wp[wc + {(g * taps + t) * chans} + o]")
+                at = g * sa[4] + dy * sa[5] + dx * sa[6]
+                lines += [f"    a{p} = _fma(inp[ai + {at + p * sa[3]}], w, a{p})" for p in range(width)]
         return lines + [f"    tmp[ti + {p * chans} + o] = a{p}" for p in range(width)]
 
     body = ["for n in range(lo, hi):",
@@ -86,7 +94,7 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
             f"    ab = {plan.a.offset} + n * {sa[0]}",
             f"    for i in range({pixels * chans}):",
             f"        tmp[tb + i] = {render_const(0, dt)}",
-            f"    for c in range({cin}):",
+            f"    for c in range(0, {cin}, {group}):",
             f"        ac = ab + c * {sa[4]}",
             f"        wc = c * {taps * chans}",
             f"        for y in range({rows}):",

@@ -12,11 +12,11 @@ and stores of the accumulators: conv4 1.83 -> 1.62 ms). The weight comes packed 
 packs it at each call: a few thousand elements). At the end of each image, the (pixel, channel) sums are
 put in the kernel's order (o, y, x), where the BLAS path's epilogue (bias, relu...) takes them as from BLAS.
 
-Measured alone on 2 cores (batch 128): MNIST conv2 (32->32 5x5, 24x24) 10.4 ms where BLAS in pieces
-took 12.5-15.4 and PyTorch (oneDNN) 9.2; conv4 (64->64 3x3, 8x8) 1.27 ms (2.1; PyTorch 1.28); conv3
-(32->64 3x3, 10x10) 1.23 (1.4-1.5; 1.19). Tiles of 2 pixels, two rows of pixels, or two channels per
-pass were slower; four channels per pass, or every tap of every channel written out, do not vectorize
-(the latter also took 306 s to compile).
+Measured on 2 cores (batch 128, forward + bias + relu, TinyJit, against the BLAS path in the same
+process): MNIST conv2 (32->32 5x5, 24x24) 14.2 -> 10.7 ms (PyTorch's oneDNN 9.2), conv4 (64->64 3x3,
+8x8) 2.16 -> 1.66 (1.3), conv3 (32->64 3x3, 10x10) 1.39 -> 1.25 (1.2); bench/README.md has more shapes.
+Tiles of 2 pixels, two rows of pixels, or two channels a pass for 5x5 were slower; four channels a pass,
+or every tap of every channel written out, do not vectorize (the latter also took 306 s to compile).
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ SMALL_K_MAX_N = 64
 BLAS_MIN_BATCH_WORK = 1 << 14  # multiply-adds per matmul below which batch axes are not made (_lead_batch)
 # a batch of matmuls of at most this many multiply-adds each, K at most BATCHED_MAX_K, runs as generated code
 # (`generated_batch`, emit_numba.render_batched) instead of one BLAS call per matmul: attention's
-# 64 x (64x16 @ 16x64) 160 -> 60 us, 64 x (64x64 @ 64x16) 125 -> 60 (2 threads), OpenBLAS's cost per call
-# being most of its time at these sizes
+# 64 x (64x16 @ 16x64) 126 -> 57 us, 64 x (64x64 @ 64x16) 88 -> 54 (2 threads, alone), OpenBLAS's cost per
+# call being most of its time at these sizes
 BATCHED_MAX_WORK = 1 << 17
 BATCHED_MAX_K = 64
 # elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the

@@ -99,8 +99,9 @@ def _maximum(typingctx, a, b):
 
 @intrinsic
 def _fma(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma), as BLAS computes its products' sums: a generated batched matmul's
-    (emit_numba.render_batched) one instruction per product instead of two."""
+    """a * b + c rounded once (llvm.fma), as BLAS computes its products' sums: one instruction per product
+    instead of two in the generated batched matmuls (emit_numba.render_batched) and direct convolutions
+    (emit_numba_conv)."""
     if not (isinstance(a, types.Float) and a == b and b == c):
         return None
 

@@ -33,6 +33,7 @@ from tgrad.fuse import (
     linear_terms,
     reduce_identity,
 )
+from tgrad.graph import strides_for
 from tgrad.loop_axes import flatten, merge_axes, nodes, split_axes
 from tgrad.program import Program
 
@@ -378,9 +379,7 @@ def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
     (m,), (n,), r = plan.m, plan.n, k.n_global
     rows_m, cols, depth = k.shape[m], k.shape[n], k.shape[r]
     sa, sb = plan.a.strides, plan.b.strides
-    so, size = [0] * k.n_global, 1  # the output is row-major over the global axes (the plan has no epilogue)
-    for axis in reversed(range(k.n_global)):
-        so[axis], size = size, size * k.shape[axis]
+    so = strides_for(k.global_shape)  # the output: row-major over the global axes (no epilogue)
     count = math.prod(k.shape[b] for b in plan.batch)
     pack = sb[n] != 1
     body = ["for t in range(lo, hi):"]

@@ -59,10 +59,8 @@ def direct_conv(kernel: Kernel, plan: BlasPlan) -> bool:
     return kh * kw <= DIRECT_MAX_TAPS and channels >= DIRECT_MIN_CHANNELS and big
 
 
-def packed_weight_shape(kernel: Kernel) -> tuple[int, int, int, int]:
-    """(c, kh, kw, o): how the runtime packs the weight for `render_direct`'s function."""
-    c, kh, kw = kernel.reduce_shape
-    return c, kh, kw, kernel.global_shape[1]
+# the kernel axes (c, kh, kw, o) in the order the runtime packs the weight for `render_direct`'s function
+PACKED_AXES = [4, 5, 6, 1]
 
 
 def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:

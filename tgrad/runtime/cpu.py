@@ -35,7 +35,7 @@ from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_gemm, cpu_pool, cpu_threads
-from tgrad.runtime.cpu_blas import BlasCall, openblas_idle_timeout
+from tgrad.runtime.cpu_blas import BlasCall, _view, openblas_idle_timeout
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
 from tgrad.runtime.numba_compile import (
@@ -301,20 +301,17 @@ def _render(kernel: Kernel) -> Program:
 
 class _DirectConv:
     """BlasCall's part for a direct convolution (emit_numba_conv): packs the weight (c, kh, kw, o) from its
-    operand's strides (the index of each element worked out once), then runs the generated function over
-    the images on the threaded kernels' threads; the sums come out in the kernel's order, into `out`
-    itself when it takes them."""
+    operand's view (cpu_blas._view, as BLAS reads it), then runs the generated function over the images on
+    the threaded kernels' threads; the sums come out in the kernel's order, into `out` itself when it
+    takes them."""
 
     def __init__(self, function, plan: BlasPlan, kernel: Kernel):
-        self.function, self.plan = function, plan
-        sb = plan.b.strides
-        c, kh, kw, o = np.ix_(*map(np.arange, emit_numba_conv.packed_weight_shape(kernel)))
-        self.index = (plan.b.offset + c * sb[4] + kh * sb[5] + kw * sb[6] + o * sb[1]).reshape(-1)
+        self.function, self.plan, self.shape = function, plan, kernel.shape
         self.size = math.prod(kernel.global_shape)
 
     def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
         a, b = arrays[self.plan.a.input], arrays[self.plan.b.input]
-        packed = np.take(b, self.index)
+        packed = np.ascontiguousarray(_view(b, self.plan.b, emit_numba_conv.PACKED_AXES, self.shape))
         direct = out is not None and out.dtype == a.dtype
         acc = out if direct else memory.array(self.size, a.dtype)
         self.function(acc, a, packed)
@@ -377,8 +374,8 @@ class CPURuntime(Runtime):
             program = self.rendered[kernel] = _render(kernel)
             parts += _functions(program)
             plan = program.launch.get("blas")
-            if plan is not None and plan.chunk is not None and kernel.out_dtype in (dtypes.float32,
-                                                                                     dtypes.float64):
+            pieces_run = plan is not None and plan.chunk is not None and "direct" not in program.launch
+            if pieces_run and kernel.out_dtype in (dtypes.float32, dtypes.float64):
                 pieces.add(kernel.out_dtype)
         if pieces and cpu_gemm.enabled():  # the compiled conv pieces it may run (cpu_gemm.py)
             parts += [cpu_gemm.program(dt.np, name) for dt in pieces for name in cpu_gemm.PROGRAMS]

@@ -233,8 +233,10 @@ def test_conv_input_gradient_as_a_piece_pair(case, threads, native, monkeypatch)
     the sum reads each image's shares while they are in cache); the input's gradient against PyTorch,
     with the relu of the layer below fused into the sum. (Pairs start at blas.PAIR_MIN_RESULT elements of
     window shares: lowered so that these small convs pair.) Natively: cpu_gemm's pair_pieces calls the
-    sum's compiled function after each piece's gemm."""
+    sum's compiled function after each piece's gemm. (The direct input gradient that takes such pairs
+    where it can is turned off here: tests/test_direct_conv.py tests it.)"""
     monkeypatch.setenv("TGRAD_THREADS", threads)
+    monkeypatch.setattr(emit_numba_conv, "direct_input_grad", lambda k1, k2, reads: None)
     ran = []
     real = cpu_gemm.pair_words
     monkeypatch.setattr(cpu_gemm, "pair_words", lambda *a: ran.append(real(*a)) or ran[-1])

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tgrad import Tensor, fuse
+from tgrad import Tensor, blas, emit_numba_conv, fuse
 from tgrad.runtime import cpu
 
 
@@ -79,3 +79,217 @@ def test_grouped_few_channels_or_big_kernels_keep_blas(groups, cout, k):
     assert True not in _paths(out)
     ref = F.conv2d(torch.from_numpy(x), torch.from_numpy(wt), groups=groups)
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _weight_grad_paths(t: Tensor) -> list[str]:
+    """For each BLAS-planned kernel computing t: 'wgrad' (a direct weight gradient), 'direct' (a direct
+    forward convolution) or 'blas'."""
+    programs = [cpu._render(it.kernel) for it in fuse.schedule([t.node])]
+    return [p.launch["direct"].name.endswith("_wgrad") and "wgrad" or "direct" if "direct" in p.launch
+            else "blas" for p in programs if "blas" in p.launch]
+
+
+def _weight_grads(x, wt, g, **conv):
+    """The weight's gradient of sum(conv2d(x, wt) * g), from tgrad (with the paths its kernels take) and
+    from PyTorch."""
+    tw = Tensor(wt, requires_grad=True)
+    (Tensor(x).conv2d(tw, **conv) * Tensor(g)).sum().backward()
+    paths = _weight_grad_paths(tw.grad)
+    rw = torch.tensor(wt, requires_grad=True)
+    (F.conv2d(torch.from_numpy(x), rw, **conv) * torch.from_numpy(g)).sum().backward()
+    return tw.grad.numpy(), rw.grad.numpy(), paths
+
+
+@pytest.mark.parametrize("n,cin,cout,h,w,k,stride,padding,dilation", [
+    (16, 32, 32, 24, 24, (5, 5), 1, 0, 1),  # the MNIST CNN's conv2 (tiles of 2 rows x 4 columns)
+    (16, 64, 64, 8, 8, (3, 3), 1, 0, 1),  # conv4 (6 columns: a tail of 2)
+    (32, 32, 24, 13, 17, (3, 3), 1, 1, 1),  # padded (13 rows: a tail row), 17 columns: a tail of 1
+    (32, 19, 16, 21, 21, (3, 5), 2, (1, 2), 1),  # stride 2, a 3x5 kernel, padding per axis, 19 channels
+    (32, 32, 32, 20, 20, (3, 3), 1, 2, 2),  # dilation 2
+    (8, 8, 16, 16, 16, (7, 7), 1, 3, 1),  # 49 taps, the most written out
+    (3, 32, 32, 30, 5, (3, 3), 1, 0, 1),  # 3 images (fewer than some thread counts), 3 columns
+])
+def test_weight_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation):
+    x, wt, _ = _conv_inputs(5, n, cin, cout, h, w, *k)
+    ph, pw = (padding, padding) if isinstance(padding, int) else padding
+    oh = (h + 2 * ph - dilation * (k[0] - 1) - 1) // stride + 1
+    ow = (w + 2 * pw - dilation * (k[1] - 1) - 1) // stride + 1
+    g = np.random.default_rng(6).standard_normal((n, cout, oh, ow)).astype(np.float32)
+    got, want, paths = _weight_grads(x, wt, g, stride=stride, padding=padding, dilation=dilation)
+    assert "wgrad" in paths
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype,special,tol", [(np.float64, False, 1e-12), (np.float32, True, 1e-4)])
+def test_weight_gradient_float64_and_nan_inf_match_torch(dtype, special, tol):
+    x, wt, _ = _conv_inputs(7, 8, 32, 16, 12, 12, 3, 3, dtype)
+    g = np.random.default_rng(8).standard_normal((8, 16, 10, 10)).astype(dtype)
+    if special:  # one nan, an inf in the input, a -inf in the output gradient, as PyTorch propagates them
+        x[0, 0, 0, 0], x[1, 3, 5, 5], g[2, 4, 3, 3] = np.nan, np.inf, -np.inf
+    got, want, paths = _weight_grads(x, wt, g)
+    assert "wgrad" in paths
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.nanmax(np.abs(want[np.isfinite(want)])))
+
+
+def test_weight_gradient_on_any_thread_count(monkeypatch):
+    """The partial sums are one per thread (as many as TGRAD_THREADS says when the kernel is rendered):
+    1 and 3 threads give PyTorch's gradient too."""
+    for count, n in (("1", 6), ("3", 7)):  # (a batch size each: a kernel of its own, rendered anew)
+        monkeypatch.setenv("TGRAD_THREADS", count)
+        x, wt, _ = _conv_inputs(9, n, 32, 16, 12, 12, 3, 3)
+        g = np.random.default_rng(10).standard_normal((n, 16, 10, 10)).astype(np.float32)
+        got, want, paths = _weight_grads(x, wt, g)
+        assert "wgrad" in paths
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_accumulated_weight_gradients_match_torch():
+    """Two backward passes add into the weight's gradient, and an optimizer step reads it: the direct
+    weight gradient under an epilogue (the sum with the old gradient) gives PyTorch's values."""
+    x, wt, _ = _conv_inputs(11, 8, 32, 32, 12, 12, 3, 3)
+    tw, rw = Tensor(wt, requires_grad=True), torch.tensor(wt, requires_grad=True)
+    for scale in (1.0, -0.5):
+        (Tensor(x * scale).conv2d(tw).relu().sum()).backward()
+        F.conv2d(torch.from_numpy(x * scale), rw).relu().sum().backward()
+    assert _weight_grad_paths(tw.grad).count("wgrad") == 2
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_small_weight_gradients_keep_blas():
+    """Fewer than 16 output channels, fewer than 256 products per weight (c x kh x kw), or one image (its
+    axis is gone from the kernel): BLAS, same values."""
+    for n, cout, cin in ((16, 8, 32), (16, 32, 16), (1, 32, 64)):
+        x, wt, _ = _conv_inputs(12, n, cin, cout, 14, 14, 3, 3)
+        g = np.random.default_rng(13).standard_normal((n, cout, 12, 12)).astype(np.float32)
+        got, want, paths = _weight_grads(x, wt, g)
+        assert "wgrad" not in paths
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def _input_grad_pairs(t: Tensor) -> list[bool]:
+    """For each piece pair (blas.piece_pair: a col2im matmul and its sum) computing t: whether it runs as
+    a direct input gradient (emit_numba_conv.direct_input_grad)."""
+    items = fuse.schedule([t.node])
+    found = []
+    for a, b in zip(items, items[1:]):
+        reads = tuple(j for j, n in enumerate(b.inputs) if n is a.out)
+        if reads and blas.piece_pair(a.kernel, b.kernel, reads) is not None:
+            found.append(emit_numba_conv.direct_input_grad(a.kernel, b.kernel, reads) is not None)
+    return found
+
+
+def _input_grads(x, wt, relu_below=True, dtype=np.float32, **conv):
+    """The input's gradient of sum(conv2d(relu(x) or x, wt)^2), from tgrad (with the paths of its pairs)
+    and from PyTorch."""
+    tx = Tensor(x, requires_grad=True)
+    out = (tx.relu() if relu_below else tx).conv2d(Tensor(wt), **conv)
+    (out * out).sum().backward()
+    paths = _input_grad_pairs(tx.grad)
+    rx = torch.tensor(x, requires_grad=True)
+    ref = F.conv2d(rx.relu() if relu_below else rx, torch.from_numpy(wt), **conv)
+    (ref * ref).sum().backward()
+    return tx.grad.numpy(), rx.grad.numpy(), paths
+
+
+@pytest.mark.parametrize("n,cin,cout,h,w,k,stride,padding,dilation,relu", [
+    (16, 32, 32, 24, 24, (5, 5), 1, 0, 1, True),  # the MNIST CNN's conv2 (the relu below: an epilogue)
+    (64, 32, 64, 10, 10, (3, 3), 1, 0, 1, False),  # conv3 (after a max_pool: the sum alone)
+    (64, 64, 64, 8, 8, (3, 3), 1, 0, 1, True),  # conv4 (6 columns: one tile a row)
+    (16, 32, 16, 23, 19, (3, 3), 2, 0, 1, True),  # stride 2 (spots not every column), odd sizes
+    (16, 32, 32, 20, 20, (3, 3), 1, 0, 2, False),  # dilation 2
+    (16, 16, 48, 15, 13, (3, 5), 1, 0, 1, True),  # 3x5 kernel, 16 input channels (the fewest), 9 columns
+    (8, 32, 33, 16, 16, (3, 3), 1, 0, 1, True),  # an odd number of output channels (one a pass)
+])
+def test_input_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation, relu, monkeypatch):
+    # (pairs start at blas.PAIR_MIN_RESULT elements of window shares: lowered so that these small convs pair)
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    x, wt, _ = _conv_inputs(14, n, cin, cout, h, w, *k)
+    got, want, paths = _input_grads(x, wt, relu, stride=stride, padding=padding, dilation=dilation)
+    assert paths == [True]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype,special,tol", [(np.float64, False, 1e-12), (np.float32, True, 1e-4)])
+def test_input_gradient_float64_and_nan_inf_match_torch(dtype, special, tol, monkeypatch):
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    x, wt, _ = _conv_inputs(15, 16, 32, 32, 12, 12, 3, 3, dtype)
+    if special:  # an inf and a nan in the input reach the output gradient (out * out) and spread back
+        x[0, 0, 3, 3], x[1, 5, 6, 6], wt[2, 1, 1, 1] = np.inf, np.nan, 0.0
+    got, want, paths = _input_grads(x, wt, False)
+    assert paths == [True]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.nanmax(np.abs(want[np.isfinite(want)])))
+
+
+def test_padded_grouped_or_few_channel_input_gradients_keep_the_pair(monkeypatch):
+    """A padded conv (its sum leaves out the padding: not every share lands), groups (no image axis), fewer
+    than 16 input channels: the pair as before (or no pair), same values."""
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    for cin, conv in ((32, {"padding": 1}), (32, {"groups": 2}), (8, {})):
+        x, wt, _ = _conv_inputs(16, 16, cin, 32, 14, 14, 3, 3)
+        wt = wt[:, : cin // conv.get("groups", 1)].copy()
+        got, want, paths = _input_grads(x, wt, True, **conv)
+        assert True not in paths
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_input_gradient_whose_shares_are_written_keeps_the_pair(monkeypatch):
+    """The scatter runs where nothing but the pair's sum needs the window shares (the group keeps them,
+    realize._private_of); where the shares get a buffer, the pair computes them and their sum as before.
+    Counted by calls of the scatter's compiled function; the same values either way."""
+    from tgrad import realize
+    from tgrad.runtime import cpu as cpu_runtime
+
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    calls = []
+    build = cpu_runtime.CPURuntime._build
+
+    def counted(self, program, name, free=False):
+        fn = build(self, program, name, free)
+        if not program.name.endswith("_igrad"):
+            return fn
+        return lambda *a: calls.append(1) or fn(*a)
+
+    monkeypatch.setattr(cpu_runtime.CPURuntime, "_build", counted)
+    x, wt, _ = _conv_inputs(17, 16, 32, 32, 12, 12, 3, 3)
+    got, want, paths = _input_grads(x, wt, True)
+    assert paths == [True] and len(calls) == 1
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    monkeypatch.setattr(realize, "_private_of", lambda items, groups, requested: set())
+    got, want, paths = _input_grads(x * 2, wt, True)
+    assert paths == [True] and len(calls) == 1
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_jitted_cnn_step_with_direct_gradients_matches_torch():
+    """A TinyJit training step through the MNIST CNN's second conv (direct forward, weight and input
+    gradients: every path of this file in one step), three steps against PyTorch's SGD."""
+    from tgrad import TinyJit
+
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal((32, 1, 28, 28)).astype(np.float32)
+    w1 = (rng.standard_normal((32, 1, 5, 5)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((32, 32, 5, 5)) * 0.05).astype(np.float32)
+    tw1, tw2 = Tensor(w1, requires_grad=True), Tensor(w2, requires_grad=True)
+
+    @TinyJit
+    def step(x):
+        loss = (Tensor.conv2d(x.conv2d(tw1).relu(), tw2).relu() ** 2).mean()
+        loss.backward()
+        for p in (tw1, tw2):
+            p.assign(p - p.grad * 0.1)
+            p.grad = None
+        return loss.realize(tw1, tw2)
+
+    rw1, rw2 = torch.tensor(w1, requires_grad=True), torch.tensor(w2, requires_grad=True)
+    for i in range(3):
+        xi = x * (1 + i)
+        got = step(Tensor(xi)).numpy()
+        loss = (F.conv2d(F.conv2d(torch.from_numpy(xi), rw1).relu(), rw2).relu() ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in (rw1, rw2):
+                p -= p.grad * 0.1
+                p.grad = None
+        np.testing.assert_allclose(got, loss.item(), rtol=1e-4)
+    np.testing.assert_allclose(tw2.numpy(), rw2.detach().numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(tw1.numpy(), rw1.detach().numpy(), rtol=1e-3, atol=1e-4)

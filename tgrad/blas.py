@@ -106,6 +106,15 @@ def _replace_acc(e: Expr, load: Expr) -> Expr:
     return Expr(e.op, tuple(_replace_acc(s, load) for s in e.srcs), e.arg, e.dtype)
 
 
+def _row_major(shape: tuple[int, ...], axes: int) -> Expr:
+    """The row-major index over the first `axes` axes of `shape`."""
+    index, acc = const(0, IDX_DT), 1
+    for axis in reversed(range(axes)):
+        index = iadd(index, imul(Expr("IDX", (), (axis, shape[axis]), IDX_DT), acc))
+        acc *= shape[axis]
+    return index
+
+
 def blas_plan(kernel: Kernel) -> BlasPlan | None:
     k = kernel
     if k.reduce_op != "SUM" or k.reduce_expr.op != "MUL":
@@ -178,11 +187,7 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
     if rows * math.prod(k.reduce_shape) > BLAS_MAX_OPERAND:
         return None
     epilogue = None
-    row_major = const(0, IDX_DT)
-    acc = 1
-    for axis in reversed(range(k.n_global)):
-        row_major = iadd(row_major, imul(Expr("IDX", (), (axis, k.shape[axis]), IDX_DT), acc))
-        acc *= k.shape[axis]
+    row_major = _row_major(k.shape, k.n_global)
     if not (k.expr.op == "ACC" and same_index(k.out_index, row_major)):
         load = Expr("LOAD", (row_major, const(True, dtypes.bool)), len(k.in_dtypes), dtype)
         epilogue = Kernel(
@@ -465,6 +470,144 @@ def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> PiecePair | No
     return PiecePair(Chunk(0, size), _resize_axis0(k2, size), moves, out_shift)
 
 
+@dataclass(frozen=True)
+class Col2Im:
+    """A piece pair that is a convolution's input gradient (`col2im`): k1 (global axes n, c, tap, pixel;
+    reduce axis o) multiplies the weight by the output gradient (operands `weight` and `grad` over k1's
+    axes), and k2's out[n, c, y * sy + ky * dh, x * sx + kx * dw] is the sum of k1's result
+    [n, c, ky * kw + kx, y * ow + x] over every (tap, pixel) landing there, each once: the scatter a
+    direct input gradient computes without k1's result (emit_numba_conv.render_input_grad)."""
+
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    ih: int
+    iw: int
+    sy: int
+    sx: int
+    dh: int
+    dw: int
+    weight: Operand
+    grad: Operand
+    # k2 with the sum replaced by a load of it (a last input, row-major), where k2 computes more than the
+    # sum (the previous layer's relu mask); None where k2 is the sum
+    epilogue: Kernel | None
+
+
+def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:
+    """The Col2Im a piece pair (k1, k2) computes, or None: k2's value is a sum of loads of k1's result
+    (input `reads`) and nothing else, both results row-major, and the loads of one image, evaluated at
+    every point with their masks, read every element of k1's result once, at the spot a convolution's
+    geometry (some kernel width, output width, strides and dilations) puts it, the same for every
+    channel. Checked at every point, so a k2 that is anything else is not taken for one."""
+    plan = blas_plan(k1)
+    if plan is None or plan.epilogue is not None or plan.batch != (0,):
+        return None
+    if k1.n_global != 4 or len(k1.reduce_shape) != 1 or len(reads) != 1 or k2.reduce_expr is not None:
+        return None
+    images, chans, taps, pixels = k1.global_shape
+    if len(k2.shape) != 4 or k2.shape[:2] != (images, chans):
+        return None
+    ih, iw = k2.shape[2:]
+    a, b = plan.a, plan.b
+    if a.strides[0] == a.strides[3] == 0 and b.strides[1] == b.strides[2] == 0:
+        weight, grad = a, b
+    elif b.strides[0] == b.strides[3] == 0 and a.strides[1] == a.strides[2] == 0:
+        weight, grad = b, a
+    else:
+        return None
+    sums = _sums_of(k2.expr, reads[0])
+    if len(sums) != 1:
+        return None
+    total = sums.pop()
+    loads, stack = [], [total]
+    while stack:
+        e = stack.pop()
+        if e.op == "ADD":
+            stack.extend(e.srcs)
+        else:
+            loads.append(e)
+    per1, per2 = chans * taps * pixels, chans * ih * iw
+    if max(per1, per2) > PAIR_MAX_POINTS:
+        return None
+    g1 = np.indices((1, chans, taps, pixels), dtype=np.int64).reshape(4, -1)
+    g2 = np.indices((1, chans, ih, iw), dtype=np.int64).reshape(4, -1)
+    try:
+        if not (np.array_equal(_evaluate(k1.out_index, g1, {}), np.arange(per1)) and
+                np.array_equal(_evaluate(k2.out_index, g2, {}), np.arange(per2))):
+            return None
+        memo: dict = {}
+        got = [(_evaluate(e.srcs[0], g2, memo), _evaluate(e.srcs[1], g2, memo).astype(bool)) for e in loads]
+    except (LookupError, ValueError, TypeError):
+        return None
+    index = np.concatenate([i[v] for i, v in got])  # element of k1's result read, per term and point
+    spot = np.concatenate([(g2[2] * iw + g2[3])[v] for _, v in got])  # where it lands (y * iw + x)
+    channel = np.concatenate([g2[1][v] for _, v in got])
+    if index.size != per1 or index.min() < 0 or index.max() >= per1:
+        return None
+    if np.any(index // (taps * pixels) != channel):
+        return None
+    where = np.full(per1, -1)
+    where[index] = spot
+    if np.any(where < 0):  # (every element read, so each once)
+        return None
+    where = where.reshape(chans, taps, pixels)
+    if np.any(where != where[0]):
+        return None
+    qy, qx = np.divmod(where[0], iw)
+    for kw in (d for d in range(1, taps + 1) if taps % d == 0):
+        for ow in (d for d in range(1, pixels + 1) if pixels % d == 0):
+            kh, oh = taps // kw, pixels // ow
+            sy, sx = (qy[0, ow] if oh > 1 else 1), (qx[0, 1] if ow > 1 else 1)
+            dh, dw = (qy[kw, 0] if kh > 1 else 1), (qx[1, 0] if kw > 1 else 1)
+            ky, kx = np.divmod(np.arange(taps), kw)
+            py, px = np.divmod(np.arange(pixels), ow)
+            if np.array_equal(qy, ky[:, None] * dh + py * sy) and \
+                    np.array_equal(qx, kx[:, None] * dw + px * sx):
+                epilogue = None
+                if total is not k2.expr:
+                    index = _row_major(k2.shape, len(k2.shape))
+                    load = Expr("LOAD", (index, const(True, dtypes.bool)), len(k2.in_dtypes), total.dtype)
+                    epilogue = replace(k2, name=f"{k2.name}_epilogue", in_dtypes=(*k2.in_dtypes, total.dtype),
+                                       expr=_replace_expr(k2.expr, total, load))
+                return Col2Im(kh, kw, oh, ow, ih, iw, int(sy), int(sx), int(dh), int(dw), weight, grad,
+                              epilogue)
+    return None
+
+
+def _sums_of(e: Expr, source: int) -> set[Expr]:
+    """The largest sub-expressions of e that are sums of loads of input `source` and nothing else (every
+    load of it is in one of them)."""
+    memo: dict[Expr, bool] = {}
+
+    def is_sum(x: Expr) -> bool:
+        hit = memo.get(x)
+        if hit is None:
+            hit = (x.op == "LOAD" and x.arg == source) or (x.op == "ADD" and all(map(is_sum, x.srcs)))
+            memo[x] = hit
+        return hit
+
+    found, seen, stack = set(), set(), [e]
+    while stack:
+        x = stack.pop()
+        if x not in seen:
+            seen.add(x)
+            if is_sum(x):
+                found.add(x)
+            else:
+                stack.extend(x.srcs)
+    return found
+
+
+def _replace_expr(e: Expr, old: Expr, new: Expr) -> Expr:
+    if e is old:
+        return new
+    if not e.srcs:
+        return e
+    return Expr(e.op, tuple(_replace_expr(s, old, new) for s in e.srcs), e.arg, e.dtype)
+
+
 def _axis0_shift(index: Expr) -> int | None:
     """c where index = c * i0 + (terms without i0), else None (i0 under a division, a product, ...)."""
     shift = 0
@@ -488,12 +631,11 @@ _INT_OPS = {"ADD": np.add, "MUL": np.multiply, "CMPLT": np.less, "AND": np.logic
             "CMPNE": np.not_equal, "MAX": np.maximum}
 
 
-def _index_range(index: Expr, mask: Expr, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
-    """The least and greatest value of a load's index, without its image term, over the points of one
-    image (axis 0 at 0) where its mask holds; (None, None) where an op is not understood here."""
-    grids = np.indices((1, *shape[1:]), dtype=np.int64).reshape(len(shape), -1)
+def _evaluate(e: Expr, grids: np.ndarray, memo: dict) -> np.ndarray:
+    """An index or mask expression at every point of `grids` (np.indices of the points, flattened), as
+    the kernels compute it; LookupError for an op not understood here."""
 
-    def ev(e: Expr, memo: dict):
+    def ev(e: Expr):
         hit = memo.get(e)
         if hit is not None:
             return hit
@@ -502,26 +644,32 @@ def _index_range(index: Expr, mask: Expr, shape: tuple[int, ...]) -> tuple[int |
         elif e.op == "CONST":
             hit = np.asarray(e.arg)
         elif e.op in _INT_OPS:
-            a, b = (ev(s, memo) for s in e.srcs)
+            a, b = (ev(s) for s in e.srcs)
             hit = _INT_OPS[e.op](a, b)
         elif e.op in ("IDIV", "MOD"):  # as the kernels compute them: truncated toward zero, x // 0 = 0
-            a, b = (ev(s, memo) for s in e.srcs)
+            a, b = (ev(s) for s in e.srcs)
             q = np.where(b == 0, 0, np.sign(a) * np.sign(b) * (np.abs(a) // np.maximum(np.abs(b), 1)))
             hit = q if e.op == "IDIV" else a - b * q
         elif e.op == "NOT":
-            hit = np.logical_not(ev(e.srcs[0], memo))
+            hit = np.logical_not(ev(e.srcs[0]))
         elif e.op == "WHERE":
-            c, a, b = (ev(s, memo) for s in e.srcs)
+            c, a, b = (ev(s) for s in e.srcs)
             hit = np.where(c, a, b)
         else:
             raise LookupError(e.op)
         memo[e] = hit
         return hit
 
+    return np.broadcast_to(ev(e), grids.shape[1:])
+
+
+def _index_range(index: Expr, mask: Expr, shape: tuple[int, ...]) -> tuple[int | None, int | None]:
+    """The least and greatest value of a load's index, without its image term, over the points of one
+    image (axis 0 at 0) where its mask holds; (None, None) where an op is not understood here."""
+    grids = np.indices((1, *shape[1:]), dtype=np.int64).reshape(len(shape), -1)
     try:
         memo: dict = {}
-        values = np.broadcast_to(ev(index, memo), grids.shape[1:])
-        valid = np.broadcast_to(ev(mask, memo), grids.shape[1:]).astype(bool)
+        values, valid = _evaluate(index, grids, memo), _evaluate(mask, grids, memo).astype(bool)
     except (LookupError, ValueError, TypeError):
         return None, None
     if not valid.any():

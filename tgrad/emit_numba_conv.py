@@ -17,13 +17,35 @@ process): MNIST conv2 (32->32 5x5, 24x24) 14.2 -> 10.7 ms (PyTorch's oneDNN 9.2)
 8x8) 2.16 -> 1.66 (1.3), conv3 (32->64 3x3, 10x10) 1.39 -> 1.25 (1.2); bench/README.md has more shapes.
 Tiles of 2 pixels, two rows of pixels, or two channels a pass for 5x5 were slower; four channels a pass,
 or every tap of every channel written out, do not vectorize (the latter also took 306 s to compile).
+
+A convolution's weight gradient, dw[o, c, kh, kw] = sum over (n, y, x) of gy[n, o, y, x] * windows[n, c, y,
+x, kh, kw] (the kernel `blas_plan` plans with m = (o,), n = (c, kh, kw)), has the same loop shape turned
+around (`render_weight_grad`): per image, the output gradient copied (pixel, o); per input channel and tile
+of 2 rows x 4 pixels, the loop over the output channels vectorized, each tap's accumulator (a vector of
+output channels) loaded, added every pixel's product to, stored. The images split into one chunk per
+thread, each summed into its own partial gradient; the last call adds the partials up. Alone, batch 128
+(2 threads, against the BLAS path's K-chunked matmuls): MNIST conv2 15.5 -> 9.3-9.7 ms, conv3 2.2 -> 1.0,
+conv4 3.0 -> 1.5. One partial per thread measured faster than 4 or 8 (10.5-10.7 ms); tiles of 1x4, 1x8,
+2x2, 2x5 or 4x4 pixels were slower than 2x4.
+
+A convolution's input gradient is built by tensor.py as col2im: a matmul of the weight by the output
+gradient (every window's share, k1) and a sum that shifts the shares into place (k2), which the CPU runs
+as a piece pair. Where blas.col2im proves k2 is that sum (at every point of one image: each share lands
+once, at the spot a convolution's geometry puts it; the relu of the layer below may be around it, run
+after as an epilogue), `render_input_grad` scatters instead, without the shares: per image and tile of
+output pixels, per output channel, each input spot the tile touches loaded once from a (spot, channel)
+buffer, every product landing there added, stored, in the vectorized loop over the input channels.
+Alone, batch 128: conv3 2.55 -> 1.33 ms, conv4 3.5 -> 1.19 (the pair's times in the CNN step), conv2
+14.2 -> 12.1-13.7; in the step (relu epilogue included) 2.06, 2.39 and 14.75 ms, the step 1-3 ms faster
+in three A/B runs. Spots loaded per output channel and tile of pixels instead of per output channel and
+image (the first version, 25 ms for conv2: the image's buffer left the L1 cache between passes).
 """
 
 from __future__ import annotations
 
 import math
 
-from tgrad.blas import BlasPlan
+from tgrad.blas import BlasPlan, Col2Im, blas_plan, col2im
 from tgrad.dtype import dtypes
 from tgrad.emit_numba import HEADER, render_const, storage_dtype
 from tgrad.fuse import Kernel
@@ -112,4 +134,194 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
     st = storage_dtype(dt)
     return Program(name, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
                    scratch=((images * pixels * chans, st),),
+                   launch={"storage": (st, st, st, st), "split": images, "combine": False})
+
+
+def direct_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
+    """Whether a BLAS-planned kernel is a 2-d convolution's weight gradient that `render_weight_grad`
+    renders: global axes (o, c, kh, kw), reduce axes (n, y, x), the output gradient (A) read by o and the
+    reduce axes, the input's windows (B) by the rest, both in place, one float dtype."""
+    k = kernel
+    if plan.batch or plan.m != (0,) or plan.n != (1, 2, 3) or k.n_global != 4:
+        return False
+    if len(k.reduce_shape) != 3 or plan.a.input == plan.b.input:
+        return False
+    dt = k.reduce_expr.dtype
+    # (an operand a prologue computes is an input after the kernel's own, of the prologue's dtype)
+    operand_dtypes = (*k.in_dtypes, *(p.out_dtype for p in plan.prologues))
+    if dt not in (dtypes.float32, dtypes.float64):
+        return False
+    if operand_dtypes[plan.a.input] != dt or operand_dtypes[plan.b.input] != dt:
+        return False
+    chans, cin, kh, kw = k.global_shape
+    big = math.prod(k.shape) >= DIRECT_MIN_WORK and cin * kh * kw >= DIRECT_MIN_DEPTH
+    return kh * kw <= DIRECT_MAX_TAPS and chans >= DIRECT_MIN_CHANNELS and big
+
+
+def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: int = 2,
+                       tile_cols: int = 4) -> Program:
+    """The weight gradient's function: (out, output gradient, input, partial sums, scratch, lo, hi) over
+    chunks [lo, hi) of the images, each summed into its own partial gradient laid out (c, kh, kw, o); the
+    call with lo == hi == chunks adds the partials up into `out`, row-major over (o, c, kh, kw).
+
+    Per image, the output gradient is first copied (pixel, o) so that the loop over the output channels
+    reads it along memory; then per input channel and tile of pixels, a loop over the output channels
+    (vectorized) whose body is every tap times every pixel of the tile as `_fma` statements."""
+    k = kernel
+    chans, cin, kh, kw = k.global_shape
+    images, rows, cols = k.reduce_shape
+    sa, sb = plan.a.strides, plan.b.strides  # over (o, c, kh, kw, n, y, x)
+    dt = k.reduce_expr.dtype
+    pixels, taps = rows * cols, kh * kw
+    parts = max(1, min(images, parts))
+    per = -(-images // parts)
+    size = cin * taps * chans  # one partial gradient
+
+    def block(y: str, x: str, height: int, width: int) -> list[str]:
+        lines = [f"bx = bc + {y} * {sb[5]} + {x} * {sb[6]}", f"dx = db + ({y} * {cols} + {x}) * {chans}",
+                 f"for o in range({chans}):"]
+        tile = [(r, j) for r in range(height) for j in range(width)]
+        lines += [f"    d{r}_{j} = dyt[dx + {(r * cols + j) * chans} + o]" for r, j in tile]
+        for t in range(taps):
+            dy, dx = divmod(t, kw)
+            lines.append(f"    w = part[pc + {t * chans} + o]")
+            for r, j in tile:
+                at = r * sb[5] + j * sb[6] + dy * sb[2] + dx * sb[3]
+                lines.append(f"    w = _fma(d{r}_{j}, inp[bx + {at}], w)")
+            lines.append(f"    part[pc + {t * chans} + o] = w")
+        return lines
+
+    height = tile_rows if rows >= tile_rows else 1
+    width = tile_cols if cols >= tile_cols else cols
+    rtail, ctail = rows % height, cols % width
+
+    def row_blocks(y: str, h: int) -> list[str]:
+        out = []
+        if cols >= width:
+            out.append(f"for x in range(0, {cols - ctail}, {width}):")
+            out += ["    " + line for line in block(y, "x", h, width)]
+        if ctail:
+            out += block(y, str(cols - ctail), h, ctail)
+        return out
+
+    inner = [f"for y in range(0, {rows - rtail}, {height}):", *("    " + s for s in row_blocks("y", height))]
+    if rtail:
+        inner += [f"for y in range({rows - rtail}, {rows}):", *("    " + s for s in row_blocks("y", 1))]
+    body = ["for p in range(lo, hi):",
+            f"    pb = p * {size}",
+            f"    db = p * {pixels * chans}",
+            f"    for i in range({size}):",
+            f"        part[pb + i] = {render_const(0, dt)}",
+            f"    for n in range(p * {per}, min({images}, (p + 1) * {per})):",
+            f"        an = {plan.a.offset} + n * {sa[4]}",
+            f"        for o in range({chans}):",
+            f"            for y in range({rows}):",
+            f"                for x in range({cols}):",
+            f"                    dyt[db + (y * {cols} + x) * {chans} + o] = "
+            f"gy[an + o * {sa[0]} + y * {sa[5]} + x * {sa[6]}]",
+            f"        bn = {plan.b.offset} + n * {sb[4]}",
+            f"        for c in range({cin}):",
+            f"            bc = bn + c * {sb[1]}",
+            f"            pc = pb + c * {taps * chans}",
+            *("            " + s for s in inner),
+            f"if lo == {parts}:",
+            f"    for o in range({chans}):",
+            f"        for i in range({cin * taps}):",
+            f"            s = part[i * {chans} + o]",
+            f"            for p in range(1, {parts}):",
+            f"                s += part[p * {size} + i * {chans} + o]",
+            f"            out[o * {cin * taps} + i] = s"]
+    name = f"{k.name}_wgrad"
+    lines = ["@kernel()", f"def {name}(out, gy, inp, part, dyt, lo, hi):", *("    " + line for line in body)]
+    st = storage_dtype(dt)
+    return Program(name, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
+                   scratch=((parts * size, st), (parts * pixels * chans, st)),
+                   launch={"storage": (st, st, st, st, st), "split": parts, "combine": True})
+
+
+def direct_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:
+    """The geometry of a piece pair that `render_input_grad` renders as one function (blas.col2im: a
+    convolution's input gradient), or None: one float dtype, at least 16 input channels (the vectorized
+    loop), at most 49 taps, 2**20 multiply-adds."""
+    dt = k1.reduce_expr.dtype
+    if dt not in (dtypes.float32, dtypes.float64) or k1.out_dtype != dt or k1.n_global != 4:
+        return None
+    _, chans, taps, _ = k1.global_shape
+    if chans < DIRECT_MIN_CHANNELS or taps > DIRECT_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
+        return None
+    g = col2im(k1, k2, reads)
+    if g is None:
+        return None
+    operand_dtypes = (*k1.in_dtypes, *(p.out_dtype for p in blas_plan(k1).prologues))
+    summed = k2.out_dtype if g.epilogue is None else g.epilogue.in_dtypes[-1]
+    return g if operand_dtypes[g.weight.input] == operand_dtypes[g.grad.input] == summed == dt else None
+
+
+def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int | None = None,
+                      inner_d: bool = True) -> Program:
+    """A convolution's input gradient as a scatter (blas.Col2Im: a piece pair's matmul and col2im sum in
+    one function): (out, packed weight (o, tap, c), output gradient, scratch, lo, hi) over images [lo, hi);
+    `out` gets (n, c, iy, ix) row-major. Per image and tile of output pixels, per output channel (two for
+    3x3 kernels): the weight's taps (vectors of input channels) in registers, then each input spot the
+    tile touches loaded once, every product landing there added with `_fma`, stored, in a loop over the
+    input channels that LLVM vectorizes; the tile's spots stay in the L1 cache over the output channels."""
+    images, chans, taps, _ = k1.global_shape
+    cout, dt, name = k1.reduce_shape[0], k1.reduce_expr.dtype, k1.name
+    ipix = g.ih * g.iw
+    sg = g.grad.strides  # over k1's axes (n, c, tap, pixel, o)
+    group = 2 if taps <= 9 and cout % 2 == 0 else 1  # output channels per pass
+    if tile is None:
+        tile = g.ow if taps <= 9 and g.ow <= 6 else 4
+    if rows is None:
+        rows = 1 if taps <= 9 else 2
+    width = min(tile, g.ow)
+    height = rows if g.oh % rows == 0 else 1
+    tail = g.ow % width
+
+    def block(x: str, width: int) -> list[str]:
+        lines = [f"qb = tb + (y * {g.sy * g.iw} + {x} * {g.sx}) * {chans}",
+                 f"for o in range(0, {cout}, {group}):",
+                 f"    gp = gn + o * {sg[4]} + (y * {g.ow} + {x}) * {sg[3]}",
+                 f"    wo = o * {taps * chans}"]
+        pts = [(o, r, i) for o in range(group) for r in range(height) for i in range(width)]
+        dl = [f"d{o}_{r}_{i} = gy[gp + {o * sg[4] + (r * g.ow + i) * sg[3]}]" for o, r, i in pts]
+        if not inner_d:
+            lines += ["    " + d for d in dl]
+        lines.append(f"    for c in range({chans}):")
+        if inner_d:
+            lines += ["        " + d for d in dl]
+        lines += [f"        w{o}_{t} = wp[wo + {(o * taps + t) * chans} + c]" for o in range(group)
+                  for t in range(taps)]
+        spots: dict[int, list[str]] = {}  # input spot (from qb, in pixels) -> the products landing there
+        for o, r, i in pts:
+            for t in range(taps):
+                ky, kx = divmod(t, g.kw)
+                spot = (r * g.sy + ky * g.dh) * g.iw + i * g.sx + kx * g.dw
+                spots.setdefault(spot, []).append(f"d{o}_{r}_{i}, w{o}_{t}")
+        for spot, products in sorted(spots.items()):
+            lines.append(f"        a = tmp[qb + {spot * chans} + c]")
+            lines += [f"        a = _fma({p}, a)" for p in products]
+            lines.append(f"        tmp[qb + {spot * chans} + c] = a")
+        return lines
+
+    body = ["for n in range(lo, hi):",
+            f"    tb = n * {ipix * chans}",
+            f"    for i in range({ipix * chans}):",
+            f"        tmp[tb + i] = {render_const(0, dt)}",
+            f"    gn = {g.grad.offset} + n * {sg[0]}",
+            f"    for y in range(0, {g.oh}, {height}):"]
+    if g.ow >= width:
+        body.append(f"        for x in range(0, {g.ow - tail}, {width}):")
+        body += ["            " + line for line in block("x", width)]
+    if tail:
+        body += ["        " + line for line in block(str(g.ow - tail), tail)]
+    body += [f"    ob = n * {chans * ipix}",
+             f"    for c in range({chans}):",
+             f"        for i in range({ipix}):",
+             f"            out[ob + c * {ipix} + i] = tmp[tb + i * {chans} + c]"]
+    fname = f"{name}_igrad"
+    lines = ["@kernel()", f"def {fname}(out, wp, gy, tmp, lo, hi):", *("    " + line for line in body)]
+    st = storage_dtype(dt)
+    return Program(fname, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
+                   scratch=((images * ipix * chans, st),),
                    launch={"storage": (st, st, st, st), "split": images, "combine": False})

@@ -287,34 +287,40 @@ def _functions(program: Program) -> list[Program]:
 
 
 def _render(kernel: Kernel) -> Program:
-    """emit_numba's Program for the kernel; a convolution's forward product also gets its direct
-    convolution (emit_numba_conv), which runs instead of BLAS (launch fact `direct`)."""
+    """emit_numba's Program for the kernel; a convolution's forward product or weight gradient also gets
+    its direct convolution (emit_numba_conv; the weight gradient's partial sums one per thread), which runs
+    instead of BLAS (launch fact `direct`)."""
     program = emit_numba.render(kernel)
     plan = program.launch.get("blas")
-    if plan is None or not emit_numba_conv.direct_conv(kernel, plan):
+    if plan is not None and emit_numba_conv.direct_conv(kernel, plan):
+        direct = emit_numba_conv.render_direct(kernel, plan)
+    elif plan is not None and emit_numba_conv.direct_weight_grad(kernel, plan):
+        direct = emit_numba_conv.render_weight_grad(kernel, plan, threads())
+    else:
         return program
-    direct, epilogue = emit_numba_conv.render_direct(kernel, plan), program.launch["epilogue"]
+    epilogue = program.launch["epilogue"]
     source = f"# {kernel.name}: a direct convolution (see emit_numba_conv), then its epilogue if any\n"
     source += direct.source + ("" if epilogue is None else "\n" + epilogue.source)
     return dataclasses.replace(program, source=source, launch={**program.launch, "direct": direct})
 
 
 class _DirectConv:
-    """BlasCall's part for a direct convolution (emit_numba_conv): packs the weight (c, kh, kw, o) from its
-    operand's view (cpu_blas._view, as BLAS reads it), then runs the generated function over the images on
-    the threaded kernels' threads; the sums come out in the kernel's order, into `out` itself when it
-    takes them."""
+    """BlasCall's part for a direct convolution (emit_numba_conv): packs the forward's weight (c, kh, kw, o)
+    from its operand's view (cpu_blas._view, as BLAS reads it; a weight gradient reads both operands in
+    place), then runs the generated function over the images on the threaded kernels' threads; the sums
+    come out in the kernel's order, into `out` itself when it takes them."""
 
-    def __init__(self, function, plan: BlasPlan, kernel: Kernel):
-        self.function, self.plan, self.shape = function, plan, kernel.shape
+    def __init__(self, function, plan: BlasPlan, kernel: Kernel, packs: bool):
+        self.function, self.plan, self.shape, self.packs = function, plan, kernel.shape, packs
         self.size = math.prod(kernel.global_shape)
 
     def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
         a, b = arrays[self.plan.a.input], arrays[self.plan.b.input]
-        packed = np.ascontiguousarray(_view(b, self.plan.b, emit_numba_conv.PACKED_AXES, self.shape))
+        if self.packs:
+            b = np.ascontiguousarray(_view(b, self.plan.b, emit_numba_conv.PACKED_AXES, self.shape))
         direct = out is not None and out.dtype == a.dtype
         acc = out if direct else memory.array(self.size, a.dtype)
-        self.function(acc, a, packed)
+        self.function(acc, a, b)
         return None if direct else acc
 
 
@@ -380,7 +386,8 @@ class CPURuntime(Runtime):
         if pieces and cpu_gemm.enabled():  # the compiled conv pieces it may run (cpu_gemm.py)
             parts += [cpu_gemm.program(dt.np, name) for dt in pieces for name in cpu_gemm.PROGRAMS]
         jobs: dict[tuple, tuple] = {}
-        for part in parts + [runner.program for runner in groups]:
+        parts += [f for group in groups for f in group.program.launch.get("parts", [group.program])]
+        for part in parts:
             nat = _native(part)
             if nat.key not in self.functions and not _cached(nat.path):
                 jobs[nat.key] = nat.job
@@ -429,8 +436,35 @@ class CPURuntime(Runtime):
         program = emit_numba.render_loops(pair.sub, parallel=False)
         built: list = []
         memory = self.memory
+        scatter: list = []
+        conv = emit_numba_conv.direct_input_grad(k1, k2, _reads(members))
+        direct = None if conv is None else emit_numba_conv.render_input_grad(k1, conv)
+        last = None if conv is None or conv.epilogue is None else emit_numba.render(conv.epilogue)
+        if last is not None:  # (its function compiles with the scatter's: prepare() reads "parts")
+            direct = dataclasses.replace(direct, launch={**direct.launch, "parts": (direct, last)})
+
+        def run_direct(out: np.ndarray, arrays: list[np.ndarray]) -> None:
+            """k1 and k2 as one scatter (emit_numba_conv), then k2's epilogue if any, where nothing else
+            reads k1's result."""
+            if not scatter:  # (its own list: the same runner may run the pair later, if k1's result is kept)
+                scatter.append([self._build(p, k.name) for p, k in
+                                zip(emit_numba.render(k1).launch["prologues"], plan.prologues)])
+                scatter.append(self._build(direct, direct.name))
+                scatter.append(None if last is None else self._build(last, last.name))
+            operands, scratch = _with_prologues(plan, scatter[0], [arrays[p] for p in ins1], memory)
+            weight = _view(operands[conv.weight.input], conv.weight, [4, 2, 1], k1.shape)  # (o, tap, c)
+            packed = np.ascontiguousarray(weight)
+            total = out if last is None else memory.array(math.prod(k2.shape), conv.epilogue.in_dtypes[-1].np)
+            scatter[1](total, packed, operands[conv.grad.input])
+            if last is not None:
+                scatter[2](out, *[arrays[p] for p in ins2], total)
+                scratch.append(total)
+            for array in scratch:
+                memory.release(array)
 
         def run(out: Buffer, *inputs: Buffer) -> None:
+            if direct is not None and not inputs[at1].data.size:
+                return run_direct(out.data, [b.data for b in inputs])
             if not built:  # k2's function over a piece, then the functions of k1's computed operands
                 built.append(self._build(program, program.name, free=True))
                 rendered = emit_numba.render(k1).launch["prologues"]
@@ -467,7 +501,7 @@ class CPURuntime(Runtime):
                 raise KernelError(f"kernels {k1.name} and {k2.name} (in pieces) failed to run: "
                                   f"{type(e).__name__}: {e}\n{numbered(program.source)}") from e
 
-        return Runner(program, run, self.name)
+        return Runner(program if direct is None else direct, run, self.name)
 
     def _run_native(self, program: Program, arrays: list[np.ndarray], ints: tuple, n: int) -> None:
         """A threaded-signature function (program.launch "split": pointers, ints, then lo, hi) on range(n),
@@ -499,7 +533,8 @@ class CPURuntime(Runtime):
             fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
             direct = program.launch.get("direct")
             if direct is not None:
-                matmul = _DirectConv(self._build(direct, kernel.name), plan, kernel)
+                packs = not direct.name.endswith("_wgrad")
+                matmul = _DirectConv(self._build(direct, kernel.name), plan, kernel, packs)
             else:
                 if plan.chunk is not None and cpu_gemm.enabled():  # compiled pieces: one image a piece
                     plan = blas.single_pieces(kernel, plan)

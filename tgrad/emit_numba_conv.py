@@ -95,7 +95,6 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
     dt = k.reduce_expr.dtype
     pixels, taps = rows * cols, kh * kw
     tile = 4 if cols % 4 == 0 or cols % 3 else 3
-    tail = cols % tile
     group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
 
     def block(x: str, width: int) -> list[str]:
@@ -120,17 +119,30 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
             f"        for y in range({rows}):",
             f"            ay = ac + y * {sa[2]}",
             f"            ty = tb + y * {cols * chans}"]
-    if cols >= tile:
-        body.append(f"            for x in range(0, {cols - tail}, {tile}):")
-        body += ["                " + line for line in block("x", tile)]
+    body += _columns(block, cols, tile, " " * 12)
+    return _per_image(f"{k.name}_direct", "inp, wp", body, images, chans, pixels, dt)
+
+
+def _columns(block, cols: int, width: int, indent: str) -> list[str]:
+    """block(x, width) over tiles of `width` of `cols` columns: a loop, then the tail's block."""
+    tail = cols % width
+    lines = []
+    if cols >= width:
+        lines.append(f"{indent}for x in range(0, {cols - tail}, {width}):")
+        lines += [f"{indent}    {line}" for line in block("x", width)]
     if tail:
-        body += ["            " + line for line in block(str(cols - tail), tail)]
-    body += [f"    ob = n * {chans * pixels}",
-             f"    for o in range({chans}):",
-             f"        for i in range({pixels}):",
-             f"            out[ob + o * {pixels} + i] = tmp[tb + i * {chans} + o]"]
-    name = f"{k.name}_direct"
-    lines = ["@kernel()", f"def {name}(out, inp, wp, tmp, lo, hi):", *("    " + line for line in body)]
+        lines += [indent + line for line in block(str(cols - tail), tail)]
+    return lines
+
+
+def _per_image(name: str, args: str, body: list[str], images: int, chans: int, pixels: int, dt) -> Program:
+    """The function (out, `args`, tmp, lo, hi) over images [lo, hi) whose `body` sums each image into
+    tmp laid out (pixel, channel), then put in `out` as (channel, pixel)."""
+    body = body + [f"    ob = n * {chans * pixels}",
+                   f"    for o in range({chans}):",
+                   f"        for i in range({pixels}):",
+                   f"            out[ob + o * {pixels} + i] = tmp[tb + i * {chans} + o]"]
+    lines = ["@kernel()", f"def {name}(out, {args}, tmp, lo, hi):", *("    " + line for line in body)]
     st = storage_dtype(dt)
     return Program(name, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
                    scratch=((images * pixels * chans, st),),
@@ -193,16 +205,10 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
 
     height = tile_rows if rows >= tile_rows else 1
     width = tile_cols if cols >= tile_cols else cols
-    rtail, ctail = rows % height, cols % width
+    rtail = rows % height
 
     def row_blocks(y: str, h: int) -> list[str]:
-        out = []
-        if cols >= width:
-            out.append(f"for x in range(0, {cols - ctail}, {width}):")
-            out += ["    " + line for line in block(y, "x", h, width)]
-        if ctail:
-            out += block(y, str(cols - ctail), h, ctail)
-        return out
+        return _columns(lambda x, w: block(y, x, h, w), cols, width, "")
 
     inner = [f"for y in range(0, {rows - rtail}, {height}):", *("    " + s for s in row_blocks("y", height))]
     if rtail:
@@ -276,7 +282,6 @@ def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int 
         rows = 1 if taps <= 9 else 2
     width = min(tile, g.ow)
     height = rows if g.oh % rows == 0 else 1
-    tail = g.ow % width
 
     def block(x: str, width: int) -> list[str]:
         lines = [f"qb = tb + (y * {g.sy * g.iw} + {x} * {g.sx}) * {chans}",
@@ -310,18 +315,5 @@ def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int 
             f"        tmp[tb + i] = {render_const(0, dt)}",
             f"    gn = {g.grad.offset} + n * {sg[0]}",
             f"    for y in range(0, {g.oh}, {height}):"]
-    if g.ow >= width:
-        body.append(f"        for x in range(0, {g.ow - tail}, {width}):")
-        body += ["            " + line for line in block("x", width)]
-    if tail:
-        body += ["        " + line for line in block(str(g.ow - tail), tail)]
-    body += [f"    ob = n * {chans * ipix}",
-             f"    for c in range({chans}):",
-             f"        for i in range({ipix}):",
-             f"            out[ob + c * {ipix} + i] = tmp[tb + i * {chans} + c]"]
-    fname = f"{name}_igrad"
-    lines = ["@kernel()", f"def {fname}(out, wp, gy, tmp, lo, hi):", *("    " + line for line in body)]
-    st = storage_dtype(dt)
-    return Program(fname, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
-                   scratch=((images * ipix * chans, st),),
-                   launch={"storage": (st, st, st, st), "split": images, "combine": False})
+    body += _columns(block, g.ow, width, " " * 8)
+    return _per_image(f"{name}_igrad", "wp, gy", body, images, chans, ipix, dt)

@@ -132,6 +132,31 @@ def test_conv2d_gradient_is_a_convolution():
         assert x.conv2d(w).node not in autodiff.CUSTOM
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv2d_builds_only_the_gradients_wanted(stride, monkeypatch):
+    """A first layer's data needs no gradient: the conv's rule does not build the input's (its col2im graph
+    was a tenth of an eager conv step), and a frozen weight's is not built either; what is asked for
+    matches PyTorch."""
+    built = []
+    real = Tensor._conv_input_gradient
+    monkeypatch.setattr(Tensor, "_conv_input_gradient", lambda *a: built.append(1) or real(*a))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    for x_grad, w_grad in ((False, True), (True, False), (True, True)):
+        built.clear()
+        tx, tw = Tensor(x, requires_grad=x_grad), Tensor(w, requires_grad=w_grad)
+        (tx.conv2d(tw, stride=stride).relu() ** 2).sum().backward()
+        rx, rw = torch.tensor(x, requires_grad=x_grad), torch.tensor(w, requires_grad=w_grad)
+        (F.conv2d(rx, rw, stride=stride).relu() ** 2).sum().backward()
+        assert len(built) == int(x_grad)
+        for mine, ref, wanted in ((tx, rx, x_grad), (tw, rw, w_grad)):
+            if wanted:
+                np.testing.assert_allclose(mine.grad.numpy(), ref.grad.numpy(), rtol=1e-4, atol=1e-4)
+            else:
+                assert mine.grad is None
+
+
 @pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
 @pytest.mark.parametrize(
     "shape,kw",

@@ -226,16 +226,18 @@ CUSTOM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def custom_gradient(value: Node, inputs: tuple[Node, ...], rule: Callable[..., tuple[Node | None, ...]],
-                    name: str, reads_output: bool = False) -> Node:
+                    name: str, reads_output: bool = False, needs: bool = False) -> Node:
     """The value of `value`, with its gradient given by rule(g) for `inputs` (instead of the gradient of
     the graph that computed `value`). The result is a DETACH node named `name`, which fusion looks
     through; the same (value, name) pair gives the same node, so the latest rule wins, and it computes
     the same value from the same inputs, so any of them is right. reads_output: rule(g, out) also gets
     that result node (softmax's and layernorm's gradients read the output the forward realized). A rule
     must not hold the result itself: the table is keyed weakly by it, and a rule holding its key keeps
-    the output alive for ever (every softmax output leaked so once)."""
+    the output alive for ever (every softmax output leaked so once). needs: the rule also gets `needed`,
+    whether each input's gradient is wanted (a conv's input gradient is not built for a first layer's
+    data: graph building was ~3 ms of an eager conv step)."""
     out = Node(Op.DETACH, (value,), name, value.shape, value.dtype, value.device)
-    CUSTOM[out] = (inputs, rule, reads_output)
+    CUSTOM[out] = (inputs, rule, reads_output, needs)
     return out
 
 
@@ -244,13 +246,17 @@ def _sources(node: Node) -> tuple[Node, ...]:
     return custom[0] if custom is not None else node.srcs
 
 
-def grad_rule(node: Node, g: Node) -> tuple[Node | None, ...]:
+def grad_rule(node: Node, g: Node, needed: tuple[bool, ...] | None = None) -> tuple[Node | None, ...]:
     """Gradients of node's sources given the gradient g of node (None: no gradient to that source); for a
-    node with a custom gradient, of its custom inputs."""
+    node with a custom gradient, of its custom inputs. needed: which of them are wanted (None: all); a rule
+    may leave the others out."""
     custom = CUSTOM.get(node) if node.op is Op.DETACH else None
     if custom is not None:
-        _, rule, reads_output = custom
-        return rule(g, node) if reads_output else rule(g)
+        inputs, rule, reads_output, needs = custom
+        args = (g, node) if reads_output else (g,)
+        if needs:
+            return rule(*args, needed=needed if needed is not None else (True,) * len(inputs))
+        return rule(*args)
     if node.op in NON_DIFFERENTIABLE:
         return (None,) * len(node.srcs)
     rule = GRADIENTS.get(node.op)
@@ -275,7 +281,7 @@ def gradients(root: Node, seed: Node, targets: set[Node],
         srcs = sources[node]
         if g is None or not on_path[node] or not srcs or node in constants:
             continue
-        for src, sg in zip(srcs, grad_rule(node, g)):
+        for src, sg in zip(srcs, grad_rule(node, g, tuple(on_path.get(s, False) for s in srcs))):
             if sg is None or not on_path.get(src, False):
                 continue
             grads[src] = alu(Op.ADD, grads[src], sg) if src in grads else sg

@@ -163,6 +163,20 @@ def _matmul_node(x: Node, w: Node) -> Node:
     return g.move(total, Op.RESHAPE, shape[:-1])
 
 
+def _spread_node(x: Node, s_) -> Node:
+    """Tensor._spread on a node: (N, C, *spatial) with s-1 zeros after each element but the last along each
+    spatial axis."""
+    for axis, s in enumerate(s_):
+        if s > 1:
+            a, shape = 2 + axis, x.shape
+            x = g.move(x, Op.RESHAPE, shape[: a + 1] + (1,) + shape[a + 1 :])
+            x = g.move(x, Op.PAD, ((0, 0),) * (a + 1) + ((0, s - 1),) + ((0, 0),) * (len(shape) - a - 1))
+            x = g.move(x, Op.RESHAPE, shape[:a] + (shape[a] * s,) + shape[a + 1 :])
+            x = g.move(x, Op.SHRINK, tuple((0, shape[a] * s - (s - 1)) if i == a else (0, d)
+                                            for i, d in enumerate(x.shape)))
+    return x
+
+
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     nd = max(len(s) for s in shapes)
     padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
@@ -2927,30 +2941,24 @@ class Tensor(metaclass=_NoGradMeta):
         extra = tuple(i - ((o - 1) * s + d * (k - 1) + 1) for i, o, s, d, k in zip(in_sp, out_sp, s_, d_, ks))
         value, x_node, w_node, weight_node = self.node, xp.node, w.node, weight.node
 
-        def rule(grad: Node) -> tuple[Node | None, Node | None]:
-            gt = Tensor(grad)
-            if math.prod(ks) <= COL2IM_MAX_TERMS:
-                gx = gt._conv_input_gradient(Tensor(weight_node), in_sp, s_, d_, groups)
-            else:
-                gx = gt.conv_transpose2d(Tensor(weight_node), None, s_, 0, extra, d_, groups)
-            # this conv's own product only: the input is a constant here (its graph may hold the same
-            # weight, as in conv(conv(x, w), w), whose gradient the outer walk adds through that conv)
-            gw = autodiff.gradients(value, grad, {w_node}, frozenset({x_node})).get(w_node)
-            return gx.node, gw
+        def rule(grad: Node, needed: tuple[bool, bool]) -> tuple[Node | None, Node | None]:
+            gt, gx, gw = Tensor(grad), None, None
+            if needed[0] and math.prod(ks) <= COL2IM_MAX_TERMS:
+                gx = gt._conv_input_gradient(Tensor(weight_node), in_sp, s_, d_, groups).node
+            elif needed[0]:
+                gx = gt.conv_transpose2d(Tensor(weight_node), None, s_, 0, extra, d_, groups).node
+            if needed[1]:  # this conv's own product only: the input is a constant here (its graph may
+                # hold the same weight, as in conv(conv(x, w), w), whose gradient the outer walk adds)
+                gw = autodiff.gradients(value, grad, {w_node}, frozenset({x_node})).get(w_node)
+            return gx, gw
 
-        return self._from(autodiff.custom_gradient(self.node, (x_node, w_node), rule, "conv"), xp, w)
+        node = autodiff.custom_gradient(self.node, (x_node, w_node), rule, "conv", needs=True)
+        return self._from(node, xp, w)
 
     def _spread(self, s_) -> Tensor:
         """(N, C, *spatial) with s-1 zeros after each element but the last along each spatial axis:
         n -> n + (n - 1) * (s - 1) (a transposed convolution's input)."""
-        x, nk = self, len(s_)
-        for axis, s in enumerate(s_):
-            if s > 1:
-                a = 2 + axis
-                x = x.unsqueeze(a + 1).pad(((0, 0),) * (a + 1) + ((0, s - 1),) + ((0, 0),) * (x.ndim - a - 1))
-                keep = [None] * a + [(0, x.shape[a] * s - (s - 1))] + [None] * (nk - axis - 1)
-                x = x.flatten(a, a + 1).shrink(keep)
-        return x
+        return self._from(_spread_node(self.node, s_))
 
     def _conv_input_gradient(self, weight: Tensor, in_sp, s_, d_, groups: int) -> Tensor:
         """The gradient of a convolution's (padded) input, self the output's gradient (N, Cout, *out):
@@ -2965,15 +2973,22 @@ class Tensor(metaclass=_NoGradMeta):
         og, kk, npos = cout // groups, math.prod(ks), math.prod(out_sp)
         w = weight.reshape(groups, og, cin, kk).permute(0, 2, 3, 1).reshape(groups, 1, cin, kk, 1, og)
         gy = self.reshape(n, groups, og, npos).permute(1, 0, 3, 2).reshape(groups, n, 1, 1, npos, og)
-        cols = (w * gy).sum(-1).reshape(groups, n, cin, kk, *out_sp)
+        cols = (w * gy).sum(-1).reshape(groups, n, cin, kk, *out_sp).node
+        # each kernel position's share, spread by the stride and padded into place, as nodes (the tensor
+        # ops' view bookkeeping made this loop ~3 ms of an eager 5x5 conv step)
+        spread = tuple(o + (o - 1) * (s - 1) for o, s in zip(out_sp, s_))
+        whole = tuple((0, o) for o in out_sp)
         total = None
         for k, pos in enumerate(itertools.product(*map(range, ks))):
-            t = cols[:, :, :, k].transpose(0, 1).reshape(n, groups * cin, *out_sp)
-            t = t._spread(s_)
+            t = g.move(cols, Op.SHRINK, ((0, groups), (0, n), (0, cin), (k, k + 1), *whole))
+            t = g.move(t, Op.RESHAPE, (groups, n, cin, *out_sp))
+            t = g.move(t, Op.PERMUTE, (1, 0, *range(2, 3 + len(ks))))
+            t = _spread_node(g.move(t, Op.RESHAPE, (n, groups * cin, *out_sp)), s_)
             starts = [p * d for p, d in zip(pos, d_)]
-            t = t.pad(((0, 0), (0, 0), *((b, i - b - e) for b, i, e in zip(starts, in_sp, t.shape[2:]))))
-            total = t if total is None else total + t
-        return total
+            pads = tuple((b, i - b - e) for b, i, e in zip(starts, in_sp, spread))
+            t = g.move(t, Op.PAD, ((0, 0), (0, 0), *pads))
+            total = t if total is None else g.alu(Op.ADD, total, t)
+        return Tensor(total)
 
     def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
                          output_padding=0, dilation=1, groups: int = 1) -> Tensor:

@@ -340,3 +340,47 @@ def test_kernels_compiled_for_other_features_are_not_cached(tmp_path):
         # the user is told once why this process's kernels are not kept
         assert run.stderr.count("are not kept on disk") == (not outs[early]["same"]), run.stderr
     assert outs[""]["same"]  # without the early function, kernels are compiled for cpu_features() and kept
+
+
+def test_workers_take_the_longest_job_and_optional_ones_last():
+    """A worker takes the job with the longest source (the main process compiles from the front); jobs
+    submitted as optional (a direct convolution's function, which has a BLAS path meanwhile) only when no
+    other job waits; a claim takes a queued job of either kind back for the caller to compile."""
+    from tgrad.runtime import cpu_pool
+
+    pool = cpu_pool.CompilePool()  # (no worker started: next_job is what one would take)
+    job = lambda src: (src, "f", "m", ["float32"], 0)  # noqa: E731
+    pool.submit([("opt-long", job("x" * 900))], optional=True)
+    pool.submit([("short", job("x" * 10)), ("long", job("x" * 500)), ("mid", job("x" * 100))])
+    pool.submit([("opt-short", job("x" * 50)), ("opt-gone", job("x" * 60))], optional=True)
+    assert pool.claim("opt-gone") is None and "opt-gone" not in pool.queued  # the caller compiles it
+    order = []
+    with pool.cond:
+        while pool.queue or pool.later:
+            order.append(pool.next_job()[0])
+    assert order == ["long", "mid", "short", "opt-long", "opt-short"]
+    assert not pool.queued and pool.compiled("long")  # (nothing compiles it any more: the caller would)
+
+
+def test_the_main_process_compiles_queued_jobs_while_it_waits_for_a_worker(monkeypatch):
+    """A claim of a key a worker is compiling does not sit idle: it compiles the front of the queue itself
+    (as a worker would) and leaves the result for that job's own claim."""
+    from tgrad.runtime import cpu_pool
+
+    pool = cpu_pool.CompilePool()
+    compiled = []
+
+    def fake_compile(*args):
+        compiled.append(args[1])
+        if args[1] == "last":  # the worker finishes the awaited job meanwhile
+            with pool.cond:
+                pool.running.discard("busy")
+                pool.done["busy"] = {"from": "worker"}
+        return {"from": "main", "name": args[1]}
+
+    monkeypatch.setattr(cpu_pool, "compile_object", fake_compile)
+    pool.running.add("busy")
+    pool.submit([("a", ("src", "first", "m", [], 0)), ("b", ("src", "last", "m", [], 0))])
+    assert pool.claim("busy") == {"from": "worker"}
+    assert compiled == ["first", "last"]
+    assert pool.claim("a") == {"from": "main", "name": "first"} and pool.claim("b")["name"] == "last"

@@ -192,17 +192,20 @@ def _input_grads(x, wt, relu_below=True, dtype=np.float32, **conv):
 
 
 @pytest.mark.parametrize("n,cin,cout,h,w,k,stride,padding,dilation,relu", [
-    (16, 32, 32, 24, 24, (5, 5), 1, 0, 1, True),  # the MNIST CNN's conv2 (the relu below: an epilogue)
+    (16, 32, 32, 24, 24, (5, 5), 1, 0, 1, True),  # the MNIST CNN's conv2 (the relu below: an epilogue; 5x5
+    # kernels keep the pair unless INPUT_GRAD_MAX_TAPS allows them, as here)
     (64, 32, 64, 10, 10, (3, 3), 1, 0, 1, False),  # conv3 (after a max_pool: the sum alone)
     (64, 64, 64, 8, 8, (3, 3), 1, 0, 1, True),  # conv4 (6 columns: one tile a row)
     (16, 32, 16, 23, 19, (3, 3), 2, 0, 1, True),  # stride 2 (spots not every column), odd sizes
     (16, 32, 32, 20, 20, (3, 3), 1, 0, 2, False),  # dilation 2
     (16, 16, 48, 15, 13, (3, 5), 1, 0, 1, True),  # 3x5 kernel, 16 input channels (the fewest), 9 columns
+    (16, 32, 32, 14, 15, (1, 3), 1, 0, 1, True),  # 1x3 kernel (spots along a row only)
     (8, 32, 33, 16, 16, (3, 3), 1, 0, 1, True),  # an odd number of output channels (one a pass)
 ])
 def test_input_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation, relu, monkeypatch):
     # (pairs start at blas.PAIR_MIN_RESULT elements of window shares: lowered so that these small convs pair)
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    monkeypatch.setattr(emit_numba_conv, "INPUT_GRAD_MAX_TAPS", 49)
     x, wt, _ = _conv_inputs(14, n, cin, cout, h, w, *k)
     got, want, paths = _input_grads(x, wt, relu, stride=stride, padding=padding, dilation=dilation)
     assert paths == [True]
@@ -222,10 +225,11 @@ def test_input_gradient_float64_and_nan_inf_match_torch(dtype, special, tol, mon
 
 def test_padded_grouped_or_few_channel_input_gradients_keep_the_pair(monkeypatch):
     """A padded conv (its sum leaves out the padding: not every share lands), groups (no image axis), fewer
-    than 16 input channels: the pair as before (or no pair), same values."""
+    than 16 input channels, a 5x5 kernel (more than INPUT_GRAD_MAX_TAPS): the pair as before (or no pair),
+    same values."""
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
-    for cin, conv in ((32, {"padding": 1}), (32, {"groups": 2}), (8, {})):
-        x, wt, _ = _conv_inputs(16, 16, cin, 32, 14, 14, 3, 3)
+    for cin, conv, k in ((32, {"padding": 1}, 3), (32, {"groups": 2}, 3), (8, {}, 3), (32, {}, 5)):
+        x, wt, _ = _conv_inputs(16, 16, cin, 32, 14, 14, k, k)
         wt = wt[:, : cin // conv.get("groups", 1)].copy()
         got, want, paths = _input_grads(x, wt, True, **conv)
         assert True not in paths
@@ -293,3 +297,75 @@ def test_jitted_cnn_step_with_direct_gradients_matches_torch():
         np.testing.assert_allclose(got, loss.item(), rtol=1e-4)
     np.testing.assert_allclose(tw2.numpy(), rw2.detach().numpy(), rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(tw1.numpy(), rw1.detach().numpy(), rtol=1e-3, atol=1e-4)
+
+
+class _FakePool:
+    """A compile pool whose worker has or has not compiled the optional jobs yet (`done`); claims find
+    nothing, so the main process compiles what it loads."""
+
+    live, done = 1, False
+
+    def __init__(self):
+        self.optional = []
+
+    def submit(self, jobs, optional=False):
+        self.optional += [key for key, _ in jobs] if optional else []
+
+    def compiled(self, key):
+        return self.done
+
+    def claim(self, key):
+        return None
+
+    def start(self, workers):
+        pass
+
+
+def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, monkeypatch):
+    """With compile workers (cpu.TIERED), a direct convolution's function (here a weight gradient's and an
+    input gradient's scatter) is compiled as an optional job while its BLAS path runs; once compiled, the
+    next call (a TinyJit replay too) runs it. PyTorch's gradients at every call."""
+    from tgrad import TinyJit
+    from tgrad.runtime import cpu as cpu_runtime
+    from tgrad.runtime import cpu_pool
+
+    monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))  # (nothing on disk: the functions are not ready)
+    monkeypatch.setattr(cpu_runtime, "TIERED", True)
+    monkeypatch.setattr(cpu_pool, "default_workers", lambda: 1)
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    rt = cpu_runtime.CPURuntime()
+    pool = _FakePool()
+    rt.pool = pool
+    monkeypatch.setattr(cpu_runtime, "get_runtime", lambda name: rt, raising=False)
+    calls = {"direct": 0, "blas": 0}
+    for cls, name in ((cpu_runtime._DirectConv, "direct"), (cpu_runtime.BlasCall, "blas")):
+        real = cls.__call__
+        monkeypatch.setattr(cls, "__call__", lambda self, *a, _r=real, _n=name, **k: calls.__setitem__(
+            _n, calls[_n] + 1) or _r(self, *a, **k))
+    x, wt, _ = _conv_inputs(19, 16, 32, 32, 12, 12, 3, 3)
+    tw = Tensor(wt, device="CPU", requires_grad=True)
+    from tgrad import device as tdevice
+
+    monkeypatch.setitem(tdevice._runtimes, "CPU", rt)
+
+    @TinyJit
+    def step(x):
+        tw.grad = None
+        out = x.relu().conv2d(tw)
+        (out * out).sum().backward()
+        Tensor.realize(x.grad, tw.grad)
+        return x.grad, tw.grad
+
+    rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(wt, requires_grad=True)
+    ref = F.conv2d(rx.relu(), rw)
+    (ref * ref).sum().backward()
+    for i in range(4):
+        pool.done = i >= 2
+        tx = Tensor(x, device="CPU", requires_grad=True)
+        gx, gw = step(tx)
+        np.testing.assert_allclose(gw.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(gx.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-4)
+        if i == 1:
+            assert calls["direct"] == 0 and calls["blas"] > 0, calls
+            assert len(pool.optional) >= 2, pool.optional  # the weight gradient's and the scatter's
+    assert calls["direct"] >= 2, calls

@@ -405,13 +405,13 @@ def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
     def block(first: str, rows: int) -> list[str]:
         lines = [f"    a0 = oa + {first} * {sa[m]}", f"    o0 = oo + {first} * {so[m]}",
                  f"    for i{n} in range({cols}):"]
-        lines += [f"        c{j} = {render_const(0, dt)}" for j in range(rows)]
-        for kk in range(depth):
+        lines += [f"        c{j}_0 = {render_const(0, dt)}" for j in range(rows)]
+        for kk in range(depth):  # (a name per value: Numba's SSA pass is quadratic in a name's assignments)
             b_at = f"pack[pb + {kk * cols} + i{n}]" if pack else f"{b_in}[ob + {kk * sb[r]} + i{n}]"
-            lines.append(f"        w = {b_at}")
-            lines += [f"        c{j} = _fma({a_in}[a0 + {j * sa[m] + kk * sa[r]}], w, c{j})"
+            lines.append(f"        w{kk} = {b_at}")
+            lines += [f"        c{j}_{kk + 1} = _fma({a_in}[a0 + {j * sa[m] + kk * sa[r]}], w{kk}, c{j}_{kk})"
                       for j in range(rows)]
-        return lines + [f"        out[o0 + {j * so[m]} + i{n}] = c{j}" for j in range(rows)]
+        return lines + [f"        out[o0 + {j * so[m]} + i{n}] = c{j}_{depth}" for j in range(rows)]
 
     tail = rows_m % BATCHED_ROWS
     if rows_m >= BATCHED_ROWS:

@@ -37,7 +37,14 @@ output pixels, per output channel, each input spot the tile touches loaded once 
 buffer, every product landing there added, stored, in the vectorized loop over the input channels.
 Alone, batch 128: conv3 2.55 -> 1.33 ms, conv4 3.5 -> 1.19 (the pair's times in the CNN step), conv2
 14.2 -> 12.1-13.7; in the step (relu epilogue included) 2.06, 2.39 and 14.75 ms, the step 1-3 ms faster
-in three A/B runs. Spots loaded per output channel and tile of pixels instead of per output channel and
+in three A/B runs. Kernels of more than INPUT_GRAD_MAX_TAPS taps keep the pair (conv2's 5x5 gained nothing
+for 0.8 s of compile).
+
+Weight gradients tile 2x4 pixels, or 3x3 where 3 divides the columns and 4 does not (conv4's 6x6: 1.62 ->
+1.28 ms, no tail block to compile). Every generated value has a name of its own (Numba's SSA pass is
+quadratic in the assignments of one name). These functions take 0.3-0.8 s each to compile: the CPU
+runtime compiles them as optional jobs of its compile workers and runs the BLAS path until they are there
+(runtime/cpu.py `_when_ready`), so a first step does not wait for them. Spots loaded per output channel and tile of pixels instead of per output channel and
 image (the first version, 25 ms for conv2: the image's buffer left the L1 cache between passes).
 """
 
@@ -98,15 +105,19 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
     group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
 
     def block(x: str, width: int) -> list[str]:
+        # (every value a name of its own: Numba's SSA pass is quadratic in a name's assignments)
         lines = [f"ai = ay + {x} * {sa[3]}", f"ti = ty + {x} * {chans}", f"for o in range({chans}):"]
-        lines += [f"    a{p} = tmp[ti + {p * chans} + o]" for p in range(width)]
+        lines += [f"    a{p}_0 = tmp[ti + {p * chans} + o]" for p in range(width)]
+        step = 0
         for g in range(group):
             for t in range(taps):
                 dy, dx = divmod(t, kw)
-                lines.append(f"    w = wp[wc + {(g * taps + t) * chans} + o]")
+                lines.append(f"    w{step} = wp[wc + {(g * taps + t) * chans} + o]")
                 at = g * sa[4] + dy * sa[5] + dx * sa[6]
-                lines += [f"    a{p} = _fma(inp[ai + {at + p * sa[3]}], w, a{p})" for p in range(width)]
-        return lines + [f"    tmp[ti + {p * chans} + o] = a{p}" for p in range(width)]
+                lines += [f"    a{p}_{step + 1} = _fma(inp[ai + {at + p * sa[3]}], w{step}, a{p}_{step})"
+                          for p in range(width)]
+                step += 1
+        return lines + [f"    tmp[ti + {p * chans} + o] = a{p}_{step}" for p in range(width)]
 
     body = ["for n in range(lo, hi):",
             f"    tb = n * {pixels * chans}",
@@ -170,8 +181,8 @@ def direct_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
     return kh * kw <= DIRECT_MAX_TAPS and chans >= DIRECT_MIN_CHANNELS and big
 
 
-def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: int = 2,
-                       tile_cols: int = 4) -> Program:
+def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: int | None = None,
+                       tile_cols: int | None = None) -> Program:
     """The weight gradient's function: (out, output gradient, input, partial sums, scratch, lo, hi) over
     chunks [lo, hi) of the images, each summed into its own partial gradient laid out (c, kh, kw, o); the
     call with lo == hi == chunks adds the partials up into `out`, row-major over (o, c, kh, kw).
@@ -188,19 +199,24 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
     parts = max(1, min(images, parts))
     per = -(-images // parts)
     size = cin * taps * chans  # one partial gradient
+    if tile_cols is None:  # tiles of 2x4 pixels, or 3x3 where 3 divides the columns and 4 does not (no tail
+        # block to compile: conv4's 6x6 pixels 1.62 -> 1.28 ms, its compile 0.62 -> 0.4 s)
+        tile_cols = 3 if cols % 4 and cols % 3 == 0 else 4
+    if tile_rows is None:
+        tile_rows = 3 if tile_cols == 3 else 2
 
     def block(y: str, x: str, height: int, width: int) -> list[str]:
         lines = [f"bx = bc + {y} * {sb[5]} + {x} * {sb[6]}", f"dx = db + ({y} * {cols} + {x}) * {chans}",
                  f"for o in range({chans}):"]
         tile = [(r, j) for r in range(height) for j in range(width)]
         lines += [f"    d{r}_{j} = dyt[dx + {(r * cols + j) * chans} + o]" for r, j in tile]
-        for t in range(taps):
+        for t in range(taps):  # (every value a name of its own, as in render_direct)
             dy, dx = divmod(t, kw)
-            lines.append(f"    w = part[pc + {t * chans} + o]")
-            for r, j in tile:
+            lines.append(f"    w{t}_0 = part[pc + {t * chans} + o]")
+            for i, (r, j) in enumerate(tile):
                 at = r * sb[5] + j * sb[6] + dy * sb[2] + dx * sb[3]
-                lines.append(f"    w = _fma(d{r}_{j}, inp[bx + {at}], w)")
-            lines.append(f"    part[pc + {t * chans} + o] = w")
+                lines.append(f"    w{t}_{i + 1} = _fma(d{r}_{j}, inp[bx + {at}], w{t}_{i})")
+            lines.append(f"    part[pc + {t * chans} + o] = w{t}_{len(tile)}")
         return lines
 
     height = tile_rows if rows >= tile_rows else 1
@@ -245,15 +261,20 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
                    launch={"storage": (st, st, st, st, st), "split": parts, "combine": True})
 
 
+# kernel taps up to which the input gradient scatters: for 5x5 (conv2, 14.2-15.3 -> 14.75 ms in the CNN
+# step) it did not pay for its compile (0.8 s of the first step's, which went over 5 s)
+INPUT_GRAD_MAX_TAPS = 9
+
+
 def direct_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:
     """The geometry of a piece pair that `render_input_grad` renders as one function (blas.col2im: a
     convolution's input gradient), or None: one float dtype, at least 16 input channels (the vectorized
-    loop), at most 49 taps, 2**20 multiply-adds."""
+    loop), at most INPUT_GRAD_MAX_TAPS taps, 2**20 multiply-adds."""
     dt = k1.reduce_expr.dtype
     if dt not in (dtypes.float32, dtypes.float64) or k1.out_dtype != dt or k1.n_global != 4:
         return None
     _, chans, taps, _ = k1.global_shape
-    if chans < DIRECT_MIN_CHANNELS or taps > DIRECT_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
+    if chans < DIRECT_MIN_CHANNELS or taps > INPUT_GRAD_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
         return None
     g = col2im(k1, k2, reads)
     if g is None:
@@ -303,10 +324,10 @@ def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int 
                 ky, kx = divmod(t, g.kw)
                 spot = (r * g.sy + ky * g.dh) * g.iw + i * g.sx + kx * g.dw
                 spots.setdefault(spot, []).append(f"d{o}_{r}_{i}, w{o}_{t}")
-        for spot, products in sorted(spots.items()):
-            lines.append(f"        a = tmp[qb + {spot * chans} + c]")
-            lines += [f"        a = _fma({p}, a)" for p in products]
-            lines.append(f"        tmp[qb + {spot * chans} + c] = a")
+        for s, (spot, products) in enumerate(sorted(spots.items())):  # (a name per value, as above)
+            lines.append(f"        a{s}_0 = tmp[qb + {spot * chans} + c]")
+            lines += [f"        a{s}_{i + 1} = _fma({p}, a{s}_{i})" for i, p in enumerate(products)]
+            lines.append(f"        tmp[qb + {spot * chans} + c] = a{s}_{len(products)}")
         return lines
 
     body = ["for n in range(lo, hi):",

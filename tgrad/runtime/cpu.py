@@ -23,6 +23,7 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,9 @@ _RET, _EXC = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()  # Numba's return-
 _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run holding the GIL)
 
 
+# direct convolutions (emit_numba_conv) run their BLAS path until a compile worker has their function (see
+# CPURuntime._when_ready); False: the first call waits for it (tests of the direct functions set this)
+TIERED = True
 CHUNKS_PER_THREAD = 4  # ranges per thread of a threaded kernel on the native workers: a thread that
 # starts late (asleep, or its core busy) finds some left, and one that is early takes more
 
@@ -304,6 +308,21 @@ def _render(kernel: Kernel) -> Program:
     return dataclasses.replace(program, source=source, launch={**program.launch, "direct": direct})
 
 
+class _Tiered:
+    """A matmul's slower way (BLAS) until `get` gives the function of its faster one, then that (made by
+    `make`); see CPURuntime._when_ready."""
+
+    def __init__(self, get, make, slow):
+        self.get, self.make, self.slow, self.fast = get, make, slow, None
+
+    def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
+        if self.fast is None:
+            fn = self.get()
+            if fn is not None:
+                self.fast = self.make(fn)
+        return (self.slow if self.fast is None else self.fast)(arrays, memory, out=out)
+
+
 class _DirectConv:
     """BlasCall's part for a direct convolution (emit_numba_conv): packs the forward's weight (c, kh, kw, o)
     from its operand's view (cpu_blas._view, as BLAS reads it; a weight gradient reads both operands in
@@ -378,9 +397,10 @@ class CPURuntime(Runtime):
         parts, pieces = [], set()
         for kernel in kernels:
             program = self.rendered[kernel] = _render(kernel)
-            parts += _functions(program)
+            # (a direct convolution's function is queued when it is compiled, as optional: _when_ready)
+            parts += [f for f in _functions(program) if not (TIERED and f is program.launch.get("direct"))]
             plan = program.launch.get("blas")
-            pieces_run = plan is not None and plan.chunk is not None and "direct" not in program.launch
+            pieces_run = plan is not None and plan.chunk is not None  # (a direct conv's BLAS path too)
             if pieces_run and kernel.out_dtype in (dtypes.float32, dtypes.float64):
                 pieces.add(kernel.out_dtype)
         if pieces and cpu_gemm.enabled():  # the compiled conv pieces it may run (cpu_gemm.py)
@@ -443,14 +463,16 @@ class CPURuntime(Runtime):
         if last is not None:  # (its function compiles with the scatter's: prepare() reads "parts")
             direct = dataclasses.replace(direct, launch={**direct.launch, "parts": (direct, last)})
 
+        ready = [self._when_ready(p, p.name) for p in (direct, last) if p is not None]
+
         def run_direct(out: np.ndarray, arrays: list[np.ndarray]) -> None:
             """k1 and k2 as one scatter (emit_numba_conv), then k2's epilogue if any, where nothing else
             reads k1's result."""
             if not scatter:  # (its own list: the same runner may run the pair later, if k1's result is kept)
                 scatter.append([self._build(p, k.name) for p, k in
                                 zip(emit_numba.render(k1).launch["prologues"], plan.prologues)])
-                scatter.append(self._build(direct, direct.name))
-                scatter.append(None if last is None else self._build(last, last.name))
+                scatter.append(ready[0]())
+                scatter.append(None if last is None else ready[1]())
             operands, scratch = _with_prologues(plan, scatter[0], [arrays[p] for p in ins1], memory)
             weight = _view(operands[conv.weight.input], conv.weight, [4, 2, 1], k1.shape)  # (o, tap, c)
             packed = np.ascontiguousarray(weight)
@@ -463,7 +485,8 @@ class CPURuntime(Runtime):
                 memory.release(array)
 
         def run(out: Buffer, *inputs: Buffer) -> None:
-            if direct is not None and not inputs[at1].data.size:
+            # (the scatter once its functions are compiled: the pair meanwhile, see _when_ready)
+            if direct is not None and not inputs[at1].data.size and all(get() is not None for get in ready):
                 return run_direct(out.data, [b.data for b in inputs])
             if not built:  # k2's function over a piece, then the functions of k1's computed operands
                 built.append(self._build(program, program.name, free=True))
@@ -501,7 +524,8 @@ class CPURuntime(Runtime):
                 raise KernelError(f"kernels {k1.name} and {k2.name} (in pieces) failed to run: "
                                   f"{type(e).__name__}: {e}\n{numbered(program.source)}") from e
 
-        return Runner(program if direct is None else direct, run, self.name)
+        # (the functions prepare() queues: the scatter's where it runs from the first call, else the pair's)
+        return Runner(program if direct is None or TIERED else direct, run, self.name)
 
     def _run_native(self, program: Program, arrays: list[np.ndarray], ints: tuple, n: int) -> None:
         """A threaded-signature function (program.launch "split": pointers, ints, then lo, hi) on range(n),
@@ -532,13 +556,13 @@ class CPURuntime(Runtime):
             epilogue = program.launch["epilogue"]
             fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
             direct = program.launch.get("direct")
-            if direct is not None:
+            if plan.chunk is not None and cpu_gemm.enabled():  # compiled pieces: one image a piece
+                plan = blas.single_pieces(kernel, plan)
+            matmul = BlasCall(plan, kernel, self._run_native)
+            if direct is not None:  # BLAS until the direct convolution's function is compiled
                 packs = not direct.name.endswith("_wgrad")
-                matmul = _DirectConv(self._build(direct, kernel.name), plan, kernel, packs)
-            else:
-                if plan.chunk is not None and cpu_gemm.enabled():  # compiled pieces: one image a piece
-                    plan = blas.single_pieces(kernel, plan)
-                matmul = BlasCall(plan, kernel, self._run_native)
+                matmul = _Tiered(self._when_ready(direct, kernel.name),
+                                 lambda fn: _DirectConv(fn, plan, kernel, packs), matmul)
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
         any_widen = any(widen)
@@ -572,6 +596,31 @@ class CPURuntime(Runtime):
                 out.data[:] = args[0]
 
         return Runner(program, run, self.name)
+
+    def _when_ready(self, program: Program, kernel_name: str) -> Callable[[], Callable | None]:
+        """A getter of program's function (as _build makes it): at once where it is loaded or on disk, or
+        where there are no compile workers (TGRAD_COMPILE_WORKERS=0, or TIERED off); else it is queued for
+        a worker as an optional job (compiled when no other job waits) and the getter gives None until
+        one has compiled it. The direct convolutions run their BLAS path meanwhile, so that a first step
+        does not wait for their compiles (0.3-0.8 s each: the MNIST CNN's first step went from 4.1 to
+        5.9 s with them, and is 3.3 s this way). A process that exits before the worker is done leaves
+        them out of the disk cache: the next one compiles them again, in the background too."""
+        nat = _native(program)
+        workers = cpu_pool.default_workers()
+        if not TIERED or not workers or nat.key in self.functions or _cached(nat.path):
+            fn = self._build(program, kernel_name)
+            return lambda: fn
+        if not self.pool.live:  # (a worker starts in the background: nothing here waits for it)
+            self.pool.start(workers)
+        self.pool.submit([(nat.key, nat.job)], optional=True)
+        box: list = []
+
+        def get() -> Callable | None:
+            if not box and self.pool.compiled(nat.key):
+                box.append(self._build(program, kernel_name))
+            return box[0] if box else None
+
+        return get
 
     def _build(self, program: Program, kernel_name: str, free: bool = False):
         """A callable running one generated function on numpy arrays (the output, then every input of

@@ -38,14 +38,14 @@ buffer, every product landing there added, stored, in the vectorized loop over t
 Alone, batch 128: conv3 2.55 -> 1.33 ms, conv4 3.5 -> 1.19 (the pair's times in the CNN step), conv2
 14.2 -> 12.1-13.7; in the step (relu epilogue included) 2.06, 2.39 and 14.75 ms, the step 1-3 ms faster
 in three A/B runs. Kernels of more than INPUT_GRAD_MAX_TAPS taps keep the pair (conv2's 5x5 gained nothing
-for 0.8 s of compile).
+for 0.8 s of compile). Spots loaded per output channel and tile of pixels instead of per output channel
+and image (the first version, 25 ms for conv2: the image's buffer left the L1 cache between passes).
 
 Weight gradients tile 2x4 pixels, or 3x3 where 3 divides the columns and 4 does not (conv4's 6x6: 1.62 ->
 1.28 ms, no tail block to compile). Every generated value has a name of its own (Numba's SSA pass is
 quadratic in the assignments of one name). These functions take 0.3-0.8 s each to compile: the CPU
 runtime compiles them as optional jobs of its compile workers and runs the BLAS path until they are there
-(runtime/cpu.py `_when_ready`), so a first step does not wait for them. Spots loaded per output channel and tile of pixels instead of per output channel and
-image (the first version, 25 ms for conv2: the image's buffer left the L1 cache between passes).
+(runtime/cpu.py `_when_ready`), so a first step does not wait for them.
 """
 
 from __future__ import annotations

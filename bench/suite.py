@@ -163,6 +163,7 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
                     first = c.host(result)
                 elif ms > args.budget * 1e3 and not (wl.training and i < 1):
                     break  # a second warm-up of a run this long teaches nothing
+            c.settle(run)  # (background compiles done: the timed runs use what they made)
             wrong = check(wl, data, first)
             if wrong:
                 row["status"], row["reason"] = "wrong", wrong

@@ -219,3 +219,30 @@ def test_op_overhead_script_prints_every_row():
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| `")]
     assert len(rows) == 11 and all(float(r.split("|")[2]) > 0 for r in rows), proc.stdout
+
+
+def test_tgrad_contender_settles_background_compiles_before_timing():
+    """After the warm-up runs the suite calls settle(): with compile workers live, tgrad's contender waits
+    for their jobs (the direct convolutions compile in the background meanwhile running BLAS) and runs once
+    more, so that the timed runs use what they compiled; without workers it does nothing."""
+    from bench.contenders import TgradContender
+
+    class Pool:
+        live = 1
+
+    class Dev:
+        pool = Pool()
+        waited = 0
+
+        def wait_for_compiles(self, timeout=120.0):
+            self.waited += 1
+            return True
+
+    c = TgradContender("CPU", 2)
+    c.dev = Dev()
+    runs = []
+    c.settle(lambda: runs.append(1))
+    assert c.dev.waited == 1 and runs == [1]
+    c.dev.pool.live = 0
+    c.settle(lambda: runs.append(1))
+    assert c.dev.waited == 1 and runs == [1]

@@ -360,6 +360,9 @@ def test_workers_take_the_longest_job_and_optional_ones_last():
             order.append(pool.next_job()[0])
     assert order == ["long", "mid", "short", "opt-long", "opt-short"]
     assert not pool.queued and pool.compiled("long")  # (nothing compiles it any more: the caller would)
+    assert pool.wait_idle(0.01)
+    pool.running.add("x")
+    assert not pool.wait_idle(0.01)  # (what benchmarks wait on after their warm-up)
 
 
 def test_the_main_process_compiles_queued_jobs_while_it_waits_for_a_worker(monkeypatch):

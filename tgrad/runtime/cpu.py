@@ -597,6 +597,12 @@ class CPURuntime(Runtime):
 
         return Runner(program, run, self.name)
 
+    def wait_for_compiles(self, timeout: float = 120.0) -> bool:
+        """Wait for the compile workers' queued jobs, the direct convolutions' optional ones included
+        (benchmarks call it after their warm-up runs: the next call of such a kernel runs its direct
+        function); False if some are still compiling after `timeout` seconds."""
+        return self.pool.wait_idle(timeout) if self.pool.live else True
+
     def _when_ready(self, program: Program, kernel_name: str) -> Callable[[], Callable | None]:
         """A getter of program's function (as _build makes it): at once where it is loaded or on disk, or
         where there are no compile workers (TGRAD_COMPILE_WORKERS=0, or TIERED off); else it is queued for

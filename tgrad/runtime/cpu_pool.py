@@ -107,6 +107,11 @@ class CompilePool:
         self.queued.discard(job[0])
         return job
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no job is queued or compiling (optional ones included); False on timeout."""
+        with self.cond:
+            return self.cond.wait_for(lambda: not self.queued and not self.running, timeout=timeout)
+
     def compiled(self, key) -> bool:
         """Whether claim(key) would not wait: a worker compiled it, or nothing compiles it (a worker that
         failed: the caller compiles it)."""

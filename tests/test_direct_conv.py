@@ -192,8 +192,7 @@ def _input_grads(x, wt, relu_below=True, dtype=np.float32, **conv):
 
 
 @pytest.mark.parametrize("n,cin,cout,h,w,k,stride,padding,dilation,relu", [
-    (16, 32, 32, 24, 24, (5, 5), 1, 0, 1, True),  # the MNIST CNN's conv2 (the relu below: an epilogue; 5x5
-    # kernels keep the pair unless INPUT_GRAD_MAX_TAPS allows them, as here)
+    (16, 32, 32, 24, 24, (5, 5), 1, 0, 1, True),  # the MNIST CNN's conv2 (the relu below: an epilogue)
     (64, 32, 64, 10, 10, (3, 3), 1, 0, 1, False),  # conv3 (after a max_pool: the sum alone)
     (64, 64, 64, 8, 8, (3, 3), 1, 0, 1, True),  # conv4 (6 columns: one tile a row)
     (16, 32, 16, 23, 19, (3, 3), 2, 0, 1, True),  # stride 2 (spots not every column), odd sizes
@@ -205,7 +204,6 @@ def _input_grads(x, wt, relu_below=True, dtype=np.float32, **conv):
 def test_input_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation, relu, monkeypatch):
     # (pairs start at blas.PAIR_MIN_RESULT elements of window shares: lowered so that these small convs pair)
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
-    monkeypatch.setattr(emit_numba_conv, "INPUT_GRAD_MAX_TAPS", 49)
     x, wt, _ = _conv_inputs(14, n, cin, cout, h, w, *k)
     got, want, paths = _input_grads(x, wt, relu, stride=stride, padding=padding, dilation=dilation)
     assert paths == [True]
@@ -225,11 +223,10 @@ def test_input_gradient_float64_and_nan_inf_match_torch(dtype, special, tol, mon
 
 def test_padded_grouped_or_few_channel_input_gradients_keep_the_pair(monkeypatch):
     """A padded conv (its sum leaves out the padding: not every share lands), groups (no image axis), fewer
-    than 16 input channels, a 5x5 kernel (more than INPUT_GRAD_MAX_TAPS): the pair as before (or no pair),
-    same values."""
+    than 16 input channels: the pair as before (or no pair), same values."""
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
-    for cin, conv, k in ((32, {"padding": 1}, 3), (32, {"groups": 2}, 3), (8, {}, 3), (32, {}, 5)):
-        x, wt, _ = _conv_inputs(16, 16, cin, 32, 14, 14, k, k)
+    for cin, conv in ((32, {"padding": 1}), (32, {"groups": 2}), (8, {})):
+        x, wt, _ = _conv_inputs(16, 16, cin, 32, 14, 14, 3, 3)
         wt = wt[:, : cin // conv.get("groups", 1)].copy()
         got, want, paths = _input_grads(x, wt, True, **conv)
         assert True not in paths

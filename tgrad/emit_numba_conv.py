@@ -37,9 +37,11 @@ output pixels, per output channel, each input spot the tile touches loaded once 
 buffer, every product landing there added, stored, in the vectorized loop over the input channels.
 Alone, batch 128: conv3 2.55 -> 1.33 ms, conv4 3.5 -> 1.19 (the pair's times in the CNN step), conv2
 14.2 -> 12.1-13.7; in the step (relu epilogue included) 2.06, 2.39 and 14.75 ms, the step 1-3 ms faster
-in three A/B runs. Kernels of more than INPUT_GRAD_MAX_TAPS taps keep the pair (conv2's 5x5 gained nothing
-for 0.8 s of compile). Spots loaded per output channel and tile of pixels instead of per output channel
-and image (the first version, 25 ms for conv2: the image's buffer left the L1 cache between passes).
+in three A/B runs; conv2d_fwd_bwd (TinyJit, conv2's 5x5 scattered or not) 21.07 -> 20.63 ms at batch 64,
+38.6 -> 35.5 at 128. (For a while 5x5 kernels kept the pair, for the 0.8 s their scatter takes to compile,
+until the compiles went to the background, below.) Spots loaded per output channel and tile of pixels
+instead of per output channel and image (the first version, 25 ms for conv2: the image's buffer left the
+L1 cache between passes).
 
 Weight gradients tile 2x4 pixels, or 3x3 where 3 divides the columns and 4 does not (conv4's 6x6: 1.62 ->
 1.28 ms, no tail block to compile). Every generated value has a name of its own (Numba's SSA pass is
@@ -261,20 +263,15 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
                    launch={"storage": (st, st, st, st, st), "split": parts, "combine": True})
 
 
-# kernel taps up to which the input gradient scatters: for 5x5 (conv2, 14.2-15.3 -> 14.75 ms in the CNN
-# step) it did not pay for its compile (0.8 s of the first step's, which went over 5 s)
-INPUT_GRAD_MAX_TAPS = 9
-
-
 def direct_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:
     """The geometry of a piece pair that `render_input_grad` renders as one function (blas.col2im: a
     convolution's input gradient), or None: one float dtype, at least 16 input channels (the vectorized
-    loop), at most INPUT_GRAD_MAX_TAPS taps, 2**20 multiply-adds."""
+    loop), at most 49 taps, 2**20 multiply-adds."""
     dt = k1.reduce_expr.dtype
     if dt not in (dtypes.float32, dtypes.float64) or k1.out_dtype != dt or k1.n_global != 4:
         return None
     _, chans, taps, _ = k1.global_shape
-    if chans < DIRECT_MIN_CHANNELS or taps > INPUT_GRAD_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
+    if chans < DIRECT_MIN_CHANNELS or taps > DIRECT_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
         return None
     g = col2im(k1, k2, reads)
     if g is None:

@@ -387,3 +387,15 @@ def test_the_main_process_compiles_queued_jobs_while_it_waits_for_a_worker(monke
     assert pool.claim("busy") == {"from": "worker"}
     assert compiled == ["first", "last"]
     assert pool.claim("a") == {"from": "main", "name": "first"} and pool.claim("b")["name"] == "last"
+
+
+def test_background_compiles_can_be_turned_off():
+    """TGRAD_BACKGROUND_COMPILES=0: direct convolutions wait for their functions (reproducible values)."""
+    code = "from tgrad.runtime import cpu; print(cpu.TIERED)"
+    for value, want in (("0", "False"), ("1", "True"), (None, "True")):
+        env = {k: v for k, v in os.environ.items() if k != "TGRAD_BACKGROUND_COMPILES"}
+        if value is not None:
+            env["TGRAD_BACKGROUND_COMPILES"] = value
+        out = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == want, out.stderr[-2000:]

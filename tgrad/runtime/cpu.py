@@ -57,8 +57,9 @@ _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run
 
 
 # direct convolutions (emit_numba_conv) run their BLAS path until a compile worker has their function (see
-# CPURuntime._when_ready); False: the first call waits for it (tests of the direct functions set this)
-TIERED = True
+# CPURuntime._when_ready); False (TGRAD_BACKGROUND_COMPILES=0): the first call waits for it, so that a run's
+# values do not depend on when a worker finished (the two paths round differently)
+TIERED = os.environ.get("TGRAD_BACKGROUND_COMPILES", "1").strip() != "0"
 CHUNKS_PER_THREAD = 4  # ranges per thread of a threaded kernel on the native workers: a thread that
 # starts late (asleep, or its core busy) finds some left, and one that is early takes more
 

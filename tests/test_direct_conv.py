@@ -322,11 +322,14 @@ def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, 
     """With compile workers (cpu.TIERED), a direct convolution's function (here a weight gradient's and an
     input gradient's scatter) is compiled as an optional job while its BLAS path runs; once compiled, the
     next call (a TinyJit replay too) runs it. PyTorch's gradients at every call."""
-    from tgrad import TinyJit
+    import collections
+
+    from tgrad import TinyJit, schedule_cache
     from tgrad.runtime import cpu as cpu_runtime
     from tgrad.runtime import cpu_pool
 
     monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))  # (nothing on disk: the functions are not ready)
+    monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())  # (no runners of other tests)
     monkeypatch.setattr(cpu_runtime, "TIERED", True)
     monkeypatch.setattr(cpu_pool, "default_workers", lambda: 1)
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
@@ -366,3 +369,36 @@ def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, 
             assert calls["direct"] == 0 and calls["blas"] > 0, calls
             assert len(pool.optional) >= 2, pool.optional  # the weight gradient's and the scatter's
     assert calls["direct"] >= 2, calls
+
+
+def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
+    """Where the pair's window shares get a buffer (the scatter then never runs), the scatter's function is
+    not queued for the compile workers; where the pair keeps them, it is."""
+    import collections
+
+    from tgrad import device as tdevice
+    from tgrad import realize, schedule_cache
+    from tgrad.runtime import cpu as cpu_runtime
+    from tgrad.runtime import cpu_pool
+
+    monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_runtime, "TIERED", True)
+    monkeypatch.setattr(cpu_pool, "default_workers", lambda: 1)
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    scatters = []
+    real = emit_numba_conv.render_input_grad
+    monkeypatch.setattr(emit_numba_conv, "render_input_grad",
+                        lambda *a: scatters.append(real(*a)) or scatters[-1])
+    private = realize._private_of
+    monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())  # (no runners of other tests)
+    for kept, size in ((True, 17), (False, 18)):  # (a size each: schedules of their own)
+        keep = private if kept else lambda items, groups, requested: set()
+        monkeypatch.setattr(realize, "_private_of", keep)
+        rt = cpu_runtime.CPURuntime()
+        rt.pool = pool = _FakePool()
+        monkeypatch.setitem(tdevice._runtimes, "CPU", rt)
+        x, wt, _ = _conv_inputs(20, 16, 32, 32, size, size, 3, 3)
+        got, want, paths = _input_grads(x, wt, True)
+        assert paths == [True]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        assert (cpu_runtime._native(scatters[-1]).key in pool.optional) == kept, pool.optional

@@ -464,7 +464,7 @@ class CPURuntime(Runtime):
         if last is not None:  # (its function compiles with the scatter's: prepare() reads "parts")
             direct = dataclasses.replace(direct, launch={**direct.launch, "parts": (direct, last)})
 
-        ready = [self._when_ready(p, p.name) for p in (direct, last) if p is not None]
+        ready: list = []  # (queued at the first run that keeps k1's result: else the scatter never runs)
 
         def run_direct(out: np.ndarray, arrays: list[np.ndarray]) -> None:
             """k1 and k2 as one scatter (emit_numba_conv), then k2's epilogue if any, where nothing else
@@ -487,8 +487,11 @@ class CPURuntime(Runtime):
 
         def run(out: Buffer, *inputs: Buffer) -> None:
             # (the scatter once its functions are compiled: the pair meanwhile, see _when_ready)
-            if direct is not None and not inputs[at1].data.size and all(get() is not None for get in ready):
-                return run_direct(out.data, [b.data for b in inputs])
+            if direct is not None and not inputs[at1].data.size:
+                if not ready:
+                    ready.extend(self._when_ready(p, p.name) for p in (direct, last) if p is not None)
+                if all(get() is not None for get in ready):
+                    return run_direct(out.data, [b.data for b in inputs])
             if not built:  # k2's function over a piece, then the functions of k1's computed operands
                 built.append(self._build(program, program.name, free=True))
                 rendered = emit_numba.render(k1).launch["prologues"]

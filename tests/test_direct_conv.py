@@ -402,3 +402,33 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
         assert paths == [True]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
         assert (cpu_runtime._native(scatters[-1]).key in pool.optional) == kept, pool.optional
+
+
+def test_a_failing_scatter_names_both_kernels(monkeypatch):
+    """An error inside the input gradient's scatter is a KernelError naming the pair and showing the
+    scatter's source, as the pair's own errors are."""
+    import collections
+
+    from tgrad import schedule_cache
+    from tgrad.errors import KernelError
+    from tgrad.runtime import cpu as cpu_runtime
+
+    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())
+    build = cpu_runtime.CPURuntime._build
+
+    def broken(self, program, name, free=False):
+        fn = build(self, program, name, free)
+        if not program.name.endswith("_igrad"):
+            return fn
+
+        def fail(*a):
+            raise RuntimeError("the compiled function returned error status 1")
+
+        return fail
+
+    monkeypatch.setattr(cpu_runtime.CPURuntime, "_build", broken)
+    x, wt, _ = _conv_inputs(21, 16, 32, 32, 19, 19, 3, 3)  # (a size no other test schedules)
+    with pytest.raises(KernelError, match=r"kernels r_\w+ and E_\w+ \(as one scatter\) failed to run: "
+                                          r"RuntimeError: the compiled function returned error status 1"):
+        _input_grads(x, wt, True)

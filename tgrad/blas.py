@@ -495,14 +495,13 @@ class Col2Im:
     epilogue: Kernel | None
 
 
-def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:
+def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan) -> Col2Im | None:
     """The Col2Im a piece pair (k1, k2) computes, or None: k2's value is a sum of loads of k1's result
     (input `reads`) and nothing else, both results row-major, and the loads of one image, evaluated at
     every point with their masks, read every element of k1's result once, at the spot a convolution's
     geometry (some kernel width, output width, strides and dilations) puts it, the same for every
-    channel. Checked at every point, so a k2 that is anything else is not taken for one."""
-    plan = blas_plan(k1)
-    if plan is None or plan.epilogue is not None or plan.batch != (0,):
+    channel. Checked at every point, so a k2 that is anything else is not taken for one. `plan`: k1's."""
+    if plan.epilogue is not None or plan.batch != (0,):
         return None
     if k1.n_global != 4 or len(k1.reduce_shape) != 1 or len(reads) != 1 or k2.reduce_expr is not None:
         return None

@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 
 from tgrad.blas import BlasPlan, Col2Im, blas_plan, col2im
-from tgrad.dtype import dtypes
+from tgrad.dtype import DType, dtypes
 from tgrad.emit_numba import HEADER, render_const, storage_dtype
 from tgrad.fuse import Kernel
 from tgrad.program import Program
@@ -70,6 +70,15 @@ DIRECT_MIN_DEPTH = 256
 DIRECT_MIN_WORK = 1 << 20  # multiply-adds below which the BLAS path's overheads are no matter
 
 
+def _float_dtype(k: Kernel, plan: BlasPlan, *operands) -> DType | None:
+    """The kernel's sum dtype where it is float32 or float64 and every operand (a kernel input, or after
+    them a prologue's result) has it too; else None."""
+    dt = k.reduce_expr.dtype
+    dtypes_of = (*k.in_dtypes, *(p.out_dtype for p in plan.prologues))
+    ok = dt in (dtypes.float32, dtypes.float64) and all(dtypes_of[op.input] == dt for op in operands)
+    return dt if ok else None
+
+
 def direct_conv(kernel: Kernel, plan: BlasPlan) -> bool:
     """Whether a BLAS-planned kernel is a 2-d convolution's forward product that `render_direct` renders:
     global axes (n, o, y, x), reduce axes (c, kh, kw), the windows (A) read in place from one input and
@@ -79,10 +88,7 @@ def direct_conv(kernel: Kernel, plan: BlasPlan) -> bool:
         return False
     if len(k.reduce_shape) != 3 or plan.a.input == plan.b.input:
         return False
-    dt = k.reduce_expr.dtype
-    if dt not in (dtypes.float32, dtypes.float64):
-        return False
-    if k.in_dtypes[plan.a.input] != dt or k.in_dtypes[plan.b.input] != dt:
+    if _float_dtype(k, plan, plan.a, plan.b) is None:
         return False
     _, channels, _, _ = k.global_shape
     cin, kh, kw = k.reduce_shape
@@ -133,7 +139,7 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
             f"            ay = ac + y * {sa[2]}",
             f"            ty = tb + y * {cols * chans}"]
     body += _columns(block, cols, tile, " " * 12)
-    return _per_image(f"{k.name}_direct", "inp, wp", body, images, chans, pixels, dt)
+    return _per_image(f"{k.name}_direct", "inp, wp", body, images, chans, pixels, dt, PACKED_AXES)
 
 
 def _columns(block, cols: int, width: int, indent: str) -> list[str]:
@@ -148,9 +154,11 @@ def _columns(block, cols: int, width: int, indent: str) -> list[str]:
     return lines
 
 
-def _per_image(name: str, args: str, body: list[str], images: int, chans: int, pixels: int, dt) -> Program:
+def _per_image(name: str, args: str, body: list[str], images: int, chans: int, pixels: int, dt,
+               pack: list[int]) -> Program:
     """The function (out, `args`, tmp, lo, hi) over images [lo, hi) whose `body` sums each image into
-    tmp laid out (pixel, channel), then put in `out` as (channel, pixel)."""
+    tmp laid out (pixel, channel), then put in `out` as (channel, pixel). Its second argument is a weight
+    the runtime packs contiguous over the kernel axes `pack` (launch fact `pack`)."""
     body = body + [f"    ob = n * {chans * pixels}",
                    f"    for o in range({chans}):",
                    f"        for i in range({pixels}):",
@@ -159,7 +167,7 @@ def _per_image(name: str, args: str, body: list[str], images: int, chans: int, p
     st = storage_dtype(dt)
     return Program(name, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
                    scratch=((images * pixels * chans, st),),
-                   launch={"storage": (st, st, st, st), "split": images, "combine": False})
+                   launch={"storage": (st, st, st, st), "split": images, "combine": False, "pack": pack})
 
 
 def direct_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
@@ -171,12 +179,7 @@ def direct_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
         return False
     if len(k.reduce_shape) != 3 or plan.a.input == plan.b.input:
         return False
-    dt = k.reduce_expr.dtype
-    # (an operand a prologue computes is an input after the kernel's own, of the prologue's dtype)
-    operand_dtypes = (*k.in_dtypes, *(p.out_dtype for p in plan.prologues))
-    if dt not in (dtypes.float32, dtypes.float64):
-        return False
-    if operand_dtypes[plan.a.input] != dt or operand_dtypes[plan.b.input] != dt:
+    if _float_dtype(k, plan, plan.a, plan.b) is None:
         return False
     chans, cin, kh, kw = k.global_shape
     big = math.prod(k.shape) >= DIRECT_MIN_WORK and cin * kh * kw >= DIRECT_MIN_DEPTH
@@ -267,18 +270,18 @@ def direct_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im 
     """The geometry of a piece pair that `render_input_grad` renders as one function (blas.col2im: a
     convolution's input gradient), or None: one float dtype, at least 16 input channels (the vectorized
     loop), at most 49 taps, 2**20 multiply-adds."""
-    dt = k1.reduce_expr.dtype
-    if dt not in (dtypes.float32, dtypes.float64) or k1.out_dtype != dt or k1.n_global != 4:
+    plan = blas_plan(k1)
+    if plan is None or k1.n_global != 4:
         return None
     _, chans, taps, _ = k1.global_shape
     if chans < DIRECT_MIN_CHANNELS or taps > DIRECT_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
         return None
-    g = col2im(k1, k2, reads)
+    g = col2im(k1, k2, reads, plan)
     if g is None:
         return None
-    operand_dtypes = (*k1.in_dtypes, *(p.out_dtype for p in blas_plan(k1).prologues))
     summed = k2.out_dtype if g.epilogue is None else g.epilogue.in_dtypes[-1]
-    return g if operand_dtypes[g.weight.input] == operand_dtypes[g.grad.input] == summed == dt else None
+    dt = _float_dtype(k1, plan, g.weight, g.grad)
+    return g if dt is not None and k1.out_dtype == summed == dt else None
 
 
 def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int | None = None) -> Program:
@@ -332,4 +335,5 @@ def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int 
             f"    gn = {g.grad.offset} + n * {sg[0]}",
             f"    for y in range(0, {g.oh}, {height}):"]
     body += _columns(block, g.ow, width, " " * 8)
-    return _per_image(f"{name}_igrad", "wp, gy", body, images, chans, ipix, dt)
+    # (the weight over k1's axes (n, c, tap, pixel, o), packed (o, tap, c))
+    return _per_image(f"{name}_igrad", "wp, gy", body, images, chans, ipix, dt, [4, 2, 1])

@@ -325,19 +325,20 @@ class _Tiered:
 
 
 class _DirectConv:
-    """BlasCall's part for a direct convolution (emit_numba_conv): packs the forward's weight (c, kh, kw, o)
-    from its operand's view (cpu_blas._view, as BLAS reads it; a weight gradient reads both operands in
-    place), then runs the generated function over the images on the threaded kernels' threads; the sums
-    come out in the kernel's order, into `out` itself when it takes them."""
+    """BlasCall's part for a direct convolution (emit_numba_conv): packs the forward's weight over the kernel
+    axes its Program names (launch fact `pack`) from its operand's view (cpu_blas._view, as BLAS reads it;
+    a weight gradient reads both operands in place), then runs the generated function over the images on
+    the threaded kernels' threads; the sums come out in the kernel's order, into `out` itself when it
+    takes them."""
 
-    def __init__(self, function, plan: BlasPlan, kernel: Kernel, packs: bool):
-        self.function, self.plan, self.shape, self.packs = function, plan, kernel.shape, packs
+    def __init__(self, function, plan: BlasPlan, kernel: Kernel, pack: list[int] | None):
+        self.function, self.plan, self.shape, self.pack = function, plan, kernel.shape, pack
         self.size = math.prod(kernel.global_shape)
 
     def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
         a, b = arrays[self.plan.a.input], arrays[self.plan.b.input]
-        if self.packs:
-            b = np.ascontiguousarray(_view(b, self.plan.b, emit_numba_conv.PACKED_AXES, self.shape))
+        if self.pack is not None:
+            b = np.ascontiguousarray(_view(b, self.plan.b, self.pack, self.shape))
         direct = out is not None and out.dtype == a.dtype
         acc = out if direct else memory.array(self.size, a.dtype)
         self.function(acc, a, b)
@@ -401,7 +402,9 @@ class CPURuntime(Runtime):
             # (a direct convolution's function is queued when it is compiled, as optional: _when_ready)
             parts += [f for f in _functions(program) if not (TIERED and f is program.launch.get("direct"))]
             plan = program.launch.get("blas")
-            pieces_run = plan is not None and plan.chunk is not None  # (a direct conv's BLAS path too)
+            # (a direct conv's BLAS path runs too until its function is compiled, when TIERED)
+            pieces_run = plan is not None and plan.chunk is not None
+            pieces_run = pieces_run and (TIERED or "direct" not in program.launch)
             if pieces_run and kernel.out_dtype in (dtypes.float32, dtypes.float64):
                 pieces.add(kernel.out_dtype)
         if pieces and cpu_gemm.enabled():  # the compiled conv pieces it may run (cpu_gemm.py)
@@ -457,6 +460,14 @@ class CPURuntime(Runtime):
         program = emit_numba.render_loops(pair.sub, parallel=False)
         built: list = []
         memory = self.memory
+        made: list = []  # the functions of k1's computed operands (both ways need them)
+
+        def prologues() -> list:
+            if not made:
+                made.append([self._build(p, k.name) for p, k in
+                             zip(emit_numba.render(k1).launch["prologues"], plan.prologues)])
+            return made[0]
+
         scatter: list = []
         conv = emit_numba_conv.direct_input_grad(k1, k2, _reads(members))
         direct = None if conv is None else emit_numba_conv.render_input_grad(k1, conv)
@@ -470,17 +481,13 @@ class CPURuntime(Runtime):
             """k1 and k2 as one scatter (emit_numba_conv), then k2's epilogue if any, where nothing else
             reads k1's result."""
             if not scatter:  # (its own list: the same runner may run the pair later, if k1's result is kept)
-                scatter.append([self._build(p, k.name) for p, k in
-                                zip(emit_numba.render(k1).launch["prologues"], plan.prologues)])
-                scatter.append(ready[0]())
-                scatter.append(None if last is None else ready[1]())
-            operands, scratch = _with_prologues(plan, scatter[0], [arrays[p] for p in ins1], memory)
-            weight = _view(operands[conv.weight.input], conv.weight, [4, 2, 1], k1.shape)  # (o, tap, c)
-            packed = np.ascontiguousarray(weight)
+                scatter.extend(get() for get in ready)
+            operands, scratch = _with_prologues(plan, prologues(), [arrays[p] for p in ins1], memory)
+            weight = _view(operands[conv.weight.input], conv.weight, direct.launch["pack"], k1.shape)
             total = out if last is None else memory.array(math.prod(k2.shape), conv.epilogue.in_dtypes[-1].np)
-            scatter[1](total, packed, operands[conv.grad.input])
+            scatter[0](total, np.ascontiguousarray(weight), operands[conv.grad.input])
             if last is not None:
-                scatter[2](out, *[arrays[p] for p in ins2], total)
+                scatter[1](out, *[arrays[p] for p in ins2], total)
                 scratch.append(total)
             for array in scratch:
                 memory.release(array)
@@ -491,15 +498,17 @@ class CPURuntime(Runtime):
                 if not ready:
                     ready.extend(self._when_ready(p, p.name) for p in (direct, last) if p is not None)
                 if all(get() is not None for get in ready):
-                    return run_direct(out.data, [b.data for b in inputs])
-            if not built:  # k2's function over a piece, then the functions of k1's computed operands
+                    try:
+                        return run_direct(out.data, [b.data for b in inputs])
+                    except Exception as e:
+                        raise KernelError(f"kernels {k1.name} and {k2.name} (as one scatter) failed to run: "
+                                          f"{type(e).__name__}: {e}\n{numbered(direct.source)}") from e
+            if not built:  # k2's function over a piece, and its address
                 built.append(self._build(program, program.name, free=True))
-                rendered = emit_numba.render(k1).launch["prologues"]
-                built.append([self._build(p, k.name) for p, k in zip(rendered, plan.prologues)])
                 native = self._function(_native(program), program.name)[0]
                 built.append(ctypes.cast(native, ctypes.c_void_p).value)
             arrays = [b.data for b in inputs]
-            (second, prologues, address), whole = built, out.data
+            (second, address), whole = built, out.data
             scratch: list = []
 
             def after(start: int, rows: np.ndarray) -> None:  # k2 over the piece's images
@@ -518,7 +527,7 @@ class CPURuntime(Runtime):
                 after.native = (address, [*moves, *((2, v, 0) for v in program.args)])
 
             try:  # k1's computed operands are made whole first
-                operands, scratch = _with_prologues(plan, prologues, [arrays[p] for p in ins1], memory)
+                operands, scratch = _with_prologues(plan, prologues(), [arrays[p] for p in ins1], memory)
                 # k1's output: an empty buffer when the group keeps it (realize._private_of)
                 first = arrays[at1] if arrays[at1].size else None
                 matmul(operands, memory, out=first, after=after)
@@ -564,9 +573,9 @@ class CPURuntime(Runtime):
                 plan = blas.single_pieces(kernel, plan)
             matmul = BlasCall(plan, kernel, self._run_native)
             if direct is not None:  # BLAS until the direct convolution's function is compiled
-                packs = not direct.name.endswith("_wgrad")
+                pack = direct.launch.get("pack")
                 matmul = _Tiered(self._when_ready(direct, kernel.name),
-                                 lambda fn: _DirectConv(fn, plan, kernel, packs), matmul)
+                                 lambda fn: _DirectConv(fn, plan, kernel, pack), matmul)
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
         any_widen = any(widen)

@@ -34,6 +34,7 @@ def _conv_inputs(seed, n, cin, cout, h, w, kh, kw, dtype=np.float32):
     (32, 32, 32, 20, 20, (3, 3), 1, 2, 2),  # dilation 2
     (8, 8, 16, 16, 16, (7, 7), 1, 3, 1),  # 49 taps, the most written out
     (128, 29, 16, 12, 11, (3, 3), 1, 0, 1),  # 16 output channels (the fewest), 9 columns, odd channels
+    (16, 29, 96, 13, 13, (3, 3), 1, 0, 1),  # odd input channels, 96 outputs: two halves of 48, a tail of 3
 ])
 def test_forward_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation):
     x, wt, b = _conv_inputs(0, n, cin, cout, h, w, *k)
@@ -44,9 +45,12 @@ def test_forward_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation)
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("dtype,special,tol", [(np.float64, False, 1e-12), (np.float32, True, 1e-4)])
-def test_float64_and_nan_inf_match_torch(dtype, special, tol):
-    x, wt, b = _conv_inputs(1, 8, 32, 16, 12, 12, 3, 3, dtype)
+@pytest.mark.parametrize("dtype,special,tol,cout,k", [
+    (np.float64, False, 1e-12, 16, 3), (np.float32, True, 1e-4, 16, 3),
+    (np.float64, False, 1e-12, 64, 5), (np.float32, True, 1e-4, 32, 5),  # output channels in two halves
+])
+def test_float64_and_nan_inf_match_torch(dtype, special, tol, cout, k):
+    x, wt, b = _conv_inputs(1, 8, 32, cout, 12, 12, k, k, dtype)
     if special:  # as PyTorch propagates them; inf * 0 is nan
         x[0, 0, 0, 0], x[1, 3, 5, 5], x[2, :, 4, 4], wt[3, 0, 1, 1] = np.nan, np.inf, -np.inf, 0.0
     out = Tensor(x).conv2d(Tensor(wt), Tensor(b))

@@ -8,7 +8,10 @@ row and tile of 4 (or 3) pixels: a loop over the output channels, innermost so t
 (each accumulator a vector of output channels), whose body is every kernel tap times every pixel of the
 tile written out as a `_fma` statement (the taps are constants: nothing else is in the loop), accumulating
 into a per-image buffer laid out (pixel, channel); for 3x3 kernels two input channels a pass (fewer loads
-and stores of the accumulators: conv4 1.83 -> 1.62 ms). The weight comes packed (c, kh, kw, o) (the runtime
+and stores of the accumulators: conv4 1.83 -> 1.62 ms); for one input channel a pass and a multiple of 32
+output channels, the loop goes over half of them, each pass taking output channels o and o + half (twice the
+accumulators, each input value loaded once for both: conv2 alone 13.6 -> 10.5-11.3 ms, about oneDNN's 9.7;
+in the CNN step ~11 -> 8.7-9.8). The weight comes packed (c, kh, kw, o) (the runtime
 packs it at each call: a few thousand elements). At the end of each image, the (pixel, channel) sums are
 put in the kernel's order (o, y, x), where the BLAS path's epilogue (bias, relu...) takes them as from BLAS.
 
@@ -111,21 +114,29 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
     pixels, taps = rows * cols, kh * kw
     tile = 4 if cols % 4 == 0 or cols % 3 else 3
     group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
+    # output channels a pass of the loop over them takes in two halves, [o] and [span + o]: twice the
+    # accumulators, each input value loaded once for both (conv2 13.6 -> 11.0 ms; 3x3 kernels, two input
+    # channels a pass, gained nothing)
+    halves = 2 if group == 1 and chans % 32 == 0 else 1
+    span = chans // halves
 
     def block(x: str, width: int) -> list[str]:
         # (every value a name of its own: Numba's SSA pass is quadratic in a name's assignments)
-        lines = [f"ai = ay + {x} * {sa[3]}", f"ti = ty + {x} * {chans}", f"for o in range({chans}):"]
-        lines += [f"    a{p}_0 = tmp[ti + {p * chans} + o]" for p in range(width)]
+        acc = [(p, p * chans + h * span) for p in range(width) for h in range(halves)]  # (pixel, offset)
+        lines = [f"ai = ay + {x} * {sa[3]}", f"ti = ty + {x} * {chans}", f"for o in range({span}):"]
+        lines += [f"    a{at}_0 = tmp[ti + {at} + o]" for _, at in acc]
         step = 0
         for g in range(group):
             for t in range(taps):
                 dy, dx = divmod(t, kw)
-                lines.append(f"    w{step} = wp[wc + {(g * taps + t) * chans} + o]")
+                lines += [f"    w{step}_{h} = wp[wc + {(g * taps + t) * chans + h * span} + o]"
+                          for h in range(halves)]
                 at = g * sa[4] + dy * sa[5] + dx * sa[6]
-                lines += [f"    a{p}_{step + 1} = _fma(inp[ai + {at + p * sa[3]}], w{step}, a{p}_{step})"
-                          for p in range(width)]
+                lines += [f"    v{step}_{p} = inp[ai + {at + p * sa[3]}]" for p in range(width)]
+                lines += [f"    a{a}_{step + 1} = _fma(v{step}_{p}, w{step}_{a % chans // span}, a{a}_{step})"
+                          for p, a in acc]
                 step += 1
-        return lines + [f"    tmp[ti + {p * chans} + o] = a{p}_{step}" for p in range(width)]
+        return lines + [f"    tmp[ti + {at} + o] = a{at}_{step}" for _, at in acc]
 
     body = ["for n in range(lo, hi):",
             f"    tb = n * {pixels * chans}",

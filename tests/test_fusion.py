@@ -383,3 +383,25 @@ def test_equal_kernels_hash_equal_and_a_changed_one_does_not(cpu):
     other = dataclasses.replace(a.kernel, name="other")
     assert other != a.kernel and hash(other) != hash(a.kernel)
     assert {a.kernel: 1}[b.kernel] == 1
+
+
+def test_costly_elementwise_work_shared_by_kernels_is_computed_once(cpu):
+    """An elementwise value of a big shape that two kernels would each recompute, with 8 or more ALU ops
+    and loads per element, becomes a kernel of its own that both load (a max_pool's gradient read by
+    BatchNorm's backward: 5 kernels recomputed it); the users' side of it (scaled by a per-row value) stays
+    fused into them. A cheap shared value is still recomputed."""
+    rng = np.random.default_rng(1)
+    a, b, c, d = (rng.standard_normal((256, 300)).astype(np.float32) for _ in range(4))
+    s = rng.standard_normal((256, 1)).astype(np.float32)
+    ta, tb, tc, td, ts = (Tensor(v) for v in (a, b, c, d, s))
+    g = ((ta * tb + tc).relu() - td * ta + tb * tc).maximum(td)  # 11 ALU ops and loads per element
+    outs = ((g * ts).sum(0), (g * g).sum(1), (g + 1).max(0))
+    items = kernels(*outs)
+    assert len(items) == 4 and items[0].out.shape == (256, 300) and items[0].kernel.reduce_op is None
+    assert all(len(it.inputs) <= 2 for it in items[1:])  # each reduce loads g (and the scale)
+    ref_g = np.maximum(np.maximum(a * b + c, 0) - d * a + b * c, d)
+    refs = ((ref_g * s).sum(0), (ref_g * ref_g).sum(1), (ref_g + 1).max(0))
+    for got, want in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    cheap = ta + tb
+    assert len(kernels(cheap.sum(0), cheap.sum(1))) == 2

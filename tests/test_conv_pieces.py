@@ -335,28 +335,28 @@ def test_piece_pair_checks_every_read_stays_in_its_image(monkeypatch):
 
 
 def test_piece_pair_with_a_computed_operand_matches_torch():
-    """The conv2d_fwd_bwd bench's graph (32 images: 10M window shares, a pair by default): the col2im
-    matmul's gradient operand is computed (relu's gradient) by a prologue, made whole before the pieces;
-    both weights' gradients against PyTorch. The first conv's matmul and its relu (295K elements) are
-    not paired."""
+    """The conv2d_fwd_bwd bench's graph (32 images: 10M window shares, a pair by default), the second
+    weight frozen: the col2im matmul's gradient operand is computed (relu's gradient) by a prologue, made
+    whole before the pieces (with the second weight's gradient too, that operand is read by two matmuls
+    and computed once, fuse_roots.py); the first weight's gradient against PyTorch. The first conv's
+    matmul and its relu (295K elements) are not paired."""
     rng = np.random.default_rng(10)
     x = rng.standard_normal((32, 1, 28, 28)).astype(np.float32)
     w1, w2 = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((32, 1, 5, 5), (32, 32, 5, 5)))
     tx = Tensor(x, device="CPU")
-    tw1, tw2 = (Tensor(w, device="CPU", requires_grad=True) for w in (w1, w2))
+    tw1, tw2 = Tensor(w1, device="CPU", requires_grad=True), Tensor(w2, device="CPU")
     loss = tx.conv2d(tw1).relu().conv2d(tw2).relu().sum()
     loss.backward()
-    items = fuse.schedule([loss.node, tw1.grad.node, tw2.grad.node])
+    items = fuse.schedule([loss.node, tw1.grad.node])
     paired = [a.kernel for a, b in zip(items, items[1:])
               for r in [tuple(j for j, n in enumerate(b.inputs) if n is a.out)]
               if r and blas.piece_pair(a.kernel, b.kernel, r) is not None]
     assert len(paired) == 1 and emit_numba.blas_plan(paired[0]).prologues, [it.kernel.name for it in items]
-    rw1, rw2 = (torch.tensor(w, requires_grad=True) for w in (w1, w2))
+    rw1 = torch.tensor(w1, requires_grad=True)
     conv = torch.nn.functional.conv2d
-    ref = conv(conv(torch.tensor(x), rw1).relu(), rw2).relu().sum()
+    ref = conv(conv(torch.tensor(x), rw1).relu(), torch.tensor(w2)).relu().sum()
     ref.backward()
     np.testing.assert_allclose(loss.numpy(), ref.detach().numpy(), rtol=1e-4)
-    np.testing.assert_allclose(tw2.grad.numpy(), rw2.grad.numpy(), rtol=1e-4, atol=1e-2)
     np.testing.assert_allclose(tw1.grad.numpy(), rw1.grad.numpy(), rtol=1e-4, atol=1e-2)
 
 

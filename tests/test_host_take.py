@@ -1,18 +1,34 @@
 """Indexing a big table by an integer tensor (Embedding, t[idx], index_select-like takes) against PyTorch on
 every device. On the host devices (CPU, NUMPY) it is numpy's take in a host step (the one-hot form costs
 rows times as much); elsewhere the one-hot form. Bounds, gradients with repeated indices, second
-derivatives and TinyJit replays are checked on both paths."""
+derivatives and TinyJit replays are checked on both paths. The host take's gradient is kernels (a one-hot
+reduce) up to ONEHOT_GRAD_MAX products, a host step above: the gradient tests run both ways."""
 
 import numpy as np
 import pytest
 import torch
 
 from tgrad import Tensor, dtypes
+from tgrad import tensor as tensor_module
 from tgrad.errors import IndexRangeError
 from tgrad.jit import TinyJit
 from tgrad.nn import Embedding
 
 VOCAB, DIM = 5000, 16  # 80 ids x 5000 rows: above HOST_TAKE_MIN, so CPU and NUMPY take on the host
+
+
+@pytest.fixture(params=["kernels", "host step"])
+def take_grad(request, monkeypatch):
+    """The host take's gradient one way or the other; the other way raises, so a test cannot pass on it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"the take's gradient went the other way than {request.param}")
+
+    if request.param == "host step":
+        monkeypatch.setattr(tensor_module, "ONEHOT_GRAD_MAX", 0)
+        monkeypatch.setattr(Tensor, "_onehot_put", refuse)
+    else:
+        monkeypatch.setattr(Tensor, "_host_put", refuse)
+    return request.param
 
 
 def _ids(seed=0, shape=(8, 10)):
@@ -21,7 +37,7 @@ def _ids(seed=0, shape=(8, 10)):
     return ids
 
 
-def test_embedding_forward_backward(device):
+def test_embedding_forward_backward(device, take_grad):
     emb = Embedding(VOCAB, DIM)
     w = emb.weight.numpy()
     ids, c = _ids(), np.random.default_rng(1).standard_normal((8, 10, DIM)).astype(np.float32)
@@ -35,7 +51,7 @@ def test_embedding_forward_backward(device):
 
 
 @pytest.mark.parametrize("axis", [0, 1])
-def test_index_by_tensor_with_negative_indices(device, axis):
+def test_index_by_tensor_with_negative_indices(device, axis, take_grad):
     rng = np.random.default_rng(2)
     table = rng.standard_normal((VOCAB, 7) if axis == 0 else (7, VOCAB)).astype(np.float32)
     idx = rng.integers(-VOCAB, VOCAB, (6, 9))
@@ -101,7 +117,7 @@ def test_take_under_tinyjit(device):
 
 
 @pytest.mark.parametrize("case", ["middle_axis", "empty", "nan_inf", "float64"])
-def test_take_gradient_sums_repeated_rows(device, case):
+def test_take_gradient_sums_repeated_rows(device, case, take_grad):
     """The take's gradient adds each id's rows once per occurrence (grouped by id on the host devices):
     along a middle axis, for no ids at all, with nan/inf gradients, in float64; against PyTorch."""
     rng = np.random.default_rng(6)

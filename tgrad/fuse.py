@@ -11,8 +11,9 @@ Fusion rules (each kernel has one output):
   reduces, or when two kernels would both contain the same REDUCE (reduces are computed once);
 - everything else is fused: elementwise work and movement ops into the kernel that needs them,
   a reduce together with its elementwise inputs and the elementwise epilogue after it;
-- elementwise nodes used by two kernels are recomputed in each (no extra memory traffic), unless they
-  cost RECOMPUTE_OPS or more per element of a big shape: then they are computed once;
+- elementwise nodes used by two kernels are recomputed in each (no extra memory traffic), unless that
+  is costly over a big shape (index arithmetic of their own, or a matmul's computed operand): then they
+  are computed once (fuse_roots.py, which decides what is realized);
 - movement ops become index arithmetic on loads (a ShapeTracker per load); a PAD over computed values
   becomes a `WHERE(valid, value, 0)`.
 """
@@ -22,12 +23,12 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from tgrad.dtype import DType, dtypes
-from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, prod, strides_for
+from tgrad.fuse_roots import kernel_body, kernel_roots
+from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, strides_for
 from tgrad.schedule_order import order_assigns
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
@@ -409,196 +410,6 @@ def reduce_identity(op: str, dtype: DType):
 
 
 # ---------------------------------------------------------------------------------------------------
-# deciding what is realized
-
-
-def _walk(roots: list[Node]) -> list[Node]:
-    """Unrealized nodes reachable from roots, sources before users."""
-    order, seen = [], set()
-    stack = [(r, False) for r in roots]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if node in seen or node.realized:
-            continue
-        seen.add(node)
-        stack.append((node, True))
-        stack.extend((s, False) for s in node.srcs)
-    return order
-
-
-def _body(root: Node, realize: set[Node]) -> dict[Node, bool]:
-    """Nodes computed inside root's kernel (root included), each with whether some path from the root
-    to it goes through a movement op."""
-    out: dict[Node, bool] = {}
-    stack = [(root, False)]
-    while stack:
-        node, moved = stack.pop()
-        if node in out and (out[node] or not moved):
-            continue
-        out[node] = moved
-        srcs = node.srcs[1:] if node.op is Op.ASSIGN else node.srcs
-        # a reshape keeps the row-major order, so a reduce under reshapes still lines up with the output
-        moved = moved or (node.op in MOVEMENT and node.op is not Op.RESHAPE)
-        for s in srcs:
-            if not s.realized and s not in realize and s.op is not Op.CONST:
-                stack.append((s, moved))
-    return out
-
-
-def _top_reduces(root: Node, realize: set[Node]) -> set[Node]:
-    """The reduces of root's kernel that are not under another reduce."""
-    out, seen, stack = set(), set(), [root]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op is Op.REDUCE:
-            out.add(n)
-            continue
-        srcs = n.srcs[1:] if n.op is Op.ASSIGN else n.srcs
-        stack.extend(s for s in srcs if not s.realized and s not in realize)
-    return out
-
-
-EXPENSIVE = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.IDIV, Op.MOD}
-RECOMPUTE_LIMIT = 1 << 16  # elements an expand may recompute expensive elementwise work for
-RECOMPUTE_OPS = 8  # ALU ops (through movement ops) a big expand may recompute for every element
-
-
-def _alu_work(node: Node, realize: set[Node], limit: int = RECOMPUTE_OPS) -> int:
-    """ALU ops and loads (one per buffer read) computed for one element of node in its kernel, through
-    movement ops (not through reduces or nodes realized or to be realized); stops counting at limit.
-    Loads count: a conv's input gradient read through the windows of its input recomputed a relu mask
-    and a BatchNorm backward from 11 buffers for each of the 9 window positions (46 ms instead of 8)."""
-    count, stack, seen = 0, [node], set()
-    while stack and count < limit:
-        n = stack.pop()
-        if n in seen or n.op is Op.CONST:
-            continue
-        seen.add(n)
-        if n.realized or n in realize or n.op is Op.REDUCE:
-            count += n.base.realized or n in realize  # a load
-            continue
-        count += n.op in ALU and n.op is not Op.CAST
-        stack.extend(n.srcs[1:] if n.op is Op.ASSIGN else n.srcs)
-    return count
-
-
-def _elementwise_closure(node: Node) -> list[Node]:
-    """Nodes under node reached through elementwise ops and reshapes only (reduces included, not passed)."""
-    out, stack, seen = [], [node], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n.realized:
-            continue
-        seen.add(n)
-        out.append(n)
-        if n.op in ALU or n.op is Op.RESHAPE or n.op is Op.DETACH:
-            stack.extend(n.srcs)
-    return out
-
-
-def kernel_roots(outputs: list[Node]) -> list[Node]:
-    roots = []
-    for out in outputs:
-        base = out.base
-        if not base.realized and base not in roots:
-            roots.append(base)
-    nodes = _walk(roots)
-    forced = set(roots) | {n for n in nodes if n.op is Op.ASSIGN}
-    # Tensor.contiguous(): its copy is a kernel of its own
-    forced |= {n.srcs[0] for n in nodes if n.op is Op.DETACH and n.arg == "contiguous"
-               and not n.srcs[0].realized}
-    realize = set(forced)
-    # a value that goes through a movement op (other than reshape) after a reduce is realized where the
-    # movement starts, so the reduce's elementwise epilogue is computed once, in the reduce's kernel
-    # and expensive elementwise work (exp, log, division...) is not recomputed for every element of a
-    # big expand (softmax(x) @ v computes the softmax once, then the matmul)
-    for n in nodes:
-        if n.op in MOVEMENT and n.op is not Op.RESHAPE:
-            x = n.srcs[0]
-            while x.op is Op.RESHAPE:
-                x = x.srcs[0]
-            if x.realized or x.op is Op.CONST:
-                continue
-            closure = _elementwise_closure(x)
-            if (
-                n.op is Op.EXPAND
-                and prod(n.shape) >= RECOMPUTE_LIMIT
-                and (any(c.op in EXPENSIVE for c in closure) or _alu_work(x, realize) >= RECOMPUTE_OPS)
-            ):
-                forced.add(x)
-                realize.add(x)
-            elif any(c.op is Op.REDUCE for c in closure):
-                realize.add(x)
-    while True:
-        seen_in: dict[Node, int] = defaultdict(int)
-        grow = set()
-        for r in realize:
-            body = _body(r, realize)
-            reduces = [n for n in body if n.op is Op.REDUCE]
-            for n in reduces:
-                seen_in[n] += 1
-            # a reduce seen through a movement op (expand-after-reduce...) is its own kernel
-            grow.update(n for n in reduces if body[n] and n is not r)
-            top = _top_reduces(r, realize)
-            if len(top) > 1:  # two independent reduces: both become kernels, r combines them
-                grow.update(top)
-            else:  # one kernel holds one reduce: those under it become kernels
-                grow.update(n for n in reduces if n not in top)
-        grow.update(n for n, k in seen_in.items() if k > 1)
-        grow -= realize
-        if not grow:
-            break
-        realize |= grow
-    # an epilogue realized for its reduce's sake is pointless once that reduce became its own kernel:
-    # it is recomputed (elementwise) where it is used instead
-    realize -= {n for n in realize - forced if not any(b.op is Op.REDUCE for b in _body(n, realize))}
-    # ...unless a big expand reads it (a conv's windows over a computed gradient): computed once, then
-    for n in nodes:
-        if n.op is Op.EXPAND and prod(n.shape) >= RECOMPUTE_LIMIT:
-            x = n.srcs[0]
-            while x.op in MOVEMENT:
-                x = x.srcs[0]
-            if not x.realized and x not in realize and x.op is not Op.CONST \
-                    and _alu_work(x, realize) >= RECOMPUTE_OPS:
-                realize.add(x)
-    _compute_shared_once(nodes, realize)
-    # order: sources first (the _walk order is topological)
-    return [n for n in nodes if n in realize]
-
-
-def _compute_shared_once(nodes: list[Node], realize: set[Node]) -> None:
-    """Adds to `realize` the values (elementwise, maybe through movement ops) two or more kernels would
-    each recompute, RECOMPUTE_OPS or more ALU ops and loads per element of a big shape: the users' side
-    first, or below it a value of the same shape more kernels read, to which it adds little work (a
-    max_pool's gradient, not that gradient scaled by BatchNorm's backward). The MNIST CNN's step
-    recomputed a pool's gradient (gathers, not vectorized) in 5 kernels, its windows in 3: kernels 67 ->
-    58 ms."""
-    for _ in range(16):
-        counts: dict[Node, int] = defaultdict(int)
-        for r in realize:
-            for n in _body(r, realize):
-                counts[n] += n is not r
-
-        def shared(n: Node, counts=counts) -> bool:
-            return counts[n] > 1 and (n.op in ALU or n.op in MOVEMENT) and prod(n.shape) >= RECOMPUTE_LIMIT \
-                and _alu_work(n, realize) >= RECOMPUTE_OPS
-
-        pick = next((n for n in reversed(nodes) if shared(n)), None)
-        if pick is None:
-            return
-        while below := [s for s in pick.srcs if s.shape == pick.shape and counts[s] > counts[pick]
-                        and shared(s) and _alu_work(pick, realize | {s}) < RECOMPUTE_OPS]:
-            pick = below[0]
-        realize.add(pick)
-
-
-# ---------------------------------------------------------------------------------------------------
 # lowering one kernel
 
 
@@ -662,7 +473,7 @@ def _zero(dtype: DType):
 
 
 def _find_reduce(root: Node, realize: set[Node]) -> Node | None:
-    return next((n for n in _body(root, realize) if n.op is Op.REDUCE), None)
+    return next((n for n in kernel_body(root, realize) if n.op is Op.REDUCE), None)
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:

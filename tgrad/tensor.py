@@ -32,6 +32,9 @@ from tgrad.graph import Node, Op
 Scalar = int | float | bool
 # one-hot work (indices x rows) above which indexing on a host device is numpy's take in a host step
 HOST_TAKE_MIN = 1 << 15
+# one-hot products (gradient elements x table rows) up to which a host take's gradient is kernels, not a
+# host step (which realizes everything before it apart: a GPT step's backward ran as two schedules)
+ONEHOT_GRAD_MAX = 1 << 23
 # kernel positions up to which a conv's input gradient is col2im (that many shifted terms summed in one
 # elementwise kernel); larger kernels take the transposed convolution
 COL2IM_MAX_TERMS = 64
@@ -2589,9 +2592,22 @@ class Tensor(metaclass=_NoGradMeta):
         table_shape = self.shape
 
         def rule(grad: Node) -> tuple[Node]:
-            return (Tensor(grad)._host_put(axis, index, table_shape).node,)
+            g = Tensor(grad)
+            if g.numel() * n <= ONEHOT_GRAD_MAX:
+                return (g._onehot_put(axis, index, table_shape).node,)
+            return (g._host_put(axis, index, table_shape).node,)
 
         return self._from(autodiff.custom_gradient(out.node, (node,), rule, "take"), self)
+
+    def _onehot_put(self, axis: int, index: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """_host_put as kernels: out[..., v, ...] = sum over the index's positions j where index[j] is v of
+        self[..., j, ...] (a one-hot reduce over the index; its indices were checked by the take)."""
+        n, pre, post = shape[axis], self.shape[:axis], self.shape[axis + index.ndim:]
+        idx = (index < 0).where(index + n, index)
+        onehot = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device, dtype=idx.dtype)
+        oh = onehot.reshape((1,) * len(pre) + index.shape + (n,) + (1,) * len(post))
+        g = self.reshape(pre + index.shape + (1,) + post)  # (the table's axis before post: rows stay whole)
+        return oh.where(g, 0).sum(tuple(range(axis, axis + index.ndim)), dtype=self.dtype)
 
     def _host_put(self, axis: int, index: Tensor, shape: tuple[int, ...]) -> Tensor:
         """The gradient of _host_take: self's slices added into zeros of `shape` at `index` along axis."""

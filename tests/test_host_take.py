@@ -140,3 +140,15 @@ def test_take_gradient_sums_repeated_rows(device, case, take_grad):
     (got * Tensor(w)).sum().backward()
     (want * torch.tensor(w)).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_take_gradient_of_a_zero_dim_index(device, take_grad):
+    """A 0-d index tensor picks one row (the take's gradient then has no index axis to sum over)."""
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((40000, 3)).astype(np.float32)  # 40000 rows: a host take on CPU and NUMPY
+    w = rng.standard_normal(3).astype(np.float32)
+    for i in (5, -3):
+        x, t = Tensor(table, requires_grad=True), torch.tensor(table, requires_grad=True)
+        (x[Tensor(np.array(i))] * Tensor(w)).sum().backward()
+        (t[torch.tensor(i)] * torch.tensor(w)).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-6, atol=1e-6)

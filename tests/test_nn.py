@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from tests.helpers import helper_test_op
 from tgrad import Tensor
 from tgrad.errors import ShapeError
-from tgrad.nn import BatchNorm2d, Conv2d, Embedding, GroupNorm, LayerNorm, Linear
+from tgrad.nn import BatchNorm, BatchNorm2d, Conv2d, Embedding, GroupNorm, LayerNorm, Linear
 
 CONV = dict(atol=1e-4, grad_atol=1e-3)
 
@@ -228,6 +228,50 @@ def test_batchnorm_train_gradients():
         _check_layer(bn, tbn, X4, atol=1e-4)
     finally:
         Tensor.training = False
+
+
+@pytest.mark.parametrize("shape,kw", [
+    ((6, 4), {}), ((5, 4, 7), {}), ((3, 4, 5, 5), {"affine": False}),
+    ((3, 4, 5, 5), {"track_running_stats": False}), ((2, 4, 1, 1), {}),  # one value a channel per image
+])
+def test_batchnorm_train_gradients_more_shapes(shape, kw):
+    """BatchNorm1d/2d in training against PyTorch: output, input and parameter gradients, running stats.
+    Its input's gradient is one rule (Tensor.layernorm's, PyTorch's formula over the channel's values)."""
+    x = (np.random.default_rng(3).standard_normal(shape) * 3 - 1).astype(np.float32)
+    tcls = torch.nn.BatchNorm1d if len(shape) < 4 else torch.nn.BatchNorm2d
+    bn, tbn = BatchNorm(shape[1], **kw), tcls(shape[1], **kw)
+    Tensor.training = True
+    try:
+        _check_layer(bn, tbn, x, atol=1e-4)
+        if bn.track_running_stats:
+            Tensor.realize(bn.running_mean, bn.running_var)
+            np.testing.assert_allclose(bn.running_mean.numpy(), tbn.running_mean.numpy(), atol=1e-5)
+            np.testing.assert_allclose(bn.running_var.numpy(), tbn.running_var.numpy(), atol=1e-5)
+    finally:
+        Tensor.training = False
+
+
+def test_batchnorm_backward_kernels(monkeypatch):
+    """The MNIST CNN's relu -> BatchNorm2d -> max_pool in training: BatchNorm's input gradient is one rule
+    (Tensor.layernorm's: two channel sums and an elementwise pass), 9 backward kernels here against 12 for
+    the composed gradient through the mean and the variance (the CNN step's kernels 58-61 -> 55-57 ms).
+    Values: the gradient tests above."""
+    from tgrad import fuse
+
+    monkeypatch.setenv("DEVICE", "CPU")
+    rng = np.random.default_rng(4)
+    bn = BatchNorm2d(32)
+    a = Tensor(rng.standard_normal((64, 32, 20, 20)).astype(np.float32), requires_grad=True)
+    c = Tensor(rng.standard_normal((1, 32, 1, 1)).astype(np.float32))
+    Tensor.training = True
+    try:
+        out = bn((a + c).relu()).max_pool2d(2)
+    finally:
+        Tensor.training = False
+    g = Tensor(rng.standard_normal(out.shape).astype(np.float32))
+    grads = (out * g).sum().gradient(a, bn.weight, bn.bias)
+    forward, both = fuse.schedule([out.node]), fuse.schedule([out.node, *(t.node for t in grads)])
+    assert len(both) - len(forward) <= 9, [it.kernel.name for it in both]
 
 
 def test_embedding():

@@ -108,21 +108,24 @@ class BatchNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         axes = tuple(i for i in range(x.ndim) if i != 1)
-        if Tensor.training or not self.track_running_stats:
-            mean = x.mean(axes)
-            centered = x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))
-            var = (centered * centered).mean(axes)
-            if Tensor.training and self.track_running_stats:
-                n = x.numel() / x.shape[1]
-                with Tensor.no_grad:
-                    m = self.momentum
-                    self.running_mean.assign(self.running_mean * (1 - m) + mean.detach() * m)
-                    unbiased = var.detach() * (n / max(n - 1, 1))
-                    self.running_var.assign(self.running_var * (1 - m) + unbiased * m)
-                    self.num_batches_tracked.assign(self.num_batches_tracked + 1)
-        else:
-            mean, var = self.running_mean, self.running_var
-        return x.batchnorm(self.weight, self.bias, mean, (var + self.eps).rsqrt())
+        if self.track_running_stats and not Tensor.training:  # eval: the running statistics
+            invstd = (self.running_var + self.eps).rsqrt()
+            return x.batchnorm(self.weight, self.bias, self.running_mean, invstd)
+        # the batch's statistics: Tensor.layernorm over every axis but the channels', whose gradient is
+        # PyTorch's r * (g - mean(g) - y * mean(g * y)) in one rule (two sums a channel, one elementwise
+        # pass) instead of the composed one through the mean and the variance
+        y = x.layernorm(axes, self.eps)
+        if Tensor.training and self.track_running_stats:
+            with Tensor.no_grad:  # (the same mean and variance nodes as layernorm's: computed once)
+                centered = x - x.mean(axes, keepdim=True)
+                mean, var = x.mean(axes), (centered * centered).mean(axes)
+                n, m = x.numel() / x.shape[1], self.momentum
+                self.running_mean.assign(self.running_mean * (1 - m) + mean * m)
+                self.running_var.assign(self.running_var * (1 - m) + var * (n / max(n - 1, 1)) * m)
+                self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        y = y if self.weight is None else y * self.weight.reshape(shape)
+        return y if self.bias is None else y + self.bias.reshape(shape)
 
 
 BatchNorm2d = BatchNorm

@@ -156,20 +156,30 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
     # it is recomputed (elementwise) where it is used instead
     realize -= {n for n in realize - forced if not any(b.op is Op.REDUCE for b in kernel_body(n, realize))}
     # ...unless a big expand reads it (a conv's windows over a computed gradient): computed once, then
-    for n in nodes:
-        if n.op is Op.EXPAND and prod(n.shape) >= RECOMPUTE_LIMIT:
-            x = n.srcs[0]
-            while x.op in MOVEMENT:
-                x = x.srcs[0]
-            if not x.realized and x not in realize and x.op is not Op.CONST \
-                    and _alu_work(x, realize) >= RECOMPUTE_OPS:
-                realize.add(x)
-    _compute_shared_once(nodes, realize)
+    chains = _under_big_expands(nodes)
+    for *_, x in chains:
+        if (not x.realized and x not in realize and x.op is not Op.CONST
+                and _alu_work(x, realize) >= RECOMPUTE_OPS):
+            realize.add(x)
+    _compute_shared_once(nodes, realize, {x for chain in chains for x in chain})
     # order: sources first (the _walk order is topological)
     return [n for n in nodes if n in realize]
 
 
-def _compute_shared_once(nodes: list[Node], realize: set[Node]) -> None:
+def _under_big_expands(nodes: list[Node]) -> list[list[Node]]:
+    """For each expand of RECOMPUTE_LIMIT or more elements: the nodes it reads through, from its source
+    down through movement ops to the value they move (the last)."""
+    chains = []
+    for n in nodes:
+        if n.op is Op.EXPAND and prod(n.shape) >= RECOMPUTE_LIMIT:
+            chain = [n.srcs[0]]
+            while chain[-1].op in MOVEMENT:
+                chain.append(chain[-1].srcs[0])
+            chains.append(chain)
+    return chains
+
+
+def _compute_shared_once(nodes: list[Node], realize: set[Node], expanded: set[Node]) -> None:
     """Adds to `realize` the values (elementwise, maybe through movement ops) that two or more kernels would
     each recompute for every element of a big shape, where that costs: RECOMPUTE_OPS or more ALU ops and
     loads with index arithmetic of their own (a pool's windows, a permute: gathers that do not vectorize),
@@ -181,15 +191,8 @@ def _compute_shared_once(nodes: list[Node], realize: set[Node]) -> None:
     10.0-10.5 -> 9.7-9.97 ms); plain elementwise work (GELU's) recomputed is cheaper than a pass over
     memory (the GPT step's kernels 11.2 ms with it computed once). A pass takes every such value not
     under another one it took, then the kernels are counted again (an 8-layer GPT step: 0.19 s of
-    scheduling with one value a pass, 0.1 s so; 0.05 s without the rule)."""
-    expanded = set()  # values read through a big expand (a matmul's operands)
-    for n in nodes:
-        if n.op is Op.EXPAND and prod(n.shape) >= RECOMPUTE_LIMIT:
-            x = n.srcs[0]
-            while x.op in MOVEMENT:
-                expanded.add(x)
-                x = x.srcs[0]
-            expanded.add(x)
+    scheduling with one value a pass, 0.1 s so; 0.05 s without the rule). `expanded`: the nodes big
+    expands read through (_under_big_expands)."""
     for _ in range(8):  # passes: each takes values none of which is under another, then counts again
         counts: dict[Node, int] = defaultdict(int)
         for r in realize:

@@ -2558,10 +2558,7 @@ class Tensor(metaclass=_NoGradMeta):
             return self._host_take(axis, index, checked)
         if not checked:
             Tensor._check_index(index, -n, n, "index")
-        idx = (index < 0).where(index + n, index)
-        onehot = idx.unsqueeze(-1) == Tensor.arange(
-            n, device=self.device, dtype=idx.dtype
-        )  # idx.shape + (n,)
+        onehot = Tensor._onehot(index, n, self.device)  # index.shape + (n,)
         # bring to (pre..., index dims..., post..., n)
         pre, post = self.shape[:axis], self.shape[axis + 1 :]
         xe = self.permute(tuple(i for i in range(self.ndim) if i != axis) + (axis,))  # pre + post + (n,)
@@ -2569,6 +2566,12 @@ class Tensor(metaclass=_NoGradMeta):
         oh = onehot.reshape((1,) * len(pre) + index.shape + (1,) * len(post) + (n,))
         zero = 0 if self.dtype != dtypes.bool else False
         return oh.where(xe, zero).sum(-1, dtype=self.dtype)
+
+    @staticmethod
+    def _onehot(index: Tensor, n: int, device: str) -> Tensor:
+        """index.shape + (n,): whether each index (negative ones counted from the end) is each of 0..n-1."""
+        idx = (index < 0).where(index + n, index)
+        return idx.unsqueeze(-1) == Tensor.arange(n, device=device, dtype=idx.dtype)
 
     def _host_take(self, axis: int, index: Tensor, checked: bool) -> Tensor:
         """_take on a host device (CPU, NUMPY: buffers are host memory) as numpy's take in a host step
@@ -2603,9 +2606,8 @@ class Tensor(metaclass=_NoGradMeta):
         """_host_put as kernels: out[..., v, ...] = sum over the index's positions j where index[j] is v of
         self[..., j, ...] (a one-hot reduce over the index; its indices were checked by the take)."""
         n, pre, post = shape[axis], self.shape[:axis], self.shape[axis + index.ndim:]
-        idx = (index < 0).where(index + n, index)
-        onehot = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device, dtype=idx.dtype)
-        oh = onehot.reshape((1,) * len(pre) + index.shape + (n,) + (1,) * len(post))
+        oh = Tensor._onehot(index, n, self.device)
+        oh = oh.reshape((1,) * len(pre) + index.shape + (n,) + (1,) * len(post))
         g = self.reshape(pre + index.shape + (1,) + post)  # (the table's axis before post: rows stay whole)
         return oh.where(g, 0).sum(tuple(range(axis, axis + index.ndim)), dtype=self.dtype)
 

@@ -429,3 +429,24 @@ def test_a_computed_matmul_operand_two_matmuls_read_is_computed_once(cpu):
     ref = np.concatenate([a, b], 1)
     np.testing.assert_allclose(x.numpy(), ref @ w, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(y.numpy(), ref.T @ a, rtol=1e-4, atol=1e-4)
+
+
+def test_a_shared_value_read_through_a_reshape_is_one_kernel_not_a_copy(cpu):
+    """GPT's q/k/v gradient: a concatenation that two matmuls (a Linear's input and weight gradients)
+    read through one reshape and the bias gradient reads as it is. The concatenation is the kernel (the
+    matmuls read its buffer through the reshape); taking the reshape made a kernel that only copied the
+    concatenation, once the bias gradient's read made the concatenation a kernel too."""
+    rng = np.random.default_rng(3)
+    a, b, c, x = (rng.standard_normal((16, 64, 64)).astype(np.float32) for _ in range(4))
+    w = rng.standard_normal((192, 64)).astype(np.float32)
+    ta, tb, tc, tw, tx = (Tensor(v) for v in (a, b, c, w, x))
+    cat = Tensor.cat(ta.permute(0, 2, 1), tb, tc.permute(0, 2, 1) * 2, dim=2)  # (16, 64, 192)
+    col = cat.reshape(16, 64, 192, 1)
+    outs = (cat.sum((0, 1)), (col * tw).sum(2), (col * tx.reshape(16, 64, 1, 64)).sum((0, 1)))
+    items = kernels(*outs)
+    copies = [it for it in items if it.kernel.reduce_op is None and it.kernel.expr.op == "LOAD"]
+    assert not copies and len(items) == 4, [it.kernel.name for it in items]
+    ref = np.concatenate([a.transpose(0, 2, 1), b, c.transpose(0, 2, 1) * 2], 2)
+    wants = (ref.sum((0, 1)), ref @ w, np.einsum("btk,btj->kj", ref, x))
+    for got, want in zip(outs, wants):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-3)

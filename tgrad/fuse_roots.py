@@ -200,7 +200,10 @@ def _compute_shared_once(nodes: list[Node], realize: set[Node], expanded: set[No
                 counts[n] += n is not r
 
         def shared(n: Node, counts=counts) -> bool:
-            if counts[n] < 2 or not (n.op in ALU or n.op in MOVEMENT) or prod(n.shape) < RECOMPUTE_LIMIT:
+            # a reshape is not taken: its source is (the same elements, read through the reshape as a view);
+            # taking the reshape made a copy kernel once a later pass took the source for another reader
+            if (counts[n] < 2 or not (n.op in ALU or n.op in MOVEMENT) or n.op is Op.RESHAPE
+                    or prod(n.shape) < RECOMPUTE_LIMIT):
                 return False
             if n in expanded:
                 return _alu_work(n, realize, SHARED_OPERAND_OPS) >= SHARED_OPERAND_OPS

@@ -450,3 +450,24 @@ def test_a_shared_value_read_through_a_reshape_is_one_kernel_not_a_copy(cpu):
     wants = (ref.sum((0, 1)), ref @ w, np.einsum("btk,btj->kj", ref, x))
     for got, want in zip(outs, wants):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_a_conv_of_a_computed_input_copies_nothing(cpu):
+    """relu(conv1) read by conv2 whose weight needs a gradient: conv2d realizes its computed input once
+    (contiguous(), and again for the CPU's pieces of images); the relu is one kernel the forward and the
+    weight gradient read, no kernel only copies it. Values and gradients as PyTorch's."""
+    rng = np.random.default_rng(4)
+    shapes = ((16, 1, 28, 28), (8, 1, 5, 5), (8, 8, 5, 5))
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    tx, t1, t2 = Tensor(x), Tensor(w1, requires_grad=True), Tensor(w2, requires_grad=True)
+    out = tx.conv2d(t1).relu().conv2d(t2)
+    (out * out).sum().backward()
+    items = kernels(out, t1.grad, t2.grad)
+    copies = [it.kernel.name for it in items if it.kernel.reduce_op is None and it.kernel.expr.op == "LOAD"]
+    assert not copies, copies
+    rx, r1, r2 = torch.from_numpy(x), *(torch.from_numpy(w).requires_grad_() for w in (w1, w2))
+    ref = torch.nn.functional.conv2d(torch.nn.functional.conv2d(rx, r1).relu(), r2)
+    (ref * ref).sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(t1.grad.numpy(), r1.grad.numpy(), rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(t2.grad.numpy(), r2.grad.numpy(), rtol=1e-3, atol=1e-2)

@@ -342,7 +342,7 @@ def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, 
     rt.pool = pool
     monkeypatch.setattr(cpu_runtime, "get_runtime", lambda name: rt, raising=False)
     calls = {"direct": 0, "blas": 0}
-    for cls, name in ((cpu_runtime._DirectConv, "direct"), (cpu_runtime.BlasCall, "blas")):
+    for cls, name in ((cpu_runtime.DirectConv, "direct"), (cpu_runtime.BlasCall, "blas")):
         real = cls.__call__
         monkeypatch.setattr(cls, "__call__", lambda self, *a, _r=real, _n=name, **k: calls.__setitem__(
             _n, calls[_n] + 1) or _r(self, *a, **k))

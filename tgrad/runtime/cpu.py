@@ -36,7 +36,7 @@ from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_gemm, cpu_pool, cpu_threads
-from tgrad.runtime.cpu_blas import BlasCall, _view, openblas_idle_timeout
+from tgrad.runtime.cpu_blas import BlasCall, DirectConv, Tiered, _view, openblas_idle_timeout
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
 from tgrad.runtime.numba_compile import (
@@ -309,42 +309,6 @@ def _render(kernel: Kernel) -> Program:
     return dataclasses.replace(program, source=source, launch={**program.launch, "direct": direct})
 
 
-class _Tiered:
-    """A matmul's slower way (BLAS) until `get` gives the function of its faster one, then that (made by
-    `make`); see CPURuntime._when_ready."""
-
-    def __init__(self, get, make, slow):
-        self.get, self.make, self.slow, self.fast = get, make, slow, None
-
-    def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
-        if self.fast is None:
-            fn = self.get()
-            if fn is not None:
-                self.fast = self.make(fn)
-        return (self.slow if self.fast is None else self.fast)(arrays, memory, out=out)
-
-
-class _DirectConv:
-    """BlasCall's part for a direct convolution (emit_numba_conv): packs the forward's weight over the kernel
-    axes its Program names (launch fact `pack`) from its operand's view (cpu_blas._view, as BLAS reads it;
-    a weight gradient reads both operands in place), then runs the generated function over the images on
-    the threaded kernels' threads; the sums come out in the kernel's order, into `out` itself when it
-    takes them."""
-
-    def __init__(self, function, plan: BlasPlan, kernel: Kernel, pack: list[int] | None):
-        self.function, self.plan, self.shape, self.pack = function, plan, kernel.shape, pack
-        self.size = math.prod(kernel.global_shape)
-
-    def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
-        a, b = arrays[self.plan.a.input], arrays[self.plan.b.input]
-        if self.pack is not None:
-            b = np.ascontiguousarray(_view(b, self.plan.b, self.pack, self.shape))
-        direct = out is not None and out.dtype == a.dtype
-        acc = out if direct else memory.array(self.size, a.dtype)
-        self.function(acc, a, b)
-        return None if direct else acc
-
-
 class CPURuntime(Runtime):
     """Kernels rendered by emit_numba, compiled by Numba to native functions, called through ctypes."""
 
@@ -574,8 +538,8 @@ class CPURuntime(Runtime):
             matmul = BlasCall(plan, kernel, self._run_native)
             if direct is not None:  # BLAS until the direct convolution's function is compiled
                 pack = direct.launch.get("pack")
-                matmul = _Tiered(self._when_ready(direct, kernel.name),
-                                 lambda fn: _DirectConv(fn, plan, kernel, pack), matmul)
+                matmul = Tiered(self._when_ready(direct, kernel.name),
+                                 lambda fn: DirectConv(fn, plan, kernel, pack), matmul)
         source = program.source
         widen = [d == dtypes.float16 for d in (kernel.out_dtype, *kernel.in_dtypes)]
         any_widen = any(widen)

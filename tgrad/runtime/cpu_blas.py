@@ -170,6 +170,41 @@ class _Matmul:
                     memory.release(buf)
 
 
+class Tiered:
+    """A matmul's slower way (BLAS) until `get` gives the function of its faster one, then that (made by
+    `make`); see CPURuntime._when_ready."""
+
+    def __init__(self, get, make, slow):
+        self.get, self.make, self.slow, self.fast = get, make, slow, None
+
+    def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
+        if self.fast is None:
+            fn = self.get()
+            if fn is not None:
+                self.fast = self.make(fn)
+        return (self.slow if self.fast is None else self.fast)(arrays, memory, out=out)
+
+
+class DirectConv:
+    """BlasCall's part for a direct convolution (emit_numba_conv): packs the forward's weight over the kernel
+    axes its Program names (launch fact `pack`) from its operand's view (_view, as BLAS reads it;
+    a weight gradient reads both operands in place), then runs the generated function over the images on
+    the threaded kernels' threads; the sums come out in the kernel's order, into `out` itself when it
+    takes them."""
+
+    def __init__(self, function, plan: BlasPlan, kernel: Kernel, pack: list[int] | None):
+        self.function, self.plan, self.shape, self.pack = function, plan, kernel.shape, pack
+        self.size = math.prod(kernel.global_shape)
+
+    def __call__(self, arrays: list[np.ndarray], memory: HostMemory, out: np.ndarray | None = None):
+        a, b = arrays[self.plan.a.input], arrays[self.plan.b.input]
+        if self.pack is not None:
+            b = np.ascontiguousarray(_view(b, self.plan.b, self.pack, self.shape))
+        direct = out is not None and out.dtype == a.dtype
+        acc = out if direct else memory.array(self.size, a.dtype)
+        self.function(acc, a, b)
+        return None if direct else acc
+
 def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory: HostMemory,
                 out: np.ndarray | None, after=None, native=None) -> np.ndarray | None:
     """BlasCall of a plan with a Chunk: one matmul per piece of the chunk axis, each copying only its

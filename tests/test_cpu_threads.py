@@ -86,6 +86,57 @@ def test_bad_jobs_raise():
         pool.run(_count.address, (0,), 3, 4)  # a range of no iteration
 
 
+@numba.cfunc(types.int32(types.voidptr, types.voidptr, _I64P, types.int64, types.int64, types.int64))
+def _stamp(ret, exc, log, value, lo, hi):  # a serial function: log[log[0] + 1] = value (its lo, hi unread)
+    log[0] += 1
+    log[log[0]] = value
+    return 0
+
+
+def _record(fn, args, n=0, chunks=0, combine=0):
+    return [fn, len(args), n, chunks, combine, *args]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sequence_runs_its_records_in_order_threaded_or_not(workers):
+    """Pool.sequence (TinyJit's replay of a run of CPU launches, runtime/cpu_batch.py): serial records,
+    threaded ones over their ranges (every index once) and combine calls ([n, n)), in record order."""
+    pool = cpu_threads.pool(workers)
+    log, out = np.zeros(16, np.int64), np.zeros(1000, np.int64)
+    words = np.array(_record(_stamp.address, (log.ctypes.data, 11))
+                     + _record(_count.address, (out.ctypes.data,), n=1000, chunks=8)
+                     + _record(_stamp.address, (log.ctypes.data, 22))
+                     + _record(_count.address, (out.ctypes.data,), n=1000, chunks=0)  # on this thread
+                     + _record(_args.address, (out.ctypes.data, *range(9)), n=5, chunks=2), np.int64)
+    with pool.lock:
+        assert pool.sequence(words.ctypes.data, 5) == (0, 0)
+    np.testing.assert_array_equal(log[:3], [2, 11, 22])
+    np.testing.assert_array_equal(out[:9], range(9))
+    np.testing.assert_array_equal(out[9:14], range(5))
+    np.testing.assert_array_equal(out[14:], 2)
+    # a combine call runs the function once more over [n, n): no index, a second stamp
+    words = np.array(_record(_stamp.address, (log.ctypes.data, 33), n=3, combine=1), np.int64)
+    with pool.lock:
+        assert pool.sequence(words.ctypes.data, 1) == (0, 0)
+    np.testing.assert_array_equal(log[:5], [4, 11, 22, 33, 33])
+    assert pool.run(_count.address, (out.ctypes.data,), 1000, 4) == 0  # the pool's own jobs go on after
+    np.testing.assert_array_equal(out[14:], 3)
+
+
+def test_a_sequence_stops_at_a_failed_record_and_names_it():
+    pool = cpu_threads.pool(1)
+    log, out = np.zeros(8, np.int64), np.zeros(64, np.int64)
+    words = np.array(_record(_stamp.address, (log.ctypes.data, 1))
+                     + _record(_fails_at_5.address, (out.ctypes.data,), n=64, chunks=16)
+                     + _record(_stamp.address, (log.ctypes.data, 2)), np.int64)
+    with pool.lock:
+        assert pool.sequence(words.ctypes.data, 3) == (1, -1)  # record 1, its status
+        assert log[0] == 1  # the third record did not run
+        words = np.array(_record(_fails_at_5.address, (out.ctypes.data,), n=64), np.int64)  # on this thread
+        assert pool.sequence(words.ctypes.data, 1) == (0, -1)
+    assert pool.run(_count.address, (out.ctypes.data,), 64, 16) == 0
+
+
 def _threaded_sums(x, want, times, errors):
     try:
         for _ in range(times):

@@ -345,3 +345,95 @@ def test_a_step_whose_gradient_does_not_change_is_captured(device):
         topt.step()
     for a, b in zip(ps, tps):
         np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _batch_step(x, w):
+    """Serial and threaded kernels, a BLAS matmul between them, a reduce, a returned tensor."""
+    h = (x * 2 + 1).relu()  # threaded elementwise (2**20 elements)
+    s = h.sum(1, keepdim=True)  # a reduce over rows
+    y = (h / (s + 1)).reshape(1024, 1024) @ w  # BLAS
+    return (y.exp() * 0.5).sum(0), s
+
+
+def _batch_ref(x, w):
+    h = np.maximum(x.astype(np.float64) * 2 + 1, 0)
+    s = h.sum(1, keepdims=True)
+    y = (h / (s + 1)).reshape(1024, 1024) @ w.astype(np.float64)
+    return (np.exp(y) * 0.5).sum(0), s
+
+
+@pytest.mark.parametrize("workers_busy", [False, True])
+def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, workers_busy):
+    """On the CPU, a replay runs each run of compiled functions as one native call (Runtime.batch,
+    runtime/cpu_batch.py): new inputs, new outputs and a BLAS call between the runs are right on every
+    call, as without batching; with the native workers busy (another thread holds them) the batch's
+    launches run one by one, same values."""
+    from tgrad import jit
+    from tgrad.runtime import cpu_batch, cpu_pool, cpu_threads
+
+    if not cpu_threads.supported():
+        pytest.skip("native workers: Linux x86-64 only")
+    monkeypatch.setenv("TGRAD_THREADS", "2")
+    f = TinyJit(_batch_step)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((1024, 8)).astype(np.float32) * 0.01
+    tw = Tensor(w, device="CPU")
+    outs = []
+    pool = cpu_threads.pool(cpu_pool.threads() - 1)
+    for i in range(5):
+        x = rng.standard_normal((1024, 1024)).astype(np.float32)
+        if workers_busy and i >= 2:
+            pool.lock.acquire()
+        try:
+            outs.append((f(Tensor(x, device="CPU"), tw), _batch_ref(x, w)))
+        finally:
+            if workers_busy and i >= 2:
+                pool.lock.release()
+    variant = f._last
+    batches = [s for s in variant.steps if isinstance(s, cpu_batch.Batch)]
+    assert batches and any(p[0] == "run" for p in batches[0].parts)
+    assert any(p[0] == "call" for b in batches for p in b.parts)  # (the matmul, from Python)
+    assert jit._kernels(variant.captured)
+    for (got, got_s), (want, want_s) in outs:
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4)
+        np.testing.assert_allclose(got_s.numpy(), want_s, rtol=1e-5)
+
+
+def test_a_failing_function_in_a_batch_names_its_kernel():
+    """A compiled function that returns an error status inside a batched replay raises KernelError
+    naming its kernel, as a launch from Python does."""
+    from tgrad.errors import KernelError
+    from tgrad.runtime import cpu_batch, cpu_threads
+
+    numba = pytest.importorskip("numba")
+    if not cpu_threads.supported():
+        pytest.skip("native workers: Linux x86-64 only")
+    t = numba.types
+
+    @numba.cfunc(t.int32(t.voidptr, t.voidptr, t.CPointer(t.float32), t.int64, t.int64))
+    def fails(ret, exc, out, lo, hi):
+        return -1 if out[0] > 0 else 0
+
+    class Fn:
+        def __call__(self, out, *inputs):
+            raise AssertionError("runs in the batch")
+
+        def bind(self, out, inputs):
+            return fails.address, [out.ctypes.data], [-1], 0, False, []
+
+    class Run:
+        device, name, source, fn = "CPU", "k_bad", "def k_bad(): ...", Fn()
+
+        def __call__(self, out, *inputs):
+            self.fn(out.data, *inputs)
+
+    class Buf:
+        def __init__(self, v):
+            self.data = np.full(4, v, np.float32)
+
+    fixed, varying = Buf(0), Buf(0)
+    batch = cpu_batch.Batch([(Run(), fixed, []), (Run(), varying, [])], {id(varying)}, 2)
+    batch({})
+    with pytest.raises(KernelError, match="kernel k_bad failed to run.*error status -1"):
+        batch({id(varying): Buf(1)})  # (the slot is written per call: the new buffer's address)
+    batch({id(varying): Buf(0)})

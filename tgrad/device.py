@@ -168,6 +168,13 @@ class Runtime:
             hit = self.runners[kernel] = self.compile(self.render(kernel), kernel)
         return hit
 
+    def batch(self, launches: list[tuple], varying: set[int]) -> Callable[[dict], None] | None:
+        """TinyJit's replay of consecutive launches [(runner, out, inputs)] of this device as one callable
+        taking the replay's buffer map (id of a captured buffer -> the buffer this call uses; `varying` are
+        the ids it may map), where the runtime can do better than calling each runner (the CPU: one native
+        call for a run of compiled functions); None: the runners are called one by one."""
+        return None
+
     def render(self, kernel) -> Program:
         """The kernel as source for this device (a call to the device's emitter)."""
         raise NotImplementedError

@@ -288,6 +288,7 @@ class _Variant:
         self.unstable = 0  # calls in a row that differed from the one before
         self.made: set[int] = set()  # ids of the buffers the capture's kernels wrote first (see _plan)
         self.planned = False  # whether the captured buffers have been planned (_plan, at the first replay)
+        self.steps: list = []  # what a replay runs (_batched, after _plan)
 
     def matches(self) -> bool:
         """Whether the gradients of the parameters are in the state this capture assumed."""
@@ -348,6 +349,37 @@ def _plan(v: _Variant) -> None:
         live.append((last[k], k, given[k]))
     v.captured = [(prg, out if isinstance(prg, _HostCall) else given.get(id(out), out),
                    [given.get(id(b), b) for b in inputs]) for prg, out, inputs in v.captured]
+    v.steps = _batched(v)
+
+
+def _batched(v: _Variant) -> list:
+    """The replay's steps: host steps and launches as captured, with each run of one device's launches
+    replaced by what its runtime batches them into (Runtime.batch: the CPU makes one native call of a run
+    of compiled functions); the placeholders of kernels a row group computes left out."""
+    varying = set(v.in_ids) | {k for _, k in v.grad_ins} | {k for k, *_ in v.fresh}
+    varying |= {k for k, *_ in v.randoms}
+    varying |= {id(b) for prg, outs, _ in v.captured if isinstance(prg, _HostCall) for b in outs}
+    steps: list = []
+    run: list[tuple] = []
+
+    def flush() -> None:
+        batch = get_runtime(run[0][0].device).batch(list(run), varying) if len(run) > 1 else None
+        steps.extend(run if batch is None else [batch])
+        run.clear()
+
+    for launch in v.captured:
+        prg = launch[0]
+        if getattr(prg, "placeholder", False):
+            continue
+        if run and (isinstance(prg, _HostCall) or prg.device != run[0][0].device):
+            flush()
+        if isinstance(prg, _HostCall):
+            steps.append(launch)
+        else:
+            run.append(launch)
+    if run:
+        flush()
+    return steps
 
 
 class TinyJit:
@@ -641,7 +673,11 @@ class TinyJit:
             remap[k] = get_runtime(dev).from_numpy(arr)
         for k, size, dtype, dev in v.fresh:
             remap[k] = dev.alloc(max(1, size), dtype)
-        for prg, out, inputs in v.captured:
+        for step in v.steps:
+            if not isinstance(step, tuple):  # a batch of launches (Runtime.batch)
+                step(remap)
+                continue
+            prg, out, inputs = step
             ins = [remap.get(id(b), b) for b in inputs]
             if isinstance(prg, _HostCall):
                 for old, new in zip(out, prg.step(ins, prg.shapes)):

@@ -35,7 +35,9 @@ from tgrad.emit_numba import BlasPlan
 from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
-from tgrad.runtime import cpu_gemm, cpu_pool, cpu_threads
+from tgrad.runtime import cpu_batch, cpu_gemm, cpu_pool, cpu_threads
+from tgrad.runtime.cpu_batch import CHUNKS_PER_THREAD
+from tgrad.runtime.cpu_batch import address as _address
 from tgrad.runtime.cpu_blas import BlasCall, DirectConv, Tiered, _view, openblas_idle_timeout
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
@@ -60,8 +62,6 @@ _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run
 # CPURuntime._when_ready); False (TGRAD_BACKGROUND_COMPILES=0): the first call waits for it, so that a run's
 # values do not depend on when a worker finished (the two paths round differently)
 TIERED = os.environ.get("TGRAD_BACKGROUND_COMPILES", "1").strip() != "0"
-CHUNKS_PER_THREAD = 4  # ranges per thread of a threaded kernel on the native workers: a thread that
-# starts late (asleep, or its core busy) finds some left, and one that is early takes more
 
 
 class _Threads:
@@ -122,20 +122,6 @@ class _Threads:
 
 
 _THREADS = _Threads()
-_ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weakref to the array, address of its data)
-
-
-def _address(array: np.ndarray) -> int:
-    """The data address of an array, remembered while the array lives (`.ctypes.data` costs ~1 us)."""
-    hit = _ADDRESSES.get(id(array))
-    if hit is not None and hit[0]() is array:
-        return hit[1]
-    key = id(array)
-    addr = array.ctypes.data
-    _ADDRESSES[key] = (weakref.ref(array, lambda _, key=key: _ADDRESSES.pop(key, None)), addr)
-    return addr
-
-
 @functools.cache
 def _native_key() -> str:
     """What object code depends on besides the source: compiler versions, host CPU and the target features
@@ -522,6 +508,12 @@ class CPURuntime(Runtime):
                 built.append(self._build(program, program.name))
             built[0](out.data, *[b.data for b in inputs])
 
+        def bind(out: np.ndarray, inputs: list[np.ndarray]) -> tuple:
+            if not built:
+                built.append(self._build(program, program.name))
+            return built[0].bind(out, inputs)
+
+        run.bind = bind
         return run
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
@@ -572,7 +564,14 @@ class CPURuntime(Runtime):
             if widen[0]:
                 out.data[:] = args[0]
 
+        run.bind = fn.bind if plan is None and not any_widen else None  # (a replay's record: cpu_batch)
         return Runner(program, run, self.name)
+
+    def batch(self, launches: list[tuple], varying: set[int]) -> cpu_batch.Batch | None:
+        """TinyJit's replay of `launches` with its compiled functions' launches in one native call each run
+        of them (cpu_batch); None without native workers."""
+        workers = threads()
+        return cpu_batch.Batch(launches, varying, workers) if cpu_threads.pool(workers - 1) else None
 
     def wait_for_compiles(self, timeout: float = 120.0) -> bool:
         """Wait for the compile workers' queued jobs, the direct convolutions' optional ones included
@@ -640,6 +639,14 @@ class CPURuntime(Runtime):
             if scratch:
                 pool.append(tmp)
 
+        def bind(out: np.ndarray, inputs: list[np.ndarray]) -> tuple:
+            """What `call` would pass, for a replay's record (cpu_batch): (function, its arguments, which
+            array each of the first ones is (-1 the output, else an input), split, combine, scratch)."""
+            tmp = [np.empty(size, dt) for size, dt in scratch]
+            args = [address(out), *[address(inputs[i]) for i in used], *map(address, tmp), *extra]
+            return address_of_native, args, [-1, *used], split, combine, tmp
+
+        call.bind = bind
         return call
 
     def _function(self, nat: _Native, kernel_name: str) -> tuple:

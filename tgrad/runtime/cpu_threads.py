@@ -37,6 +37,7 @@ SPIN_CYCLES = 1 << 17  # time-stamp counter cycles a worker spins for its next j
 GEN, DONE, SLEEPERS, FN, NARGS, ARGV, N, CLAIM, SPIN, SYSCALL, YIELD, STOP, STATUS = range(13)
 WORDS = 16
 MAX_CHUNKS = 65535  # ranges of one job (CLAIM packs the job's number, its chunks and the next one)
+RECORD_HEAD = 5  # words of a `sequence` record before its arguments: fn, nargs, n, chunks, combine
 
 
 def _ir() -> str:
@@ -228,6 +229,83 @@ out:
   %st = load atomic i64, ptr %pstatus acquire, align 8
   ret i64 %st
 }}
+
+; records one after another, each [fn, nargs, n, chunks, combine, its nargs arguments]: run as `run` runs a
+; job (chunks > 0: on the workers too) or on this thread over [0, n) (chunks 0; a function without lo, hi
+; ignores them), then its combine call [n, n) where asked. 0, or 1 + the index of the record that failed
+; (its status in STATUS)
+define i64 @sequence(ptr %ctx, ptr %rec, i64 %nrec) {{
+entry:
+  %pf = {w(FN)}
+  %pk = {w(NARGS)}
+  %pn = {w(N)}
+  %pa = {w(ARGV)}
+  %ps = {w(STATUS)}
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%i1, %next]
+  %off = phi i64 [0, %entry], [%off1, %next]
+  %more = icmp ult i64 %i, %nrec
+  br i1 %more, label %body, label %finish
+body:
+  %r0 = getelementptr inbounds i64, ptr %rec, i64 %off
+  %fn = load i64, ptr %r0
+  %r1 = getelementptr inbounds i64, ptr %r0, i64 1
+  %nargs = load i64, ptr %r1
+  %r2 = getelementptr inbounds i64, ptr %r0, i64 2
+  %n = load i64, ptr %r2
+  %r3 = getelementptr inbounds i64, ptr %r0, i64 3
+  %chunks = load i64, ptr %r3
+  %r4 = getelementptr inbounds i64, ptr %r0, i64 4
+  %combine = load i64, ptr %r4
+  %args = getelementptr inbounds i64, ptr %r0, i64 {RECORD_HEAD}
+  %argsi = ptrtoint ptr %args to i64
+  store i64 %fn, ptr %pf
+  store i64 %nargs, ptr %pk
+  store i64 %n, ptr %pn
+  store i64 %argsi, ptr %pa
+  %threaded = icmp ne i64 %chunks, 0
+  br i1 %threaded, label %par, label %ser
+par:
+  %st1 = call i64 @run(ptr %ctx, i64 %chunks)
+  br label %ran
+ser:
+  %s32 = call i32 @call_range(ptr %ctx, i64 0, i64 %n)
+  %st2 = sext i32 %s32 to i64
+  br label %ran
+ran:
+  %st = phi i64 [%st1, %par], [%st2, %ser]
+  %ok0 = icmp eq i64 %st, 0
+  %ok1 = icmp eq i64 %st, -2
+  %ok = or i1 %ok0, %ok1
+  br i1 %ok, label %comb, label %fail
+comb:
+  %want = icmp ne i64 %combine, 0
+  br i1 %want, label %docomb, label %next
+docomb:
+  %c32 = call i32 @call_range(ptr %ctx, i64 %n, i64 %n)
+  %c64 = sext i32 %c32 to i64
+  %cok0 = icmp eq i64 %c64, 0
+  %cok1 = icmp eq i64 %c64, -2
+  %cok = or i1 %cok0, %cok1
+  br i1 %cok, label %next, label %cfail
+cfail:
+  store i64 %c64, ptr %ps
+  br label %failed
+fail:
+  store i64 %st, ptr %ps
+  br label %failed
+failed:
+  %idx = add i64 %i, 1
+  ret i64 %idx
+next:
+  %i1 = add i64 %i, 1
+  %h = add i64 %nargs, {RECORD_HEAD}
+  %off1 = add i64 %off, %h
+  br label %loop
+finish:
+  ret i64 0
+}}
 """
 
 
@@ -260,6 +338,8 @@ class Pool:
         # called without the GIL: the caller runs chunks like any worker
         self._run = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(
             self.engine.get_function_address("run"))
+        self._sequence = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
+            self.engine.get_function_address("sequence"))
         self.tids: list = []
         start = ctypes.c_void_p(self.engine.get_function_address("worker"))
         for _ in range(workers):
@@ -280,6 +360,14 @@ class Pool:
         c[FN], c[NARGS], c[N] = address, len(args), n
         self.argv[: len(args)] = args
         return self._run(self.address, chunks)
+
+    def sequence(self, records: int, count: int) -> tuple[int, int]:
+        """Run `count` records (at address `records`, int64 words: see `sequence` in the IR) in order, the
+        threaded ones as `run` runs a job, without coming back to Python between them; the caller holds
+        `lock`. (0, 0), or (index of the record that failed, its status)."""
+        failed = self._sequence(self.address, records, count)
+        self.ctx[ARGV] = ctypes.addressof(self.argv)  # (the records pointed it at their arguments)
+        return (0, 0) if failed == 0 else (failed - 1, self.ctx[STATUS])
 
     def close(self) -> None:
         """Stop the workers and wait for them (at exit: no thread may run code the engine frees)."""

@@ -347,27 +347,29 @@ def test_a_step_whose_gradient_does_not_change_is_captured(device):
         np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
-def _batch_step(x, w):
-    """Serial and threaded kernels, a BLAS matmul between them, a reduce, a returned tensor."""
+def _batch_step(x, w, b, w2):
+    """Serial and threaded kernels, a matmul with an epilogue (the bias: run from Python), a plain matmul
+    (a gemm record), reduces, returned tensors."""
     h = (x * 2 + 1).relu()  # threaded elementwise (2**20 elements)
     s = h.sum(1, keepdim=True)  # a reduce over rows
-    y = (h / (s + 1)).reshape(1024, 1024) @ w  # BLAS
-    return (y.exp() * 0.5).sum(0), s
+    y = (h / (s + 1)) @ w + b
+    z = y @ w2
+    return (y.exp() * 0.5).sum(0), z.sum(0), s
 
 
-def _batch_ref(x, w):
+def _batch_ref(x, w, b, w2):
     h = np.maximum(x.astype(np.float64) * 2 + 1, 0)
     s = h.sum(1, keepdims=True)
-    y = (h / (s + 1)).reshape(1024, 1024) @ w.astype(np.float64)
-    return (np.exp(y) * 0.5).sum(0), s
+    y = (h / (s + 1)) @ w + b
+    return (np.exp(y) * 0.5).sum(0), (y @ w2).sum(0), s
 
 
 @pytest.mark.parametrize("workers_busy", [False, True])
 def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, workers_busy):
-    """On the CPU, a replay runs each run of compiled functions as one native call (Runtime.batch,
-    runtime/cpu_batch.py): new inputs, new outputs and a BLAS call between the runs are right on every
-    call, as without batching; with the native workers busy (another thread holds them) the batch's
-    launches run one by one, same values."""
+    """On the CPU, a replay runs each run of compiled functions and plain matmuls as one native call
+    (Runtime.batch, runtime/cpu_batch.py): new inputs, new outputs and a matmul with an epilogue run from
+    Python between the runs are right on every call, as without batching; with the native workers busy
+    (another thread holds them) the batch's launches run one by one, same values."""
     from tgrad import jit
     from tgrad.runtime import cpu_batch, cpu_pool, cpu_threads
 
@@ -376,8 +378,8 @@ def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, 
     monkeypatch.setenv("TGRAD_THREADS", "2")
     f = TinyJit(_batch_step)
     rng = np.random.default_rng(5)
-    w = rng.standard_normal((1024, 8)).astype(np.float32) * 0.01
-    tw = Tensor(w, device="CPU")
+    params = [rng.standard_normal(s).astype(np.float32) * 0.01 for s in ((1024, 8), (8,), (8, 64))]
+    tparams = [Tensor(p, device="CPU") for p in params]
     outs = []
     pool = cpu_threads.pool(cpu_pool.threads() - 1)
     for i in range(5):
@@ -385,18 +387,21 @@ def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, 
         if workers_busy and i >= 2:
             pool.lock.acquire()
         try:
-            outs.append((f(Tensor(x, device="CPU"), tw), _batch_ref(x, w)))
+            outs.append((f(Tensor(x, device="CPU"), *tparams), _batch_ref(x, *params)))
         finally:
             if workers_busy and i >= 2:
                 pool.lock.release()
     variant = f._last
     batches = [s for s in variant.steps if isinstance(s, cpu_batch.Batch)]
-    assert batches and any(p[0] == "run" for p in batches[0].parts)
-    assert any(p[0] == "call" for b in batches for p in b.parts)  # (the matmul, from Python)
-    assert jit._kernels(variant.captured)
-    for (got, got_s), (want, want_s) in outs:
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4)
-        np.testing.assert_allclose(got_s.numpy(), want_s, rtol=1e-5)
+    parts = [p for b in batches for p in b.parts]
+    assert any(p[0] == "call" for p in parts)  # (the matmul with the bias, from Python)
+    runs = [p for p in parts if p[0] == "run"]
+    assert any(launch[0].name.startswith("r_") and "blas" in launch[0].program.launch
+               for p in runs for launch in p[3])  # (the plain matmul: a gemm record)
+    assert sum(len(p[3]) for p in runs) + len(parts) - len(runs) == len(jit._kernels(variant.captured))
+    for got, want in outs:
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-6)
 
 
 def test_a_failing_function_in_a_batch_names_its_kernel():
@@ -419,7 +424,7 @@ def test_a_failing_function_in_a_batch_names_its_kernel():
             raise AssertionError("runs in the batch")
 
         def bind(self, out, inputs):
-            return fails.address, [out.ctypes.data], [-1], 0, False, []
+            return fails.address, [out.ctypes.data], [-1], 0, False, False, []
 
     class Run:
         device, name, source, fn = "CPU", "k_bad", "def k_bad(): ...", Fn()

@@ -493,12 +493,17 @@ class CPURuntime(Runtime):
     def _run_native(self, program: Program, arrays: list[np.ndarray], ints: tuple, n: int) -> None:
         """A threaded-signature function (program.launch "split": pointers, ints, then lo, hi) on range(n),
         on the threads threaded kernels use, without the GIL (cpu_gemm's pieces: n slots)."""
+        hit = self._native_call(program)
+        _THREADS.run(hit[1], hit[2], (*map(_address, arrays), *ints), n, False)
+
+    def _native_call(self, program: Program) -> tuple:
+        """(program, its loaded native function, the function's address), loaded once."""
         hit = self.native_calls.get(id(program))
         if hit is None or hit[0] is not program:
             loaded = self._function(_native(program), program.name)
             address = ctypes.cast(loaded[0], ctypes.c_void_p).value
             hit = self.native_calls[id(program)] = (program, loaded[0], address)
-        _THREADS.run(hit[1], hit[2], (*map(_address, arrays), *ints), n, False)
+        return hit
 
     def _built_on_first_call(self, program: Program):
         built: list = []
@@ -565,7 +570,25 @@ class CPURuntime(Runtime):
                 out.data[:] = args[0]
 
         run.bind = fn.bind if plan is None and not any_widen else None  # (a replay's record: cpu_batch)
+        if plan is not None and fn is None and not prologues and direct is None and not any_widen:
+            run.bind = self._blas_bind(matmul, kernel)
         return Runner(program, run, self.name)
+
+    def _blas_bind(self, matmul: BlasCall, kernel: Kernel):
+        """`bind` for a BLAS kernel whose matmul is one gemm per batch matrix over its inputs in place
+        (BlasCall.bind): a record calling cpu_gemm's gemm_batch, on the calling thread (BLAS's threads)."""
+        dt = kernel.reduce_expr.dtype
+
+        def bind(out: np.ndarray, inputs: list[np.ndarray]) -> tuple | None:
+            spec = matmul.bind(inputs, out)
+            if spec is None:
+                return None
+            ints, (a, b) = spec
+            fn = self._native_call(cpu_gemm.program(dt.np, "gemm_batch"))[2]
+            args = [_address(inputs[a]), _address(inputs[b]), _address(out), *ints[1:]]
+            return fn, args, [a, b, -1], ints[0], False, False, []
+
+        return bind
 
     def batch(self, launches: list[tuple], varying: set[int]) -> cpu_batch.Batch | None:
         """TinyJit's replay of `launches` with its compiled functions' launches in one native call each run
@@ -641,10 +664,11 @@ class CPURuntime(Runtime):
 
         def bind(out: np.ndarray, inputs: list[np.ndarray]) -> tuple:
             """What `call` would pass, for a replay's record (cpu_batch): (function, its arguments, which
-            array each of the first ones is (-1 the output, else an input), split, combine, scratch)."""
+            array each of the first ones is (-1 the output, else an input), its range (lo, hi from 0 to
+            n), whether threaded over it, combine, scratch)."""
             tmp = [np.empty(size, dt) for size, dt in scratch]
             args = [address(out), *[address(inputs[i]) for i in used], *map(address, tmp), *extra]
-            return address_of_native, args, [-1, *used], split, combine, tmp
+            return address_of_native, args, [-1, *used], split, bool(split), combine, tmp
 
         call.bind = bind
         return call

@@ -7,8 +7,10 @@ of a GPT step's 233 launches. Here a run of launches of compiled functions becom
 cpu_threads' `sequence` (each record the function's address, its arguments and how it is threaded, as
 runtime/cpu.py's `call` would run it), bound once; a replay writes the addresses of the buffers that are new
 at each call (arguments, fresh outputs, gradients, host steps' results) into their records' slots and makes
-one call per run. Launches of anything else (BLAS matmuls, convolutions' pieces, a float16 kernel) run from
-Python between the runs, as before.
+one call per run. A matmul that is one BLAS call per matrix, reading its operands in place and writing its
+output in order, is a record too (cpu_gemm's gemm_batch, called on this thread: BLAS's threads split it).
+Launches of anything else (a matmul with a prologue, epilogue or copies, convolutions' pieces, a float16
+kernel) run from Python between the runs, as before.
 """
 
 from __future__ import annotations
@@ -69,14 +71,14 @@ class Batch:
                 flush()
                 self.parts.append(("call", runner, out, inputs))
                 continue
-            fn, args, where, split, combine, scratch = spec
+            fn, args, where, n, threaded, combine, scratch = spec
             self.keep.append(scratch)
             at = len(words) + cpu_threads.RECORD_HEAD
             for j, w in enumerate(where):  # (argument j is the output's address, or input w's)
                 buf = out if w < 0 else inputs[w]
                 if id(buf) in varying:
                     patches.append((at + j, id(buf)))
-            words += [fn, len(args), split, chunks(split, workers) if split else 0, int(bool(combine)), *args]
+            words += [fn, len(args), n, chunks(n, workers) if threaded else 0, int(bool(combine)), *args]
             run.append((runner, out, inputs))
         flush()
 

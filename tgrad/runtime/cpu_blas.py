@@ -118,6 +118,44 @@ class BlasCall:
             return way(a, b, memory, out)
 
 
+    def bind(self, arrays: list[np.ndarray], out: np.ndarray) -> tuple | None:
+        """(cpu_gemm's gemm_batch arguments after its three arrays, which input each of A and B is), where
+        this matmul is one BLAS call per batch matrix reading both operands in place and writing `out` in
+        its order (TinyJit's batched replay makes it a record, cpu_batch); else None."""
+        plan = self.plan
+        if plan.chunk is not None or not cpu_gemm.enabled():
+            return None
+        a, b = arrays[plan.a.input], arrays[plan.b.input]
+        key = (a.dtype, b.dtype, (out.dtype, out.flags.c_contiguous))
+        way = self.ways.get(key)
+        if way is None:
+            way = self.ways[key] = _Matmul(plan, self.kernel, a, b, out)
+        if any(side.copy for side in way.sides) or not (way.direct and way.in_order) or way.swap:
+            return None
+        x, y = (side.matrix(array, 0, None) for side, array in zip(way.sides, (a, b)))
+        ints = _gemm_ints(x, y, (a, b), out.reshape(way.dims))
+        return None if ints is None else (ints, (plan.a.input, plan.b.input))
+
+
+def _gemm_ints(x: np.ndarray, y: np.ndarray, roots: tuple, c: np.ndarray) -> tuple | None:
+    """gemm_batch's int arguments (batch size first) for c = x @ y, x and y views of the flat arrays `roots`
+    and c contiguous with at most one batch axis; None where one gemm per matrix cannot read them (another
+    dtype, neither rows nor columns of an operand along memory)."""
+    if not (x.dtype == y.dtype == c.dtype and c.dtype in (np.float32, np.float64) and c.ndim <= 3
+            and x.shape[:-2] == y.shape[:-2] == c.shape[:-2] and c.size and x.shape[-1]):
+        return None
+    ints = []
+    for view, root in zip((x, y), roots):
+        flags = cpu_gemm.matrix_flags(view[0] if view.ndim == 3 else view)
+        at = view.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        if flags is None or at % view.itemsize or (view.ndim == 3 and view.strides[0] % view.itemsize):
+            return None
+        ints += [*flags, at // view.itemsize, view.strides[0] // view.itemsize if view.ndim == 3 else 0]
+    (m, n), k = c.shape[-2:], x.shape[-1]
+    ta, lda, a_off, a_bs, tb, ldb, b_off, b_bs = ints
+    return (c.shape[0] if c.ndim == 3 else 1, m, n, k, ta, lda, a_off, a_bs, tb, ldb, b_off, b_bs, m * n, n)
+
+
 class _Matmul:
     """BlasCall without a Chunk, for operands of given dtypes: one numpy.matmul over views of the operands
     (copies of those whose axes do not merge, `_Side`), oriented as `_read_transposed` says."""

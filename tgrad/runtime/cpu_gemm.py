@@ -127,6 +127,15 @@ def blas_pieces(a, b, xa, xb, out, tmp, ca, a_off, a_step, {_names("ad", "as")},
 """
 
 
+# gemm_batch: a whole matmul (cpu_blas.BlasCall.bind: operands read in place, the result in the output's
+# order) as a record of TinyJit's batched replay (cpu_batch): matrices [lo, hi) of the batch, each one gemm
+# (BLAS's own threads split it)
+BATCH = HEAD + """@kernel()
+def gemm_batch(a, b, c, m, n, k, ta, lda, a_off, a_bs, tb, ldb, b_off, b_bs, c_bs, ldc, lo, hi):
+    for bi in range(lo, hi):
+        _gemm(ta, tb, m, n, k, a, a_off + bi * a_bs, lda, b, b_off + bi * b_bs, ldb, 0.0, c, bi * c_bs, ldc)
+"""
+
 # pair_pieces: a piece pair (cpu.py's _pair_runner: a conv's col2im matmul, then the kernel that shifts its
 # shares into place) with everything but the arrays in `words` (layout: the W* offsets below). Per piece q,
 # for each of its nb batch matrices, rows = A @ B (operands read in place or copied, as in blas_pieces, each
@@ -226,17 +235,19 @@ def available() -> bool:
     return False
 
 
-PROGRAMS = ("shifted_pieces", "blas_pieces", "pair_pieces")
+PROGRAMS = ("shifted_pieces", "blas_pieces", "pair_pieces")  # (gemm_batch: compiled at a replay)
 
 
 @functools.cache
 def program(dtype: np.dtype, name: str = "shifted_pieces") -> Program:
-    """cpu_gemm's function `name` (shifted_pieces, blas_pieces, pair_pieces) for arrays of `dtype`: its int
-    arguments are passed at each call (the Program's `args` only count them; "split" adds lo and hi)."""
-    source = {"shifted_pieces": SHIFTED, "blas_pieces": PIECES, "pair_pieces": PAIR}[name]
+    """cpu_gemm's function `name` (shifted_pieces, blas_pieces, pair_pieces, gemm_batch) for arrays of
+    `dtype`: its int arguments are passed at each call (the Program's `args` only count them; "split" adds
+    lo and hi)."""
+    source = {"shifted_pieces": SHIFTED, "blas_pieces": PIECES, "pair_pieces": PAIR, "gemm_batch": BATCH}
+    source = source[name]
     params = source[source.index(f"def {name}(") :].split("(", 1)[1].split(")", 1)[0].split(",")
     dt = dtypes.from_any(dtype)
-    storage = {"shifted_pieces": (dt,) * 4, "blas_pieces": (dt,) * 6,
+    storage = {"shifted_pieces": (dt,) * 4, "blas_pieces": (dt,) * 6, "gemm_batch": (dt,) * 3,
                "pair_pieces": (dt,) * 5 + (dtypes.int64,)}
     return Program(name, source, args=(0,) * (len(params) - len(storage[name]) - 2),
                    launch={"storage": storage[name], "split": 1})

@@ -13,7 +13,8 @@ import pytest
 from tgrad import Tensor
 from tgrad.runtime import cpu_threads
 
-pytestmark = pytest.mark.skipif(not cpu_threads.supported(), reason="native workers: Linux x86-64 only")
+pytestmark = pytest.mark.skipif(not cpu_threads.enabled(),
+                                reason="native workers: Linux x86-64 only, not with TGRAD_NATIVE_THREADS=0")
 numba = pytest.importorskip("numba")
 types = numba.types
 

@@ -373,8 +373,8 @@ def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, 
     from tgrad import jit
     from tgrad.runtime import cpu_batch, cpu_pool, cpu_threads
 
-    if not cpu_threads.supported():
-        pytest.skip("native workers: Linux x86-64 only")
+    if not cpu_threads.enabled():
+        pytest.skip("native workers: Linux x86-64 only, not with TGRAD_NATIVE_THREADS=0")
     monkeypatch.setenv("TGRAD_THREADS", "2")
     f = TinyJit(_batch_step)
     rng = np.random.default_rng(5)
@@ -404,15 +404,16 @@ def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, 
             np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-6)
 
 
-def test_a_failing_function_in_a_batch_names_its_kernel():
+def test_a_failing_function_in_a_batch_names_its_kernel(monkeypatch):
     """A compiled function that returns an error status inside a batched replay raises KernelError
     naming its kernel, as a launch from Python does."""
     from tgrad.errors import KernelError
     from tgrad.runtime import cpu_batch, cpu_threads
 
     numba = pytest.importorskip("numba")
-    if not cpu_threads.supported():
-        pytest.skip("native workers: Linux x86-64 only")
+    if not cpu_threads.enabled():
+        pytest.skip("native workers: Linux x86-64 only, not with TGRAD_NATIVE_THREADS=0")
+    monkeypatch.setenv("TGRAD_THREADS", "2")
     t = numba.types
 
     @numba.cfunc(t.int32(t.voidptr, t.voidptr, t.CPointer(t.float32), t.int64, t.int64))

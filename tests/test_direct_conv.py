@@ -35,11 +35,20 @@ def _conv_inputs(seed, n, cin, cout, h, w, kh, kw, dtype=np.float32):
     (8, 8, 16, 16, 16, (7, 7), 1, 3, 1),  # 49 taps, the most written out
     (128, 29, 16, 12, 11, (3, 3), 1, 0, 1),  # 16 output channels (the fewest), 9 columns, odd channels
     (16, 29, 96, 13, 13, (3, 3), 1, 0, 1),  # odd input channels, 96 outputs: two halves of 48, a tail of 3
+    (4, 32, 128, 9, 14, (3, 3), 1, 0, 1),  # tiles: two blocks of 4 vectors of outputs, 12 columns in 6s
+    (16, 32, 48, 9, 16, (3, 3), 1, (0, 3), 1),  # tiles: 3 vectors a block, 20 columns in tiles of 5
 ])
-def test_forward_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation):
+@pytest.mark.parametrize("tiles", [True, False])
+def test_forward_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation, tiles, monkeypatch):
+    """Both ways of the direct loop: register tiles (numba_rt.conv_tile, where the output channels are
+    whole vectors: 16 float32) and the loop over output channels (the others, and with tiles off)."""
+    monkeypatch.setattr(emit_numba_conv, "REGISTER_TILES", tiles)
     x, wt, b = _conv_inputs(0, n, cin, cout, h, w, *k)
     out = Tensor(x).conv2d(Tensor(wt), Tensor(b), stride=stride, padding=padding, dilation=dilation).relu()
     assert _paths(out) == [True]
+    sources = [cpu._render(it.kernel).launch["direct"].source for it in fuse.schedule([out.node])
+               if "direct" in cpu._render(it.kernel).launch]
+    assert ("conv_tile(" in sources[0]) == (tiles and cout % 16 == 0)
     tx, tw, tb = map(torch.from_numpy, (x, wt, b))
     ref = F.conv2d(tx, tw, tb, stride, padding, dilation).relu()
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)

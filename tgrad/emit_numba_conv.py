@@ -112,6 +112,9 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
     sa = plan.a.strides  # over (n, o, y, x, c, kh, kw); o's is 0
     dt = k.reduce_expr.dtype
     pixels, taps = rows * cols, kh * kw
+    lanes = 64 // dt.itemsize  # (one AVX-512 vector)
+    if chans % lanes == 0 and REGISTER_TILES:
+        return _render_tiles(k, plan, lanes)
     tile = 4 if cols % 4 == 0 or cols % 3 else 3
     group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
     # output channels a pass of the loop over them takes in two halves, [o] and [span + o]: twice the
@@ -153,6 +156,53 @@ def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
     return _per_image(f"{k.name}_direct", "inp, wp", body, images, chans, pixels, dt, PACKED_AXES)
 
 
+REGISTER_TILES = True  # render_direct's register-blocked path (numba_rt.conv_tile) where it applies
+TILE_REGISTERS = 24  # accumulator vectors a tile holds (of 32: the weights and a broadcast need some)
+
+
+def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int) -> Program:
+    """render_direct where the output channels are whole vectors: per image, output row and tile of P
+    pixels, per block of up to 4 vectors of output channels, one numba_rt.conv_tile intrinsic that sums
+    every input channel and tap in registers and stores the tile once (the loop above reloads and
+    stores its accumulators for each input channel)."""
+    images, chans, rows, cols = k.global_shape
+    cin, kh, kw = k.reduce_shape
+    sa, dt = plan.a.strides, k.reduce_expr.dtype
+    vectors = chans // lanes
+    blocks = max(b for b in range(1, 5) if vectors % b == 0)
+    most = max(1, min(cols, TILE_REGISTERS // blocks))
+    width = max((p for p in range(1, most + 1) if cols % p == 0), default=most)
+    if width < most // 2:  # no divisor near the most: the most, and a tail
+        width = most
+    tail = cols % width
+    f64 = dt == dtypes.float64
+
+    def factory(p: int) -> str:
+        geometry = f"{cin}, {kh}, {kw}, {chans}, {sa[4]}, {sa[5]}, {sa[6]}, {sa[3]}"
+        return f"conv_tile({geometry}, {p}, {blocks}, {f64})"
+
+    prelude = "from tgrad.runtime.numba_rt import conv_tile\n\n" + f"_tile = {factory(width)}\n"
+    if tail:
+        prelude += f"_tail = {factory(tail)}\n"
+    step = blocks * lanes
+    body = ["for n in range(lo, hi):",
+            f"    tb = n * {rows * cols * chans}",
+            f"    ab = {plan.a.offset} + n * {sa[0]}",
+            f"    for y in range({rows}):",
+            f"        ay = ab + y * {sa[2]}",
+            f"        ty = tb + y * {cols * chans}"]
+    if cols >= width:
+        body += [f"        for x in range(0, {cols - tail}, {width}):",
+                 f"            for ob in range(0, {chans}, {step}):",
+                 f"                _tile(tmp, ty + x * {chans} + ob, inp, ay + x * {sa[3]}, wp, ob)"]
+    if tail:
+        x = cols - tail
+        body += [f"        for ob in range(0, {chans}, {step}):",
+                 f"            _tail(tmp, ty + {x * chans} + ob, inp, ay + {x * sa[3]}, wp, ob)"]
+    return _per_image(f"{k.name}_direct", "inp, wp", body, images, chans, rows * cols, dt, PACKED_AXES,
+                      prelude)
+
+
 def _columns(block, cols: int, width: int, indent: str) -> list[str]:
     """block(x, width) over tiles of `width` of `cols` columns: a loop, then the tail's block."""
     tail = cols % width
@@ -166,7 +216,7 @@ def _columns(block, cols: int, width: int, indent: str) -> list[str]:
 
 
 def _per_image(name: str, args: str, body: list[str], images: int, chans: int, pixels: int, dt,
-               pack: list[int]) -> Program:
+               pack: list[int], prelude: str = "") -> Program:
     """The function (out, `args`, tmp, lo, hi) over images [lo, hi) whose `body` sums each image into
     tmp laid out (pixel, channel), then put in `out` as (channel, pixel). Its second argument is a weight
     the runtime packs contiguous over the kernel axes `pack` (launch fact `pack`)."""
@@ -176,7 +226,7 @@ def _per_image(name: str, args: str, body: list[str], images: int, chans: int, p
                    f"            out[ob + o * {pixels} + i] = tmp[tb + i * {chans} + o]"]
     lines = ["@kernel()", f"def {name}(out, {args}, tmp, lo, hi):", *("    " + line for line in body)]
     st = storage_dtype(dt)
-    return Program(name, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
+    return Program(name, HEADER + prelude + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
                    scratch=((images * pixels * chans, st),),
                    launch={"storage": (st, st, st, st), "split": images, "combine": False, "pack": pack})
 

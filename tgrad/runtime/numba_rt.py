@@ -8,6 +8,7 @@ are rebuilt instead of loaded.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -276,3 +277,88 @@ def _call_kernel(typingctx, fn, words, at):
         return builder.call(callee, [slot(0), slot(2), *vals])
 
     return types.int32(types.int64, words, types.int64), codegen
+
+
+@functools.cache
+def conv_tile(cin: int, kh: int, kw: int, chans: int, sc: int, sy: int, sx: int, sp: int, pixels: int,
+              blocks: int, f64: bool = False):
+    """An intrinsic `tile(tmp, ti, inp, ai, wp, wo)` for render_direct's register-blocked path
+    (emit_numba_conv): `pixels` output pixels x `blocks` vectors of output channels, their sums over every
+    input channel and tap held in vector registers (LLVM IR: <16 x float> accumulators, a loop over the
+    input channels with the taps written out, each weight vector loaded once for all the pixels and each
+    input value broadcast once for all the vectors), stored once into tmp (pixel p's channels at ti + p *
+    chans). inp[ai + c * sc + dy * sy + dx * sx + p * sp] is the input of pixel p at tap (dy, dx) of input
+    channel c; wp the weight packed (c, kh, kw, o), the tile's first vector at wp[wo]. The constants make one
+    intrinsic per geometry (cached)."""
+    lanes = 8 if f64 else 16
+    scalar_ty = types.float64 if f64 else types.float32
+
+    @intrinsic
+    def tile(typingctx, tmp, ti, inp, ai, wp, wo):
+        if not (isinstance(tmp, types.CPointer) and tmp == inp == wp and tmp.dtype == scalar_ty):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            fty = ir.DoubleType() if f64 else ir.FloatType()
+            vty = ir.VectorType(fty, lanes)
+            tmp_p, ti_v, inp_p, ai_v, wp_p, wo_v = args
+            fname, align = f"llvm.fma.v{lanes}{'f64' if f64 else 'f32'}", 8 if f64 else 4
+            fma = builder.module.globals.get(fname)
+            if fma is None:
+                fma = ir.Function(builder.module, ir.FunctionType(vty, [vty] * 3), fname)
+
+            def at(ptr, index):
+                return builder.gep(ptr, [index])
+
+            def vec(ptr, index):  # a vector's address
+                return builder.bitcast(at(ptr, index), vty.as_pointer())
+
+            def const(x: int):
+                return ir.Constant(i64, x)
+
+            zero = ir.Constant(vty, [0.0] * lanes)
+            entry = builder.block
+            loop = builder.append_basic_block("tile_loop")
+            done = builder.append_basic_block("tile_done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            c = builder.phi(i64)
+            c.add_incoming(ir.Constant(i64, 0), entry)
+            accs = []
+            for _ in range(pixels * blocks):
+                phi = builder.phi(vty)
+                phi.add_incoming(zero, entry)
+                accs.append(phi)
+            cur = list(accs)
+            base_in = builder.add(ai_v, builder.mul(c, ir.Constant(i64, sc)))
+            base_w = builder.add(wo_v, builder.mul(c, ir.Constant(i64, kh * kw * chans)))
+            undef = ir.Constant(vty, ir.Undefined)
+            splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+            for dy in range(kh):
+                for dx in range(kw):
+                    tap = (dy * kw + dx) * chans
+                    wv = [builder.load(vec(wp_p, builder.add(base_w, const(tap + b * lanes))), align=align)
+                          for b in range(blocks)]
+                    for p in range(pixels):
+                        x = builder.load(at(inp_p, builder.add(base_in, const(dy * sy + dx * sx + p * sp))))
+                        one = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
+                        bx = builder.shuffle_vector(one, undef, splat_mask)
+                        for b in range(blocks):
+                            cur[p * blocks + b] = builder.call(fma, [bx, wv[b], cur[p * blocks + b]])
+            c1 = builder.add(c, ir.Constant(i64, 1))
+            end = builder.block
+            c.add_incoming(c1, end)
+            for phi, v in zip(accs, cur):
+                phi.add_incoming(v, end)
+            builder.cbranch(builder.icmp_signed("<", c1, ir.Constant(i64, cin)), loop, done)
+            builder.position_at_end(done)
+            for p in range(pixels):
+                for b in range(blocks):
+                    ptr = vec(tmp_p, builder.add(ti_v, const(p * chans + b * lanes)))
+                    builder.store(cur[p * blocks + b], ptr, align=align)
+            return context.get_dummy_value()
+
+        return types.void(tmp, ti, inp, ai, wp, wo), codegen
+
+    return tile

@@ -121,8 +121,14 @@ def _weight_grads(x, wt, g, **conv):
     (32, 32, 32, 20, 20, (3, 3), 1, 2, 2),  # dilation 2
     (8, 8, 16, 16, 16, (7, 7), 1, 3, 1),  # 49 taps, the most written out
     (3, 32, 32, 30, 5, (3, 3), 1, 0, 1),  # 3 images (fewer than some thread counts), 3 columns
+    (8, 32, 128, 10, 10, (3, 3), 1, 0, 1),  # tiles: two blocks of 4 vectors of outputs, taps in 5 + 4
+    (8, 32, 48, 12, 12, (5, 5), 1, 0, 1),  # tiles: 3 vectors a block, 25 taps in passes of 7, 6, 6, 6
 ])
-def test_weight_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation):
+@pytest.mark.parametrize("tiles", [True, False])
+def test_weight_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation, tiles, monkeypatch):
+    """Both ways: register tiles (numba_rt.wgrad_tile, output channels in whole vectors) and the loop over
+    output channels per tile of pixels (the others, and with tiles off)."""
+    monkeypatch.setattr(emit_numba_conv, "REGISTER_TILES", tiles)
     x, wt, _ = _conv_inputs(5, n, cin, cout, h, w, *k)
     ph, pw = (padding, padding) if isinstance(padding, int) else padding
     oh = (h + 2 * ph - dilation * (k[0] - 1) - 1) // stride + 1
@@ -130,6 +136,12 @@ def test_weight_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, d
     g = np.random.default_rng(6).standard_normal((n, cout, oh, ow)).astype(np.float32)
     got, want, paths = _weight_grads(x, wt, g, stride=stride, padding=padding, dilation=dilation)
     assert "wgrad" in paths
+    tw = Tensor(wt, requires_grad=True)
+    (Tensor(x).conv2d(tw, stride=stride, padding=padding, dilation=dilation) * Tensor(g)).sum().backward()
+    programs = [cpu._render(it.kernel) for it in fuse.schedule([tw.grad.node])]
+    sources = [p.launch["direct"].source for p in programs
+               if "direct" in p.launch and p.launch["direct"].name.endswith("_wgrad")]
+    assert ("wgrad_tile(" in sources[0]) == (tiles and cout % 16 == 0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 

@@ -273,6 +273,7 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
     parts = max(1, min(images, parts))
     per = -(-images // parts)
     size = cin * taps * chans  # one partial gradient
+    explicit = tile_rows is not None or tile_cols is not None
     if tile_cols is None:  # tiles of 2x4 pixels, or 3x3 where 3 divides the columns and 4 does not (no tail
         # block to compile: conv4's 6x6 pixels 1.62 -> 1.28 ms, its compile 0.62 -> 0.4 s)
         tile_cols = 3 if cols % 4 and cols % 3 == 0 else 4
@@ -303,6 +304,10 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
     inner = [f"for y in range(0, {rows - rtail}, {height}):", *("    " + s for s in row_blocks("y", height))]
     if rtail:
         inner += [f"for y in range({rows - rtail}, {rows}):", *("    " + s for s in row_blocks("y", 1))]
+    lanes = 64 // dt.itemsize
+    prelude = ""
+    if chans % lanes == 0 and REGISTER_TILES and not explicit:  # (explicit tiles: the loop's, for tests)
+        prelude, inner = _weight_grad_tiles(plan, k, lanes)
     body = ["for p in range(lo, hi):",
             f"    pb = p * {size}",
             f"    db = p * {pixels * chans}",
@@ -330,9 +335,32 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
     name = f"{k.name}_wgrad"
     lines = ["@kernel()", f"def {name}(out, gy, inp, part, dyt, lo, hi):", *("    " + line for line in body)]
     st = storage_dtype(dt)
-    return Program(name, HEADER + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
+    return Program(name, HEADER + prelude + "\n\n" + "\n".join(lines) + "\n", reads=(0, 1),
                    scratch=((parts * size, st), (parts * pixels * chans, st)),
                    launch={"storage": (st, st, st, st, st), "split": parts, "combine": True})
+
+
+def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int) -> tuple[str, list[str]]:
+    """render_weight_grad's loop over one input channel's taps where the output channels are whole vectors:
+    per block of up to 4 vectors of them and block of taps (at most 24 accumulators), one
+    numba_rt.wgrad_tile intrinsic summing the image's pixels in registers (the loop it replaces loads and
+    stores each tap's sums per tile of pixels). Returns (the module's prelude, the loop's lines)."""
+    chans, cin, kh, kw = k.global_shape
+    _, rows, cols = k.reduce_shape
+    sb, f64 = plan.b.strides, k.reduce_expr.dtype == dtypes.float64
+    vectors = chans // lanes
+    blocks = max(b for b in range(1, 5) if vectors % b == 0)
+    taps = kh * kw
+    most = max(1, TILE_REGISTERS // blocks)  # taps a pass, at most; the passes even (25 taps: 9, 8, 8)
+    per = -(-taps // -(-taps // most))
+    prelude = "from tgrad.runtime.numba_rt import wgrad_tile\n\n"
+    lines = [f"for ob in range(0, {chans}, {blocks * lanes}):"]
+    for j, t0 in enumerate(range(0, taps, per)):
+        n = min(per, taps - t0)
+        prelude += (f"_wt{j} = wgrad_tile({rows}, {cols}, {chans}, {sb[5]}, {sb[6]}, {sb[2]}, {sb[3]}, {kw}, "
+                    f"{t0}, {n}, {blocks}, {f64})\n")
+        lines.append(f"    _wt{j}(part, pc + {t0 * chans} + ob, dyt, db + ob, inp, bc)")
+    return prelude, lines
 
 
 def direct_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:

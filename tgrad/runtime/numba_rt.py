@@ -362,3 +362,87 @@ def conv_tile(cin: int, kh: int, kw: int, chans: int, sc: int, sy: int, sx: int,
         return types.void(tmp, ti, inp, ai, wp, wo), codegen
 
     return tile
+
+
+@functools.cache
+def wgrad_tile(rows: int, cols: int, chans: int, sy: int, sx: int, ky: int, kx: int, kw: int, t0: int,
+               ntaps: int, blocks: int, f64: bool = False):
+    """An intrinsic `tile(part, pt, dyt, dq, inp, bi)` for render_weight_grad's register-blocked path: the
+    weight gradient's sums of taps [t0, t0 + ntaps) (row-major over (kh, kw), kw columns) x `blocks`
+    vectors of output channels, over every pixel of one image, in vector registers: loaded from part
+    (tap t's vectors at part[pt + (t - t0) * chans]), each pixel's output-gradient vectors (dyt[dq + pixel
+    * chans]) loaded once for the taps and each input value (inp[bi + y * sy + x * sx + dy * ky + dx * kx])
+    broadcast once for the vectors, stored back once. One intrinsic per geometry (cached)."""
+    lanes = 8 if f64 else 16
+    scalar_ty = types.float64 if f64 else types.float32
+
+    @intrinsic
+    def tile(typingctx, part, pt, dyt, dq, inp, bi):
+        if not (isinstance(part, types.CPointer) and part == dyt == inp and part.dtype == scalar_ty):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            vty = ir.VectorType(ir.DoubleType() if f64 else ir.FloatType(), lanes)
+            part_p, pt_v, dyt_p, dq_v, inp_p, bi_v = args
+            fname, align = f"llvm.fma.v{lanes}{'f64' if f64 else 'f32'}", 8 if f64 else 4
+            fma = builder.module.globals.get(fname)
+            if fma is None:
+                fma = ir.Function(builder.module, ir.FunctionType(vty, [vty] * 3), fname)
+
+            def const(x: int):
+                return ir.Constant(i64, x)
+
+            def vec(ptr, index):
+                return builder.bitcast(builder.gep(ptr, [index]), vty.as_pointer())
+
+            n = ntaps * blocks
+            start = [builder.load(vec(part_p, builder.add(pt_v, const(t * chans + b * lanes))), align=align)
+                     for t in range(ntaps) for b in range(blocks)]
+            entry = builder.block
+            loop = builder.append_basic_block("wtile_loop")
+            done = builder.append_basic_block("wtile_done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            q, y, x = builder.phi(i64), builder.phi(i64), builder.phi(i64)
+            for phi in (q, y, x):
+                phi.add_incoming(const(0), entry)
+            accs = []
+            for v in start:
+                phi = builder.phi(vty)
+                phi.add_incoming(v, entry)
+                accs.append(phi)
+            cur = list(accs)
+            dvs = [builder.load(vec(dyt_p, builder.add(dq_v, builder.add(builder.mul(q, const(chans)),
+                                                                          const(b * lanes)))), align=align)
+                   for b in range(blocks)]
+            px = builder.add(bi_v, builder.add(builder.mul(y, const(sy)), builder.mul(x, const(sx))))
+            undef = ir.Constant(vty, ir.Undefined)
+            mask = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
+            for j in range(ntaps):
+                dy, dx = divmod(t0 + j, kw)
+                xv = builder.load(builder.gep(inp_p, [builder.add(px, const(dy * ky + dx * kx))]))
+                one = builder.insert_element(undef, xv, ir.Constant(i32, 0))
+                bx = builder.shuffle_vector(one, undef, mask)
+                for b in range(blocks):
+                    cur[j * blocks + b] = builder.call(fma, [bx, dvs[b], cur[j * blocks + b]])
+            q1, x1 = builder.add(q, const(1)), builder.add(x, const(1))
+            wrap = builder.icmp_signed("==", x1, const(cols))
+            x2 = builder.select(wrap, const(0), x1)
+            y2 = builder.select(wrap, builder.add(y, const(1)), y)
+            end = builder.block
+            for phi, v in ((q, q1), (y, y2), (x, x2)):
+                phi.add_incoming(v, end)
+            for phi, v in zip(accs, cur):
+                phi.add_incoming(v, end)
+            builder.cbranch(builder.icmp_signed("<", q1, const(rows * cols)), loop, done)
+            builder.position_at_end(done)
+            for i in range(n):
+                t, b = divmod(i, blocks)
+                at = vec(part_p, builder.add(pt_v, const(t * chans + b * lanes)))
+                builder.store(cur[i], at, align=align)
+            return context.get_dummy_value()
+
+        return types.void(part, pt, dyt, dq, inp, bi), codegen
+
+    return tile

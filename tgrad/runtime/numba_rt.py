@@ -279,6 +279,72 @@ def _call_kernel(typingctx, fn, words, at):
     return types.int32(types.int64, words, types.int64), codegen
 
 
+class _Vectors:
+    """What the register-tile intrinsics build with: one AVX-512 vector of float32 (16) or float64 (8), the
+    vector fma, vector loads and stores at an element offset, a broadcast, an int64 constant."""
+
+    def __init__(self, builder, f64: bool):
+        self.builder, self.lanes = builder, 8 if f64 else 16
+        self.ty = ir.VectorType(ir.DoubleType() if f64 else ir.FloatType(), self.lanes)
+        self.align = 8 if f64 else 4
+        name = f"llvm.fma.v{self.lanes}{'f64' if f64 else 'f32'}"
+        module = builder.module
+        self.fma_fn = module.globals.get(name)
+        if self.fma_fn is None:
+            self.fma_fn = ir.Function(module, ir.FunctionType(self.ty, [self.ty] * 3), name)
+        self.undef = ir.Constant(self.ty, ir.Undefined)
+        self.mask = ir.Constant(ir.VectorType(ir.IntType(32), self.lanes), [0] * self.lanes)
+
+    def const(self, x: int):
+        return ir.Constant(ir.IntType(64), x)
+
+    def _at(self, ptr, index):
+        return self.builder.bitcast(self.builder.gep(ptr, [index]), self.ty.as_pointer())
+
+    def load(self, ptr, index):
+        return self.builder.load(self._at(ptr, index), align=self.align)
+
+    def store(self, value, ptr, index) -> None:
+        self.builder.store(value, self._at(ptr, index), align=self.align)
+
+    def splat(self, ptr, index):  # the scalar at ptr[index] in every lane
+        b = self.builder
+        one = b.insert_element(self.undef, b.load(b.gep(ptr, [index])), ir.Constant(ir.IntType(32), 0))
+        return b.shuffle_vector(one, self.undef, self.mask)
+
+    def fma(self, a, b, c):
+        return self.builder.call(self.fma_fn, [a, b, c])
+
+    def loop(self, name: str, inits: list) -> list:
+        """Open a loop block after the current one: a phi per initial value, returned (then `again`)."""
+        b = self.builder
+        entry, body = b.block, b.append_basic_block(name)
+        b.branch(body)
+        b.position_at_end(body)
+        phis = []
+        for value in inits:
+            phi = b.phi(value.type)
+            phi.add_incoming(value, entry)
+            phis.append(phi)
+        return phis
+
+    def again(self, phis: list, values: list, more) -> None:
+        """Close `loop`'s block: its phis take `values` and it runs again while `more`; then after it."""
+        b = self.builder
+        end, done = b.block, b.append_basic_block(phis[0].parent.name + "_done")
+        for phi, value in zip(phis, values):
+            phi.add_incoming(value, end)
+        b.cbranch(more, phis[0].parent, done)
+        b.position_at_end(done)
+
+
+def _float_pointers(f64: bool, *args) -> bool:
+    """Whether the arguments are pointers to float64 (f64) or float32, all the same type."""
+    first = args[0]
+    ok = isinstance(first, types.CPointer) and first.dtype == (types.float64 if f64 else types.float32)
+    return ok and all(a == first for a in args)
+
+
 @functools.cache
 def conv_tile(cin: int, kh: int, kw: int, chans: int, sc: int, sy: int, sx: int, sp: int, pixels: int,
               blocks: int, f64: bool = False):
@@ -291,72 +357,33 @@ def conv_tile(cin: int, kh: int, kw: int, chans: int, sc: int, sy: int, sx: int,
     channel c; wp the weight packed (c, kh, kw, o), the tile's first vector at wp[wo]. The constants make one
     intrinsic per geometry (cached)."""
     lanes = 8 if f64 else 16
-    scalar_ty = types.float64 if f64 else types.float32
 
     @intrinsic
     def tile(typingctx, tmp, ti, inp, ai, wp, wo):
-        if not (isinstance(tmp, types.CPointer) and tmp == inp == wp and tmp.dtype == scalar_ty):
+        if not _float_pointers(f64, tmp, inp, wp):
             return None
 
         def codegen(context, builder, sig, args):
-            i64 = ir.IntType(64)
-            fty = ir.DoubleType() if f64 else ir.FloatType()
-            vty = ir.VectorType(fty, lanes)
+            v = _Vectors(builder, f64)
             tmp_p, ti_v, inp_p, ai_v, wp_p, wo_v = args
-            fname, align = f"llvm.fma.v{lanes}{'f64' if f64 else 'f32'}", 8 if f64 else 4
-            fma = builder.module.globals.get(fname)
-            if fma is None:
-                fma = ir.Function(builder.module, ir.FunctionType(vty, [vty] * 3), fname)
-
-            def at(ptr, index):
-                return builder.gep(ptr, [index])
-
-            def vec(ptr, index):  # a vector's address
-                return builder.bitcast(at(ptr, index), vty.as_pointer())
-
-            def const(x: int):
-                return ir.Constant(i64, x)
-
-            zero = ir.Constant(vty, [0.0] * lanes)
-            entry = builder.block
-            loop = builder.append_basic_block("tile_loop")
-            done = builder.append_basic_block("tile_done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            c = builder.phi(i64)
-            c.add_incoming(ir.Constant(i64, 0), entry)
-            accs = []
-            for _ in range(pixels * blocks):
-                phi = builder.phi(vty)
-                phi.add_incoming(zero, entry)
-                accs.append(phi)
+            zero = ir.Constant(v.ty, [0.0] * v.lanes)
+            c, *accs = v.loop("tile_loop", [v.const(0)] + [zero] * (pixels * blocks))
             cur = list(accs)
-            base_in = builder.add(ai_v, builder.mul(c, ir.Constant(i64, sc)))
-            base_w = builder.add(wo_v, builder.mul(c, ir.Constant(i64, kh * kw * chans)))
-            undef = ir.Constant(vty, ir.Undefined)
-            splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+            base_in = builder.add(ai_v, builder.mul(c, v.const(sc)))
+            base_w = builder.add(wo_v, builder.mul(c, v.const(kh * kw * chans)))
             for dy in range(kh):
                 for dx in range(kw):
                     tap = (dy * kw + dx) * chans
-                    wv = [builder.load(vec(wp_p, builder.add(base_w, const(tap + b * lanes))), align=align)
-                          for b in range(blocks)]
+                    wv = [v.load(wp_p, builder.add(base_w, v.const(tap + b * lanes))) for b in range(blocks)]
                     for p in range(pixels):
-                        x = builder.load(at(inp_p, builder.add(base_in, const(dy * sy + dx * sx + p * sp))))
-                        one = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
-                        bx = builder.shuffle_vector(one, undef, splat_mask)
+                        bx = v.splat(inp_p, builder.add(base_in, v.const(dy * sy + dx * sx + p * sp)))
                         for b in range(blocks):
-                            cur[p * blocks + b] = builder.call(fma, [bx, wv[b], cur[p * blocks + b]])
-            c1 = builder.add(c, ir.Constant(i64, 1))
-            end = builder.block
-            c.add_incoming(c1, end)
-            for phi, v in zip(accs, cur):
-                phi.add_incoming(v, end)
-            builder.cbranch(builder.icmp_signed("<", c1, ir.Constant(i64, cin)), loop, done)
-            builder.position_at_end(done)
+                            cur[p * blocks + b] = v.fma(bx, wv[b], cur[p * blocks + b])
+            c1 = builder.add(c, v.const(1))
+            v.again([c, *accs], [c1, *cur], builder.icmp_signed("<", c1, v.const(cin)))
             for p in range(pixels):
                 for b in range(blocks):
-                    ptr = vec(tmp_p, builder.add(ti_v, const(p * chans + b * lanes)))
-                    builder.store(cur[p * blocks + b], ptr, align=align)
+                    v.store(cur[p * blocks + b], tmp_p, builder.add(ti_v, v.const(p * chans + b * lanes)))
             return context.get_dummy_value()
 
         return types.void(tmp, ti, inp, ai, wp, wo), codegen
@@ -374,73 +401,36 @@ def wgrad_tile(rows: int, cols: int, chans: int, sy: int, sx: int, ky: int, kx: 
     * chans]) loaded once for the taps and each input value (inp[bi + y * sy + x * sx + dy * ky + dx * kx])
     broadcast once for the vectors, stored back once. One intrinsic per geometry (cached)."""
     lanes = 8 if f64 else 16
-    scalar_ty = types.float64 if f64 else types.float32
 
     @intrinsic
     def tile(typingctx, part, pt, dyt, dq, inp, bi):
-        if not (isinstance(part, types.CPointer) and part == dyt == inp and part.dtype == scalar_ty):
+        if not _float_pointers(f64, part, dyt, inp):
             return None
 
         def codegen(context, builder, sig, args):
-            i64, i32 = ir.IntType(64), ir.IntType(32)
-            vty = ir.VectorType(ir.DoubleType() if f64 else ir.FloatType(), lanes)
+            v = _Vectors(builder, f64)
             part_p, pt_v, dyt_p, dq_v, inp_p, bi_v = args
-            fname, align = f"llvm.fma.v{lanes}{'f64' if f64 else 'f32'}", 8 if f64 else 4
-            fma = builder.module.globals.get(fname)
-            if fma is None:
-                fma = ir.Function(builder.module, ir.FunctionType(vty, [vty] * 3), fname)
-
-            def const(x: int):
-                return ir.Constant(i64, x)
-
-            def vec(ptr, index):
-                return builder.bitcast(builder.gep(ptr, [index]), vty.as_pointer())
-
             n = ntaps * blocks
-            start = [builder.load(vec(part_p, builder.add(pt_v, const(t * chans + b * lanes))), align=align)
+            start = [v.load(part_p, builder.add(pt_v, v.const(t * chans + b * lanes)))
                      for t in range(ntaps) for b in range(blocks)]
-            entry = builder.block
-            loop = builder.append_basic_block("wtile_loop")
-            done = builder.append_basic_block("wtile_done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            q, y, x = builder.phi(i64), builder.phi(i64), builder.phi(i64)
-            for phi in (q, y, x):
-                phi.add_incoming(const(0), entry)
-            accs = []
-            for v in start:
-                phi = builder.phi(vty)
-                phi.add_incoming(v, entry)
-                accs.append(phi)
+            q, y, x, *accs = v.loop("wtile_loop", [v.const(0)] * 3 + start)
             cur = list(accs)
-            dvs = [builder.load(vec(dyt_p, builder.add(dq_v, builder.add(builder.mul(q, const(chans)),
-                                                                          const(b * lanes)))), align=align)
-                   for b in range(blocks)]
-            px = builder.add(bi_v, builder.add(builder.mul(y, const(sy)), builder.mul(x, const(sx))))
-            undef = ir.Constant(vty, ir.Undefined)
-            mask = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
+            row = builder.add(dq_v, builder.mul(q, v.const(chans)))
+            dvs = [v.load(dyt_p, builder.add(row, v.const(b * lanes))) for b in range(blocks)]
+            px = builder.add(bi_v, builder.add(builder.mul(y, v.const(sy)), builder.mul(x, v.const(sx))))
             for j in range(ntaps):
                 dy, dx = divmod(t0 + j, kw)
-                xv = builder.load(builder.gep(inp_p, [builder.add(px, const(dy * ky + dx * kx))]))
-                one = builder.insert_element(undef, xv, ir.Constant(i32, 0))
-                bx = builder.shuffle_vector(one, undef, mask)
+                bx = v.splat(inp_p, builder.add(px, v.const(dy * ky + dx * kx)))
                 for b in range(blocks):
-                    cur[j * blocks + b] = builder.call(fma, [bx, dvs[b], cur[j * blocks + b]])
-            q1, x1 = builder.add(q, const(1)), builder.add(x, const(1))
-            wrap = builder.icmp_signed("==", x1, const(cols))
-            x2 = builder.select(wrap, const(0), x1)
-            y2 = builder.select(wrap, builder.add(y, const(1)), y)
-            end = builder.block
-            for phi, v in ((q, q1), (y, y2), (x, x2)):
-                phi.add_incoming(v, end)
-            for phi, v in zip(accs, cur):
-                phi.add_incoming(v, end)
-            builder.cbranch(builder.icmp_signed("<", q1, const(rows * cols)), loop, done)
-            builder.position_at_end(done)
+                    cur[j * blocks + b] = v.fma(bx, dvs[b], cur[j * blocks + b])
+            q1, x1 = builder.add(q, v.const(1)), builder.add(x, v.const(1))
+            wrap = builder.icmp_signed("==", x1, v.const(cols))
+            x2 = builder.select(wrap, v.const(0), x1)
+            y2 = builder.select(wrap, builder.add(y, v.const(1)), y)
+            v.again([q, y, x, *accs], [q1, y2, x2, *cur], builder.icmp_signed("<", q1, v.const(rows * cols)))
             for i in range(n):
                 t, b = divmod(i, blocks)
-                at = vec(part_p, builder.add(pt_v, const(t * chans + b * lanes)))
-                builder.store(cur[i], at, align=align)
+                v.store(cur[i], part_p, builder.add(pt_v, v.const(t * chans + b * lanes)))
             return context.get_dummy_value()
 
         return types.void(part, pt, dyt, dq, inp, bi), codegen

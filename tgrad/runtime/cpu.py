@@ -122,6 +122,8 @@ class _Threads:
 
 
 _THREADS = _Threads()
+
+
 @functools.cache
 def _native_key() -> str:
     """What object code depends on besides the source: compiler versions, host CPU and the target features

@@ -114,18 +114,19 @@ def direct_conv(kernel: Kernel, plan: BlasPlan) -> bool:
 PACKED_AXES = [4, 5, 6, 1]
 
 
-def render_direct(kernel: Kernel, plan: BlasPlan) -> Program:
+def render_direct(kernel: Kernel, plan: BlasPlan, vector_bytes: int = 64) -> Program:
     """The direct convolution's function: (out, windows' input, packed weight, scratch, lo, hi) over images
-    [lo, hi); `out` gets the sums row-major over the kernel's global axes (n, o, y, x)."""
+    [lo, hi); `out` gets the sums row-major over the kernel's global axes (n, o, y, x). vector_bytes: of
+    the host's vector registers (64: AVX-512), for the register tiles."""
     k = kernel
     images, chans, rows, cols = k.global_shape
     cin, kh, kw = k.reduce_shape
     sa = plan.a.strides  # over (n, o, y, x, c, kh, kw); o's is 0
     dt = k.reduce_expr.dtype
     pixels, taps = rows * cols, kh * kw
-    lanes = 64 // dt.itemsize  # (one AVX-512 vector)
+    lanes = vector_bytes // dt.itemsize  # (one vector register)
     if chans % lanes == 0 and REGISTER_TILES:
-        return _render_tiles(k, plan, lanes)
+        return _render_tiles(k, plan, lanes, _tile_registers(vector_bytes))
     tile = 4 if cols % 4 == 0 or cols % 3 else 3
     group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
     # output channels a pass of the loop over them takes in two halves, [o] and [span + o]: twice the
@@ -171,7 +172,12 @@ REGISTER_TILES = True  # render_direct's register-blocked path (numba_rt.conv_ti
 TILE_REGISTERS = 24  # accumulator vectors a tile holds (of 32: the weights and a broadcast need some)
 
 
-def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int) -> Program:
+def _tile_registers(vector_bytes: int) -> int:
+    """Accumulators of a register tile: TILE_REGISTERS of AVX-512's 32 registers, half that of AVX2's 16."""
+    return TILE_REGISTERS if vector_bytes >= 64 else TILE_REGISTERS // 2
+
+
+def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int, registers: int) -> Program:
     """render_direct where the output channels are whole vectors: per image, output row and tile of P
     pixels, per block of up to 4 vectors of output channels, one numba_rt.conv_tile intrinsic that sums
     every input channel and tap in registers and stores the tile once (the loop above reloads and
@@ -181,7 +187,7 @@ def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int) -> Program:
     sa, dt = plan.a.strides, k.reduce_expr.dtype
     vectors = chans // lanes
     blocks = max(b for b in range(1, 5) if vectors % b == 0)
-    most = max(1, min(cols, TILE_REGISTERS // blocks))
+    most = max(1, min(cols, registers // blocks))
     width = max((p for p in range(1, most + 1) if cols % p == 0), default=most)
     if width < most // 2:  # no divisor near the most: the most, and a tail
         width = most
@@ -190,7 +196,7 @@ def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int) -> Program:
 
     def factory(p: int) -> str:
         geometry = f"{cin}, {kh}, {kw}, {chans}, {sa[4]}, {sa[5]}, {sa[6]}, {sa[3]}"
-        return f"conv_tile({geometry}, {p}, {blocks}, {f64})"
+        return f"conv_tile({geometry}, {p}, {blocks}, {f64}, {lanes})"
 
     prelude = "from tgrad.runtime.numba_rt import conv_tile\n\n" + f"_tile = {factory(width)}\n"
     if tail:
@@ -259,7 +265,7 @@ def direct_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
 
 
 def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: int | None = None,
-                       tile_cols: int | None = None) -> Program:
+                       tile_cols: int | None = None, vector_bytes: int = 64) -> Program:
     """The weight gradient's function: (out, output gradient, input, partial sums, scratch, lo, hi) over
     chunks [lo, hi) of the images, each summed into its own partial gradient laid out (c, kh, kw, o); the
     call with lo == hi == chunks adds the partials up into `out`, row-major over (o, c, kh, kw).
@@ -307,10 +313,10 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
     inner = [f"for y in range(0, {rows - rtail}, {height}):", *("    " + s for s in row_blocks("y", height))]
     if rtail:
         inner += [f"for y in range({rows - rtail}, {rows}):", *("    " + s for s in row_blocks("y", 1))]
-    lanes = 64 // dt.itemsize
+    lanes = vector_bytes // dt.itemsize
     prelude = ""
     if chans % lanes == 0 and REGISTER_TILES and not explicit:  # (explicit tiles: the loop's, for tests)
-        prelude, inner = _weight_grad_tiles(plan, k, lanes)
+        prelude, inner = _weight_grad_tiles(plan, k, lanes, _tile_registers(vector_bytes))
     body = ["for p in range(lo, hi):",
             f"    pb = p * {size}",
             f"    db = p * {pixels * chans}",
@@ -343,7 +349,7 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
                    launch={"storage": (st, st, st, st, st), "split": parts, "combine": True})
 
 
-def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int) -> tuple[str, list[str]]:
+def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int, registers: int) -> tuple[str, list[str]]:
     """render_weight_grad's loop over one input channel's taps where the output channels are whole vectors:
     per block of up to 4 vectors of them and block of taps (at most 24 accumulators), one
     numba_rt.wgrad_tile intrinsic summing the image's pixels in registers (the loop it replaces loads and
@@ -354,14 +360,14 @@ def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int) -> tuple[str, list
     vectors = chans // lanes
     blocks = max(b for b in range(1, 5) if vectors % b == 0)
     taps = kh * kw
-    most = max(1, TILE_REGISTERS // blocks)  # taps a pass, at most; the passes even (25 taps: 9, 8, 8)
+    most = max(1, registers // blocks)  # taps a pass, at most; the passes even (25 taps: 9, 8, 8)
     per = -(-taps // -(-taps // most))
     prelude = "from tgrad.runtime.numba_rt import wgrad_tile\n\n"
     lines = [f"for ob in range(0, {chans}, {blocks * lanes}):"]
     for j, t0 in enumerate(range(0, taps, per)):
         n = min(per, taps - t0)
         prelude += (f"_wt{j} = wgrad_tile({rows}, {cols}, {chans}, {sb[5]}, {sb[6]}, {sb[2]}, {sb[3]}, {kw}, "
-                    f"{t0}, {n}, {blocks}, {f64})\n")
+                    f"{t0}, {n}, {blocks}, {f64}, {lanes})\n")
         lines.append(f"    _wt{j}(part, pc + {t0 * chans} + ob, dyt, db + ob, inp, bc)")
     return prelude, lines
 

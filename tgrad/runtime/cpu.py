@@ -48,6 +48,7 @@ from tgrad.runtime.numba_compile import (
     cpu_features,
     on_disk,
     use_cpu_features,
+    vector_bytes,
 )
 
 # ---------------------------------------------------------------------------------------------------
@@ -286,9 +287,9 @@ def _render(kernel: Kernel) -> Program:
     program = emit_numba.render(kernel)
     plan = program.launch.get("blas")
     if plan is not None and emit_numba_conv.direct_conv(kernel, plan):
-        direct = emit_numba_conv.render_direct(kernel, plan)
+        direct = emit_numba_conv.render_direct(kernel, plan, vector_bytes())
     elif plan is not None and emit_numba_conv.direct_weight_grad(kernel, plan):
-        direct = emit_numba_conv.render_weight_grad(kernel, plan, threads())
+        direct = emit_numba_conv.render_weight_grad(kernel, plan, threads(), vector_bytes=vector_bytes())
     else:
         return program
     epilogue = program.launch["epilogue"]

@@ -38,6 +38,13 @@ def cpu_features() -> str:
     return host.flatten() + (",-prefer-256-bit" if wide else "")
 
 
+def vector_bytes() -> int:
+    """The bytes of one vector register kernels compile for: 64 where AVX-512 is used (cpu_features), else
+    32 (the register-tiled convolutions size their tiles by it, emit_numba_conv)."""
+    features = cpu_features()
+    return 64 if "+avx512f" in features and "-prefer-256-bit" in features else 32
+
+
 def use_cpu_features() -> None:
     """Numba's code generator makes its target machine once, from config.CPU_FEATURES: set it first (a
     process that compiled its own Numba functions earlier keeps the host's preference; only speed differs).

@@ -280,11 +280,12 @@ def _call_kernel(typingctx, fn, words, at):
 
 
 class _Vectors:
-    """What the register-tile intrinsics build with: one AVX-512 vector of float32 (16) or float64 (8), the
-    vector fma, vector loads and stores at an element offset, a broadcast, an int64 constant."""
+    """What the register-tile intrinsics build with: a vector of `lanes` float32 or float64 (one AVX-512
+    register: 16 or 8; one AVX2 register: 8 or 4), the vector fma, vector loads and stores at an element
+    offset, a broadcast, an int64 constant."""
 
-    def __init__(self, builder, f64: bool):
-        self.builder, self.lanes = builder, 8 if f64 else 16
+    def __init__(self, builder, f64: bool, lanes: int):
+        self.builder, self.lanes = builder, lanes
         self.ty = ir.VectorType(ir.DoubleType() if f64 else ir.FloatType(), self.lanes)
         self.align = 8 if f64 else 4
         name = f"llvm.fma.v{self.lanes}{'f64' if f64 else 'f32'}"
@@ -347,16 +348,15 @@ def _float_pointers(f64: bool, *args) -> bool:
 
 @functools.cache
 def conv_tile(cin: int, kh: int, kw: int, chans: int, sc: int, sy: int, sx: int, sp: int, pixels: int,
-              blocks: int, f64: bool = False):
+              blocks: int, f64: bool = False, lanes: int = 16):
     """An intrinsic `tile(tmp, ti, inp, ai, wp, wo)` for render_direct's register-blocked path
     (emit_numba_conv): `pixels` output pixels x `blocks` vectors of output channels, their sums over every
-    input channel and tap held in vector registers (LLVM IR: <16 x float> accumulators, a loop over the
+    input channel and tap held in vector registers (LLVM IR: vectors of `lanes`, a loop over the
     input channels with the taps written out, each weight vector loaded once for all the pixels and each
     input value broadcast once for all the vectors), stored once into tmp (pixel p's channels at ti + p *
     chans). inp[ai + c * sc + dy * sy + dx * sx + p * sp] is the input of pixel p at tap (dy, dx) of input
     channel c; wp the weight packed (c, kh, kw, o), the tile's first vector at wp[wo]. The constants make one
     intrinsic per geometry (cached)."""
-    lanes = 8 if f64 else 16
 
     @intrinsic
     def tile(typingctx, tmp, ti, inp, ai, wp, wo):
@@ -364,7 +364,7 @@ def conv_tile(cin: int, kh: int, kw: int, chans: int, sc: int, sy: int, sx: int,
             return None
 
         def codegen(context, builder, sig, args):
-            v = _Vectors(builder, f64)
+            v = _Vectors(builder, f64, lanes)
             tmp_p, ti_v, inp_p, ai_v, wp_p, wo_v = args
             zero = ir.Constant(v.ty, [0.0] * v.lanes)
             c, *accs = v.loop("tile_loop", [v.const(0)] + [zero] * (pixels * blocks))
@@ -393,14 +393,13 @@ def conv_tile(cin: int, kh: int, kw: int, chans: int, sc: int, sy: int, sx: int,
 
 @functools.cache
 def wgrad_tile(rows: int, cols: int, chans: int, sy: int, sx: int, ky: int, kx: int, kw: int, t0: int,
-               ntaps: int, blocks: int, f64: bool = False):
+               ntaps: int, blocks: int, f64: bool = False, lanes: int = 16):
     """An intrinsic `tile(part, pt, dyt, dq, inp, bi)` for render_weight_grad's register-blocked path: the
     weight gradient's sums of taps [t0, t0 + ntaps) (row-major over (kh, kw), kw columns) x `blocks`
     vectors of output channels, over every pixel of one image, in vector registers: loaded from part
     (tap t's vectors at part[pt + (t - t0) * chans]), each pixel's output-gradient vectors (dyt[dq + pixel
     * chans]) loaded once for the taps and each input value (inp[bi + y * sy + x * sx + dy * ky + dx * kx])
     broadcast once for the vectors, stored back once. One intrinsic per geometry (cached)."""
-    lanes = 8 if f64 else 16
 
     @intrinsic
     def tile(typingctx, part, pt, dyt, dq, inp, bi):
@@ -408,7 +407,7 @@ def wgrad_tile(rows: int, cols: int, chans: int, sy: int, sx: int, ky: int, kx: 
             return None
 
         def codegen(context, builder, sig, args):
-            v = _Vectors(builder, f64)
+            v = _Vectors(builder, f64, lanes)
             part_p, pt_v, dyt_p, dq_v, inp_p, bi_v = args
             n = ntaps * blocks
             start = [v.load(part_p, builder.add(pt_v, v.const(t * chans + b * lanes)))

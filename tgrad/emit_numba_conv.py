@@ -372,15 +372,28 @@ def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int, registers: int) ->
     return prelude, lines
 
 
+# where the scatter beats the pair (its BLAS matmul of K = output channels, then col2im), measured alone
+# (batch 16-32, 2 threads): at most 25 taps (7x7, 16 -> 32 channels on 64x64: 97 ms against the pair's 21,
+# its 49 weight vectors spill), at most 32 output channels, or 64 on small images (MNIST's conv3/conv4:
+# 2.06 / 2.39 ms against 2.55 / 3.8; 32 -> 64 3x3 on 32x32: 3.97 against 2.75; 64 -> 128 on 32x32: 15.1
+# against 9.2; 5x5 with 32 outputs on 36x36: 9.2 against 10.9)
+SCATTER_MAX_TAPS = 25
+SCATTER_MAX_K = 32
+SCATTER_SMALL_IMAGE = 144  # output pixels up to which 64 output channels still scatter
+
+
 def direct_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:
     """The geometry of a piece pair that `render_input_grad` renders as one function (blas.col2im: a
     convolution's input gradient), or None: one float dtype, at least 16 input channels (the vectorized
-    loop), at most 49 taps, 2**20 multiply-adds."""
+    loop), 2**20 multiply-adds, and a shape where the scatter is faster (SCATTER_*)."""
     plan = blas_plan(k1)
     if plan is None or k1.n_global != 4:
         return None
-    _, chans, taps, _ = k1.global_shape
-    if chans < DIRECT_MIN_CHANNELS or taps > DIRECT_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
+    _, chans, taps, pixels = k1.global_shape
+    if chans < DIRECT_MIN_CHANNELS or taps > SCATTER_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
+        return None
+    cout = k1.reduce_shape[0]
+    if cout > 2 * SCATTER_MAX_K or (cout > SCATTER_MAX_K and pixels > SCATTER_SMALL_IMAGE):
         return None
     g = col2im(k1, k2, reads, plan)
     if g is None:

@@ -36,8 +36,8 @@ from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
 from tgrad.runtime import cpu_batch, cpu_gemm, cpu_pool, cpu_threads
-from tgrad.runtime.cpu_batch import CHUNKS_PER_THREAD
 from tgrad.runtime.cpu_batch import address as _address
+from tgrad.runtime.cpu_batch import chunks as _chunks
 from tgrad.runtime.cpu_blas import BlasCall, DirectConv, Tiered, _view, openblas_idle_timeout
 from tgrad.runtime.cpu_pool import threads
 from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
@@ -97,7 +97,7 @@ class _Threads:
         pool = cpu_threads.pool(count - 1) if count > 1 and len(args) <= cpu_threads.MAX_ARGS else None
         if pool is not None and pool.lock.acquire(blocking=False):
             try:
-                status = pool.run(address, args, n, min(n, CHUNKS_PER_THREAD * count, cpu_threads.MAX_CHUNKS))
+                status = pool.run(address, args, n, _chunks(n, count))
             finally:
                 pool.lock.release()
             if status not in _RET_OK:
@@ -572,8 +572,10 @@ class CPURuntime(Runtime):
             if widen[0]:
                 out.data[:] = args[0]
 
-        run.bind = fn.bind if plan is None and not any_widen else None  # (a replay's record: cpu_batch)
-        if plan is not None and fn is None and not prologues and direct is None and not any_widen:
+        run.bind = None  # (a replay's record, cpu_batch: a generated function's, or a plain matmul's)
+        if plan is None and not any_widen:
+            run.bind = fn.bind
+        elif plan is not None and fn is None and not prologues and direct is None and not any_widen:
             run.bind = self._blas_bind(matmul, kernel)
         return Runner(program, run, self.name)
 

@@ -53,7 +53,7 @@ class Batch:
 
     def __init__(self, launches: list[tuple], varying: set[int], workers: int):
         self.workers = workers
-        self.parts: list[tuple] = []  # ("run", words, patches, launches, names) or ("call", runner, out, ins)
+        self.parts: list[tuple] = []  # ("run", words, patches, launches) or ("call", (runner, out, inputs))
         words: list[int] = []
         patches: list[tuple[int, int]] = []  # (word, id of the buffer whose address goes there)
         run: list[tuple] = []
@@ -69,7 +69,7 @@ class Batch:
             spec = None if bind is None else bind(out.data, [b.data for b in inputs])
             if spec is None or len(spec[1]) > cpu_threads.MAX_ARGS:
                 flush()
-                self.parts.append(("call", runner, out, inputs))
+                self.parts.append(("call", (runner, out, inputs)))
                 continue
             fn, args, where, n, threaded, combine, scratch = spec
             self.keep.append(scratch)
@@ -86,13 +86,12 @@ class Batch:
         pool = cpu_threads.pool(self.workers - 1) if threads() == self.workers else None
         for part in self.parts:
             if part[0] == "call":
-                _, runner, out, inputs = part
-                runner(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])
+                _launch(part[1], remap)
                 continue
             _, words, patches, launches = part
             if pool is None or not pool.lock.acquire(blocking=False):  # (another thread has the workers)
-                for runner, out, inputs in launches:
-                    runner(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])
+                for launch in launches:
+                    _launch(launch, remap)
                 continue
             try:
                 for at, key in patches:
@@ -106,3 +105,9 @@ class Batch:
                 runner = launches[failed][0]
                 raise KernelError(f"kernel {runner.name} failed to run: RuntimeError: the compiled function "
                                   f"returned error status {status}\n{numbered(runner.source)}")
+
+
+def _launch(launch: tuple, remap: dict) -> None:
+    """One launch from Python, with the buffers this replay uses instead of the captured ones."""
+    runner, out, inputs = launch
+    runner(remap.get(id(out), out), *[remap.get(id(b), b) for b in inputs])

@@ -168,13 +168,19 @@ def render_direct(kernel: Kernel, plan: BlasPlan, vector_bytes: int = 64) -> Pro
     return _per_image(f"{k.name}_direct", "inp, wp", body, images, chans, pixels, dt, PACKED_AXES)
 
 
-REGISTER_TILES = True  # render_direct's register-blocked path (numba_rt.conv_tile) where it applies
+REGISTER_TILES = True  # the direct forward and weight gradient in register tiles (numba_rt) where they apply
 TILE_REGISTERS = 24  # accumulator vectors a tile holds (of 32: the weights and a broadcast need some)
 
 
 def _tile_registers(vector_bytes: int) -> int:
     """Accumulators of a register tile: TILE_REGISTERS of AVX-512's 32 registers, half that of AVX2's 16."""
     return TILE_REGISTERS if vector_bytes >= 64 else TILE_REGISTERS // 2
+
+
+def _blocks(chans: int, lanes: int) -> int:
+    """Vectors of output channels a register tile takes at once: the most, up to 4, that divide them."""
+    vectors = chans // lanes
+    return max(b for b in range(1, 5) if vectors % b == 0)
 
 
 def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int, registers: int) -> Program:
@@ -185,8 +191,7 @@ def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int, registers: int) -> Prog
     images, chans, rows, cols = k.global_shape
     cin, kh, kw = k.reduce_shape
     sa, dt = plan.a.strides, k.reduce_expr.dtype
-    vectors = chans // lanes
-    blocks = max(b for b in range(1, 5) if vectors % b == 0)
+    blocks = _blocks(chans, lanes)
     most = max(1, min(cols, registers // blocks))
     width = max((p for p in range(1, most + 1) if cols % p == 0), default=most)
     if width < most // 2:  # no divisor near the most: the most, and a tail
@@ -208,10 +213,9 @@ def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int, registers: int) -> Prog
             f"    for y in range({rows}):",
             f"        ay = ab + y * {sa[2]}",
             f"        ty = tb + y * {cols * chans}"]
-    if cols >= width:
-        body += [f"        for x in range(0, {cols - tail}, {width}):",
-                 f"            for ob in range(0, {chans}, {step}):",
-                 f"                _tile(tmp, ty + x * {chans} + ob, inp, ay + x * {sa[3]}, wp, ob)"]
+    body += [f"        for x in range(0, {cols - tail}, {width}):",  # (width <= cols: at least one)
+             f"            for ob in range(0, {chans}, {step}):",
+             f"                _tile(tmp, ty + x * {chans} + ob, inp, ay + x * {sa[3]}, wp, ob)"]
     if tail:
         x = cols - tail
         body += [f"        for ob in range(0, {chans}, {step}):",
@@ -357,8 +361,7 @@ def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int, registers: int) ->
     chans, cin, kh, kw = k.global_shape
     _, rows, cols = k.reduce_shape
     sb, f64 = plan.b.strides, k.reduce_expr.dtype == dtypes.float64
-    vectors = chans // lanes
-    blocks = max(b for b in range(1, 5) if vectors % b == 0)
+    blocks = _blocks(chans, lanes)
     taps = kh * kw
     most = max(1, registers // blocks)  # taps a pass, at most; the passes even (25 taps: 9, 8, 8)
     per = -(-taps // -(-taps // most))

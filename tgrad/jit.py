@@ -672,7 +672,7 @@ class TinyJit:
             arr = np.ascontiguousarray(host_values(draw(Tensor._rng), dt))
             remap[k] = get_runtime(dev).from_numpy(arr)
         for k, size, dtype, dev in v.fresh:
-            remap[k] = dev.alloc(max(1, size), dtype)
+            remap[k] = dev.alloc(size, dtype)
         for step in v.steps:
             if not isinstance(step, tuple):  # a batch of launches (Runtime.batch)
                 step(remap)

@@ -285,3 +285,136 @@ def test_setting_lr_after_tinyjit_captured_the_step(device):
     assert step.replays >= 2 or device == "NUMPY"  # the reference has no kernels: it always runs plainly
     with pytest.raises(ShapeError):
         opt.lr = Tensor([0.1, 0.2])
+
+
+# eager steps replay the optimizer's update (Optimizer._replayed_update): from the third step on, the update's
+# kernels run without its graph being built again. Every change users make between steps must still count.
+
+def _eager_pair(make_g, make_t, device: str):
+    model = Model()
+    tmodel = _torch_twin(model)
+    params = [Tensor(p.numpy(), requires_grad=True, device=device) for p in model.params()]
+    return params, tmodel, make_g(params), make_t(tmodel.parameters())
+
+
+def _forward(params, x):
+    w1, b1, w2, b2 = params
+    return x.linear(w1, b1).relu().linear(w2, b2)
+
+
+def _eager_steps(params, tmodel, opt, topt, steps: int, change=None, device: str = "CPU"):
+    x, y = Tensor(X, device=device), Tensor(Y, device=device)
+    xt, yt = torch.tensor(X), torch.tensor(Y).long()
+    for i in range(steps):
+        if change is not None:
+            change(i, opt, topt)
+        opt.zero_grad()
+        loss = _forward(params, x).cross_entropy(y)
+        loss.backward()
+        opt.step(loss)
+        topt.zero_grad()
+        tloss = torch.nn.functional.cross_entropy(tmodel(xt), yt)
+        tloss.backward()
+        topt.step()
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4, atol=1e-5, err_msg=f"step {i}")
+    for a, b in zip(params, tmodel.parameters()):
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_eager_steps_replay_the_update(device, name):
+    params, tmodel, opt, topt = _eager_pair(*CASES[name], device)
+    _eager_steps(params, tmodel, opt, topt, 8, device=device)
+    if device != "NUMPY":  # (the reference device has no kernels: its update always runs plainly)
+        assert opt._update.replays == 6  # steps 1 and 2 run and capture it
+
+
+@pytest.mark.parametrize("name, attribute, value, group_key, group_value", [
+    ("adam", "b2", 0.9, "betas", (0.9, 0.9)),
+    ("adam", "b1", 0.5, "betas", (0.5, 0.999)),
+    ("adam", "eps", 0.5, "eps", 0.5),
+    ("adam_l2", "l2", 0.5, "weight_decay", 0.5),
+    ("adamw", "wd", 2.0, "weight_decay", 2.0),
+    ("sgd_momentum_wd", "momentum", 0.5, "momentum", 0.5),
+    ("sgd_momentum_wd", "wd", 0.5, "weight_decay", 0.5),
+    ("sgd_nesterov", "nesterov", False, "nesterov", False),
+])
+def test_eager_steps_see_a_changed_hyperparameter(device, name, attribute, value, group_key, group_value):
+    """A Python value the update reads, changed between eager steps after the update was captured, is
+    used from the next step on (as PyTorch's param_groups): the capture is keyed by them."""
+
+    def change(i, opt, topt):
+        if i == 5:
+            setattr(opt, attribute, value)
+            topt.param_groups[0][group_key] = group_value
+
+    params, tmodel, opt, topt = _eager_pair(*CASES[name], device)
+    _eager_steps(params, tmodel, opt, topt, 9, change, device)
+
+
+def test_eager_steps_see_lr_schedules_and_loaded_parameters(device):
+    """The lr through a scheduler (a pending assign the step realizes before the update's replay), and
+    parameters overwritten between steps by load_state_dict: the replayed update reads both."""
+    from tgrad.nn.optim import StepLR
+    from tgrad.nn.state import load_state_dict
+
+    params, tmodel, opt, topt = _eager_pair(*CASES["adam"], device)
+    sched, tsched = StepLR(opt, 2, 0.5), torch.optim.lr_scheduler.StepLR(topt, 2, 0.5)
+    new = [RNG.standard_normal(p.shape).astype(np.float32) * 0.3 for p in params]
+
+    def change(i, opt, topt):
+        if i:
+            sched.step()
+            tsched.step()
+        if i == 6:
+            load_state_dict({str(k): p for k, p in enumerate(params)}, {str(k): a for k, a in enumerate(new)})
+            with torch.no_grad():
+                for p, a in zip(tmodel.parameters(), new):
+                    p[...] = torch.tensor(a)
+
+    _eager_steps(params, tmodel, opt, topt, 10, change, device)
+
+
+def test_a_tensor_built_before_an_eager_step_keeps_the_old_values(device):
+    """Tensors built from the parameters and not computed before the step are computed before the
+    replayed update overwrites the parameters (PyTorch computed them at once)."""
+    w0 = RNG.standard_normal((5, 3)).astype(np.float32)
+    w = Tensor(w0, requires_grad=True, device=device)
+    opt = Adam([w], lr=0.1)
+    ref, m, v = w0.astype(np.float64), 0.0, 0.0
+    for i in range(6):
+        old = w.numpy()
+        opt.zero_grad()
+        (w * w).sum().backward()
+        before = w * 2  # not computed yet
+        opt.step()
+        g = 2 * ref
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        up = (m / (1 - 0.9 ** (i + 1))) / (np.sqrt(v / (1 - 0.999 ** (i + 1))) + 1e-8)
+        np.testing.assert_array_equal(before.numpy(), 2 * old, err_msg=f"step {i}")
+        ref = ref - 0.1 * up
+        np.testing.assert_allclose(w.numpy(), ref, rtol=1e-4, atol=1e-5, err_msg=f"step {i}")
+
+
+def test_two_optimizers_alternate_eager_steps(device):
+    """Two models trained in turns (a GAN's pattern), each optimizer replaying its own update while the
+    other model's parameters hold gradients or none; against PyTorch."""
+    a, b = _eager_pair(*CASES["adam"], device), _eager_pair(*CASES["sgd_momentum_wd"], device)
+    x, y = Tensor(X, device=device), Tensor(Y, device=device)
+    xt, yt = torch.tensor(X), torch.tensor(Y).long()
+    for i in range(7):
+        for params, tmodel, opt, topt in (a, b) if i % 2 else (b, a):
+            loss = (_forward(a[0], x) + _forward(b[0], x)).cross_entropy(y)
+            loss.backward()  # both models' parameters get gradients; only one optimizer steps
+            opt.step()
+            tloss = torch.nn.functional.cross_entropy(a[1](xt) + b[1](xt), yt)
+            tloss.backward()
+            topt.step()
+            opt.zero_grad()
+            topt.zero_grad()
+            if i == 3:  # the other model's gradients accumulate across one step, then are dropped
+                for p, tp in zip(params, tmodel.parameters()):
+                    p.grad, tp.grad = None, None
+    for params, tmodel, _, _ in (a, b):
+        for p, tp in zip(params, tmodel.parameters()):
+            np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5)

@@ -117,17 +117,23 @@ def _arg_key(v: Any) -> tuple:
     return (type(v).__name__, id(v))  # the variant keeps the object alive, so the id stays its own
 
 
-def _bare(t: Tensor) -> Tensor:
+def _bare(t: Tensor, gradient: bool = False) -> Tensor:
     """Make t (in place: the caller's Tensor) a new BUFFER node over a contiguous buffer of its own.
 
     A new node, even over the same buffer, so that the graph built on it in this call is new: the graph
-    is hash-consed, and a node realized by an earlier call would otherwise be reused, not recaptured."""
+    is hash-consed, and a node realized by an earlier call would otherwise be reused, not recaptured.
+    A `gradient` (a parameter's .grad, read by the function, never written in place) that is a reshape of
+    a realized buffer, as backward() leaves a matmul's weight gradient, is that buffer: the same values
+    in the same order, no copy kernel."""
     if t.requires_grad and tensor_mod._grad_leaves.get(id(t)) is not t:
         raise JitError(
             f"a Tensor argument of shape {t.shape} carries a gradient history from outside the TinyJit "
             "function; replays cannot recompute it. Compute it inside the function, or pass .detach()"
         )
-    buf = t.node.buffer if t.node.realized else _copy(t).realize().node.buffer
+    node = t.node
+    while gradient and node.op is Op.RESHAPE and not node.realized:
+        node = node.srcs[0]
+    buf = node.buffer if node.realized else _copy(t).realize().node.buffer
     buf.computed = False  # (the argument's own: an assign() to it writes there, and replays write back)
     t.node = g.Node.from_buffer(buf, t.shape, t.dtype, t.device)
     return t
@@ -518,7 +524,7 @@ class TinyJit:
         leaves = [t for t in list(tensor_mod._grad_leaves.values()) if t.requires_grad]
         for t in leaves:
             if t.grad is not None:
-                _bare(t.grad)
+                _bare(t.grad, gradient=True)
         pre = {id(t): t.grad for t in leaves}
         log = _Recorder()
         inplace.OUTSIDE = dict(inplace.LAZY)
@@ -667,7 +673,7 @@ class TinyJit:
             driver.realize(stale)
         remap = {k: bufs[i] for k, i in v.in_ids.items()}
         for ref, k in v.grad_ins:
-            remap[k] = _bare(ref().grad).node.buffer
+            remap[k] = _bare(ref().grad, gradient=True).node.buffer
         for k, draw, dt, dev in v.randoms:  # the same draws, in the same order, as running it
             arr = np.ascontiguousarray(host_values(draw(Tensor._rng), dt))
             remap[k] = get_runtime(dev).from_numpy(arr)
@@ -688,7 +694,8 @@ class TinyJit:
         Stats.kernels_run += kernels
         self.replays += 1
         self._debug(
-            f"replay {self.replays} ({kernels} kernels, {len(v.captured) - kernels} host steps, "
+            f"replay {self.replays} ({kernels} kernels, "
+            f"{sum(isinstance(launch[0], _HostCall) for launch in v.captured)} host steps, "
             f"{len(v.randoms)} random inputs)"
         )
 

@@ -551,3 +551,27 @@ def test_an_intermediate_the_function_keeps_in_python_is_not_shared(device):
         h = np.maximum(h @ w, 0) + 0.5
     assert len(kept) == (2 if jitted(device) else 4)
     close(kept[-1], h, rtol=1e-4, atol=1e-4)
+
+
+# ---- fallback=True (tgrad's own uses: Optimizer.step's replayed update) --------------------------------
+
+
+def test_a_fallback_jit_runs_plainly_where_a_capture_is_refused(device):
+    """Where a TinyJit raises JitError, one made with fallback=True runs the function plainly from then on:
+    the numbers of every call are the function's."""
+    mult = 1.0
+
+    def scaled(a):
+        return a * mult  # a closure variable: the kernels differ at every call
+
+    f = TinyJit(scaled, fallback=True)
+    for i in range(7):
+        mult = float(i + 1)
+        close(f(Tensor(A)), A * mult)
+    assert f.plain == jitted(device) and f.replays == 0
+    g = TinyJit(lambda a, step: a * step, max_captures=2, fallback=True)
+    for step in range(6):  # a new signature at every call: more than max_captures
+        close(g(Tensor(A), step), A * step)
+    assert g.plain and g.replays == 0
+    g.reset()
+    assert not g.plain

@@ -392,8 +392,11 @@ class TinyJit:
     """Decorate a function of Tensors: per call signature, call 1 runs it, call 2 captures its kernels,
     later calls replay them (see the module docstring for the rules)."""
 
-    def __init__(self, fn: Callable, max_captures: int = 8):
-        self.fn, self.max_captures = fn, max_captures
+    def __init__(self, fn: Callable, max_captures: int = 8, fallback: bool = False):
+        """fallback (tgrad's own uses, Optimizer.step): where a capture is refused (its kernels keep
+        changing, too many signatures, state kept in Python), run the function plainly from then on
+        instead of raising JitError."""
+        self.fn, self.max_captures, self.fallback = fn, max_captures, fallback
         try:
             self._sig: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -406,6 +409,7 @@ class TinyJit:
         """Forget every capture: the next call runs normally again."""
         self._variants: dict[tuple, list[_Variant]] = {}
         self._last: _Variant | None = None
+        self.plain = False  # a fallback TinyJit whose capture was refused: it runs the function plainly
         self.captures = 0  # signatures captured
         self.replays = 0  # calls answered by a replay
 
@@ -436,7 +440,8 @@ class TinyJit:
         try:
             jit = self._bound.get(obj)
             if jit is None:
-                jit = self._bound[obj] = TinyJit(self._weak_method(obj, objtype), self.max_captures)
+                jit = TinyJit(self._weak_method(obj, objtype), self.max_captures, self.fallback)
+                self._bound[obj] = jit
             return jit
         except TypeError:  # not weak-referenceable or unhashable: the instance joins the signature
             return functools.partial(self.__call__, obj)
@@ -452,8 +457,15 @@ class TinyJit:
         method.__signature__ = inspect.signature(fn.__get__(obj, objtype))
         return method
 
+    def _refuse(self, message: str) -> None:
+        """Raise JitError(message); a fallback TinyJit runs the function plainly from then on instead."""
+        if not self.fallback:
+            raise JitError(message)
+        self._debug(f"runs plainly from now on: {message}")
+        self.plain = True
+
     def __call__(self, *args, **kwargs):
-        if os.environ.get("JIT", "1") == "0":
+        if self.plain or os.environ.get("JIT", "1") == "0":
             return self.fn(*args, **kwargs)
         names, values = self._arguments(args, kwargs)
         flat = _flatten(values)
@@ -472,6 +484,8 @@ class TinyJit:
         alias = tuple(first.setdefault(id(b), i) for i, b in enumerate(bufs))
         key = (names, _structure(values), tuple(_meta(t) for t in tensors), alias, others)
         v = self._find(key, keep)
+        if v is None:  # (a fallback TinyJit with too many signatures)
+            return self.fn(*args, **kwargs)
         self._last = v
         if v.cnt >= 2:
             return self._replay(v, bufs)
@@ -498,7 +512,7 @@ class TinyJit:
                 return tuple(bound.arguments), values
         return ("*", *sorted(kwargs)), [list(args), *[kwargs[k] for k in sorted(kwargs)]]
 
-    def _find(self, key: tuple, keep: list) -> _Variant:
+    def _find(self, key: tuple, keep: list) -> _Variant | None:
         variants = self._variants.setdefault(key, [])
         for v in variants:  # a capture whose gradient state matches, else one still warming up
             if v.cnt >= 2 and v.matches():
@@ -507,7 +521,7 @@ class TinyJit:
             if v.cnt < 2:
                 return v
         if sum(len(vs) for vs in self._variants.values()) >= self.max_captures:
-            raise JitError(
+            return self._refuse(
                 f"TinyJit({self.name}) was called with more than "
                 f"{self.max_captures} "
                 "different signatures (Tensor argument shapes/dtypes/devices, non-Tensor argument values, "
@@ -564,20 +578,24 @@ class TinyJit:
         if changed:
             v.unstable += 1
             if v.unstable >= MAX_UNSTABLE:
-                raise JitError(
+                self._refuse(
                     f"TinyJit: {v.unstable + 1} calls in a row with the same arguments differed in "
                     f"{changed}; replays would freeze one of them"
                 )
+                return ret
         if not capture or changed:  # run normally; the next call with these arguments tries to capture
             v.first_other, v.first_hosts, v.first_progs, v.cnt = ret_others, host_sig, progs, 1
             v.first_fresh, v.first_inputs = log.fresh, bufs + [b for b, *_ in log.randoms]
             return ret
         if not launched:
-            raise JitError(
+            self._refuse(
                 "TinyJit captured no kernels: the function must compute something with Tensors "
                 "(and return or assign it); jitting it has no use"
             )
+            return ret
         self._record(v, log, bufs, pre, touched, outs)
+        if self.plain:  # (_record refused it)
+            return ret
         v.ret = ret
         self.captures += 1
         hosts = sum(isinstance(launch[0], _HostCall) for launch in log.launches)
@@ -654,7 +672,7 @@ class TinyJit:
         for k in reads:
             shape, nodes = v.first_fresh.get(k, (None, ()))
             if k not in known and k not in log.written and _reaches(nodes, first_in):
-                raise JitError(
+                return self._refuse(
                     f"TinyJit: the function reads a tensor {shape} that its previous call computed from "
                     "its arguments and that Python kept (e.g. self.h = self.h * 0.9 + x); replays would "
                     "read that old value forever. Keep such state in a realized tensor updated in place "

@@ -118,7 +118,7 @@ class Optimizer:
             return None
         key = tuple((name, _frozen(v)) for name, v in vars(self).items() if name not in ("_update", "_key"))
         if key != getattr(self, "_key", None):
-            self._key, self._update = key, TinyJit(self._optimizer_update)
+            self._key, self._update = key, TinyJit(self._optimizer_update, fallback=True)
         return self._update
 
     def _optimizer_update(self) -> None:

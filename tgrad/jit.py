@@ -38,7 +38,7 @@ to do):
   with that call's buffers; their outputs are new buffers on every call. A host step's function may
   use its inputs and what its key names only; a key that changes between calls prevents the capture.
 - Replays reuse memory: at the first replay, buffers the kernels compute and read inside the call share
-  memory where their lives do not overlap (`_plan`). A tensor the function keeps in Python without
+  memory where their lives do not overlap (`jit_replay.plan`). A tensor the function keeps in Python without
   returning it keeps its own buffer, which each replay overwrites (it shows the last replay's value).
 - A TinyJit called inside another one's function runs plainly; the outer one captures its kernels.
   A TinyJit method has one cache per instance.
@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import device, inplace
+from tgrad import device, inplace, jit_replay
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
@@ -68,6 +68,7 @@ from tgrad.device import Stats, get_runtime
 from tgrad.dtype import host_values
 from tgrad.errors import JitError
 from tgrad.graph import Op
+from tgrad.jit_replay import _HostCall
 from tgrad.tensor import Tensor
 
 MAX_UNSTABLE = 3  # calls in a row that differ from the previous one before JitError
@@ -169,15 +170,6 @@ def _realize(*tensors: Tensor | None) -> None:
 
 def _digest(arr: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(arr).tobytes(), digest_size=16).hexdigest()
-
-
-class _HostCall:
-    """A recorded host step (realize.HostStep): a replay runs it over that call's buffers, in the place
-    where it ran among the kernels, and its outputs are new buffers each time."""
-
-    def __init__(self, step: driver.HostStep, shapes: list[tuple[int, ...]]):
-        self.step, self.shapes = step, shapes
-        self.name, self.source = f"host step {step.name}", repr(step.key)
 
 
 def _kernels(launches: list[tuple]) -> list[tuple]:
@@ -292,9 +284,9 @@ class _Variant:
         self.first_hosts: list[tuple] = []  # call 1's tensors from host data: (shape, digest)
         self.first_progs: list[tuple] = []  # call 1's kernels: (name, source)
         self.unstable = 0  # calls in a row that differed from the one before
-        self.made: set[int] = set()  # ids of the buffers the capture's kernels wrote first (see _plan)
-        self.planned = False  # whether the captured buffers have been planned (_plan, at the first replay)
-        self.steps: list = []  # what a replay runs (_batched, after _plan)
+        self.made: set[int] = set()  # buffers the capture's kernels wrote first (jit_replay.plan)
+        self.planned = False  # whether jit_replay.plan ran (at the first replay)
+        self.steps: list = []  # what a replay runs (jit_replay.batched, after plan)
 
     def matches(self) -> bool:
         """Whether the gradients of the parameters are in the state this capture assumed."""
@@ -306,86 +298,6 @@ class _Variant:
             if now != meta:
                 return False
         return True
-
-
-def _lives(captured: list[tuple]) -> tuple[dict, dict, dict, dict]:
-    """Per buffer id of the launches (host steps' outputs left out): the buffer, its first and last
-    launch, and how many references to it the launches hold."""
-    found: dict[int, Any] = {}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    uses: dict[int, int] = {}
-    for j, (prg, out, inputs) in enumerate(captured):
-        for b in ([] if isinstance(prg, _HostCall) else [out]) + list(inputs):
-            k = id(b)
-            found[k], last[k], uses[k] = b, j, uses.get(k, 0) + 1
-            first.setdefault(k, j)
-    return found, first, last, uses
-
-
-def _plan(v: _Variant) -> None:
-    """Memory planning, at a variant's first replay: the buffers its kernels compute and read inside the
-    call share memory where their lives do not overlap. A buffer the capture's kernels wrote that is not an
-    argument, a returned value, a gradient, a random draw or a host step's output, and that nothing but the
-    captured launches refers to any more (no live tensor holds it: sys.getrefcount, so a tensor the
-    function kept in Python keeps its buffer), lives from the first launch that uses it to the last; each
-    takes the buffer of one that died before its first launch, of the same device, dtype and size (the
-    one freed last: its memory is the likeliest in the cache), else keeps its own. The replays then write
-    into ~1/3 less memory, most of it still in the cache from the kernel before (GPT step: 113 buffers in
-    84, 27 -> 18 MB; 12.0 -> 11.5 ms in one process alternating), and the buffers not kept are freed."""
-    v.planned = True
-    fixed = set(v.in_ids) | {k for _, k in v.grad_ins} | {k for k, *_ in v.fresh} | set(v.out_ids)
-    fixed |= {k for k, *_ in v.randoms}
-    found, first, last, uses = _lives(v.captured)
-    # refcount: one per use in v.captured, one in `found`, one getrefcount's argument
-    mine = [k for k in first if k in v.made and k not in fixed and found[k].size > 0
-            and sys.getrefcount(found[k]) == uses[k] + 2]
-    free: dict[tuple, list] = {}
-    live: list[tuple[int, int, Any]] = []  # (last launch, id, the buffer it got) of the planned ones alive
-    given: dict[int, Any] = {}
-    for k in sorted(mine, key=first.__getitem__):
-        start = first[k]
-        for item in sorted(x for x in live if x[0] < start):  # the one freed last ends up on top
-            live.remove(item)
-            b = item[2]
-            free.setdefault((b.device, b.dtype, b.size), []).append(b)
-        b = found[k]
-        pool = free.get((b.device, b.dtype, b.size))
-        given[k] = pool.pop() if pool else b
-        live.append((last[k], k, given[k]))
-    v.captured = [(prg, out if isinstance(prg, _HostCall) else given.get(id(out), out),
-                   [given.get(id(b), b) for b in inputs]) for prg, out, inputs in v.captured]
-    v.steps = _batched(v)
-
-
-def _batched(v: _Variant) -> list:
-    """The replay's steps: host steps and launches as captured, with each run of one device's launches
-    replaced by what its runtime batches them into (Runtime.batch: the CPU makes one native call of a run
-    of compiled functions); the placeholders of kernels a row group computes left out."""
-    varying = set(v.in_ids) | {k for _, k in v.grad_ins} | {k for k, *_ in v.fresh}
-    varying |= {k for k, *_ in v.randoms}
-    varying |= {id(b) for prg, outs, _ in v.captured if isinstance(prg, _HostCall) for b in outs}
-    steps: list = []
-    run: list[tuple] = []
-
-    def flush() -> None:
-        batch = get_runtime(run[0][0].device).batch(list(run), varying) if len(run) > 1 else None
-        steps.extend(run if batch is None else [batch])
-        run.clear()
-
-    for launch in v.captured:
-        prg = launch[0]
-        if getattr(prg, "placeholder", False):
-            continue
-        if run and (isinstance(prg, _HostCall) or prg.device != run[0][0].device):
-            flush()
-        if isinstance(prg, _HostCall):
-            steps.append(launch)
-        else:
-            run.append(launch)
-    if run:
-        flush()
-    return steps
 
 
 class TinyJit:
@@ -683,7 +595,7 @@ class TinyJit:
 
     def _replay(self, v: _Variant, bufs: list) -> Any:
         if not v.planned:
-            _plan(v)
+            jit_replay.plan(v)
         # tensors made outside and not computed yet that read state this replay overwrites: computed first,
         # as a realize that runs assigns does (inplace.py)
         stale = inplace.computed_before(v.inplace)

@@ -6,6 +6,7 @@ import functools
 import itertools
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,11 @@ def pending_assigns() -> list[Tensor]:
 # usual `loss.backward(); opt.step(); print(loss.item())` would else compute the loss after the update,
 # from the overwritten weights)
 BACKWARD_ROOTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+# backward_replay.replay (set when it is imported): runs backward() of a graph of a known structure as a
+# replay, or returns False
+BACKWARD_REPLAY: Callable[[Tensor], bool] | None = None
 
 
 def backward_roots() -> list[Tensor]:
@@ -576,6 +582,14 @@ class Tensor(metaclass=_NoGradMeta):
         return gradient.cast(self.dtype).node
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
+        """Set .grad of every requires_grad tensor this one depends on (adding to an existing one). Lazy,
+        but for a graph of a structure seen before: computed now, by a replay (backward_replay.py)."""
+        if gradient is None and BACKWARD_REPLAY is not None and self.requires_grad and self.numel() == 1 \
+                and BACKWARD_REPLAY(self):
+            return self
+        return self._backward(gradient)
+
+    def _backward(self, gradient: Tensor | None) -> Tensor:
         seed = self._seed(gradient, "backward")
         if not self.requires_grad:
             raise AutogradError(

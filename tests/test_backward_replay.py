@@ -1,0 +1,175 @@
+"""backward() replayed for a graph of a structure seen before (tgrad/backward_replay.py): the gradients and
+the loss of every step against PyTorch's, on every device, in the cases where a replay could go wrong
+(new data, new parameters of the same shapes, accumulation, realized intermediates, aliasing)."""
+
+import numpy as np
+import pytest
+import torch
+import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test loads Mesa's; see conftest)
+
+from tgrad import Tensor, backward_replay
+from tgrad.jit import TinyJit
+
+RNG = np.random.default_rng(21)
+W1 = RNG.standard_normal((6, 5)).astype(np.float32) * 0.5
+B1 = RNG.standard_normal(6).astype(np.float32) * 0.1
+W2 = RNG.standard_normal((3, 6)).astype(np.float32) * 0.5
+XS = [RNG.standard_normal((8, 5)).astype(np.float32) for _ in range(6)]
+Y = RNG.integers(0, 3, 8)
+
+
+def _params(*arrays):
+    ours = [Tensor(a, requires_grad=True) for a in arrays]
+    return ours, [torch.tensor(a, requires_grad=True) for a in arrays]
+
+
+def _loss(x, params, act="relu"):
+    w1, b1, w2 = params
+    if isinstance(x, Tensor):
+        h = x.linear(w1, b1)
+        h = h.relu() if act == "relu" else h.tanh()
+        return h.linear(w2).cross_entropy(Tensor(Y))
+    h = torch.nn.functional.linear(x, w1, b1)
+    h = h.relu() if act == "relu" else h.tanh()
+    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w2), torch.tensor(Y))
+
+
+def _same(ours, theirs, what=""):
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=what)
+
+
+def _replays(device: str, before: int, expected: int) -> None:
+    if device != "NUMPY":  # (the reference device evaluates graphs: nothing to replay)
+        assert backward_replay.Stats.replays - before == expected
+
+
+def test_steps_on_new_data_replay_with_pytorchs_gradients(device):
+    ours, theirs = _params(W1, B1, W2)
+    before = backward_replay.Stats.replays
+    for i, x in enumerate(XS):
+        for p in ours + theirs:
+            p.grad = None
+        loss = _loss(Tensor(x), ours)
+        loss.backward()
+        tloss = _loss(torch.tensor(x), theirs)
+        tloss.backward()
+        _same(ours, theirs, f"step {i}")
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, err_msg=f"step {i}")
+    _replays(device, before, len(XS) - 3)  # the first runs plainly, the next two run and capture
+
+
+def test_new_parameters_of_the_same_shapes_get_their_own_gradients(device):
+    """A new model of the same structure (a re-initialization) while the old one lives on: its tensors
+    get the gradients, computed from its own values."""
+    models = []  # (kept alive: the capture's tensors are still there, with gradients)
+    for k in range(4):
+        scale = 1.0 + k
+        ours, theirs = _params(W1 * scale, B1, W2)
+        models.append(ours)
+        for x in XS[:3]:
+            for p in [p for m in models for p in m] + theirs:  # (every model's, as one zero_grad would)
+                p.grad = None
+            _loss(Tensor(x), ours).backward()
+            _loss(torch.tensor(x), theirs).backward()
+            _same(ours, theirs, f"model {k}")
+
+
+def test_accumulated_gradients(device):
+    """Several backward() calls before the gradients are read add up (micro-batches), replayed too."""
+    ours, theirs = _params(W1, B1, W2)
+    for step in range(4):
+        for p in ours + theirs:
+            p.grad = None
+        for x in XS[:3]:
+            _loss(Tensor(x), ours).backward()
+            _loss(torch.tensor(x), theirs).backward()
+        _same(ours, theirs, f"step {step}")
+
+
+def test_gradients_flow_through_realized_intermediates(device):
+    """The structure is keyed below realized nodes: a realized hidden layer computed by relu in some
+    steps and tanh in others gets each its own gradient."""
+    ours, theirs = _params(W1, B1, W2)
+    for i in range(8):
+        act = "relu" if i % 3 else "tanh"
+        for p in ours + theirs:
+            p.grad = None
+        x = Tensor(XS[i % len(XS)])
+        h = x.linear(ours[0], ours[1])
+        h = (h.relu() if act == "relu" else h.tanh()).realize()
+        h.linear(ours[2]).cross_entropy(Tensor(Y)).backward()
+        xt = torch.tensor(XS[i % len(XS)])
+        ht = torch.nn.functional.linear(xt, theirs[0], theirs[1])
+        ht = ht.relu() if act == "relu" else ht.tanh()
+        tloss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(ht, theirs[2]), torch.tensor(Y))
+        tloss.backward()
+        _same(ours, theirs, f"step {i} ({act})")
+
+
+def test_one_tensor_read_twice_or_two_tensors(device):
+    """a @ b with b the same tensor as a in some steps and another tensor of its shape in others."""
+    a0 = RNG.standard_normal((4, 4)).astype(np.float32)
+    b0 = RNG.standard_normal((4, 4)).astype(np.float32)
+    for i in range(8):
+        a, at = Tensor(a0, requires_grad=True), torch.tensor(a0, requires_grad=True)
+        if i % 2:
+            b, bt = Tensor(b0 + i, requires_grad=True), torch.tensor(b0 + i, requires_grad=True)
+        else:
+            b, bt = a, at
+        (a @ b).tanh().sum().backward()
+        (at @ bt).tanh().sum().backward()
+        np.testing.assert_allclose(a.grad.numpy(), at.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"step {i}")
+        if i % 2:
+            np.testing.assert_allclose(b.grad.numpy(), bt.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_nan_and_inf_reach_the_gradients_as_in_pytorch(device):
+    ours, theirs = _params(W1, B1, W2)
+    for i in range(6):
+        x = XS[i].copy()
+        x[0, 0] = [np.nan, np.inf, -np.inf, 1.0, np.nan, 0.0][i]
+        for p in ours + theirs:
+            p.grad = None
+        _loss(Tensor(x), ours).backward()
+        _loss(torch.tensor(x), theirs).backward()
+        _same(ours, theirs, f"step {i}")
+
+
+def test_backward_inside_a_tinyjit_function_is_captured_by_it(device):
+    ours, theirs = _params(W1, B1, W2)
+
+    @TinyJit
+    def step(x):
+        for p in ours:
+            p.grad = None
+        loss = _loss(x, ours)
+        loss.backward()
+        return loss.realize(*[p.grad for p in ours])
+
+    before = backward_replay.Stats.replays
+    for x in XS:
+        step(Tensor(x))
+        for p in theirs:
+            p.grad = None
+        _loss(torch.tensor(x), theirs).backward()
+        _same(ours, theirs)
+    assert backward_replay.Stats.replays == before  # (TinyJit's replays, not backward's)
+
+
+@pytest.mark.parametrize("gradient", [False, True])
+def test_explicit_gradient_and_non_scalar_losses_run_plainly(device, gradient):
+    w, wt = Tensor(W1, requires_grad=True), torch.tensor(W1, requires_grad=True)
+    g = RNG.standard_normal((8, 6)).astype(np.float32)
+    before = backward_replay.Stats.replays
+    for x in XS:
+        w.grad, wt.grad = None, None
+        out, tout = Tensor(x) @ w.T, torch.tensor(x) @ wt.T
+        if gradient:
+            out.backward(Tensor(g))
+            tout.backward(torch.tensor(g))
+        else:
+            out.square().mean().backward()
+            tout.square().mean().backward()
+        np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-6)
+    _replays(device, before, 0 if gradient else len(XS) - 3)

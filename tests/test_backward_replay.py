@@ -173,3 +173,25 @@ def test_explicit_gradient_and_non_scalar_losses_run_plainly(device, gradient):
             tout.square().mean().backward()
         np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-6)
     _replays(device, before, 0 if gradient else len(XS) - 3)
+
+
+def test_a_graph_built_before_an_assign_keeps_the_old_values(device):
+    """v = w * a built before a.assign(...) (not run yet), the loss from v: its value and gradient read the
+    old a (PyTorch computed v before the in-place write), in every step."""
+    w0 = RNG.standard_normal((4, 3)).astype(np.float32)
+    a0 = RNG.standard_normal((4, 3)).astype(np.float32)
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    w, a, ref = Tensor(w0, requires_grad=True), Tensor(a0), a0.copy()
+    for i in range(6):
+        w.grad = None
+        v = w * a
+        a.assign(a + 1)  # not run yet
+        loss = (Tensor(x) @ v).tanh().sum()
+        loss.backward()
+        wt = torch.tensor(w0, requires_grad=True)
+        tloss = (torch.tensor(x) @ (wt * torch.tensor(ref))).tanh().sum()
+        tloss.backward()
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, err_msg=f"step {i}")
+        np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=f"step {i}")
+        ref = ref + 1
+        np.testing.assert_allclose(a.numpy(), ref, rtol=1e-6)

@@ -17,9 +17,9 @@ PyTorch (the plain path computes them at the next realize; their values are the 
 in-place rules of inplace.py).
 
 Not replayed (the plain path): an explicit `gradient=`, a call inside a TinyJit function (the outer one
-captures it), JIT=0, the NUMPY reference, a loss that is a view, a graph with an assign not run yet, and
-a graph with a custom gradient (autodiff.custom_gradient: its rule is a Python closure whose captured
-values the structure does not show).
+captures it), JIT=0, the NUMPY reference, a loss that is a view, an assign not run yet anywhere (BatchNorm's
+running statistics in training), and a graph with a custom gradient (autodiff.custom_gradient: its rule is
+a Python closure whose captured values the structure does not show).
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ def replay(loss: Tensor) -> bool:
     if (driver.RECORDER is not None or os.environ.get("JIT", "1") == "0" or node.buffer is not None
             or node.op in MOVEMENT or node.op in (Op.DETACH, Op.ASSIGN, Op.BUFFER)
             or get_runtime(loss.device).evaluates_graphs):
+        return False
+    # an assign not run yet: TinyJit would run it before the call, after this walk, and the graph may read
+    # its buffer (a tensor built before the assign): the plain path keeps the old value (inplace.py)
+    if any(t.node.op is Op.ASSIGN and t.node.buffer is None for t in tensor_mod.PENDING_ASSIGNS.values()):
         return False
     walked = _walk(node)
     if walked is None:

@@ -64,29 +64,30 @@ _programs: OrderedDict[tuple, _Program] = OrderedDict()
 _seen: OrderedDict[tuple, None] = OrderedDict()
 
 
+class _Refused(Exception):
+    """The walk met a node that is not replayed (a custom gradient, an assign not run yet)."""
+
+
 def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
     """(structure entries, one node per buffer in numbering order, node -> position) of root's graph down
-    to its buffers; None where the graph is not replayed (a custom gradient, an assign not run yet)."""
+    to its buffers; None where the graph is not replayed (a custom gradient, an assign not run yet, a graph
+    deeper than the interpreter's recursion limit allows from here). Recursive, like schedule_cache's walk
+    (twice as fast as a loop over a stack of its own)."""
     position: dict[Node, int] = {}
     buffers: dict[int, int] = {}
     holders: list[Node] = []
     entries: list[tuple] = []
     buffer_op, assign_op, detach_op, custom = Op.BUFFER, Op.ASSIGN, Op.DETACH, autodiff.CUSTOM
-    stack = [root]
-    while stack:  # (iterative: a graph deeper than the recursion limit is walked too)
-        node = stack[-1]
-        if node in position:
-            stack.pop()
-            continue
-        pending = [s for s in node.srcs if s not in position]
-        if pending:
-            stack.extend(reversed(pending))
-            continue
-        stack.pop()
-        op, buf = node.op, node.buffer
+    getpos = position.__getitem__
+
+    def visit(node: Node) -> None:  # post-order: a node is numbered once its sources are
+        srcs = node.srcs
+        for s in srcs:
+            if s not in position:
+                visit(s)
+        op, buf, arg = node.op, node.buffer, node.arg
         if (op is assign_op and buf is None) or (op is detach_op and node in custom):
-            return None
-        arg = node.arg
+            raise _Refused
         if op is buffer_op:
             arg = None
         elif isinstance(arg, _SCALAR):
@@ -97,9 +98,16 @@ def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
             if number is None:
                 number = buffers[id(buf)] = len(buffers)
                 holders.append(node)
-        entries.append((op._value_, arg, node.shape, node.dtype.name, node.device,
-                        tuple(map(position.__getitem__, node.srcs)), number))
+        entries.append((op._value_, arg, node.shape, node.dtype.name, node.device, tuple(map(getpos, srcs)),
+                        number))
         position[node] = len(position)
+
+    try:
+        visit(root)
+    except (_Refused, RecursionError):
+        return None
+    finally:
+        visit = None  # noqa: F841  (the closure holds itself: a cycle that would keep the graph alive)
     return entries, holders, position
 
 

@@ -215,6 +215,8 @@ def computed_before(written: set[int], exclude=()) -> list[Node]:
     `written`) other than as a view of it: they must be computed before the write. `exclude`: nodes the
     same schedule computes anyway. Inside a TinyJit call, those of tensors made before the call are
     computed here and now, unrecorded: a replay computes them before it runs (TinyJit._replay)."""
+    if not written:  # (nothing is overwritten: no tensor to walk, e.g. a replayed backward())
+        return []
     memo: dict = {}
     out: dict[Node, None] = {}
     before: list[Node] = []

@@ -177,6 +177,19 @@ def test_replays_return_empty_tensors(device):
     assert f.replays >= 2 or device == "NUMPY"  # (the NUMPY reference evaluates graphs: nothing to replay)
 
 
+def test_a_returned_reshape_of_a_new_buffer_is_not_copied(device):
+    """A matmul's result is a reshape of the buffer its kernel wrote: returned as that buffer (no copy
+    kernel), a fresh one at every replay, so an earlier call's result keeps its value."""
+    f = TinyJit(lambda a, b: a @ b.T)
+    b = RNG.standard_normal((4, 5)).astype(np.float32)
+    xs = [RNG.standard_normal((3, 5)).astype(np.float32) for _ in range(5)]
+    outs = [f(Tensor(x), Tensor(b)) for x in xs]
+    for x, out in zip(xs, outs):
+        np.testing.assert_allclose(out.numpy(), x @ b.T, rtol=1e-5, atol=1e-6)
+    if device != "NUMPY":  # (the NUMPY reference evaluates graphs: nothing captured)
+        assert f.replays == 3 and len(f.kernel_names) == 1, f.kernel_names
+
+
 def _captured(fn):
     f = TinyJit(fn)
     f(Tensor(A))

@@ -118,6 +118,13 @@ def _arg_key(v: Any) -> tuple:
     return (type(v).__name__, id(v))  # the variant keeps the object alive, so the id stays its own
 
 
+def _buffer_of(node: g.Node):
+    """The buffer of a realized node or of the realized node a chain of reshapes is over (None: neither)."""
+    while node.op is Op.RESHAPE and not node.realized:
+        node = node.srcs[0]
+    return node.buffer
+
+
 def _bare(t: Tensor, gradient: bool = False) -> Tensor:
     """Make t (in place: the caller's Tensor) a new BUFFER node over a contiguous buffer of its own.
 
@@ -131,10 +138,9 @@ def _bare(t: Tensor, gradient: bool = False) -> Tensor:
             f"a Tensor argument of shape {t.shape} carries a gradient history from outside the TinyJit "
             "function; replays cannot recompute it. Compute it inside the function, or pass .detach()"
         )
-    node = t.node
-    while gradient and node.op is Op.RESHAPE and not node.realized:
-        node = node.srcs[0]
-    buf = node.buffer if node.realized else _copy(t).realize().node.buffer
+    buf = _buffer_of(t.node) if gradient else t.node.buffer
+    if buf is None:
+        buf = _copy(t).realize().node.buffer
     buf.computed = False  # (the argument's own: an assign() to it writes there, and replays write back)
     t.node = g.Node.from_buffer(buf, t.shape, t.dtype, t.device)
     return t
@@ -475,10 +481,10 @@ class TinyJit:
                     t.grad = _copy(t.grad)
             _realize(*outs, *[t.grad for t in touched])
             # what leaves the call carries no graph (replays have none either)
-            outs = [Tensor(g.Node.from_buffer(t.node.buffer, *_meta(t))) for t in outs]
+            outs = [Tensor(g.Node.from_buffer(_buffer_of(t.node), *_meta(t))) for t in outs]
             for t in touched:
                 if t.grad is not None:
-                    t.grad = Tensor(g.Node.from_buffer(t.grad.node.buffer, *_meta(t.grad)))
+                    t.grad = Tensor(g.Node.from_buffer(_buffer_of(t.grad.node), *_meta(t.grad)))
         ret = _rebuild(ret, iter(outs))
         if plain or log.evaluated:  # (the NUMPY reference computed part of it: e.g. after x.to("NUMPY"))
             return ret
@@ -546,8 +552,11 @@ class TinyJit:
 
     @staticmethod
     def _is_fresh(t: Tensor, log: _Recorder) -> bool:
-        """Whether t is a whole buffer that a kernel of this call wrote into a new allocation."""
+        """Whether t is a whole buffer that a kernel of this call wrote into a new allocation (or a reshape
+        of one, as a matmul's result or a weight's gradient is: the same elements in the same order)."""
         n = t.node
+        while n.op is Op.RESHAPE and not n.realized:
+            n = n.srcs[0]
         return n.realized and n.op is not Op.ASSIGN and id(n.buffer) in log.fresh
 
     def _record(

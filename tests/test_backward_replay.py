@@ -209,3 +209,58 @@ def test_a_graph_deeper_than_the_recursion_limit_runs_plainly(device):
         y.sum().backward()
         np.testing.assert_allclose(x.grad.numpy(), np.full(4, 1.0001**3000, np.float32), rtol=1e-3)
     _replays(device, before, 0)
+
+
+F = torch.nn.functional
+CW = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+CB = RNG.standard_normal(4).astype(np.float32) * 0.1
+LW = RNG.standard_normal(8).astype(np.float32)
+MW = RNG.standard_normal((8, 8)).astype(np.float32) * 0.4
+IMAGES = [RNG.standard_normal((2, 3, 8, 8)).astype(np.float32) for _ in range(6)]
+
+# ops whose gradient is a custom rule (autodiff.custom_gradient, keyed by its code and closure), as
+# (tgrad loss, torch loss, parameters): each over the image x and the parameters p
+CUSTOM_CASES = {
+    "conv_relu_maxpool": (
+        lambda x, p: x.conv2d(p[0], p[1], stride=2, padding=1).relu().max_pool2d(2).square().sum(),
+        lambda x, p: F.max_pool2d(F.conv2d(x, p[0], p[1], stride=2, padding=1).relu(), 2).square().sum(),
+        (CW, CB)),
+    "conv_dilated_grouped": (
+        lambda x, p: x.conv2d(p[0][:, :1].expand(4, 1, 3, 3).contiguous()[:3], None, padding=2, dilation=2,
+                              groups=3).tanh().sum(),
+        lambda x, p: F.conv2d(x, p[0][:, :1].expand(4, 1, 3, 3).contiguous()[:3], None, padding=2, dilation=2,
+                              groups=3).tanh().sum(),
+        (CW,)),
+    "layernorm_gelu": (
+        lambda x, p: (x.layernorm() * p[0] + p[1]).gelu().square().mean(),
+        lambda x, p: F.gelu(F.layer_norm(x, (8,)) * p[0] + p[1]).square().mean(),
+        (LW, LW[::-1].copy())),
+    "softmax_pow": (
+        lambda x, p: (x @ p[0]).softmax(-1).add(0.5).pow(1.5).sum(),
+        lambda x, p: (x @ p[0]).softmax(-1).add(0.5).pow(1.5).sum(),
+        (MW,)),
+    "attention": (
+        lambda x, p: (x.reshape(6, 8, 8) @ p[0]).scaled_dot_product_attention(
+            x.reshape(6, 8, 8), x.reshape(6, 8, 8) @ p[0], is_causal=True).square().sum(),
+        lambda x, p: F.scaled_dot_product_attention(
+            x.reshape(6, 8, 8) @ p[0], x.reshape(6, 8, 8), x.reshape(6, 8, 8) @ p[0],
+            is_causal=True).square().sum(),
+        (MW,)),
+}
+
+
+@pytest.mark.parametrize("name", list(CUSTOM_CASES))
+def test_custom_gradients_replay_with_pytorchs_values(device, name):
+    ours_f, theirs_f, arrays = CUSTOM_CASES[name]
+    ours, theirs = _params(*arrays)
+    before = backward_replay.Stats.replays
+    for i, x in enumerate(IMAGES):
+        for p in ours + theirs:
+            p.grad = None
+        loss, tloss = ours_f(Tensor(x), ours), theirs_f(torch.tensor(x), theirs)
+        loss.backward()
+        tloss.backward()
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4, atol=1e-5, err_msg=f"step {i}")
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-3, atol=1e-4, err_msg=str(i))
+    _replays(device, before, len(IMAGES) - 3)

@@ -2,7 +2,7 @@
 
 import gc
 
-from tgrad import Tensor
+from tgrad import Tensor, backward_replay
 from tgrad.device import Stats
 
 
@@ -22,22 +22,32 @@ def test_temporaries_are_freed(device):
     assert Stats.live_bytes == before_bytes
 
 
-def test_buffers_are_freed_without_a_garbage_collection(device):
+def test_buffers_are_freed_without_a_garbage_collection(device, monkeypatch):
     """Reference counting alone frees a dropped result's buffer (and an eager step's buffers: blocks are
     reused at once). The schedule cache's and backward()'s walks were recursive closures, a reference cycle
-    that kept every graph they saw, buffers included, alive until the next collection."""
+    that kept every graph they saw, buffers included, alive until the next collection. A replayed
+    backward() (backward_replay.py) keeps its capture's buffers, the same ones at every step, and frees
+    them when it is dropped."""
     x = Tensor.rand(32, 32, requires_grad=True).realize()
+    backward_replay.reset()
     gc.collect()
     gc.disable()
     try:
         before = Stats.live_buffers
-        for _ in range(3):
-            y = ((x * 2 + 1).relu() @ x).sum()
-            y.backward()
-            Tensor.realize(y, x.grad)
-            del y
-            x.grad = None
-            assert Stats.live_buffers == before
+        for replays in (False, True):
+            monkeypatch.setattr(backward_replay, "ENABLED", replays)
+            counts = []
+            for _ in range(6):
+                y = ((x * 2 + 1).relu() @ x).sum()
+                y.backward()
+                Tensor.realize(y, x.grad)
+                del y
+                x.grad = None
+                counts.append(Stats.live_buffers)
+            if replays:
+                assert len(set(counts[3:])) == 1, counts  # (steps 2 and 3 run and capture; then replays)
+                backward_replay.reset()
+            assert Stats.live_buffers == before, counts
     finally:
         gc.enable()
 
@@ -154,3 +164,27 @@ def test_outputs_of_custom_gradient_ops_are_freed(device):
                 y.sum().backward()
             del x, y
         assert live() == before, name
+
+
+def test_a_dropped_optimizer_frees_its_state_without_a_garbage_collection(device):
+    """An optimizer holds the TinyJit that replays its update (nn/optim.py), which holds the optimizer
+    only weakly: dropping the optimizer frees its state and the capture's buffers at once."""
+    from tgrad.nn.optim import Adam
+
+    w = Tensor.rand(8, 8, requires_grad=True).realize()
+    backward_replay.reset()
+    gc.collect()
+    gc.disable()
+    try:
+        before = Stats.live_buffers
+        opt = Adam([w])
+        for _ in range(5):
+            w.grad = None
+            (w * w).sum().backward()
+            opt.step()
+        w.grad = None
+        backward_replay.reset()
+        del opt
+        assert Stats.live_buffers == before
+    finally:
+        gc.enable()

@@ -16,10 +16,11 @@ whose node takes that buffer. The gradients and the loss are then computed when 
 PyTorch (the plain path computes them at the next realize; their values are the same either way, by the
 in-place rules of inplace.py).
 
-Not replayed (the plain path): an explicit `gradient=`, a call inside a TinyJit function (the outer one
-captures it), JIT=0, the NUMPY reference, a loss that is a view, an assign not run yet anywhere (BatchNorm's
-running statistics in training), and a graph with a custom gradient (autodiff.custom_gradient: its rule is
-a Python closure whose captured values the structure does not show).
+A custom gradient (autodiff.custom_gradient: conv2d's, softmax's, layernorm's...) is a Python closure:
+it is keyed by its code and the values it holds (`_value_key`), and a graph whose rule holds a value the
+key cannot show runs plainly. Also not replayed: an explicit `gradient=`, a call inside a TinyJit function
+(the outer one captures it), JIT=0, the NUMPY reference, a loss that is a view, and an assign not run yet
+anywhere (BatchNorm's running statistics in training).
 """
 
 from __future__ import annotations
@@ -32,10 +33,15 @@ from tgrad import autodiff
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
 from tgrad.device import get_runtime
+from tgrad.dtype import DType
 from tgrad.graph import MOVEMENT, Node, Op
 from tgrad.jit import TinyJit
 from tgrad.tensor import Tensor
 
+# TGRAD_BACKWARD_REPLAY=0 (or JIT=0) turns replays off: every backward() builds its graph lazily (what a
+# test that inspects the gradient graph needs; a replay also keeps the kernels it captured when a setting
+# that changes kernels, such as emit_numba_conv.REGISTER_TILES, changes later)
+ENABLED = os.environ.get("TGRAD_BACKWARD_REPLAY", "1") != "0"
 MAX_PROGRAMS = 4  # structures with a TinyJit kept (each holds its capture's buffers), least recent first out
 MAX_SEEN = 64  # structures remembered as seen once
 _SCALAR = (float, int, bool)
@@ -46,33 +52,45 @@ class Stats:
 
 
 class _Program:
-    """A TinyJit of one structure, its targets (weak references, in key order) and the loss to run."""
+    """A TinyJit of one structure, its targets (weak references, in key order) and the loss to run (in
+    `loss[0]` while it runs: a list, not the program, is what the TinyJit's function holds, so that a
+    program dropped from _programs, and the buffers its capture holds, are freed at once)."""
 
     def __init__(self, targets: list[Tensor]):
         self.targets = [weakref.ref(t) for t in targets]
-        self.loss: Tensor | None = None
-        self.jit = TinyJit(self._backward, fallback=True)
+        self.loss: list[Tensor | None] = [None]
+        loss = self.loss
 
-    def _backward(self, *_buffers: Tensor) -> Tensor:
-        # (the graph was built over the arguments' buffers already: the plain backward of that graph;
-        # TinyJit realizes the returned loss with the gradients it set, in one realize)
-        self.loss._backward(None)
-        return self.loss
+        def backward(*_buffers: Tensor) -> Tensor:
+            # (the graph was built over the arguments' buffers already: the plain backward of that graph;
+            # TinyJit realizes the returned loss with the gradients it set, in one realize)
+            loss[0]._backward(None)
+            return loss[0]
+
+        self.jit = TinyJit(backward, fallback=True)
 
 
 _programs: OrderedDict[tuple, _Program] = OrderedDict()
 _seen: OrderedDict[tuple, None] = OrderedDict()
 
 
+def reset() -> None:
+    """Forget every structure seen: the captures' buffers are freed, and backward() starts over."""
+    _programs.clear()
+    _seen.clear()
+
+
 class _Refused(Exception):
-    """The walk met a node that is not replayed (a custom gradient, an assign not run yet)."""
+    """The walk met something it cannot key (an assign not run yet, a custom rule's unknown value)."""
 
 
 def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
     """(structure entries, one node per buffer in numbering order, node -> position) of root's graph down
-    to its buffers; None where the graph is not replayed (a custom gradient, an assign not run yet, a graph
-    deeper than the interpreter's recursion limit allows from here). Recursive, like schedule_cache's walk
-    (twice as fast as a loop over a stack of its own)."""
+    to its buffers; None where the graph is not replayed (an assign not run yet, a custom gradient whose
+    rule holds a value `_value_key` cannot key, a graph deeper than the interpreter's recursion limit
+    allows from here). Recursive, like schedule_cache's walk (twice as fast as a loop over a stack of its
+    own). A custom gradient's node (autodiff.custom_gradient) is keyed with its rule: the rule's code, the
+    values its closure holds (nodes by their positions: they are walked too) and its inputs' positions."""
     position: dict[Node, int] = {}
     buffers: dict[int, int] = {}
     holders: list[Node] = []
@@ -80,18 +98,26 @@ def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
     buffer_op, assign_op, detach_op, custom = Op.BUFFER, Op.ASSIGN, Op.DETACH, autodiff.CUSTOM
     getpos = position.__getitem__
 
+    def at(node: Node) -> int:
+        if node not in position:
+            visit(node)
+        return position[node]
+
     def visit(node: Node) -> None:  # post-order: a node is numbered once its sources are
         srcs = node.srcs
         for s in srcs:
             if s not in position:
                 visit(s)
         op, buf, arg = node.op, node.buffer, node.arg
-        if (op is assign_op and buf is None) or (op is detach_op and node in custom):
+        if op is assign_op and buf is None:
             raise _Refused
         if op is buffer_op:
             arg = None
         elif isinstance(arg, _SCALAR):
             arg = (type(arg), repr(arg))
+        elif op is detach_op and node in custom:
+            inputs, rule, reads_output, needs = custom[node]
+            arg = (arg, tuple(map(at, inputs)), _value_key(rule, at), reads_output, needs)
         number = None
         if buf is not None:
             number = buffers.get(id(buf))
@@ -107,16 +133,45 @@ def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
     except (_Refused, RecursionError):
         return None
     finally:
-        visit = None  # noqa: F841  (the closure holds itself: a cycle that would keep the graph alive)
+        visit = at = None  # noqa: F841  (the closures hold each other: a cycle that would keep the graph alive)
     return entries, holders, position
+
+
+def _value_key(value, at) -> object:
+    """How a value a custom gradient's rule holds (in its closure) enters the key: plain values by value,
+    tuples item by item, nodes and tensors by the position of their node (`at` walks it), dtypes by name,
+    functions by their code and closure; anything else raises _Refused (a value whose meaning the key
+    cannot show: the plain path runs)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, repr(value))
+    if isinstance(value, tuple):
+        return tuple(_value_key(v, at) for v in value)
+    if isinstance(value, Node):
+        return ("node", at(value))
+    if isinstance(value, Tensor):
+        return ("tensor", at(value.node))
+    if isinstance(value, DType):
+        return ("dtype", value.name)
+    code = getattr(value, "__code__", None)
+    if code is None:
+        raise _Refused
+    cells = []
+    for cell in value.__closure__ or ():
+        try:
+            cells.append(_value_key(cell.cell_contents, at))
+        except ValueError:  # (a cell not filled yet)
+            cells.append(None)
+    return ("code", code, tuple(cells))
 
 
 def replay(loss: Tensor) -> bool:
     """Run loss.backward() (no explicit gradient) as a replay, or through the TinyJit that will capture
     one; False where the plain path must run instead (nothing done then)."""
-    node = loss.node
-    if (driver.RECORDER is not None or os.environ.get("JIT", "1") == "0" or node.buffer is not None
-            or node.op in MOVEMENT or node.op in (Op.DETACH, Op.ASSIGN, Op.BUFFER)
+    node = base = loss.node
+    while base.op is Op.RESHAPE and base.buffer is None:  # (x.sum(): a reshape of the reduce to ())
+        base = base.srcs[0]
+    if (not ENABLED or driver.RECORDER is not None or os.environ.get("JIT", "1") == "0"
+            or base.buffer is not None or base.op in MOVEMENT or base.op in (Op.DETACH, Op.ASSIGN, Op.BUFFER)
             or get_runtime(loss.device).evaluates_graphs):
         return False
     # an assign not run yet: TinyJit would run it before the call, after this walk, and the graph may read
@@ -143,18 +198,18 @@ def replay(loss: Tensor) -> bool:
     _programs.move_to_end(key)
     args = [Tensor(n) for n in holders]
     computed = [n.buffer.computed for n in holders]  # (TinyJit marks its arguments' buffers as their own)
-    program.loss = loss
+    program.loss[0] = loss
     try:
         replays = program.jit.replays
         out = program.jit(*args)
     finally:
-        program.loss = None
+        program.loss[0] = None
         for n, c in zip(holders, computed):
             n.buffer.computed = c
     if program.jit.replays > replays:
         Stats.replays += 1
-    if loss.node.buffer is None:  # (a replay: the loss's value is the buffer it returned)
-        loss.node.buffer = out.node.buffer
+    if base.buffer is None:  # (a replay: the loss's value is the buffer it returned; its reshapes view it)
+        base.buffer = out.node.buffer
         out.node.buffer.computed = True
     return True
 

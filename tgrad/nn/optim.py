@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,6 +32,21 @@ def _frozen(value) -> object:
     if isinstance(value, (list, tuple)):
         return tuple(map(id, value))
     return id(value)
+
+
+def _update_of(ref: weakref.ref) -> Callable[[], None]:
+    """The function an optimizer's replayed update runs (Optimizer._replayed_update): its lazy update,
+    realized. It holds the optimizer weakly: the optimizer holds the TinyJit, and a cycle would keep a
+    dropped optimizer's state buffers until a garbage collection."""
+
+    def optimizer_update() -> None:
+        opt = ref()
+        tensors, n = opt.schedule_step(), len(opt.params) + len(opt.buffers)
+        # the state first: the step count's kernels are scheduled before the parameters' updates, which
+        # then are one row group with their moments (m, v and the parameter in one loop)
+        Tensor.realize(*tensors[n:], *tensors[:n])
+
+    return optimizer_update
 
 
 def _state(t: Tensor, value: float = 0.0) -> Tensor:
@@ -118,14 +135,8 @@ class Optimizer:
             return None
         key = tuple((name, _frozen(v)) for name, v in vars(self).items() if name not in ("_update", "_key"))
         if key != getattr(self, "_key", None):
-            self._key, self._update = key, TinyJit(self._optimizer_update, fallback=True)
+            self._key, self._update = key, TinyJit(_update_of(weakref.ref(self)), fallback=True)
         return self._update
-
-    def _optimizer_update(self) -> None:
-        tensors, n = self.schedule_step(), len(self.params) + len(self.buffers)
-        # the state first: the step count's kernels are scheduled before the parameters' updates, which
-        # then are one row group with their moments (m, v and the parameter in one loop)
-        Tensor.realize(*tensors[n:], *tensors[:n])
 
     def _step(self) -> list[Tensor]:
         raise NotImplementedError

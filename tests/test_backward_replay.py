@@ -264,3 +264,25 @@ def test_custom_gradients_replay_with_pytorchs_values(device, name):
         for a, b in zip(ours, theirs):
             np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-3, atol=1e-4, err_msg=str(i))
     _replays(device, before, len(IMAGES) - 3)
+
+
+def test_dropout_draws_a_new_mask_at_every_replay(device):
+    """Dropout's random mask is drawn anew at each step (a replay does not keep the captured one): each
+    step's gradient is numpy's for the mask that step's output shows, and the masks differ."""
+    Tensor.manual_seed(5)
+    w = Tensor(W1.T.copy(), requires_grad=True)  # (5, 6)
+    old, Tensor.training = Tensor.training, True
+    masks = []
+    try:
+        before = backward_replay.Stats.replays
+        for i, x in enumerate(XS):
+            w.grad = None
+            y = (Tensor(x) @ w).dropout(0.5)
+            y.sum().backward()
+            kept = (y.numpy() != 0).astype(np.float32)
+            masks.append(kept)
+            np.testing.assert_allclose(w.grad.numpy(), x.T @ (kept * 2), rtol=1e-5, atol=1e-6, err_msg=str(i))
+        _replays(device, before, len(XS) - 3)
+    finally:
+        Tensor.training = old
+    assert len({m.tobytes() for m in masks}) == len(masks)

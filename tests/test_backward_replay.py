@@ -286,3 +286,23 @@ def test_dropout_draws_a_new_mask_at_every_replay(device):
     finally:
         Tensor.training = old
     assert len({m.tobytes() for m in masks}) == len(masks)
+
+
+def test_a_refused_capture_leaves_backward_lazy_and_right(device, monkeypatch):
+    """Where the structure's TinyJit refuses to capture (here: every call's kernels 'differ'), backward()
+    runs plainly again, with PyTorch's gradients at every step."""
+    monkeypatch.setattr(TinyJit, "_changed", staticmethod(lambda *args: "the kernels (forced by the test)"))
+    backward_replay.reset()
+    ours, theirs = _params(W1, B1, W2)
+    before = backward_replay.Stats.replays
+    for i in range(8):
+        for p in ours + theirs:
+            p.grad = None
+        x = XS[i % len(XS)]
+        loss, tloss = _loss(Tensor(x), ours), _loss(torch.tensor(x), theirs)
+        loss.backward()
+        tloss.backward()
+        _same(ours, theirs, f"step {i}")
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, atol=1e-6)
+    _replays(device, before, 0)
+    backward_replay.reset()

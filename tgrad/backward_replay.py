@@ -196,6 +196,8 @@ def replay(loss: Tensor) -> bool:
         if len(_programs) > MAX_PROGRAMS:
             _programs.popitem(last=False)
     _programs.move_to_end(key)
+    if program.jit.plain:  # (its capture was refused, e.g. kernels that differed call after call: lazy)
+        return False
     args = [Tensor(n) for n in holders]
     computed = [n.buffer.computed for n in holders]  # (TinyJit marks its arguments' buffers as their own)
     program.loss[0] = loss
@@ -208,8 +210,8 @@ def replay(loss: Tensor) -> bool:
             n.buffer.computed = c
     if program.jit.replays > replays:
         Stats.replays += 1
-    if base.buffer is None:  # (a replay: the loss's value is the buffer it returned; its reshapes view it)
-        base.buffer = out.node.buffer
+    if base.buffer is None and out.node.buffer is not None:  # (a replay: the loss's value is the buffer it
+        base.buffer = out.node.buffer  # returned; its reshapes view it)
         out.node.buffer.computed = True
     return True
 

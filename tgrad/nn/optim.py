@@ -125,7 +125,7 @@ class Optimizer:
         """The update as a TinyJit of this optimizer's own, for eager steps (not inside a TinyJit function,
         whose capture takes the update with the rest; not under JIT=0): its third and later calls replay
         the update's kernels without building, walking and scheduling its graph again (an eager MLP
-        step: 2.6 -> 2.1 ms). The gradients and everything else step() realizes are computed first, in a
+        step: 2.6 -> 1.85 ms). The gradients and everything else step() realizes are computed first, in a
         realize of their own: the update reads them, as captured state (TinyJit's rules: a parameter's
         gradient is an input of the replay, the parameters and the optimizer's state are written in
         place). The update's Python values (betas, eps, weight decay, momentum, the parameter lists) are

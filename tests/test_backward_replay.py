@@ -306,3 +306,22 @@ def test_a_refused_capture_leaves_backward_lazy_and_right(device, monkeypatch):
         np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, atol=1e-6)
     _replays(device, before, 0)
     backward_replay.reset()
+
+
+def test_tensors_kept_from_every_step_keep_their_values(device):
+    """A hidden layer kept from each step and read at the end: the capturing step computed its matmul into
+    a buffer that every replay writes again, so it showed the last replay's value (1.98 off) until the
+    graph's nodes got copies of what the capture computed. Each step's own values, numpy's."""
+    w1, w2 = W1[:, :5], W2
+    t1, t2 = Tensor(w1.copy(), requires_grad=True), Tensor(w2, requires_grad=True)
+    kept = []
+    for x in XS:
+        t1.grad = t2.grad = None
+        h = (Tensor(x) @ t1.T).tanh()
+        loss = (h @ t2.T).square().sum() + h.sum()
+        loss.backward()
+        kept.append((h, loss, np.tanh(x @ w1.T)))
+    for i, (h, loss, ref) in enumerate(kept):
+        np.testing.assert_allclose(h.numpy(), ref, rtol=1e-5, atol=1e-6, err_msg=f"step {i}")
+        np.testing.assert_allclose(loss.item(), np.square(ref @ w2.T).sum() + ref.sum(), rtol=1e-5,
+                                   err_msg=f"step {i}")

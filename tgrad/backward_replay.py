@@ -202,7 +202,7 @@ def replay(loss: Tensor) -> bool:
     computed = [n.buffer.computed for n in holders]  # (TinyJit marks its arguments' buffers as their own)
     program.loss[0] = loss
     try:
-        replays = program.jit.replays
+        replays, captures = program.jit.replays, program.jit.captures
         out = program.jit(*args)
     finally:
         program.loss[0] = None
@@ -210,10 +210,24 @@ def replay(loss: Tensor) -> bool:
             n.buffer.computed = c
     if program.jit.replays > replays:
         Stats.replays += 1
+    if program.jit.captures > captures:
+        _own_buffers(entries, position)
     if base.buffer is None and out.node.buffer is not None:  # (a replay: the loss's value is the buffer it
         base.buffer = out.node.buffer  # returned; its reshapes view it)
         out.node.buffer.computed = True
     return True
+
+
+def _own_buffers(entries: list, position: dict[Node, int]) -> None:
+    """After a capture: the graph's nodes that its realize computed (the forward's values: the hidden
+    layer a caller keeps, the logits) hold copies, not the captured buffers, which every replay overwrites
+    (a tensor of the capturing step, read later, would show the last replay's value)."""
+    for node, at in position.items():
+        buf = node.buffer
+        if buf is not None and entries[at][-1] is None:  # (computed by this call: it had no buffer)
+            rt = get_runtime(node.device)
+            node.buffer = rt.from_numpy(rt.to_numpy(buf))
+            node.buffer.computed = True
 
 
 tensor_mod.BACKWARD_REPLAY = replay

@@ -325,3 +325,51 @@ def test_tensors_kept_from_every_step_keep_their_values(device):
         np.testing.assert_allclose(h.numpy(), ref, rtol=1e-5, atol=1e-6, err_msg=f"step {i}")
         np.testing.assert_allclose(loss.item(), np.square(ref @ w2.T).sum() + ref.sum(), rtol=1e-5,
                                    err_msg=f"step {i}")
+
+
+def _block(x, p, lib):
+    """A pre-LayerNorm transformer block (causal attention, tanh-GELU MLP) and a squared loss, in tgrad or
+    torch: the custom gradients of layernorm, softmax, gelu in one replayed graph."""
+    wqkv, wo, w1, w2, g1, g2 = p
+    b, t, d = x.shape
+    if lib == "tgrad":
+        h = x.layernorm() * g1
+        q, k, v = h.linear(wqkv).reshape(b, t, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+        a = q.scaled_dot_product_attention(k, v, is_causal=True).permute(0, 2, 1, 3).reshape(b, t, d)
+        x = x + a.linear(wo)
+        x = x + (x.layernorm() * g2).linear(w1).gelu("tanh").linear(w2)
+        return x.square().mean()
+    h = F.layer_norm(x, (d,)) * g1
+    q, k, v = F.linear(h, wqkv).reshape(b, t, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(0, 2, 1, 3).reshape(b, t, d)
+    x = x + F.linear(a, wo)
+    x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (d,)) * g2, w1), approximate="tanh"), w2)
+    return x.square().mean()
+
+
+def test_a_transformer_block_trained_eagerly_matches_pytorch(device):
+    """Eight eager Adam steps of a transformer block on new data each step (backward() and the update both
+    replayed from the fourth step on): PyTorch's losses and parameters."""
+    from tgrad.nn.optim import Adam
+
+    d = 8
+    shapes = ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d))
+    arrays = [RNG.standard_normal(s).astype(np.float32) * 0.3 for s in shapes]
+    arrays += [np.ones(d, np.float32), np.ones(d, np.float32)]
+    ours, theirs = _params(*arrays)
+    opt, topt = Adam(ours, lr=0.01), torch.optim.Adam(theirs, lr=0.01)
+    before = backward_replay.Stats.replays
+    for i in range(8):
+        x = RNG.standard_normal((2, 5, d)).astype(np.float32)
+        opt.zero_grad()
+        loss = _block(Tensor(x), ours, "tgrad")
+        loss.backward()
+        opt.step(loss)
+        topt.zero_grad()
+        tloss = _block(torch.tensor(x), theirs, "torch")
+        tloss.backward()
+        topt.step()
+        np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4, atol=1e-6, err_msg=f"step {i}")
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-3, atol=1e-5)
+    _replays(device, before, 5)

@@ -79,3 +79,15 @@ def device(request, monkeypatch):
     open_or_skip(name)
     monkeypatch.setenv("DEVICE", name)
     return name
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backward_replays():
+    """Each test starts with no graph structure seen (tgrad/backward_replay.py): a structure another test
+    built (or one that, with a tensor at a reused address, looks the same) would make this test's
+    backward() a replay, computed at once, where a test reading the lazy gradient graph expects a graph.
+    A test that repeats a structure (a training loop) replays it as users' loops do."""
+    from tgrad import backward_replay
+
+    backward_replay.reset()
+    yield

@@ -373,3 +373,55 @@ def test_a_transformer_block_trained_eagerly_matches_pytorch(device):
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-3, atol=1e-5)
     _replays(device, before, 5)
+
+
+def test_batchnorm_in_training_replays_with_its_running_statistics(device):
+    """Conv, BatchNorm (training: its running statistics are assigns waiting at backward()), relu, a linear
+    head; eight eager Adam steps. The program runs the assigns with the loss and gradients, and every
+    replay writes them again: PyTorch's losses, parameters and running statistics."""
+    from tgrad.nn import BatchNorm2d
+    from tgrad.nn.optim import Adam
+
+    bn, tbn = BatchNorm2d(4), torch.nn.BatchNorm2d(4)
+    head = RNG.standard_normal((3, 4 * 4 * 4)).astype(np.float32) * 0.2
+    ours, theirs = _params(CW, head)  # (no conv bias: BatchNorm takes the mean out, its gradient is ~0)
+    ours += [bn.weight, bn.bias]
+    theirs += [tbn.weight, tbn.bias]
+    opt, topt = Adam(ours, lr=0.01), torch.optim.Adam(theirs, lr=0.01)
+    old, Tensor.training = Tensor.training, True
+    try:
+        before = backward_replay.Stats.replays
+        for i, x in enumerate(IMAGES + IMAGES[:2]):
+            opt.zero_grad()
+            h = bn(Tensor(x).conv2d(ours[0], None, stride=2, padding=1)).relu()
+            loss = h.reshape(2, -1).linear(ours[1]).cross_entropy(Tensor(Y[:2]))
+            loss.backward()
+            opt.step(loss)
+            topt.zero_grad()
+            th = tbn(F.conv2d(torch.tensor(x), theirs[0], None, stride=2, padding=1)).relu()
+            tloss = F.cross_entropy(F.linear(th.reshape(2, -1), theirs[1]), torch.tensor(Y[:2]))
+            tloss.backward()
+            topt.step()
+            np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4, atol=1e-5, err_msg=f"step {i}")
+        _replays(device, before, 5)
+    finally:
+        Tensor.training = old
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.detach().numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(bn.running_mean.numpy(), tbn.running_mean.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(bn.running_var.numpy(), tbn.running_var.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_an_assign_made_at_one_step_runs_once(device):
+    """An assign waiting at one step's backward() is run by that step only, not by later replays."""
+    ours, theirs = _params(W1, B1, W2)
+    counter = Tensor(np.zeros(3, np.float32))
+    for i in range(9):
+        if i in (4, 6):
+            counter.assign(counter + 1)  # waits: run with this step's backward()
+        for p in ours + theirs:
+            p.grad = None
+        _loss(Tensor(XS[i % len(XS)]), ours).backward()
+        _loss(torch.tensor(XS[i % len(XS)]), theirs).backward()
+        _same(ours, theirs, f"step {i}")
+    np.testing.assert_array_equal(counter.numpy(), np.full(3, 2, np.float32))

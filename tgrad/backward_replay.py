@@ -18,9 +18,12 @@ in-place rules of inplace.py).
 
 A custom gradient (autodiff.custom_gradient: conv2d's, softmax's, layernorm's...) is a Python closure:
 it is keyed by its code and the values it holds (`_value_key`), and a graph whose rule holds a value the
-key cannot show runs plainly. Also not replayed: an explicit `gradient=`, a call inside a TinyJit function
-(the outer one captures it), JIT=0, the NUMPY reference, a loss that is a view, and an assign not run yet
-anywhere (BatchNorm's running statistics in training).
+key cannot show runs plainly. Assigns waiting at backward() (BatchNorm's running statistics in training)
+are roots of the structure too: the program runs them with the loss and the gradients, in one realize
+(a graph that reads a buffer an assign overwrites reads the old value, inplace.py), and every replay
+writes their targets again; one made at a single step gives that step a structure of its own. Not
+replayed: an explicit `gradient=`, a call inside a TinyJit function (the outer one captures it), JIT=0,
+the NUMPY reference, a loss that is a view.
 """
 
 from __future__ import annotations
@@ -53,18 +56,22 @@ class Stats:
 
 class _Program:
     """A TinyJit of one structure, its targets (weak references, in key order) and the loss to run (in
-    `loss[0]` while it runs: a list, not the program, is what the TinyJit's function holds, so that a
-    program dropped from _programs, and the buffers its capture holds, are freed at once)."""
+    `loss[0]` while it runs, with the tensors whose assigns wait in `loss[1]`: a list, not the program, is
+    what the TinyJit's function holds, so that a program dropped from _programs, and the buffers its
+    capture holds, are freed at once)."""
 
     def __init__(self, targets: list[Tensor]):
         self.targets = [weakref.ref(t) for t in targets]
-        self.loss: list[Tensor | None] = [None]
+        self.loss: list = [None, ()]  # (the loss, the tensors whose assigns wait)
         loss = self.loss
 
         def backward(*_buffers: Tensor) -> Tensor:
             # (the graph was built over the arguments' buffers already: the plain backward of that graph;
-            # TinyJit realizes the returned loss with the gradients it set, in one realize)
+            # TinyJit realizes the returned loss with the gradients it set and the waiting assigns, handed
+            # back to it here, in one realize)
             loss[0]._backward(None)
+            for t in loss[1]:
+                tensor_mod.PENDING_ASSIGNS[id(t)] = t
             return loss[0]
 
         self.jit = TinyJit(backward, fallback=True)
@@ -84,9 +91,10 @@ class _Refused(Exception):
     """The walk met something it cannot key (an assign not run yet, a custom rule's unknown value)."""
 
 
-def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
-    """(structure entries, one node per buffer in numbering order, node -> position) of root's graph down
-    to its buffers; None where the graph is not replayed (an assign not run yet, a custom gradient whose
+def _walk(roots: list[Node], assigns: set[Node]) -> tuple[list, list[Node], dict[Node, int]] | None:
+    """(structure entries, one node per buffer in numbering order, node -> position) of the roots' graph
+    down to its buffers; None where the graph is not replayed (an assign not run yet other than the roots
+    in `assigns`, a custom gradient whose
     rule holds a value `_value_key` cannot key, a graph deeper than the interpreter's recursion limit
     allows from here). Recursive, like schedule_cache's walk (twice as fast as a loop over a stack of its
     own). A custom gradient's node (autodiff.custom_gradient) is keyed with its rule: the rule's code, the
@@ -109,7 +117,7 @@ def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
             if s not in position:
                 visit(s)
         op, buf, arg = node.op, node.buffer, node.arg
-        if op is assign_op and buf is None:
+        if op is assign_op and buf is None and node not in assigns:
             raise _Refused
         if op is buffer_op:
             arg = None
@@ -129,7 +137,9 @@ def _walk(root: Node) -> tuple[list, list[Node], dict[Node, int]] | None:
         position[node] = len(position)
 
     try:
-        visit(root)
+        for root in roots:
+            if root not in position:
+                visit(root)
     except (_Refused, RecursionError):
         return None
     finally:
@@ -174,17 +184,26 @@ def replay(loss: Tensor) -> bool:
             or base.buffer is not None or base.op in MOVEMENT or base.op in (Op.DETACH, Op.ASSIGN, Op.BUFFER)
             or get_runtime(loss.device).evaluates_graphs):
         return False
-    # an assign not run yet: TinyJit would run it before the call, after this walk, and the graph may read
-    # its buffer (a tensor built before the assign): the plain path keeps the old value (inplace.py)
-    if any(t.node.op is Op.ASSIGN and t.node.buffer is None for t in tensor_mod.PENDING_ASSIGNS.values()):
-        return False
-    walked = _walk(node)
+    # assigns not run yet (BatchNorm's running statistics): part of the structure, run with the loss and
+    # the gradients (in one realize, so that a graph reading a buffer an assign overwrites reads the old
+    # value, inplace.py), and written again by every replay
+    pending = [t for t in list(tensor_mod.PENDING_ASSIGNS.values())
+               if t.node.op is Op.ASSIGN and t.node.buffer is None]
+    roots = [node] + [t.node for t in pending]
+    walked = _walk(roots, {t.node for t in pending})
     if walked is None:
         return False
     entries, holders, position = walked
+    # a loss whose graph reads a buffer a waiting assign overwrites (a tensor built before the assign): the
+    # capture computes such tensors before the write, outside what it records (inplace.computed_before),
+    # so a replay would read the capturing step's values: the plain path
+    written = {id(t.node.srcs[0].buffer) for t in pending}
+    if written and _reads(node, written):
+        return False
     targets = sorted((position[t.node], id(t), t) for t in list(tensor_mod._grad_leaves.values())
                      if t.requires_grad and t.node in position)
-    key = (tuple(entries), tuple((p, i) for p, i, _ in targets), loss.dtype.name)
+    key = (tuple(entries), tuple(position[r] for r in roots), tuple((p, i) for p, i, _ in targets),
+           loss.dtype.name)
     program = _programs.get(key)
     if program is None or any(ref() is not t for ref, (_, _, t) in zip(program.targets, targets)):
         if key not in _seen:  # a first sight: the plain path
@@ -200,16 +219,21 @@ def replay(loss: Tensor) -> bool:
         return False
     args = [Tensor(n) for n in holders]
     computed = [n.buffer.computed for n in holders]  # (TinyJit marks its arguments' buffers as their own)
-    program.loss[0] = loss
+    program.loss[:] = [loss, pending]
+    tensor_mod.pending_assigns()  # (taken: TinyJit would run them before the call; the program runs them)
     try:
         replays, captures = program.jit.replays, program.jit.captures
         out = program.jit(*args)
     finally:
-        program.loss[0] = None
+        program.loss[:] = [None, ()]
         for n, c in zip(holders, computed):
             n.buffer.computed = c
     if program.jit.replays > replays:
         Stats.replays += 1
+        for t in pending:  # (the replay wrote their targets: realized, as Tensor.realize leaves them)
+            if t.node.buffer is None:
+                t.node.written(t.node.srcs[0].buffer)
+            t._drop_history()
     if program.jit.captures > captures:
         _own_buffers(entries, position)
     if base.buffer is None and out.node.buffer is not None:  # (a replay: the loss's value is the buffer it
@@ -218,13 +242,28 @@ def replay(loss: Tensor) -> bool:
     return True
 
 
+def _reads(root: Node, buffers: set[int]) -> bool:
+    """Whether root's graph (through realized nodes too) holds one of the buffers (ids)."""
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.buffer is not None and id(n.buffer) in buffers:
+            return True
+        stack.extend(n.srcs)
+    return False
+
+
 def _own_buffers(entries: list, position: dict[Node, int]) -> None:
     """After a capture: the graph's nodes that its realize computed (the forward's values: the hidden
     layer a caller keeps, the logits) hold copies, not the captured buffers, which every replay overwrites
     (a tensor of the capturing step, read later, would show the last replay's value)."""
     for node, at in position.items():
         buf = node.buffer
-        if buf is not None and entries[at][-1] is None:  # (computed by this call: it had no buffer)
+        # (computed by this call: it had no buffer; an assign's is its target's, written in place)
+        if buf is not None and entries[at][-1] is None and node.op is not Op.ASSIGN:
             rt = get_runtime(node.device)
             node.buffer = rt.from_numpy(rt.to_numpy(buf))
             node.buffer.computed = True

@@ -425,3 +425,30 @@ def test_an_assign_made_at_one_step_runs_once(device):
         _loss(torch.tensor(XS[i % len(XS)]), theirs).backward()
         _same(ours, theirs, f"step {i}")
     np.testing.assert_array_equal(counter.numpy(), np.full(3, 2, np.float32))
+
+
+def test_an_error_in_a_replay_leaves_the_waiting_assigns_waiting(device, monkeypatch):
+    """A replay that fails (here: made to raise) leaves the assigns that waited at backward() waiting: a
+    later realize runs them once."""
+    if device == "NUMPY":
+        return  # (nothing is replayed there)
+    ours, _ = _params(W1, B1, W2)
+    counter = Tensor(np.zeros(3, np.float32))
+    steps, before = 0, backward_replay.Stats.replays
+    while backward_replay.Stats.replays == before:  # (until the structure replays)
+        assert steps < 8
+        for p in ours:
+            p.grad = None
+        counter.assign(counter + 1)
+        _loss(Tensor(XS[steps % len(XS)]), ours).backward()
+        steps += 1
+    monkeypatch.setattr(TinyJit, "_replay", lambda *args: 1 / 0)
+    for p in ours:
+        p.grad = None
+    counter.assign(counter + 1)
+    with pytest.raises(ZeroDivisionError):
+        _loss(Tensor(XS[0]), ours).backward()
+    from tgrad.tensor import pending_assigns
+
+    assert any(t is counter for t in pending_assigns())  # (what an optimizer step or a TinyJit call runs)
+    np.testing.assert_array_equal(counter.numpy(), np.full(3, steps + 1, np.float32))

@@ -228,6 +228,9 @@ def replay(loss: Tensor) -> bool:
         program.loss[:] = [None, ()]
         for n, c in zip(holders, computed):
             n.buffer.computed = c
+        for t in pending:  # (an error before the program ran them: they still wait, as before the call)
+            if t.node.op is Op.ASSIGN and t.node.buffer is None:
+                tensor_mod.PENDING_ASSIGNS[id(t)] = t
     if program.jit.replays > replays:
         Stats.replays += 1
         for t in pending:  # (the replay wrote their targets: realized, as Tensor.realize leaves them)

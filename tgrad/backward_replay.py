@@ -38,7 +38,7 @@ from tgrad import tensor as tensor_mod
 from tgrad.device import get_runtime
 from tgrad.dtype import DType
 from tgrad.graph import MOVEMENT, Node, Op
-from tgrad.jit import TinyJit
+from tgrad.jit import TinyJit, under_reshapes
 from tgrad.tensor import Tensor
 
 # TGRAD_BACKWARD_REPLAY=0 (or JIT=0) turns replays off: every backward() builds its graph lazily (what a
@@ -177,9 +177,8 @@ def _value_key(value, at) -> object:
 def replay(loss: Tensor) -> bool:
     """Run loss.backward() (no explicit gradient) as a replay, or through the TinyJit that will capture
     one; False where the plain path must run instead (nothing done then)."""
-    node = base = loss.node
-    while base.op is Op.RESHAPE and base.buffer is None:  # (x.sum(): a reshape of the reduce to ())
-        base = base.srcs[0]
+    node = loss.node
+    base = under_reshapes(node)  # (x.sum(): a reshape of the reduce to ())
     if (not ENABLED or driver.RECORDER is not None or os.environ.get("JIT", "1") == "0"
             or base.buffer is not None or base.op in MOVEMENT or base.op in (Op.DETACH, Op.ASSIGN, Op.BUFFER)
             or get_runtime(loss.device).evaluates_graphs):

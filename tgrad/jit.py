@@ -118,11 +118,17 @@ def _arg_key(v: Any) -> tuple:
     return (type(v).__name__, id(v))  # the variant keeps the object alive, so the id stays its own
 
 
-def _buffer_of(node: g.Node):
-    """The buffer of a realized node or of the realized node a chain of reshapes is over (None: neither)."""
+def under_reshapes(node: g.Node) -> g.Node:
+    """The node under node's chain of unrealized reshapes (a matmul's result, a weight gradient, x.sum():
+    a reshape of the node a kernel computes, the same elements in the same order)."""
     while node.op is Op.RESHAPE and not node.realized:
         node = node.srcs[0]
-    return node.buffer
+    return node
+
+
+def _buffer_of(node: g.Node):
+    """The buffer of a realized node or of the realized node a chain of reshapes is over (None: neither)."""
+    return under_reshapes(node).buffer
 
 
 def _bare(t: Tensor, gradient: bool = False) -> Tensor:
@@ -554,9 +560,7 @@ class TinyJit:
     def _is_fresh(t: Tensor, log: _Recorder) -> bool:
         """Whether t is a whole buffer that a kernel of this call wrote into a new allocation (or a reshape
         of one, as a matmul's result or a weight's gradient is: the same elements in the same order)."""
-        n = t.node
-        while n.op is Op.RESHAPE and not n.realized:
-            n = n.srcs[0]
+        n = under_reshapes(t.node)
         return n.realized and n.op is not Op.ASSIGN and id(n.buffer) in log.fresh
 
     def _record(

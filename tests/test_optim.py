@@ -252,7 +252,7 @@ def test_optimizer_errors():
     with pytest.raises(ValueError, match="empty"):
         SGD([])
     with pytest.raises(AutogradError, match="requires a gradient"):
-        SGD([Tensor.ones(3)])
+        SGD([Tensor.ones(3, requires_grad=False)])
 
 
 def test_setting_lr_after_tinyjit_captured_the_step(device):

@@ -342,7 +342,13 @@ class Tensor(metaclass=_NoGradMeta):
         return self._requires_grad
 
     @requires_grad.setter
-    def requires_grad(self, value: bool) -> None:
+    def requires_grad(self, value: bool | None) -> None:
+        """Three states, as in tinygrad: True, False (frozen: an optimizer leaves it alone) and None (not
+        decided, the default of a new tensor: an optimizer given it makes it True)."""
+        if value is None:
+            self._requires_grad = None
+            _grad_leaves.pop(id(self), None)
+            return
         if value and not self.dtype.is_float:
             raise DTypeError(
                 f"only floating point tensors can require gradients, this one is {self.dtype.name}"
@@ -654,8 +660,8 @@ class Tensor(metaclass=_NoGradMeta):
         device = Device.canonicalize(device)
         dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value), device)
         t = Tensor(g.const(fill_value, dt, device, shape))
-        if requires_grad:
-            t.requires_grad = True
+        if requires_grad is not None:
+            t.requires_grad = requires_grad
         return t
 
     @staticmethod

@@ -17,8 +17,9 @@ def _uniform(shape: tuple[int, ...], bound: float) -> Tensor:
 
 
 def _buffer(value: np.ndarray) -> Tensor:
-    """A state tensor (running statistics) with a buffer of its own, so assign() writes in place."""
-    return Tensor(value)
+    """A state tensor (running statistics) with a buffer of its own, so assign() writes in place; frozen
+    (requires_grad=False), so an optimizer given it by get_parameters never trains it."""
+    return Tensor(value, requires_grad=False)
 
 
 class Linear:

@@ -59,10 +59,16 @@ class Optimizer:
         params = list(params)
         if not params:
             raise ValueError("optimizer got an empty parameter list; pass get_parameters(model)")
+        for t in params:  # tinygrad's rule: a tensor not decided (requires_grad None) becomes a parameter
+            if t.requires_grad is None and t.dtype.is_float:
+                t.requires_grad = True
         self.params = [t for t in params if t.requires_grad]
         self.buffers = [t for t in params if not t.requires_grad]
         if not self.params:
-            raise AutogradError("no parameter requires a gradient; create them with requires_grad=True")
+            raise AutogradError(
+                "no parameter requires a gradient: every tensor given was made with requires_grad=False "
+                "(or is not floating point); pass the tensors to train"
+            )
         Tensor.realize(*self.params, *self.buffers)
         # lr is a tensor so that changing it also works under TinyJit (see the lr property)
         self._lr = Tensor([lr], device=self.params[0].device).realize()

@@ -17,7 +17,7 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-# no compile worker processes (tgrad/runtime/cpu_pool.py) beside the pytest-xdist ones: they would only
+# no compile worker processes (tgrad/runtime/cpu/pool.py) beside the pytest-xdist ones: they would only
 # compete for the same cores; tests/test_cpu_cache.py starts them where it tests them
 os.environ.setdefault("TGRAD_COMPILE_WORKERS", "0")
 # import triton (torch imports it too, e.g. through torch.optim) before WEBGPU or CL load their shared
@@ -29,7 +29,7 @@ except ImportError:
 
 from tgrad.device import DEVICES, VARIANT_OF
 from tgrad.errors import DeviceError
-from tgrad.runtime.numba_compile import use_cpu_features
+from tgrad.runtime.cpu.compile import use_cpu_features
 
 # the features CPU kernels compile for, before any test compiles a Numba function of its own: Numba makes
 # its code generator once, and kernels compiled by another one are not written to the disk cache

@@ -89,3 +89,15 @@ def test_modules_stay_small():
     """One job per module: only tensor.py (the API) may grow past ~700 lines."""
     sizes = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
     assert not {m: n for m, n in sizes.items() if n > 720 and m != "tgrad.tensor"}
+
+
+def test_the_cpu_runtime_is_one_package():
+    """Every CPU runtime module lives in tgrad/runtime/cpu/, and nothing outside it imports them (the
+    device registry names the runtime by string): a device's code is found by its folder."""
+    modules = _modules()
+    assert not [p for p in (PACKAGE / "runtime").glob("*.py") if p.stem.startswith(("cpu", "numba", "host"))]
+    assert "tgrad.runtime.cpu.runtime" in modules
+    outside = {m: _imports(p, modules) | _imports(p, modules, top_level=False) for m, p in modules.items()
+               if not m.startswith("tgrad.runtime.cpu")}
+    reaching = {m: sorted(d for d in deps if d.startswith("tgrad.runtime.cpu")) for m, deps in outside.items()}
+    assert not {m: deps for m, deps in reaching.items() if deps}

@@ -1,5 +1,5 @@
 """Convolutions whose windows (im2col) are big run on the CPU as matmuls over pieces of images
-(blas.Chunk, runtime/cpu_blas.py `_run_pieces`): each piece copies only its own windows, on threads with a
+(blas.Chunk, runtime/cpu/blas.py `_run_pieces`): each piece copies only its own windows, on threads with a
 one-thread BLAS each. Forward and both gradients against PyTorch, for the layouts the pieces meet."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tgrad import Tensor, blas, emit_numba, emit_numba_conv, fuse
-from tgrad.runtime import cpu_blas, cpu_gemm
+from tgrad.runtime.cpu import blas as cpu_blas
+from tgrad.runtime.cpu import gemm as cpu_gemm
 
 
 @pytest.fixture(autouse=True, params=["1", "0"], ids=["native", "numpy"])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tgrad import Tensor, fuse
-from tgrad.runtime import cpu as device
+from tgrad.runtime.cpu import runtime as device
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,11 +114,11 @@ def test_bool_reductions_through_a_row_of_accumulators(reduce, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------
-# compile workers (tgrad/runtime/cpu_pool.py)
+# compile workers (tgrad/runtime/cpu/pool.py)
 
 GOOD = """import numpy as np
 
-from tgrad.runtime.numba_rt import kernel
+from tgrad.runtime.cpu.numba_rt import kernel
 
 
 @kernel()
@@ -129,7 +129,7 @@ def triple(out, in0, n):
 
 
 def _ready_pool(workers: int = 1):
-    from tgrad.runtime import cpu_pool
+    from tgrad.runtime.cpu import pool as cpu_pool
 
     pool = cpu_pool.CompilePool()
     pool.start(workers)
@@ -153,7 +153,7 @@ def test_a_compile_worker_returns_object_code_the_main_process_runs():
     assert set(entry) == {"name", "object", "symbols", "features"}
     # compiled for the features the cache key names (the worker's set-up once made Numba's code generator
     # with the host's defaults first: 256-bit vectors on AVX-512 hosts)
-    from tgrad.runtime.numba_compile import cpu_features
+    from tgrad.runtime.cpu.compile import cpu_features
 
     assert entry["features"] == cpu_features()
     broken = ("def broken(:\n", "broken", "tgrad_kernel_test_broken", ["float32"], 0)
@@ -217,7 +217,7 @@ def test_compile_workers_build_part_of_a_cold_schedule(tmp_path):
 
 def test_a_bad_worker_count_is_a_clear_error(monkeypatch):
     from tgrad.errors import DeviceError
-    from tgrad.runtime import cpu_pool
+    from tgrad.runtime.cpu import pool as cpu_pool
 
     monkeypatch.setenv("TGRAD_COMPILE_WORKERS", "two")
     with pytest.raises(DeviceError, match=r"TGRAD_COMPILE_WORKERS='two': expected a number .*\(0 for none\)"):
@@ -275,7 +275,7 @@ import json
 import numpy as np
 from numba.core import config
 from tgrad import Tensor
-from tgrad.runtime import cpu
+from tgrad.runtime.cpu import runtime as cpu
 x = np.random.default_rng(1).standard_normal((300, 70)).astype(np.float32)
 got = Tensor(x).softmax(-1).numpy()
 want = np.exp(x - x.max(-1, keepdims=True))
@@ -311,7 +311,7 @@ if os.environ.get("EARLY"):  # a Numba function compiled first: Numba's code gen
     import numba
     numba.njit(lambda v: v + 1)(1)
 from tgrad import Tensor
-from tgrad.runtime.numba_compile import cpu_features
+from tgrad.runtime.cpu.compile import cpu_features
 from numba.core.registry import cpu_target
 x = np.random.default_rng(1).standard_normal((300, 70)).astype(np.float32)
 got = Tensor(x).softmax(-1).numpy()
@@ -346,7 +346,7 @@ def test_workers_take_the_longest_job_and_optional_ones_last():
     """A worker takes the job with the longest source (the main process compiles from the front); jobs
     submitted as optional (a direct convolution's function, which has a BLAS path meanwhile) only when no
     other job waits; a claim takes a queued job of either kind back for the caller to compile."""
-    from tgrad.runtime import cpu_pool
+    from tgrad.runtime.cpu import pool as cpu_pool
 
     pool = cpu_pool.CompilePool()  # (no worker started: next_job is what one would take)
     job = lambda src: (src, "f", "m", ["float32"], 0)  # noqa: E731
@@ -368,7 +368,7 @@ def test_workers_take_the_longest_job_and_optional_ones_last():
 def test_the_main_process_compiles_queued_jobs_while_it_waits_for_a_worker(monkeypatch):
     """A claim of a key a worker is compiling does not sit idle: it compiles the front of the queue itself
     (as a worker would) and leaves the result for that job's own claim."""
-    from tgrad.runtime import cpu_pool
+    from tgrad.runtime.cpu import pool as cpu_pool
 
     pool = cpu_pool.CompilePool()
     compiled = []
@@ -391,7 +391,7 @@ def test_the_main_process_compiles_queued_jobs_while_it_waits_for_a_worker(monke
 
 def test_background_compiles_can_be_turned_off():
     """TGRAD_BACKGROUND_COMPILES=0: direct convolutions wait for their functions (reproducible values)."""
-    code = "from tgrad.runtime import cpu; print(cpu.TIERED)"
+    code = "from tgrad.runtime.cpu import runtime; print(runtime.TIERED)"
     for value, want in (("0", "False"), ("1", "True"), (None, "True")):
         env = {k: v for k, v in os.environ.items() if k != "TGRAD_BACKGROUND_COMPILES"}
         if value is not None:

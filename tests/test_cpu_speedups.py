@@ -1,6 +1,6 @@
 """The CPU emitter's fast paths keep the results of the plain ones (compared with numpy and PyTorch).
 
-float32 exp2 is an inline polynomial (tgrad/runtime/numba_rt.py `_exp2f`) instead of a libm call, float max is
+float32 exp2 is an inline polynomial (runtime/cpu/numba_rt.py `_exp2f`) instead of a libm call, float max is
 LLVM's `maximum` so max-reductions vectorize, and kernels index raw pointers (no wraparound of negative
 indexes) so `prange` bodies vectorize.
 """
@@ -333,7 +333,7 @@ def test_blas_with_an_operand_stored_column_by_column(shapes, monkeypatch):
     """a.T @ b, with a batch axis too: an operand read in place is handed to BLAS column by column as it
     is (not computed as (b.T @ a).T and put back in order, which ran slower: cpu_blas._Matmul), and the
     result lands in the kernel's row-major output, with and without an epilogue."""
-    from tgrad.runtime import cpu_blas
+    from tgrad.runtime.cpu import blas as cpu_blas
 
     made = []
     original = cpu_blas._Matmul.__init__
@@ -436,7 +436,7 @@ def test_attention_matmuls_read_heads_in_place(monkeypatch):
     PyTorch's. (Matmuls this small run as generated code, tests/test_batched_matmul.py; BLAS takes them
     here, as it takes bigger ones.)"""
     from tgrad import emit_numba
-    from tgrad.runtime import cpu_blas as cpu
+    from tgrad.runtime.cpu import blas as cpu
 
     monkeypatch.setattr(emit_numba, "generated_batch", lambda kernel, plan: False)
     copies = []
@@ -466,7 +466,7 @@ IDLE_PROBE = """
 import json, os
 import numpy as np
 from tgrad import Tensor
-from tgrad.runtime import cpu_blas as cpu
+from tgrad.runtime.cpu import blas as cpu
 libs = cpu._openblas()
 lib = libs[0] if libs else None
 before = lib.openblas_thread_timeout() if lib else None
@@ -497,7 +497,7 @@ def test_openblas_threads_sleep_soon_after_a_matmul(user):
     assert out["err"] < 1e-3 and out["env"] == user
     if not out["found"]:
         pytest.skip("numpy's BLAS here is not an OpenBLAS with the entry points tgrad calls")
-    from tgrad.runtime.cpu_blas import OPENBLAS_IDLE
+    from tgrad.runtime.cpu.blas import OPENBLAS_IDLE
 
     assert out["before"] == (int(user) if user else 0)
     assert out["after"] == (int(user) if user else OPENBLAS_IDLE)

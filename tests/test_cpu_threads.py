@@ -1,4 +1,4 @@
-"""tgrad/runtime/cpu_threads.py: native worker threads for threaded CPU kernels. The pool runs native
+"""tgrad/runtime/cpu/threads.py: native worker threads for threaded CPU kernels. The pool runs native
 functions of the kernels' form (two status slots, int64 arguments, lo, hi); here Numba cfuncs stand in
 for kernels, and the CPU device's threaded kernels are checked against numpy."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tgrad import Tensor
-from tgrad.runtime import cpu_threads
+from tgrad.runtime.cpu import threads as cpu_threads
 
 pytestmark = pytest.mark.skipif(not cpu_threads.enabled(),
                                 reason="native workers: Linux x86-64 only, not with TGRAD_NATIVE_THREADS=0")
@@ -100,7 +100,7 @@ def _record(fn, args, n=0, chunks=0, combine=0):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_sequence_runs_its_records_in_order_threaded_or_not(workers):
-    """Pool.sequence (TinyJit's replay of a run of CPU launches, runtime/cpu_batch.py): serial records,
+    """Pool.sequence (TinyJit's replay of a run of CPU launches, runtime/cpu/batch.py): serial records,
     threaded ones over their ranges (every index once) and combine calls ([n, n)), in record order."""
     pool = cpu_threads.pool(workers)
     log, out = np.zeros(16, np.int64), np.zeros(1000, np.int64)
@@ -204,7 +204,7 @@ def test_two_threads_loading_one_function_share_the_first_stored(monkeypatch):
 
 def test_without_native_workers(monkeypatch):
     """TGRAD_NATIVE_THREADS=0: threaded kernels run on Python threads, with the same values."""
-    from tgrad.runtime import cpu
+    from tgrad.runtime.cpu import runtime as cpu
 
     monkeypatch.setenv("TGRAD_NATIVE_THREADS", "0")
     monkeypatch.setenv("TGRAD_THREADS", "5")  # a pool size no other test started

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tgrad import Tensor, backward_replay, blas, emit_numba_conv, fuse
-from tgrad.runtime import cpu
+from tgrad.runtime.cpu import runtime as cpu
 
 
 @pytest.fixture(autouse=True)
@@ -285,7 +285,7 @@ def test_input_gradient_whose_shares_are_written_keeps_the_pair(monkeypatch):
     realize._private_of); where the shares get a buffer, the pair computes them and their sum as before.
     Counted by calls of the scatter's compiled function; the same values either way."""
     from tgrad import realize
-    from tgrad.runtime import cpu as cpu_runtime
+    from tgrad.runtime.cpu import runtime as cpu_runtime
 
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
     calls = []
@@ -372,8 +372,8 @@ def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, 
     import collections
 
     from tgrad import TinyJit, schedule_cache
-    from tgrad.runtime import cpu as cpu_runtime
-    from tgrad.runtime import cpu_pool
+    from tgrad.runtime.cpu import pool as cpu_pool
+    from tgrad.runtime.cpu import runtime as cpu_runtime
 
     monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))  # (nothing on disk: the functions are not ready)
     monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())  # (no runners of other tests)
@@ -425,8 +425,8 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
 
     from tgrad import device as tdevice
     from tgrad import realize, schedule_cache
-    from tgrad.runtime import cpu as cpu_runtime
-    from tgrad.runtime import cpu_pool
+    from tgrad.runtime.cpu import pool as cpu_pool
+    from tgrad.runtime.cpu import runtime as cpu_runtime
 
     monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_runtime, "TIERED", True)
@@ -458,7 +458,7 @@ def test_a_failing_scatter_names_both_kernels(monkeypatch):
 
     from tgrad import schedule_cache
     from tgrad.errors import KernelError
-    from tgrad.runtime import cpu as cpu_runtime
+    from tgrad.runtime.cpu import runtime as cpu_runtime
 
     monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
     monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())

@@ -1,4 +1,4 @@
-"""The CPU runtime's host memory (tgrad/runtime/host_memory.py): big blocks are reused once nothing can
+"""The CPU runtime's host memory (tgrad/runtime/cpu/memory.py): big blocks are reused once nothing can
 see them, never while a view of them lives, and arrays it did not make are never taken in."""
 
 import gc
@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from tgrad.runtime.host_memory import MIN_KEEP, PAGE, HostMemory
+from tgrad.runtime.cpu.memory import MIN_KEEP, PAGE, HostMemory
 
 N = MIN_KEEP // 4  # float32 elements of one kept block
 

@@ -392,11 +392,13 @@ def _batch_ref(x, w, b, w2):
 @pytest.mark.parametrize("workers_busy", [False, True])
 def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, workers_busy):
     """On the CPU, a replay runs each run of compiled functions and plain matmuls as one native call
-    (Runtime.batch, runtime/cpu_batch.py): new inputs, new outputs and a matmul with an epilogue run from
+    (Runtime.batch, runtime/cpu/batch.py): new inputs, new outputs and a matmul with an epilogue run from
     Python between the runs are right on every call, as without batching; with the native workers busy
     (another thread holds them) the batch's launches run one by one, same values."""
     from tgrad import jit
-    from tgrad.runtime import cpu_batch, cpu_pool, cpu_threads
+    from tgrad.runtime.cpu import batch as cpu_batch
+    from tgrad.runtime.cpu import pool as cpu_pool
+    from tgrad.runtime.cpu import threads as cpu_threads
 
     if not cpu_threads.enabled():
         pytest.skip("native workers: Linux x86-64 only, not with TGRAD_NATIVE_THREADS=0")
@@ -433,7 +435,8 @@ def test_a_failing_function_in_a_batch_names_its_kernel(monkeypatch):
     """A compiled function that returns an error status inside a batched replay raises KernelError
     naming its kernel, as a launch from Python does."""
     from tgrad.errors import KernelError
-    from tgrad.runtime import cpu_batch, cpu_threads
+    from tgrad.runtime.cpu import batch as cpu_batch
+    from tgrad.runtime.cpu import threads as cpu_threads
 
     numba = pytest.importorskip("numba")
     if not cpu_threads.enabled():

@@ -1,6 +1,6 @@
 """Matmul-shaped kernels as BLAS calls (the CPU device): `blas_plan` recognises a kernel whose reduce is
 sum_r A[g, r] * B[g, r] over strided (or computed) operands and says how to run it as a batched matmul
-(numpy.matmul on strided views, tgrad/runtime/cpu_blas.py `BlasCall`), with generated functions around it:
+(numpy.matmul on strided views, tgrad/runtime/cpu/blas.py `BlasCall`), with generated functions around it:
 prologues that compute computed operands, an epilogue that computes the stored value from the result.
 Pure planning over the Kernel IR, like the emitters: no runtime, no device package."""
 
@@ -315,7 +315,7 @@ ONE_INDEX_MIN_WORK = 1 << 18  # multiply-adds of a one-index piece below which s
 def single_pieces(k: Kernel, plan: BlasPlan) -> BlasPlan:
     """`plan` with pieces of one index of its chunk axis (one image), and the shift that allows
     (`_shift_pair`), where a piece still has ONE_INDEX_MIN_WORK multiply-adds: what the CPU's compiled
-    pieces (runtime/cpu_gemm.py) run fastest. A piece costs them a call, not the ~30 us of Python the numpy
+    pieces (runtime/cpu/gemm.py) run fastest. A piece costs them a call, not the ~30 us of Python the numpy
     path pays, so smaller copies win: MNIST CNN conv3 forward 2.2 -> 1.4 ms, conv4's 3.0 -> 2.1, conv1's
     weight gradient 2.2 -> 1.1 (one image's output gradient is a matrix as it is, four images' a copy)."""
     ch = plan.chunk

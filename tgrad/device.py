@@ -27,7 +27,7 @@ DEBUG = int(os.environ.get("DEBUG", "0") or 0)
 # the one list of devices: name -> its runtime ("module:class"). A runtime is imported only when its
 # device is opened, so a missing driver package never breaks `import tgrad`.
 RUNTIMES = {
-    "CPU": "tgrad.runtime.cpu:CPURuntime",
+    "CPU": "tgrad.runtime.cpu.runtime:CPURuntime",
     "NUMPY": "tgrad.runtime.numpy:NumpyRuntime",
     "CUDA": "tgrad.runtime.triton:CUDARuntime",
     "AMD": "tgrad.runtime.triton:AMDRuntime",

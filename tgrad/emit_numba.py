@@ -1,7 +1,7 @@
 """Render a Kernel as Python source for Numba (the CPU device).
 
 The source is a plain Python function over raw pointers (`out[i] = in0[j] * in1[j]`), marked with
-`@kernel()` (tgrad/runtime/cpu.py compiles it with Numba as a native function without Python wrappers
+`@kernel()` (tgrad/runtime/cpu/runtime.py compiles it with Numba as a native function without Python wrappers
 and keeps its object code on disk).
 The kernel becomes nested loops: the global axes outermost, the reduce axes inside with a scalar
 accumulator. A kernel big enough to be worth threads runs its outer loop over [lo, hi) (two more
@@ -43,14 +43,14 @@ SPLIT = 64  # chunks a full reduction is split into for threads
 # from the shared cache run at one core's bandwidth (~10 GB/s) on one thread; MLP and CNN steps unchanged
 PARALLEL_MIN_WORK = 1 << 18
 
-# the helpers kernels call live in tgrad/runtime/numba_rt.py; a digest of that file is part of every
+# the helpers kernels call live in tgrad/runtime/cpu/numba_rt.py; a digest of that file is part of every
 # kernel's source, so kernels cached on disk are rebuilt when the helpers change (the file is read, not
 # imported: rendering needs no Numba)
-_RT_PATH = Path(__file__).parent / "runtime" / "numba_rt.py"
+_RT_PATH = Path(__file__).parent / "runtime" / "cpu" / "numba_rt.py"
 _RT_DIGEST = hashlib.sha256(_RT_PATH.read_bytes()).hexdigest()[:12]
 HEADER = f"""import numpy as np
 
-from tgrad.runtime.numba_rt import (  # runtime {_RT_DIGEST}
+from tgrad.runtime.cpu.numba_rt import (  # runtime {_RT_DIGEST}
     _acc_add, _acc_mul, _bf16, _exp2f, _f16, _fma, _idiv, _maximum, _opaque, kernel,
 )
 """

@@ -1,5 +1,5 @@
 """A 2-d convolution's forward product as a generated loop nest for the CPU (a direct convolution), instead
-of BLAS over copied windows (tgrad/blas.py, runtime/cpu_blas.py).
+of BLAS over copied windows (tgrad/blas.py, runtime/cpu/blas.py).
 
 The kernel is the one `blas.blas_plan` recognises as a matmul: out[n, o, y, x] = sum over (c, kh, kw) of
 windows[n, y, x, c, kh, kw] * weight[o, c, kh, kw], the windows read in place from the input (strides for
@@ -61,7 +61,7 @@ Weight gradients tile 2x4 pixels, or 3x3 where 3 divides the columns and 4 does 
 1.28 ms, no tail block to compile). Every generated value has a name of its own (Numba's SSA pass is
 quadratic in the assignments of one name). These functions take 0.3-0.8 s each to compile: the CPU
 runtime compiles them as optional jobs of its compile workers and runs the BLAS path until they are there
-(runtime/cpu.py `_when_ready`), so a first step does not wait for them.
+(runtime/cpu/runtime.py `_when_ready`), so a first step does not wait for them.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def _render_tiles(k: Kernel, plan: BlasPlan, lanes: int, registers: int) -> Prog
         geometry = f"{cin}, {kh}, {kw}, {chans}, {sa[4]}, {sa[5]}, {sa[6]}, {sa[3]}"
         return f"conv_tile({geometry}, {p}, {blocks}, {f64}, {lanes})"
 
-    prelude = "from tgrad.runtime.numba_rt import conv_tile\n\n" + f"_tile = {factory(width)}\n"
+    prelude = "from tgrad.runtime.cpu.numba_rt import conv_tile\n\n" + f"_tile = {factory(width)}\n"
     if tail:
         prelude += f"_tail = {factory(tail)}\n"
     step = blocks * lanes
@@ -365,7 +365,7 @@ def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int, registers: int) ->
     taps = kh * kw
     most = max(1, registers // blocks)  # taps a pass, at most; the passes even (25 taps: 9, 8, 8)
     per = -(-taps // -(-taps // most))
-    prelude = "from tgrad.runtime.numba_rt import wgrad_tile\n\n"
+    prelude = "from tgrad.runtime.cpu.numba_rt import wgrad_tile\n\n"
     lines = [f"for ob in range(0, {chans}, {blocks * lanes}):"]
     for j, t0 in enumerate(range(0, taps, per)):
         n = min(per, taps - t0)

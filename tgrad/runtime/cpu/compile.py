@@ -1,6 +1,6 @@
 """Numba as a compiler of CPU kernels to native functions over raw pointers (no Python or C wrappers).
 
-Used by the CPU runtime (tgrad/runtime/cpu.py) and by its compile workers (cpu_pool.py). Numba is
+Used by the CPU runtime (tgrad/runtime/cpu/runtime.py) and by its compile workers (cpu/pool.py). Numba is
 imported inside the functions: a process whose kernels are all in the disk cache never imports it.
 """
 
@@ -149,5 +149,5 @@ def cacheable(entry: dict) -> bool:
 
 
 def compile_object(source: str, fname: str, modname: str, storage: list[str], n_ints: int) -> dict:
-    """What a compile worker (cpu_pool.py) returns: the disk-cache entry of one kernel."""
+    """What a compile worker (cpu/pool.py) returns: the disk-cache entry of one kernel."""
     return on_disk(compile_native(source, fname, modname, tuple(map(dtypes.from_any, storage)), n_ints))

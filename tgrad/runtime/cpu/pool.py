@@ -2,7 +2,7 @@
 
 Numba compiles in Python under one lock: a process compiles one kernel at a time (~40-150 ms each, and
 ~1 s of one-time set-up before the first). With a cold cache, the CPU runtime starts worker processes
-(`python -m tgrad.runtime.cpu_pool`; `TGRAD_COMPILE_WORKERS` of them, default one fewer than the cores,
+(`python -m tgrad.runtime.cpu.pool`; `TGRAD_COMPILE_WORKERS` of them, default one fewer than the cores,
 at most 2; 0 turns them off) when it opens, so their set-up overlaps the program's own start; with a
 warm cache it starts them only when a schedule needs several new kernels. Before a schedule runs,
 CPURuntime.prepare queues the kernels it has to compile: workers take the longest source first while
@@ -27,8 +27,8 @@ import threading
 from pathlib import Path
 
 from tgrad.errors import DeviceError
-from tgrad.runtime import cpu_gemm
-from tgrad.runtime.numba_compile import compile_object, use_cpu_features
+from tgrad.runtime.cpu import gemm as cpu_gemm
+from tgrad.runtime.cpu.compile import compile_object, use_cpu_features
 
 MIN_JOBS_TO_START = 3  # with a warm cache, a worker (~1 s to start) is not worth it for one or two kernels
 IDLE_EXIT_S = 20.0  # a worker with nothing to do for this long exits (it holds ~150 MB); more start on demand
@@ -79,7 +79,7 @@ class CompilePool:
 
     def start(self, workers: int) -> None:
         """Start worker processes until `workers` are live."""
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])  # the folder holding tgrad/
         paths = [root, *filter(None, [os.environ.get("PYTHONPATH")])]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         with self.cond:
@@ -155,7 +155,7 @@ class CompilePool:
         """Start one worker process, then hand it the last queued job, one at a time, until it idles."""
         key, proc, ready = None, None, False
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "tgrad.runtime.cpu_pool"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-m", "tgrad.runtime.cpu.pool"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, env=env)
             if pickle.load(proc.stdout) != "ready":
                 raise RuntimeError("the compile worker did not start")

@@ -16,12 +16,12 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from tgrad.runtime.cpu_gemm import KERNEL_ARGS, SYMBOLS
+from tgrad.runtime.cpu.gemm import KERNEL_ARGS, SYMBOLS
 
 
 def kernel(**options):
     """Marks a generated kernel function with the Numba options it compiles with (`parallel`);
-    the CPU runtime compiles it as a native function taking raw pointers (see runtime/cpu.py)."""
+    the CPU runtime compiles it as a native function taking raw pointers (see runtime/cpu/runtime.py)."""
 
     def mark(fn):
         fn.numba_options = options
@@ -219,7 +219,7 @@ GEMM_SYMBOLS = {types.float32: SYMBOLS["float32"], types.float64: SYMBOLS["float
 def _gemm(typingctx, ta, tb, m, n, k, a, ai, lda, b, bi, ldb, beta, c, ci, ldc):
     """c[ci:] = a[ai:] @ b[bi:] + beta * c[ci:] (row major; `ta`, `tb` CBLAS's transpose flags 111 or
     112): BLAS's gemm with 64-bit integers (an ILP64 cblas_sgemm / cblas_dgemm), called by the name
-    runtime/cpu_gemm.py gives the one it found in the process (so object code using it can be cached).
+    runtime/cpu/gemm.py gives the one it found in the process (so object code using it can be cached).
     Pointers are the arrays' CPointers plus element offsets."""
     if not (isinstance(a, types.CPointer) and a == b == c and a.dtype in GEMM_SYMBOLS):
         return None
@@ -261,7 +261,7 @@ def _call_kernel(typingctx, fn, words, at):
     """Call the compiled kernel at address `fn` with Numba's return-value and exception slots at
     words[at:at + 2] and words[at + 2:at + 4], and KERNEL_ARGS int64 arguments words[at + 4:...] (its
     pointers and ints, then anything): on x86-64 and AArch64 pointers and int64s go in the same registers
-    and stack slots, and arguments a function does not declare are never read (runtime/cpu_threads.py
+    and stack slots, and arguments a function does not declare are never read (runtime/cpu/threads.py
     calls kernels the same way). Returns the kernel's status (0 or -2: it returned)."""
     if not (isinstance(words, types.CPointer) and words.dtype == types.int64):
         return None

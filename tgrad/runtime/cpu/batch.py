@@ -1,11 +1,11 @@
-"""TinyJit's replay of CPU launches in one native call (device.Runtime.batch, runtime/cpu.py `batch`).
+"""TinyJit's replay of CPU launches in one native call (device.Runtime.batch, runtime/cpu/runtime.py `batch`).
 
 A replay calls each captured launch from Python: the Runner, the run closure, the arguments' addresses,
 a ctypes call or a hand-off to the native workers. That costs ~2.3 us a launch with warm caches and ~5 us
 inside a training step (the step's kernels have pushed the interpreter's own data out of the caches): ~1 ms
 of a GPT step's 233 launches. Here a run of launches of compiled functions becomes records of one call of
 cpu_threads' `sequence` (each record the function's address, its arguments and how it is threaded, as
-runtime/cpu.py's `call` would run it), bound once; a replay writes the addresses of the buffers that are new
+runtime.py's `call` would run it), bound once; a replay writes the addresses of the buffers that are new
 at each call (arguments, fresh outputs, gradients, host steps' results) into their records' slots and makes
 one call per run. A matmul that is one BLAS call per matrix, reading its operands in place and writing its
 output in order, is a record too (cpu_gemm's gemm_batch, called on this thread: BLAS's threads split it).
@@ -20,8 +20,8 @@ import weakref
 import numpy as np
 
 from tgrad.errors import KernelError, numbered
-from tgrad.runtime import cpu_threads
-from tgrad.runtime.cpu_pool import threads
+from tgrad.runtime.cpu import threads as cpu_threads
+from tgrad.runtime.cpu.pool import threads
 
 CHUNKS_PER_THREAD = 4  # ranges per thread of a threaded kernel on the native workers: a thread that
 # finishes early takes another (the threads run at different speeds on a shared machine)
@@ -48,7 +48,7 @@ def chunks(n: int, workers: int) -> int:
 
 class Batch:
     """Launches [(runner, out, inputs)] replayed in order: runs of bindable ones (a runner whose function
-    has `bind`, see runtime/cpu.py) as records of one `sequence` call, the others called from Python.
+    has `bind`, see runtime/cpu/runtime.py) as records of one `sequence` call, the others called from Python.
     `varying`: ids of the buffers a replay replaces (its `remap` keys); their slots are written per call."""
 
     def __init__(self, launches: list[tuple], varying: set[int], workers: int):

@@ -1,11 +1,10 @@
 """The CPU runtime: kernels rendered by emit_numba, compiled by Numba to native functions, called through
-ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul, cpu_blas.py) with generated code around them.
+ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul, blas.py) with generated code around them.
 
-Numba compiles each function once (tgrad/runtime/numba_compile.py: no Python wrappers), tgrad keeps its
-object code on disk (`TGRAD_CACHE/cpu`) and loads it with llvmlite alone, so a process with a warm cache
-never imports Numba. Threaded kernels run on tgrad's own threads (`_Threads`: native workers from
-cpu_threads.py, else Python threads), ranges of the outer loop, not in Numba's threading layer.
-With a cold cache, compile worker processes (cpu_pool.py) build part of each schedule's new kernels.
+Numba compiles each function once (compile.py: no Python wrappers), tgrad keeps its object code on disk
+(`TGRAD_CACHE/cpu`) and loads it with llvmlite alone, so a process with a warm cache never imports Numba.
+Threaded kernels run ranges of the outer loop on tgrad's threads (`_Threads`: threads.py's native workers,
+else Python's). With a cold cache, compile workers (pool.py) build part of a schedule's new kernels.
 """
 
 from __future__ import annotations
@@ -35,13 +34,12 @@ from tgrad.emit_numba import BlasPlan
 from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.program import Program
-from tgrad.runtime import cpu_batch, cpu_gemm, cpu_pool, cpu_threads
-from tgrad.runtime.cpu_batch import address as _address
-from tgrad.runtime.cpu_batch import chunks as _chunks
-from tgrad.runtime.cpu_blas import BlasCall, DirectConv, Tiered, _view, openblas_idle_timeout
-from tgrad.runtime.cpu_pool import threads
-from tgrad.runtime.host_memory import MIN_KEEP, HostMemory
-from tgrad.runtime.numba_compile import (
+from tgrad.runtime.cpu import batch as cpu_batch
+from tgrad.runtime.cpu import gemm as cpu_gemm
+from tgrad.runtime.cpu import pool as cpu_pool
+from tgrad.runtime.cpu import threads as cpu_threads
+from tgrad.runtime.cpu.blas import BlasCall, DirectConv, Tiered, _view, openblas_idle_timeout
+from tgrad.runtime.cpu.compile import (
     KERNEL_OPT,
     cacheable,
     compile_native,
@@ -50,6 +48,8 @@ from tgrad.runtime.numba_compile import (
     use_cpu_features,
     vector_bytes,
 )
+from tgrad.runtime.cpu.memory import MIN_KEEP, HostMemory
+from tgrad.runtime.cpu.pool import threads
 
 # ---------------------------------------------------------------------------------------------------
 # native functions: loaded from object code, called through ctypes
@@ -97,7 +97,7 @@ class _Threads:
         pool = cpu_threads.pool(count - 1) if count > 1 and len(args) <= cpu_threads.MAX_ARGS else None
         if pool is not None and pool.lock.acquire(blocking=False):
             try:
-                status = pool.run(address, args, n, _chunks(n, count))
+                status = pool.run(address, args, n, cpu_batch.chunks(n, count))
             finally:
                 pool.lock.release()
             if status not in _RET_OK:
@@ -315,7 +315,7 @@ class CPURuntime(Runtime):
         if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
             raise DeviceError("the CPU device needs numba: pip install numba")
         self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
-        self.memory = HostMemory()  # buffers and BLAS operands, big blocks reused (host_memory.py)
+        self.memory = HostMemory()  # buffers and BLAS operands, big blocks reused (cpu/memory.py)
         openblas_idle_timeout()
         if _cold_cache():  # start them now: their set-up overlaps the program's own start
             self.pool.start(cpu_pool.default_workers())
@@ -342,7 +342,7 @@ class CPURuntime(Runtime):
     def prepare(self, kernels: list, groups: list[Runner] = ()) -> None:
         """Before a schedule runs: queue the native functions it needs that are neither in memory nor on
         disk for the compile workers, which compile from the back while this process compiles from the
-        front (see cpu_pool.py); the row groups' functions too, the first time each group comes (an eager
+        front (see cpu/pool.py); the row groups' functions too, the first time each group comes (an eager
         step that finds its schedule cached brings the same groups again: hashing their sources and
         looking for their cache files took ~170 us of each MLP step)."""
         groups = [g for g in groups if g not in self.seen_groups]
@@ -360,7 +360,7 @@ class CPURuntime(Runtime):
             pieces_run = pieces_run and (TIERED or "direct" not in program.launch)
             if pieces_run and kernel.out_dtype in (dtypes.float32, dtypes.float64):
                 pieces.add(kernel.out_dtype)
-        if pieces and cpu_gemm.enabled():  # the compiled conv pieces it may run (cpu_gemm.py)
+        if pieces and cpu_gemm.enabled():  # the compiled conv pieces it may run (cpu/gemm.py)
             parts += [cpu_gemm.program(dt.np, name) for dt in pieces for name in cpu_gemm.PROGRAMS]
         jobs: dict[tuple, tuple] = {}
         parts += [f for group in groups for f in group.program.launch.get("parts", [group.program])]
@@ -472,10 +472,10 @@ class CPURuntime(Runtime):
             # the same call for cpu_gemm's pair_pieces: k2's arguments as (kind, value, bytes per image):
             # an array moved per image, k1's rows (1), an int (2)
             if not program.scratch and not program.launch.get("split"):  # (as _build's `free` call)
-                moves = [(0, _address(whole), pair.out_shift * whole.itemsize)]
+                moves = [(0, cpu_batch.address(whole), pair.out_shift * whole.itemsize)]
                 for i in program.reads:
                     p, shift = ins2[i], pair.shifts[i]
-                    moved = (0, _address(arrays[p]), shift * arrays[p].itemsize)
+                    moved = (0, cpu_batch.address(arrays[p]), shift * arrays[p].itemsize)
                     moves.append((1, 0, 0) if p == at1 else moved)
                 after.native = (address, [*moves, *((2, v, 0) for v in program.args)])
 
@@ -497,7 +497,7 @@ class CPURuntime(Runtime):
         """A threaded-signature function (program.launch "split": pointers, ints, then lo, hi) on range(n),
         on the threads threaded kernels use, without the GIL (cpu_gemm's pieces: n slots)."""
         hit = self._native_call(program)
-        _THREADS.run(hit[1], hit[2], (*map(_address, arrays), *ints), n, False)
+        _THREADS.run(hit[1], hit[2], (*map(cpu_batch.address, arrays), *ints), n, False)
 
     def _native_call(self, program: Program) -> tuple:
         """(program, its loaded native function, the function's address), loaded once."""
@@ -590,7 +590,7 @@ class CPURuntime(Runtime):
                 return None
             ints, (a, b) = spec
             fn = self._native_call(cpu_gemm.program(dt.np, "gemm_batch"))[2]
-            args = [_address(inputs[a]), _address(inputs[b]), _address(out), *ints[1:]]
+            args = [*map(cpu_batch.address, (inputs[a], inputs[b], out)), *ints[1:]]
             return fn, args, [a, b, -1], ints[0], False, False, []
 
         return bind
@@ -644,13 +644,13 @@ class CPURuntime(Runtime):
             unlocked = ctypes.CFUNCTYPE(ctypes.c_int32, *native.argtypes)(address_of_native)
 
             def call_free(out: np.ndarray, *inputs: np.ndarray) -> None:
-                args = (_address(out), *[_address(inputs[i]) for i in used], *extra)
+                args = (cpu_batch.address(out), *[cpu_batch.address(inputs[i]) for i in used], *extra)
                 _THREADS.call(unlocked, args, None, None)
 
             return call_free
         split, combine = program.launch.get("split", 0), program.launch.get("combine", False)
         scratch = tuple((size, dt.np) for size, dt in program.scratch)
-        address, pool = _address, []  # scratch arrays between launches (pop/append are atomic)
+        address, pool = cpu_batch.address, []  # scratch arrays between launches (pop/append are atomic)
 
         def call(out: np.ndarray, *inputs: np.ndarray) -> None:
             ptrs = [address(out)]

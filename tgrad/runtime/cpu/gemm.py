@@ -30,7 +30,7 @@ from tgrad.blas import BlasPlan
 from tgrad.dtype import dtypes
 from tgrad.emit_numba import _RT_DIGEST
 from tgrad.program import Program
-from tgrad.runtime.host_memory import HostMemory
+from tgrad.runtime.cpu.memory import HostMemory
 
 DIMS = 6  # axes of a piece's copy the function takes (a conv's copy has 4 or 5)
 NO_TRANS, TRANS = 111, 112  # CBLAS's flags
@@ -71,12 +71,12 @@ def _operands(a_off: str, a_step: str, a_copied: str, b_off: str, b_step: str, b
 
 HEAD = f"""import numpy as np
 
-from tgrad.runtime.numba_rt import _gemm, kernel  # runtime {_RT_DIGEST}
+from tgrad.runtime.cpu.numba_rt import _gemm, kernel  # runtime {_RT_DIGEST}
 
 
 """
 
-# The functions take the pieces in `nslots` slots and run slots [lo, hi) (a thread's share: cpu.py's
+# The functions take the pieces in `nslots` slots and run slots [lo, hi) (a thread's share: cpu/runtime.py's
 # native workers call them on ranges of slots): slot j has pieces [j * npieces // nslots, (j + 1) * npieces
 # // nslots) and its own copy buffers (`xlen` elements apart) and, where the pieces are summed, its own sum
 # (`acc` elements apart; its first piece writes it, the others add), which the caller adds up.
@@ -136,7 +136,7 @@ def gemm_batch(a, b, c, m, n, k, ta, lda, a_off, a_bs, tb, ldb, b_off, b_bs, c_b
         _gemm(ta, tb, m, n, k, a, a_off + bi * a_bs, lda, b, b_off + bi * b_bs, ldb, 0.0, c, bi * c_bs, ldc)
 """
 
-# pair_pieces: a piece pair (cpu.py's _pair_runner: a conv's col2im matmul, then the kernel that shifts its
+# pair_pieces: a piece pair (runtime.py _pair_runner: a conv's col2im matmul, then the kernel that shifts its
 # shares into place) with everything but the arrays in `words` (layout: the W* offsets below). Per piece q,
 # for each of its nb batch matrices, rows = A @ B (operands read in place or copied, as in blas_pieces, each
 # with a batch stride), into the result (q * c_step) or the slot's rows buffer (kept); then the second

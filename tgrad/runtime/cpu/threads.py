@@ -15,7 +15,7 @@ have not claimed). PyTorch's OpenMP threads wait the same way.
 Measured (bench/README.md): elementwise and softmax rows ~5% faster than on Python threads; the training
 steps unchanged (their threaded kernels are few and long). Only on Linux x86-64 (futex, the pause
 instruction); elsewhere, with TGRAD_NATIVE_THREADS=0, or while another Python thread is using the pool,
-runtime/cpu.py keeps its Python threads. A forked child starts its own workers; at exit they are stopped
+runtime.py keeps its Python threads. A forked child starts its own workers; at exit they are stopped
 and joined before their code is freed.
 """
 

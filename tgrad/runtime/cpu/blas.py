@@ -16,10 +16,10 @@ import numpy as np
 
 from tgrad.blas import BlasPlan, Operand
 from tgrad.fuse import Kernel
-from tgrad.runtime import cpu_gemm
-from tgrad.runtime.cpu_gemm import openblas as _openblas
-from tgrad.runtime.cpu_pool import threads
-from tgrad.runtime.host_memory import HostMemory
+from tgrad.runtime.cpu import gemm as cpu_gemm
+from tgrad.runtime.cpu.gemm import openblas as _openblas
+from tgrad.runtime.cpu.memory import HostMemory
+from tgrad.runtime.cpu.pool import threads
 
 OPENBLAS_IDLE = 21  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps (OpenBLAS: 28)
 

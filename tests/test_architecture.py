@@ -2,13 +2,14 @@
 package or runtime imported), one list of devices, one runtime module per device."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tgrad import device
+from tgrad import config, device
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tgrad"
@@ -101,3 +102,15 @@ def test_the_cpu_runtime_is_one_package():
                if not m.startswith("tgrad.runtime.cpu")}
     reaching = {m: [d for d in deps if d.startswith("tgrad.runtime.cpu")] for m, deps in outside.items()}
     assert not {m: deps for m, deps in reaching.items() if deps}
+
+
+def test_one_module_reads_the_environment():
+    """tgrad/config.py is the table of every environment variable tgrad reads; nothing else touches
+    os.environ, and every name asked of it is in the table."""
+    asked = set()
+    for m, path in _modules().items():
+        text = path.read_text()
+        if m != "tgrad.config":
+            assert not re.search(r"\bos\.(environ|getenv|putenv)\b|\bgetenv\(", text), m
+        asked |= set(re.findall(r"config\.(?:get|on|is_set|put)\(\"(\w+)\"", text))
+    assert asked and asked <= set(config.KNOBS), asked - set(config.KNOBS)

@@ -28,11 +28,10 @@ the NUMPY reference, a loss that is a view.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections import OrderedDict
 
-from tgrad import autodiff
+from tgrad import autodiff, config
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
 from tgrad.device import get_runtime
@@ -44,7 +43,7 @@ from tgrad.tensor import Tensor
 # TGRAD_BACKWARD_REPLAY=0 (or JIT=0) turns replays off: every backward() builds its graph lazily (what a
 # test that inspects the gradient graph needs; a replay also keeps the kernels it captured when a setting
 # that changes kernels, such as emit_numba_conv.REGISTER_TILES, changes later)
-ENABLED = os.environ.get("TGRAD_BACKWARD_REPLAY", "1") != "0"
+ENABLED = config.on("TGRAD_BACKWARD_REPLAY")
 MAX_PROGRAMS = 4  # structures with a TinyJit kept (each holds its capture's buffers), least recent first out
 MAX_SEEN = 64  # structures remembered as seen once
 _SCALAR = (float, int, bool)
@@ -179,7 +178,7 @@ def replay(loss: Tensor) -> bool:
     one; False where the plain path must run instead (nothing done then)."""
     node = loss.node
     base = under_reshapes(node)  # (x.sum(): a reshape of the reduce to ())
-    if (not ENABLED or driver.RECORDER is not None or os.environ.get("JIT", "1") == "0"
+    if (not ENABLED or driver.RECORDER is not None or not config.on("JIT")
             or base.buffer is not None or base.op in MOVEMENT or base.op in (Op.DETACH, Op.ASSIGN, Op.BUFFER)
             or get_runtime(loss.device).evaluates_graphs):
         return False

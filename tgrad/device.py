@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tgrad import config
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError
 from tgrad.program import Program
 
-DEBUG = int(os.environ.get("DEBUG", "0") or 0)
+DEBUG = int(config.get("DEBUG"))
 
 # the one list of devices: name -> its runtime ("module:class"). A runtime is imported only when its
 # device is opened, so a missing driver package never breaks `import tgrad`.
@@ -44,23 +45,19 @@ VARIANT_OF = {"CUDA": "TRITON", "AMD": "TRITON", "QCOM": "CL"}
 ALIASES = {"GPU": "CL", "OPENCL": "CL", "WGPU": "WEBGPU"}
 
 
-def getenv(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
 def cache_dir() -> Path | None:
     """Where compiled kernels are kept, an absolute path: TGRAD_CACHE (a directory, or 0 for no disk
     cache), else $XDG_CACHE_HOME/tgrad when that is an absolute path (the XDG rule: an empty or relative
     one is ignored), else ~/.cache/tgrad. A directory named tgrad in an import path (the working directory,
     a sys.path entry) would shadow the package on the next `import tgrad`: it is refused with a warning."""
-    value = getenv("TGRAD_CACHE")
+    value = config.get("TGRAD_CACHE")
     if value == "0":
         return None
     default = Path.home() / ".cache" / "tgrad"
     if value and value != "1":
         path = Path(value).expanduser().absolute()
     else:
-        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        xdg = config.get("XDG_CACHE_HOME")
         path = Path(xdg) / "tgrad" if xdg and Path(xdg).is_absolute() else default
     if path.name == "tgrad" and path != default:
         imports = {Path(p or os.getcwd()).absolute() for p in sys.path} | {Path.cwd()}
@@ -249,10 +246,10 @@ def _open(name: str) -> Runtime:
 
 def default_device() -> str:
     """DEVICE=name, else the first of CPU=1, CL=1, ... set in the environment, else CPU."""
-    if getenv("DEVICE"):
-        return canonical(getenv("DEVICE"))
+    if config.is_set("DEVICE"):
+        return canonical(config.get("DEVICE"))
     for name in DEVICES:
-        if getenv(name) == "1":
+        if config.device_flag(name):
             return name
     return "CPU"
 

@@ -18,7 +18,6 @@ kernels -> gradient allreduce -> update kernels without re-tracing.
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 import zlib
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tgrad import config
 from tgrad import tensor as tensor_mod
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import AutogradError, DistributedError, DTypeError
@@ -54,7 +54,7 @@ def init() -> int:
     the world size. Without a launcher it is a world of 1. Calling it again does nothing."""
     if _World.joined:
         return _World.size
-    launcher = [name for name in LAUNCHER_ENV if name in os.environ]
+    launcher = [name for name in LAUNCHER_ENV if config.is_set(name)]
     if launcher:
         try:
             from mpi4py import MPI

@@ -21,13 +21,13 @@ The lowering (the same for every dialect): the output elements are numbered 0..N
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
+from tgrad import config
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DTypeError, KernelError
 from tgrad.fuse import IDX_DT, Expr, Kernel, StatementPlacer, const, reduce_identity
@@ -340,7 +340,7 @@ def _loads(root: Expr) -> list[Expr]:
 
 def tiled_axes(kernel: Kernel, dialect: Dialect) -> tuple[int, ...]:
     """Global axes (at most two, the innermost first) that get register tiles of `upcast` outputs."""
-    if dialect.upcast <= 1 or os.environ.get("NOOPT") == "1" or kernel.reduce_expr is None:
+    if dialect.upcast <= 1 or config.on("NOOPT") or kernel.reduce_expr is None:
         return ()
     if uses_group_reduce(kernel, dialect):
         return ()

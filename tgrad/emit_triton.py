@@ -39,9 +39,9 @@ SPLIT is a power of two, at most 1024, and leaves each share at least 4 tiles.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
+from tgrad import config
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import KernelError
 from tgrad.fuse import Expr, Kernel, reduce_identity
@@ -89,7 +89,7 @@ def tl_type(dtype: DType) -> str:
 
 def interpreting() -> bool:
     """True when Triton runs kernels with its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return config.on("TRITON_INTERPRET")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def implicit_gemm() -> bool:
     TGRAD_TRITON_IMPLICIT_GEMM=0. An operand tile that gathers with masks (padding) is loaded with one
     pipeline stage: with Triton's default three (and with two), an H200 (Triton 3.6) summed dilated or
     strided convs with padding wrongly, while the interpreter was right (bench/README)."""
-    return os.environ.get("TGRAD_TRITON_IMPLICIT_GEMM", "1") != "0"
+    return config.on("TGRAD_TRITON_IMPLICIT_GEMM")
 
 
 def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ...]] | None:
@@ -162,7 +162,7 @@ def next_pow2(n: int) -> int:
 def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | None = None) -> Blocks:
     """The block sizes of a kernel, by the rule in the module docstring."""
     interpret = interpreting() if interpret is None else interpret
-    noopt = os.environ.get("NOOPT") == "1" if noopt is None else noopt
+    noopt = config.on("NOOPT") if noopt is None else noopt
     tile = TILE_INTERPRET if interpret else TILE_GPU
     g, r = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
     if kernel.reduce_expr is None:

@@ -52,7 +52,6 @@ import contextlib
 import functools
 import hashlib
 import inspect
-import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -60,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import device, inplace, jit_replay
+from tgrad import config, device, inplace, jit_replay
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
@@ -389,7 +388,7 @@ class TinyJit:
         self.plain = True
 
     def __call__(self, *args, **kwargs):
-        if self.plain or os.environ.get("JIT", "1") == "0":
+        if self.plain or not config.on("JIT"):
             return self.fn(*args, **kwargs)
         names, values = self._arguments(args, kwargs)
         flat = _flatten(values)

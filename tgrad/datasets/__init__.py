@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import numpy as np
 
+from tgrad import config
 from tgrad.errors import TgradError
 from tgrad.tensor import Tensor
 
@@ -51,7 +51,7 @@ def mnist(path: str | Path | None = None, device: str | None = None):
     """X_train (60000, 1, 28, 28) float32 in [0, 255], Y_train (60000,) int32, X_test, Y_test, read from
     the four standard IDX files (gzipped or not) in `path`, else in $TGRAD_DATA (or $TGRAD_DATA/mnist)."""
     if path is None:
-        env = os.environ.get("TGRAD_DATA")
+        env = config.get("TGRAD_DATA")
         if not env:
             raise DatasetError(
                 "mnist(): no data directory; pass mnist(path) or set TGRAD_DATA to a directory holding "

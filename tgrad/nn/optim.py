@@ -8,12 +8,12 @@ get_parameters) are realized by step() too, so their pending assign() updates ha
 from __future__ import annotations
 
 import math
-import os
 import weakref
 from collections.abc import Callable
 
 import numpy as np
 
+from tgrad import config
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.dtype import dtypes
@@ -137,7 +137,7 @@ class Optimizer:
         place). The update's Python values (betas, eps, weight decay, momentum, the parameter lists) are
         frozen in a capture, so a change to any of them starts a new TinyJit. Only this module's
         optimizers, whose update reads nothing else; a subclass may read more (the plain step)."""
-        if type(self) not in _REPLAYED or driver.RECORDER is not None or os.environ.get("JIT", "1") == "0":
+        if type(self) not in _REPLAYED or driver.RECORDER is not None or not config.on("JIT"):
             return None
         key = tuple((name, _frozen(v)) for name, v in vars(self).items() if name not in ("_update", "_key"))
         if key != getattr(self, "_key", None):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tgrad import emit_opencl
+from tgrad import config, emit_opencl
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import kernel_dtypes
@@ -172,7 +172,7 @@ class QCOMRuntime(CLRuntime):
         adreno = [d for d in found if "qualcomm" in (d.vendor + d.name).lower() or "adreno" in d.name.lower()]
         if adreno:
             return adreno[0]
-        if os.environ.get("QCOM_FALLBACK") == "1":
+        if config.on("QCOM_FALLBACK"):
             return dev
         raise DeviceError(
             f"no Qualcomm Adreno OpenCL device (found: {', '.join(d.name for d in found)}); "

@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 
-from tgrad import emit_triton
-from tgrad.device import Buffer, Runner, Runtime, getenv
+from tgrad import config, emit_triton
+from tgrad.device import Buffer, Runner, Runtime
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_triton import interpreting
 from tgrad.errors import DeviceError, KernelError, numbered
@@ -160,7 +160,7 @@ class TritonRuntime(Runtime):
         specialized on (and the device it was loaded on).
         TGRAD_TRITON_DIRECT=0 keeps Triton's dispatch for every launch."""
         launch = fn[grid]
-        if self.interpret or getenv("TGRAD_TRITON_DIRECT", "1") == "0":
+        if self.interpret or not config.on("TGRAD_TRITON_DIRECT"):
             return lambda *args: launch(*args, **opts)
         compiled: dict[tuple, object] = {}
         grid3 = (*grid, 1, 1)[:3]  # a compiled kernel's launcher takes all three grid sizes

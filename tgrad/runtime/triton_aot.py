@@ -10,8 +10,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from tgrad import device, emit_triton
-from tgrad.device import getenv
+from tgrad import config, device, emit_triton
 from tgrad.errors import KernelError, TgradError, numbered
 from tgrad.fuse import Kernel
 from tgrad.runtime.triton_source import load_source
@@ -47,7 +46,7 @@ def parse_target(text: str):
 
 def targets_from_env() -> list[str]:
     """The targets named by TGRAD_TRITON_TARGET (comma separated), e.g. ['cuda:80', 'hip:gfx942']."""
-    return [t.strip() for t in getenv("TGRAD_TRITON_TARGET").split(",") if t.strip()]
+    return [t.strip() for t in config.get("TGRAD_TRITON_TARGET").split(",") if t.strip()]
 
 
 def _cubin_registers(cubin: bytes) -> int | None:
@@ -93,7 +92,7 @@ def _compile_worker():
     if _worker is None or _worker.poll() is not None:
         import subprocess
 
-        env = {**os.environ, "TRITON_INTERPRET": "0"}
+        env = config.child_environment(TRITON_INTERPRET="0")
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         code = "from tgrad.runtime.triton_aot import _serve; _serve()"

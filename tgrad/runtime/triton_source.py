@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tgrad import config
 from tgrad.device import cache_dir
 
 _tmp_dir: Path | None = None
@@ -43,14 +44,11 @@ def load_source(source: str, fname: str, interpret: bool):
     if module is None:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        saved = os.environ.get("TRITON_INTERPRET")
-        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+        saved = config.get("TRITON_INTERPRET") if config.is_set("TRITON_INTERPRET") else None
+        config.put("TRITON_INTERPRET", "1" if interpret else "0")
         try:
             spec.loader.exec_module(module)
         finally:
-            if saved is None:
-                del os.environ["TRITON_INTERPRET"]
-            else:
-                os.environ["TRITON_INTERPRET"] = saved
+            config.put("TRITON_INTERPRET", saved)
         sys.modules[name] = module
     return getattr(module, fname)

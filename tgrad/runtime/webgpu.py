@@ -8,7 +8,7 @@ import tempfile
 
 import numpy as np
 
-from tgrad import emit_wgsl
+from tgrad import config, emit_wgsl
 from tgrad.device import Buffer, Runner, Runtime
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_wgsl import Target
@@ -19,14 +19,14 @@ from tgrad.program import Program
 
 def _private_runtime_dir() -> None:
     """Mesa's Vulkan loader warns when XDG_RUNTIME_DIR is unset or unusable: give it a private one."""
-    current = os.environ.get("XDG_RUNTIME_DIR")
+    current = config.get("XDG_RUNTIME_DIR")
     if current and os.path.isdir(current) and os.access(current, os.W_OK):
         return
     path = os.path.join(tempfile.gettempdir(), f"tgrad-xdg-{os.getuid()}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     if os.stat(path).st_uid == os.getuid():
         os.chmod(path, 0o700)
-        os.environ["XDG_RUNTIME_DIR"] = path
+        config.put("XDG_RUNTIME_DIR", path)
 
 
 NO_ADAPTER = (
@@ -63,7 +63,7 @@ class WebGPURuntime(Runtime):
             raise DeviceError(NO_ADAPTER)
         features = set(adapter.features)
         if int64 is None:
-            int64 = os.environ.get("WEBGPU_INT64", "0") == "1"
+            int64 = config.on("WEBGPU_INT64")
         has64 = "shader-int64" in features
         self.target = Target(int64 and has64, "shader-f64" in features and has64)
         wanted = [f for f in ("shader-int64", "shader-f64") if f in features]

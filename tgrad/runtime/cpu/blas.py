@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from tgrad import config
 from tgrad.blas import BlasPlan, Operand
 from tgrad.fuse import Kernel
 from tgrad.runtime.cpu import gemm as cpu_gemm
@@ -34,15 +35,15 @@ def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
     them (OpenBLAS's own entry points). Skipped when the variable is set (it is the user's choice), with
     TGRAD_OPENBLAS_IDLE=0, or where numpy's BLAS is not an OpenBLAS with those entry points (Linux only).
     Called when the CPU device opens, before any of its threads run a matmul. Returns whether it did."""
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ or os.environ.get("TGRAD_OPENBLAS_IDLE") == "0":
+    if config.is_set("OPENBLAS_THREAD_TIMEOUT") or not config.on("TGRAD_OPENBLAS_IDLE"):
         return False
     done = False
     for lib in _openblas():
-        os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(log2_cycles)
+        config.put("OPENBLAS_THREAD_TIMEOUT", str(log2_cycles))
         try:
             lib.openblas_read_env()
         finally:
-            del os.environ["OPENBLAS_THREAD_TIMEOUT"]  # not passed on to child processes
+            config.put("OPENBLAS_THREAD_TIMEOUT", None)  # not passed on to child processes
         if lib.openblas_thread_timeout() == log2_cycles:
             lib.blas_thread_shutdown_()
             lib.blas_thread_init()

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import re
 import sys
 import types
 
+from tgrad import config
 from tgrad.dtype import DType, dtypes
 
 # LLVM optimization level of kernel compiles: at 1 they still vectorize and ran as fast as at Numba's
@@ -30,11 +30,11 @@ def cpu_features() -> str:
     TGRAD_CPU_VECTOR_BITS=256 keeps LLVM's choice; NUMBA_CPU_FEATURES, when set, is used as it is."""
     import llvmlite.binding as llvm
 
-    if os.environ.get("NUMBA_CPU_FEATURES"):
-        return os.environ["NUMBA_CPU_FEATURES"]
+    if config.is_set("NUMBA_CPU_FEATURES"):
+        return config.get("NUMBA_CPU_FEATURES")
     llvm.initialize_native_target()
     host = llvm.get_host_cpu_features()
-    wide = host.get("avx512f") and os.environ.get("TGRAD_CPU_VECTOR_BITS", "512") != "256"
+    wide = host.get("avx512f") and config.get("TGRAD_CPU_VECTOR_BITS") != "256"
     return host.flatten() + (",-prefer-256-bit" if wide else "")
 
 

@@ -22,10 +22,10 @@ import ctypes
 import dataclasses
 import functools
 import math
-import os
 
 import numpy as np
 
+from tgrad import config
 from tgrad.blas import BlasPlan
 from tgrad.dtype import dtypes
 from tgrad.emit_numba import _RT_DIGEST
@@ -208,7 +208,7 @@ def openblas() -> list[ctypes.CDLL]:
 
 
 def enabled() -> bool:
-    return os.environ.get("TGRAD_NATIVE_GEMM", "1") != "0" and available()
+    return config.on("TGRAD_NATIVE_GEMM") and available()
 
 
 @functools.cache

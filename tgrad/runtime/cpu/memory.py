@@ -16,17 +16,18 @@ view of the memory holds the owner).
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import weakref
 
 import numpy as np
 
+from tgrad import config
+
 PAGE = 4096
 MIN_KEEP = 1 << 20  # smaller arrays come from malloc's free lists, already warm
 # bytes of free blocks kept at most (TGRAD_HOST_CACHE_MB; 0 keeps none)
-LIMIT = int(float(os.environ.get("TGRAD_HOST_CACHE_MB", "1024")) * (1 << 20))
+LIMIT = int(float(config.get("TGRAD_HOST_CACHE_MB")) * (1 << 20))
 
 
 def page_aligned(size: int, dtype) -> np.ndarray:

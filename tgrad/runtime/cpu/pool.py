@@ -26,6 +26,7 @@ import sys
 import threading
 from pathlib import Path
 
+from tgrad import config
 from tgrad.errors import DeviceError
 from tgrad.runtime.cpu import gemm as cpu_gemm
 from tgrad.runtime.cpu.compile import compile_object, use_cpu_features
@@ -44,7 +45,7 @@ def threads() -> int:
     """Threads a threaded kernel runs on: TGRAD_THREADS or NUMBA_NUM_THREADS (the name Numba users know),
     else the cores this process may use. Read at each launch, so a change of the variable takes effect."""
     for name in ("TGRAD_THREADS", "NUMBA_NUM_THREADS"):
-        text = os.environ.get(name, "").strip()
+        text = config.get(name)
         if text:
             if not text.isdigit() or int(text) < 1:
                 raise DeviceError(f"{name}={text!r}: expected a number of threads (1 or more)")
@@ -53,7 +54,7 @@ def threads() -> int:
 
 
 def default_workers() -> int:
-    text = os.environ.get("TGRAD_COMPILE_WORKERS", "").strip()
+    text = config.get("TGRAD_COMPILE_WORKERS")
     if text:
         if not text.isdigit():
             raise DeviceError(f"TGRAD_COMPILE_WORKERS={text!r}: expected a number of compile worker "
@@ -80,8 +81,8 @@ class CompilePool:
     def start(self, workers: int) -> None:
         """Start worker processes until `workers` are live."""
         root = str(Path(__file__).resolve().parents[3])  # the folder holding tgrad/
-        paths = [root, *filter(None, [os.environ.get("PYTHONPATH")])]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+        paths = [root, *filter(None, [config.get("PYTHONPATH")])]
+        env = config.child_environment(PYTHONPATH=os.pathsep.join(paths))
         with self.cond:
             more, self.live = max(0, workers - self.live), max(self.live, workers)
         for _ in range(more):

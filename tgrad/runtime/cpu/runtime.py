@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgrad import blas, emit_numba, emit_numba_conv
+from tgrad import blas, config, emit_numba, emit_numba_conv
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_numba import BlasPlan
@@ -62,7 +62,7 @@ _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run
 # direct convolutions (emit_numba_conv) run their BLAS path until a compile worker has their function (see
 # CPURuntime._when_ready); False (TGRAD_BACKGROUND_COMPILES=0): the first call waits for it, so that a run's
 # values do not depend on when a worker finished (the two paths round differently)
-TIERED = os.environ.get("TGRAD_BACKGROUND_COMPILES", "1").strip() != "0"
+TIERED = config.on("TGRAD_BACKGROUND_COMPILES")
 
 
 class _Threads:

@@ -30,6 +30,8 @@ import sys
 import threading
 import warnings
 
+from tgrad import config
+
 MAX_ARGS = 64  # int64 arguments of a kernel function (pointers, sizes) the workers can call with
 SPIN_CYCLES = 1 << 17  # time-stamp counter cycles a worker spins for its next job before it sleeps (~50 us)
 
@@ -415,4 +417,4 @@ _FAILED: list[str] = []
 
 def enabled() -> bool:
     """Whether threaded kernels may use native workers here (read when a pool is started)."""
-    return supported() and os.environ.get("TGRAD_NATIVE_THREADS", "1").strip() != "0" and not _FAILED
+    return supported() and config.on("TGRAD_NATIVE_THREADS") and not _FAILED

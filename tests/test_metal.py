@@ -16,13 +16,14 @@ from tests.cstyle_cases import find_clang, suite_kernels
 from tgrad import Tensor, fuse
 from tgrad.emit_opencl import METAL, render
 from tgrad.errors import DeviceError, DTypeError
+from tgrad.opt import DeviceProps, optimize
 
 SHIM = Path(__file__).with_name("metal_shim.h")
 
 
-def source(*args, **kwargs) -> str:
-    """The rendered kernel's source text."""
-    return render(*args, **kwargs).source
+def source(kernel, *args, **kwargs) -> str:
+    """The rendered source of the kernel with the opts the optimizer picks for a Metal device."""
+    return render(optimize(kernel, DeviceProps("METAL")), *args, **kwargs).source
 
 
 KERNELS = suite_kernels()

@@ -14,13 +14,17 @@ from tests.conftest import open_or_skip
 from tests.cstyle_cases import CASES, INT_CASES, find_clang, int_inputs, suite_kernels
 from tests.helpers import helper_test_op
 from tgrad import Tensor, dtypes, fuse
-from tgrad.emit_opencl import GROUP_REDUCE_MAX_OUT, GROUP_REDUCE_MIN, OPENCL, QCOM, render
+from tgrad.emit_opencl import OPENCL, QCOM, render
 from tgrad.errors import DeviceError, DTypeError, KernelError
+from tgrad.opt import DeviceProps, optimize
+
+PROPS = DeviceProps("CL")  # the OpenCL runtime's tuning (a PoCL device's limits)
+GROUP_REDUCE_MIN, GROUP_REDUCE_MAX_OUT = PROPS.group_min_reduce, PROPS.group_max_outputs
 
 
-def source(*args, **kwargs) -> str:
-    """The rendered kernel's source text."""
-    return render(*args, **kwargs).source
+def source(kernel, *args, **kwargs) -> str:
+    """The rendered source of the kernel with the opts the optimizer picks for an OpenCL device."""
+    return render(optimize(kernel, PROPS), *args, **kwargs).source
 
 
 def kernels_of(fn, *arrays) -> list:

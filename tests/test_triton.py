@@ -15,6 +15,8 @@ from tgrad import Tensor, dtypes
 from tgrad import emit_triton as et
 from tgrad.errors import DeviceError, KernelError, TgradError
 from tgrad.fuse import Expr, Kernel, const, schedule
+from tgrad.opt import DeviceProps, Opt, OptOps, heuristic
+from tgrad.opt.contraction import find_dot
 from tgrad.runtime import triton as triton_rt
 from tgrad.runtime import triton_aot
 
@@ -25,6 +27,21 @@ def T(array, dtype=None) -> Tensor:
 
 def kernels(t: Tensor) -> list[Kernel]:
     return [it.kernel for it in schedule([t.node])]
+
+
+GPU = DeviceProps("CUDA", kind="triton", compute_units=128)  # a data-centre GPU's multiprocessors
+INTERPRETER = DeviceProps("TRITON", kind="triton", interpreted=True)
+
+
+def choose_blocks(k: Kernel, interpret: bool | None = None, noopt: bool = False) -> et.Blocks:
+    """The block sizes the optimizer picks for a GPU or Triton's interpreter (default: this process's)."""
+    interpret = et.interpreting() if interpret is None else interpret
+    return et.Blocks.from_opts(heuristic.triton_opts(k, INTERPRETER if interpret else GPU, noopt))
+
+
+def gpu_render(k: Kernel):
+    """The kernel rendered with the opts the optimizer picks for a GPU."""
+    return et.render(k, choose_blocks(k, interpret=False))
 
 
 RNG = np.random.default_rng(0)
@@ -53,29 +70,29 @@ def test_render_reduce_loops_over_long_axis():
 
 def test_choose_blocks_rule():
     row_sum = kernels(T(np.ones((3, 100), np.float32)).sum(1))[0]
-    assert et.choose_blocks(row_sum, interpret=False, noopt=False) == et.Blocks(4, 128, 4)
-    assert et.choose_blocks(row_sum, interpret=False, noopt=True) == et.Blocks(1, 128, 4)
+    assert choose_blocks(row_sum, interpret=False, noopt=False) == et.Blocks(4, 128, 4)
+    assert choose_blocks(row_sum, interpret=False, noopt=True) == et.Blocks(1, 128, 4)
     big_rows = kernels(T(np.ones((64, 5000), np.float32)).sum(1))[0]
-    assert et.choose_blocks(big_rows, interpret=False, noopt=False) == et.Blocks(4, 1024, 8)
-    assert et.choose_blocks(big_rows, interpret=True, noopt=False) == et.Blocks(8, 8192, 8)
+    assert choose_blocks(big_rows, interpret=False, noopt=False) == et.Blocks(4, 1024, 8)
+    assert choose_blocks(big_rows, interpret=True, noopt=False) == et.Blocks(8, 8192, 8)
     total = kernels(T(np.ones(5000, np.float32)).sum())[0]
-    assert et.choose_blocks(total, interpret=False, noopt=False) == et.Blocks(1, 4096, 8)
+    assert choose_blocks(total, interpret=False, noopt=False) == et.Blocks(1, 4096, 8)
     # few programs over a long reduce: split in two passes on a GPU (never in the interpreter)
     channel_sums = kernels(T(np.ones((32, 51200), np.float32)).sum(1))[0]
-    assert et.choose_blocks(channel_sums, interpret=False, noopt=False) == et.Blocks(4, 1024, 8, split=8)
-    assert et.choose_blocks(channel_sums, interpret=True, noopt=False).split == 0
+    assert choose_blocks(channel_sums, interpret=False, noopt=False) == et.Blocks(4, 1024, 8, split=8)
+    assert choose_blocks(channel_sums, interpret=True, noopt=False).split == 0
     huge_total = kernels(T(np.ones(1 << 20, np.float32)).sum())[0]
-    assert et.choose_blocks(huge_total, interpret=False, noopt=False) == et.Blocks(1, 4096, 8, split=64)
+    assert choose_blocks(huge_total, interpret=False, noopt=False) == et.Blocks(1, 4096, 8, split=64)
     ew = kernels(T(np.ones(100_000, np.float32)) * 2)[0]
-    assert et.choose_blocks(ew, interpret=False, noopt=False) == et.Blocks(1024, 1, 4)
-    assert et.choose_blocks(ew, interpret=True, noopt=False) == et.Blocks(65536, 1, 8)
+    assert choose_blocks(ew, interpret=False, noopt=False) == et.Blocks(1024, 1, 4)
+    assert choose_blocks(ew, interpret=True, noopt=False) == et.Blocks(65536, 1, 8)
 
 
 def test_implicit_gemm_with_few_programs_over_a_long_k_is_a_split_reduce(monkeypatch):
     monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")
     for k, dot in ((64, True), (1 << 16, False)):  # 32 x 25 outputs: one 32 x 32 tile
         a, b = T(np.ones((32, 1, k), np.float32)), T(np.ones((1, 25, k), np.float32))
-        blocks = et.choose_blocks(kernels((a * b).sum(2))[0], interpret=False, noopt=False)
+        blocks = choose_blocks(kernels((a * b).sum(2))[0], interpret=False, noopt=False)
         assert (blocks.block_n > 0, blocks.split > 0) == (dot, not dot)
 
 
@@ -127,7 +144,7 @@ def run(dev, t: Tensor, blocks=None) -> np.ndarray:
                 bufs[n] = dev.from_numpy(n.buffer.data)
             inputs.append(bufs[n])
         out = dev.alloc(math.prod(it.out.shape), it.out.dtype)
-        program = et.render(it.kernel, blocks, interpret=dev.interpret)
+        program = et.render(it.kernel, blocks or choose_blocks(it.kernel, dev.interpret))
         dev.compile(program, it.kernel)(out, *inputs)
         bufs[it.out] = out
     return dev.to_numpy(bufs[t.node.base]).reshape(t.shape)
@@ -247,8 +264,8 @@ def test_ragged_elementwise_small_blocks(tdev):
 def test_matmul(tdev):
     a, b = A537[:, :20], RNG.uniform(-1, 1, (20, 9)).astype(np.float32)
     k = kernels(T(a) @ T(b))[0]
-    assert "tl.dot(" in et.render(k, blocks=et.choose_blocks(k, noopt=False)).source
-    assert "tl.dot(" not in et.render(k, blocks=et.choose_blocks(k, noopt=True)).source
+    assert "tl.dot(" in et.render(k, blocks=choose_blocks(k, noopt=False)).source
+    assert "tl.dot(" not in et.render(k, blocks=choose_blocks(k, noopt=True)).source
     np.testing.assert_allclose(run(tdev, T(a) @ T(b)), a @ b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(run(tdev, T(a) @ T(b), SMALL), a @ b, rtol=1e-5, atol=1e-5)
     dot = et.Blocks(16, 16, 4, 16)  # tiles smaller than the matrices: several programs, a K loop
@@ -333,12 +350,13 @@ def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.delenv("TGRAD_TRITON_IMPLICIT_GEMM", raising=False)
     if small:
-        default = et.choose_blocks
+        default = heuristic.triton_opts
+        small_dot = (Opt(OptOps.LOCAL, 16), Opt(OptOps.REDUCE, 16), Opt(OptOps.WARPS, 4), Opt(OptOps.DOT, 16))
 
-        def blocks(k, interpret=None, noopt=None):
-            return et.Blocks(16, 16, 4, 16) if et.find_dot(k) else default(k, interpret, noopt)
+        def opts(k, props, noopt):
+            return small_dot if find_dot(k) else default(k, props, noopt)
 
-        monkeypatch.setattr(et, "choose_blocks", blocks)
+        monkeypatch.setattr(heuristic, "triton_opts", opts)
     batch = 3 if small else 2  # other kernels than the other case's, which the device has compiled
     xa = RNG.standard_normal((batch, 4, 9, 7)).astype(np.float32)
     wa = RNG.standard_normal((6, 2, 3, 2)).astype(np.float32)
@@ -350,15 +368,15 @@ def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
     ty = torch.nn.functional.conv2d(tx, tw, padding=(2, 1), stride=2, dilation=(1, 2), groups=2)
     (ty.relu() * torch.tensor(ga)).sum().backward()
     outs = ((y, ty), (x.grad, tx.grad), (w.grad, tw.grad))
-    assert all("tl.dot(" in et.render(kernels(t)[-1], interpret=False).source for t in (y, w.grad))
+    assert all("tl.dot(" in gpu_render(kernels(t)[-1]).source for t in (y, w.grad))
     # the input's gradient is col2im: a plain matmul (a dot with or without the option), then a sum of
     # shifted shares
     col2im = [k for k in kernels(x.grad) if k.reduce_op]
-    assert col2im and "tl.dot(" in et.render(col2im[-1], interpret=False).source
+    assert col2im and "tl.dot(" in gpu_render(col2im[-1]).source
     with monkeypatch.context() as off:
         off.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "0")
-        assert not any(et.find_dot(kernels(t)[-1]) for t in (y, w.grad))
-        assert et.find_dot(col2im[-1])
+        assert not any(find_dot(kernels(t)[-1]) for t in (y, w.grad))
+        assert find_dot(col2im[-1])
     for t, ref in outs:
         np.testing.assert_allclose(t.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
 
@@ -368,10 +386,10 @@ def test_gathering_dots_run_with_one_pipeline_stage():
     masked-out lanes load offset 0 (Triton's pipelining of such loads summed wrongly on an H200); an
     unpadded conv and a plain matmul keep Triton's default stages."""
     x, w = (T(RNG.standard_normal(s).astype(np.float32)) for s in ((2, 4, 7, 7), (6, 4, 3, 3)))
-    padded = et.render(kernels(x.conv2d(w, padding=(1, 2), dilation=2))[-1], interpret=False)
+    padded = gpu_render(kernels(x.conv2d(w, padding=(1, 2), dilation=2))[-1])
     assert padded.launch["num_stages"] == 1 and "tl.load(in0 + tl.where(" in padded.source
     for t in (x.conv2d(w), T(A57) @ T(A57.T)):
-        program = et.render(kernels(t)[-1], interpret=False)
+        program = gpu_render(kernels(t)[-1])
         assert "tl.dot(" in program.source and "num_stages" not in program.launch
 
 

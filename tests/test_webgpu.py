@@ -9,11 +9,17 @@ from tgrad import Tensor, dtypes
 from tgrad.emit_wgsl import Target, dispatch_size, render
 from tgrad.errors import DeviceError, DTypeError
 from tgrad.fuse import schedule
+from tgrad.opt import optimize
+from tgrad.runtime.webgpu import device_props
+
+# WebGPU's default limits
+PROPS = device_props({"max-compute-invocations-per-workgroup": 256,
+                      "max-compute-workgroups-per-dimension": 65535})
 
 
-def source(*args, **kwargs) -> str:
-    """The rendered kernel's source text."""
-    return render(*args, **kwargs).source
+def source(kernel, *args, **kwargs) -> str:
+    """The rendered source of the kernel with the opts the optimizer picks for a WebGPU adapter."""
+    return render(optimize(kernel, PROPS), *args, **kwargs).source
 
 
 def kernels(t: Tensor):

@@ -21,6 +21,7 @@ import numpy as np
 from tgrad import config
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError
+from tgrad.opt import DeviceProps, optimize
 from tgrad.program import Program
 
 DEBUG = int(config.get("DEBUG"))
@@ -142,6 +143,8 @@ class Runtime:
 
     def __init__(self):
         self.runners: dict = {}  # Kernel -> Runner
+        # what the optimizer knows of this device (a subclass sets its limits and tuning defaults)
+        self.props = DeviceProps(self.name, kind="host")
 
     def supports(self, dtype: DType) -> bool:
         """Whether this device holds and computes `dtype` (where not, using it raises a DTypeError).
@@ -162,7 +165,8 @@ class Runtime:
         """The kernel compiled for this device (rendered and compiled once per kernel)."""
         hit = self.runners.get(kernel)
         if hit is None:
-            hit = self.runners[kernel] = self.compile(self.render(kernel), kernel)
+            optimized = optimize(kernel, self.props)
+            hit = self.runners[kernel] = self.compile(self.render(optimized), optimized)
         return hit
 
     def batch(self, launches: list[tuple], varying: set[int]) -> Callable[[dict], None] | None:

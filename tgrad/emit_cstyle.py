@@ -1,21 +1,18 @@
 """The C-style lowering shared by OpenCL C, Metal and WGSL: a Kernel becomes one GPU function.
 
 Each language is a `Dialect` (like tinygrad's renderer/cstyle.py): data (kernel prefix, buffer qualifiers,
-id expressions, barrier, type names, launch constants) and a few small methods whose defaults write C
-(type names, literals, casts, loads, stores, declarations, the kernel's signature). OpenCL, QCOM and Metal
-are tables of data (emit_opencl.py); WGSL overrides the methods where its syntax differs (emit_wgsl.py).
-`render(kernel, dialect)` is pure and testable without a driver.
+id expressions, barrier, type names) and a few small methods whose defaults write C (type names, literals,
+casts, loads, stores, declarations, the kernel's signature). OpenCL, QCOM and Metal are tables of data
+(emit_opencl.py); WGSL overrides the methods where its syntax differs (emit_wgsl.py). `render(kernel,
+dialect)` is pure and testable without a driver; it renders the kernel's opts (tgrad/opt/), adding none.
 
 The lowering (the same for every dialect): the output elements are numbered 0..N-1 over the global axes.
-- element-wise kernels and short reductions: one work-item per output element (`ids["gid"]`), reduce axes
-  as nested loops around a scalar accumulator, and a `gid < N` guard;
-- matmul-shaped reductions (a load in the reduced value does not depend on a global axis) get register
-  tiles where the dialect has `upcast` > 1: each work-item computes `upcast` outputs along up to two such
-  axes, so a loaded value is reused from a register instead of loaded again (NOOPT=1: no tiles);
-- reductions over `group_min` or more elements into at most `group_max_out` outputs: one work-group of
-  `group_size` work-items per output element (`ids["grp"]`, `ids["lid"]`); each work-item accumulates a
-  strided slice of the reduce axes, then a tree in local (work-group) memory combines the partial results
-  and work-item 0 stores.
+- without a GROUP opt: one work-item per output element (`ids["gid"]`), reduce axes as nested loops
+  around a scalar accumulator, and a `gid < N` guard; UPCAST opts give register tiles: each work-item
+  computes that many outputs along up to two global axes, so a loaded value is reused from a register;
+- GROUP(n): one work-group of n work-items per output element (`ids["grp"]`, `ids["lid"]`); each
+  work-item accumulates a strided slice of the reduce axes, then a tree in local (work-group) memory
+  combines the partial results and work-item 0 stores.
 """
 
 from __future__ import annotations
@@ -27,10 +24,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from tgrad import config
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DTypeError, KernelError
 from tgrad.fuse import IDX_DT, Expr, Kernel, StatementPlacer, const, reduce_identity
+from tgrad.opt.opts import OptOps, find, upcasts
 
 INT32_MAX = 2**31 - 1
 REDUCE_ALU = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}  # the op that combines two partial results
@@ -146,15 +143,9 @@ class Dialect:
     type_names: dict[str, str] = field(default_factory=dict)  # overrides of TYPE_NAMES
     math: dict[str, str] = field(default_factory=dict)  # op -> function name overrides
     if_stmt: str = "if ({}) {}"  # a one-statement if, formatted with the condition and the statement
-    # launch rule: work-items per work-group of one-output-per-item kernels; register tiles (1: none);
-    # when a reduction is long enough (group_min) and has few enough outputs (group_max_out), one
-    # work-group of group_size items per output (group_bool: bool reductions too)
-    local_size: int = 128
-    upcast: int = 4
-    group_min: int = 256
-    group_max_out: int = 2048
-    group_size: int = 128
-    group_bool: bool = False
+    # work-items per work-group where the language writes it into the source (WGSL's @workgroup_size);
+    # the emitter sets it from the kernel's opts
+    local_size: int = 1
     guard_groups: bool = False  # group kernels check the group id too (a 2-D dispatch may overshoot)
     bind_literals: bool = False  # see CStyleRenderer.operand
 
@@ -308,53 +299,6 @@ def kernel_dtypes(kernel: Kernel) -> set[DType]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# launch rules
-
-
-def uses_group_reduce(kernel: Kernel, dialect: Dialect) -> bool:
-    """The launch rule: long reductions into few outputs get one work-group per output element."""
-    if kernel.reduce_expr is None or (kernel.acc_dtype == dtypes.bool and not dialect.group_bool):
-        return False
-    n_out = math.prod(kernel.global_shape)
-    return math.prod(kernel.reduce_shape) >= dialect.group_min and n_out <= dialect.group_max_out
-
-
-def _axes_used(e: Expr, memo: dict) -> frozenset[int]:
-    hit = memo.get(id(e))
-    if hit is None:
-        own = frozenset([e.arg[0]]) if e.op == "IDX" else frozenset()
-        hit = memo[id(e)] = own.union(*(_axes_used(s, memo) for s in e.srcs))
-    return hit
-
-
-def _loads(root: Expr) -> list[Expr]:
-    seen, stack, found = set(), [root], []
-    while stack:
-        e = stack.pop()
-        if id(e) not in seen:
-            seen.add(id(e))
-            found += [e] if e.op == "LOAD" else []
-            stack.extend(e.srcs)
-    return found
-
-
-def tiled_axes(kernel: Kernel, dialect: Dialect) -> tuple[int, ...]:
-    """Global axes (at most two, the innermost first) that get register tiles of `upcast` outputs."""
-    if dialect.upcast <= 1 or config.on("NOOPT") or kernel.reduce_expr is None:
-        return ()
-    if uses_group_reduce(kernel, dialect):
-        return ()
-    memo: dict = {}
-    loads = _loads(kernel.reduce_expr)
-    axes: list[int] = []
-    for a in reversed(range(kernel.n_global)):
-        shared = any(a not in _axes_used(ld, memo) for ld in loads)
-        if kernel.shape[a] % dialect.upcast == 0 and shared and len(axes) < 2:
-            axes.append(a)
-    return tuple(axes)
-
-
-# ---------------------------------------------------------------------------------------------------
 # the lowering
 
 
@@ -364,9 +308,9 @@ class CStyleRenderer(StatementPlacer):
 
     def __init__(self, kernel: Kernel, dialect: Dialect):
         self.k, self.d = kernel, dialect
-        self.group = dialect.group_size if uses_group_reduce(kernel, dialect) else 0
-        tiles = tiled_axes(kernel, dialect)
-        self.up = dialect.upcast
+        self.group = find(kernel.opts, OptOps.GROUP)  # work-items per output of a group reduction
+        tiles = tuple(upcasts(kernel.opts))  # register-tiled axes, the innermost first
+        self.up = max(upcasts(kernel.opts).values(), default=1)
         self.shape = [s // self.up if j in tiles else s for j, s in enumerate(kernel.shape)]
         self.variants = self.tile_variants(tiles)
         self.names: dict[Expr, str] = {}

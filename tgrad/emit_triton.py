@@ -20,20 +20,15 @@ Index arithmetic is int32 when every index bound fits (see `index_bits`), int64 
 Triton's math functions take fp32/fp64 only: float16 math is done in float32 and rounded back, and
 float16 sums accumulate in float32 (like the NUMPY reference).
 
-Block sizes (`choose_blocks`) follow one rule and are baked into the source as constants. A tile holds
-at most TILE elements (GPU: 4096; interpreter: 65536, as its cost grows with the programs launched).
-An elementwise program takes min(next_pow2(G), TILE / 4 on a GPU, TILE in the interpreter) outputs.
-A reduce takes BLOCK_R = min(next_pow2(R), TILE / 4) reduce elements per step (the whole TILE when
-there is a single output) and BLOCK_G = min(next_pow2(G), TILE / BLOCK_R) outputs. 8 warps for tiles
-of 4096 or more, else 4. NOOPT=1 turns the rule off for reduces: one output per program and
-BLOCK_R = min(next_pow2(R), TILE / 16).
+Block sizes are the kernel's opts (tgrad/opt/heuristic.py chooses them), baked into the source as
+constants: LOCAL is BLOCK_G (a tl.dot's BLOCK_M), REDUCE is BLOCK_R (BLOCK_K), DOT is BLOCK_N, WARPS the
+launch's num_warps. A kernel without opts renders with one output per program and BLOCK_R = 1.
 
-Split reduces (GPU only): a reduce with fewer than SPLIT_PROGRAMS programs and at least 8 tiles of reduce
-work per program would leave most of the GPU idle (a full sum of 16M floats was one program looping 4096
-times, 35 GB/s). It runs as two functions in one source: `<name>_part`, on a grid (programs, SPLIT), folds
-its share of the reduce axes into one partial per output in a scratch array `part` (float32 for float16
-sums); `<name>` loads the SPLIT partials of its outputs, reduces them the same way, and goes on as usual.
-SPLIT is a power of two, at most 1024, and leaves each share at least 4 tiles.
+Split reduces (a SPLIT opt, GPU only: a reduce with too few programs for the device, each looping long:
+a full sum of 16M floats was one program looping 4096 times, 35 GB/s). It runs as two functions in one
+source: `<name>_part`, on a grid (programs, SPLIT), folds its share of the reduce axes into one partial per
+output in a scratch array `part` (float32 for float16 sums); `<name>` loads the SPLIT partials of its
+outputs, reduces them the same way, and goes on as usual.
 """
 
 from __future__ import annotations
@@ -46,6 +41,8 @@ from tgrad.dtype import DType, dtypes
 from tgrad.errors import KernelError
 from tgrad.fuse import Expr, Kernel, reduce_identity
 from tgrad.loop_axes import nodes
+from tgrad.opt.contraction import _masked, find_dot
+from tgrad.opt.opts import OptOps, find
 from tgrad.program import Program
 
 # No helper @triton.jit functions: Triton 3.9's interpreter leaves triton.language patched after it
@@ -78,10 +75,6 @@ SIG_NAME = {
     dtypes.float64: "*fp64",
 }
 
-TILE_GPU = 4096
-TILE_INTERPRET = 1 << 16
-SPLIT_PROGRAMS = 512
-
 
 def tl_type(dtype: DType) -> str:
     return TL_NAME[dtype]
@@ -104,6 +97,11 @@ class Blocks:
     block_n: int = 0  # BLOCK_N of a tl.dot kernel; 0 for the other kernels
     split: int = 0  # a split reduce's number of partial results per output (see the module docstring)
 
+    @staticmethod
+    def from_opts(opts: tuple) -> Blocks:
+        return Blocks(find(opts, OptOps.LOCAL, 1), find(opts, OptOps.REDUCE, 1), find(opts, OptOps.WARPS, 4),
+                      find(opts, OptOps.DOT), find(opts, OptOps.SPLIT))
+
     def grid(self, kernel: Kernel) -> int:
         if self.block_n:
             _, _, m_axes, n_axes = find_dot(kernel)
@@ -111,83 +109,6 @@ class Blocks:
             batch = math.prod(kernel.global_shape) // (m * n)
             return batch * -(-m // self.block_g) * -(-n // self.block_n)
         return max(1, -(-math.prod(kernel.global_shape) // self.block_g))
-
-
-def _axes(e: Expr) -> set[int]:
-    """The loop axes an expression (its loads' indices and masks included) depends on."""
-    return {s.arg[0] for s in nodes(e) if s.op == "IDX"}
-
-
-DOT_DTYPES = (dtypes.float32, dtypes.float16)
-
-
-def implicit_gemm() -> bool:
-    """Convolutions (and any SUM of a product whose operands split the axes) as tl.dot kernels; on unless
-    TGRAD_TRITON_IMPLICIT_GEMM=0. An operand tile that gathers with masks (padding) is loaded with one
-    pipeline stage: with Triton's default three (and with two), an H200 (Triton 3.6) summed dilated or
-    strided convs with padding wrongly, while the interpreter was right (bench/README)."""
-    return config.on("TGRAD_TRITON_IMPLICIT_GEMM")
-
-
-def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ...]] | None:
-    """(A, B, M axes, N axes) when the kernel is matmul-shaped: a SUM over one reduce axis K of
-    LOAD_A * LOAD_B (float32 or float16, no masks), where M is the innermost global axis only A uses,
-    N the innermost one only B uses, and every other global axis is a batch axis (one per program).
-    With implicit_gemm(): a SUM over the reduce axes (K, flattened) of A * B, where A and B are any
-    expressions of loads and indices, the M axes are all the global axes only A uses (flattened into
-    one), the N axes those only B uses. Convolutions and their gradients are then this shape too:
-    implicit GEMMs whose tiles gather the windows (masked loads for the padding)."""
-    e = kernel.reduce_expr
-    if kernel.reduce_op != "SUM" or e is None or e.op != "MUL" or e.dtype not in DOT_DTYPES:
-        return None
-    x, y = e.srcs
-    implicit = implicit_gemm()
-    plain = all(s.op == "LOAD" and not _masked(s) for s in (x, y))
-    if not implicit and (len(kernel.reduce_shape) != 1 or not plain):
-        return None
-    ax, ay = _axes(x), _axes(y)
-    only_x, only_y = (tuple(sorted(a for a in axes if a < kernel.n_global)) for axes in (ax - ay, ay - ax))
-    if not only_x or not only_y:
-        return None
-    if not implicit:
-        k = kernel.n_global
-        return (x, y, (only_x[-1],), (only_y[-1],)) if k in ax and k in ay else None
-    return x, y, only_x, only_y
-
-
-def next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
-def choose_blocks(kernel: Kernel, interpret: bool | None = None, noopt: bool | None = None) -> Blocks:
-    """The block sizes of a kernel, by the rule in the module docstring."""
-    interpret = interpreting() if interpret is None else interpret
-    noopt = config.on("NOOPT") if noopt is None else noopt
-    tile = TILE_INTERPRET if interpret else TILE_GPU
-    g, r = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
-    if kernel.reduce_expr is None:
-        block_g = min(next_pow2(g), tile if interpret else tile // 4)
-        return Blocks(block_g, 1, 8 if block_g >= 4096 else 4)
-    if noopt:
-        return Blocks(1, min(next_pow2(r), tile // 16), 4)
-    dot = find_dot(kernel)
-    if dot is not None:  # tl.dot needs every tile side >= 16
-        side = 128 if interpret else 64
-        m, n = (max(16, min(side, next_pow2(math.prod(kernel.shape[a] for a in axes)))) for axes in dot[2:])
-        blocks = Blocks(m, max(16, min(side if interpret else 32, next_pow2(r))), 4, n)
-        # an implicit GEMM with few programs over a long K (a conv's weight gradient) leaves the GPU idle;
-        # the reduce below splits it (H200: conv2's weight gradient 3.7 ms as a dot, 0.7 ms as a reduce)
-        if interpret or not implicit_gemm() or blocks.grid(kernel) >= 64 or r <= 16 * blocks.block_r:
-            return blocks
-    block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
-    block_g = min(next_pow2(g), tile // block_r)
-    warps = 8 if block_g * block_r >= 4096 else 4
-    programs = -(-g // block_g)
-    if not interpret and programs < SPLIT_PROGRAMS and r >= 8 * block_r:
-        most = 1 << (r // (4 * block_r)).bit_length() - 1  # shares of at least 4 tiles
-        split = min(next_pow2(-(-SPLIT_PROGRAMS // programs)), most, 1024)
-        return Blocks(block_g, block_r, warps, split=split)
-    return Blocks(block_g, block_r, warps)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -669,11 +590,11 @@ class _DotRenderer(_Renderer):
         return go(root)
 
 
-def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None = None) -> Program:
+def render(kernel: Kernel, blocks: Blocks | None = None) -> Program:
     """The kernel as a Program: Triton source (HEADER and one `@triton.jit` function named after the
     kernel), launched on a 1-D grid of `global_size` programs with `launch["num_warps"]` warps each.
-    Block sizes by `choose_blocks` (for the interpreter or a GPU) unless given."""
-    blocks = blocks or choose_blocks(kernel, interpret)
+    Block sizes from the kernel's opts unless given."""
+    blocks = blocks or Blocks.from_opts(kernel.opts)
     if blocks.split:
         part = _Renderer(kernel, blocks).render(kernel.name + "_part", "part")
         source = HEADER + "\n\n" + part + "\n\n" + _Renderer(kernel, blocks).render(kernel.name, "final")
@@ -694,12 +615,6 @@ def render(kernel: Kernel, blocks: Blocks | None = None, interpret: bool | None 
 def launch_options(program: Program) -> dict:
     """The keyword arguments Triton's launch (and compile) takes from a Program's launch facts."""
     return {k: v for k, v in program.launch.items() if k in ("num_warps", "num_stages")}
-
-
-def _masked(load: Expr) -> bool:
-    """Whether a LOAD has a validity mask (not the constant True)."""
-    valid = load.srcs[1]
-    return not (valid.op == "CONST" and valid.arg is True)
 
 
 def _gathers(e: Expr) -> bool:

@@ -4,9 +4,10 @@ The lowering (loops, index decoding, tree reductions in workgroup memory) is the
 this module adds the language (`WGSLDialect`): `let`/`var`, `select()`, buffers bound with `@group` /
 `@binding`, packed narrow types, and the rules below.
 
-Workgroup size rule: `WORKGROUP` (64) invocations for one-per-output kernels (a multiple of every
-vendor's SIMD width, within WebGPU's default limit of 256); `TREE_WORKGROUP` (256) for tree reductions.
-A launch of more workgroups than the adapter allows per dimension becomes a 2-D dispatch.
+Workgroups: LOCAL invocations for one-per-output kernels, GROUP for tree reductions (the kernel's opts,
+tgrad/opt/; runtime/webgpu.py gives the sizes: 64, a multiple of every vendor's SIMD width within WebGPU's
+default limit of 256, and 256). The size is written into the shader (`@workgroup_size`). A launch of more
+workgroups than the adapter allows per dimension becomes a 2-D dispatch.
 
 Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage:
 - bool, uint8, int8 are stored 4 per `u32` word, int16 and float16 2 per word (their bytes, little
@@ -41,12 +42,8 @@ from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import MATH, Dialect
 from tgrad.errors import DTypeError, KernelError
 from tgrad.fuse import Expr, Kernel, is_const, reduce_identity
+from tgrad.opt.opts import OptOps, find, upcasts
 from tgrad.program import Program
-
-WORKGROUP = 64
-TREE_WORKGROUP = 256
-TREE_MIN_REDUCE = 256  # reduce length from which a tree reduction is used ...
-TREE_MAX_OUTPUTS = 8192  # ... when there are at most this many outputs
 
 # float16 computes in f32 and is rounded to half precision after each of these ops (as numpy does)
 F16_ROUNDED = {"ADD", "SUB", "MUL", "MAX", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "IDIV", "MOD"}
@@ -469,25 +466,14 @@ WGSL = WGSLDialect(
     barrier="workgroupBarrier();",
     # a launch may be split into a 2-D grid of workgroups (dispatch_size): they are numbered row by row
     ids={
-        "gid": f"i32((wid.y * nwg.x + wid.x) * {WORKGROUP}u + lindex)",
+        "gid": "i32((wid.y * nwg.x + wid.x) * {local}u + lindex)",  # ({local}: the workgroup size)
         "grp": "i32(wid.y * nwg.x + wid.x)",
         "lid": "i32(lindex)",
     },
     if_stmt="if ({}) {{ {} }}",
-    local_size=WORKGROUP,
-    upcast=1,
-    group_min=TREE_MIN_REDUCE,
-    group_max_out=TREE_MAX_OUTPUTS,
-    group_size=TREE_WORKGROUP,
-    group_bool=True,
     guard_groups=True,
     bind_literals=True,
 )
-
-
-def use_tree(kernel: Kernel) -> bool:
-    """The rule for a workgroup-memory tree reduction: a long reduce and few outputs."""
-    return emit_cstyle.uses_group_reduce(kernel, WGSL)
 
 
 def _indices_as_int32(kernel: Kernel) -> Kernel:
@@ -528,12 +514,16 @@ def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int
     target = target or Target()
     for dt in emit_cstyle.kernel_dtypes(kernel):  # buffers and every value computed in between
         target.check(dt)
+    if upcasts(kernel.opts):
+        raise KernelError(f"kernel {kernel.name}: WGSL renders no register tiles (UPCAST opts)")
     lowered = _indices_as_int32(kernel) if target.int64 else kernel
-    source = emit_cstyle.render(lowered, replace(WGSL, target=target))
-    tree = use_tree(kernel)
-    n_groups = -(-max(math.prod(kernel.global_shape), 1) // (1 if tree else WORKGROUP))
+    tree = find(kernel.opts, OptOps.GROUP)
+    local = tree or find(kernel.opts, OptOps.LOCAL, 1)
+    ids = {**WGSL.ids, "gid": WGSL.ids["gid"].format(local=local)}
+    source = emit_cstyle.render(lowered, replace(WGSL, target=target, local_size=local, ids=ids))
+    n_groups = -(-max(math.prod(kernel.global_shape), 1) // (1 if tree else local))
     groups = dispatch_size(n_groups, max_groups_per_dim)
-    return Program(kernel.name, source, groups, (TREE_WORKGROUP if tree else WORKGROUP,))
+    return Program(kernel.name, source, groups, (local,))
 
 
 def dispatch_size(n_groups: int, max_per_dim: int) -> tuple[int, int, int]:

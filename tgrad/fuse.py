@@ -20,6 +20,7 @@ Fusion rules (each kernel has one output):
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import weakref
@@ -332,6 +333,12 @@ class Kernel:
     out_index: Expr  # where it is stored (global IDX only)
     out_dtype: DType
     in_dtypes: tuple[DType, ...]
+    # how to compute it (tgrad/opt/): chosen by the optimizer for a device, rendered by its emitter; () is
+    # the plain kernel (one output per work-item, no tiles)
+    opts: tuple = ()
+
+    def with_opts(self, opts: tuple) -> Kernel:
+        return dataclasses.replace(self, opts=tuple(opts))
 
     def __hash__(self) -> int:  # a dict key at every launch (runners, row counts): hashed once
         if "_hash" not in self.__dict__:

@@ -15,6 +15,7 @@ from tgrad.emit_cstyle import kernel_dtypes
 from tgrad.emit_opencl import OPENCL, QCOM
 from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
 from tgrad.fuse import Kernel
+from tgrad.opt import DeviceProps
 from tgrad.program import Program
 
 
@@ -40,6 +41,10 @@ class CLRuntime(Runtime):
         self.queue = cl.CommandQueue(self.ctx)
         self.exts = set(self.device.extensions.split())
         self.max_local = int(self.device.max_work_group_size)
+        # tuning defaults (DeviceProps' own): work-groups of 128, groups of 128 per output for reductions of
+        # 256+ elements into <= 2048 outputs, 4x4 register tiles (PoCL on 2 cores: opt/heuristic.py)
+        self.props = DeviceProps(self.name, compute_units=int(self.device.max_compute_units),
+                                 max_local=self.max_local)
         if self.dialect.native_half and "cl_khr_fp16" not in self.exts:
             self.dialect = replace(self.dialect, native_half=False)
         self.built: dict[str, object] = {}  # source hash -> cl.Kernel (one per program, reused)

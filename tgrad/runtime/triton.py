@@ -17,6 +17,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.emit_triton import interpreting
 from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
+from tgrad.opt import DeviceProps
 from tgrad.program import Program
 from tgrad.runtime import triton_aot
 from tgrad.runtime.triton_source import load_source
@@ -67,6 +68,7 @@ class TritonRuntime(Runtime):
     def __init__(self):
         super().__init__()
         self.interpret = interpreting()
+        self.props = DeviceProps(self.name, kind="triton", interpreted=self.interpret)
         try:
             import torch
 
@@ -96,6 +98,8 @@ class TritonRuntime(Runtime):
             have, use = ("an AMD (ROCm)", "AMD") if hip else ("an NVIDIA (CUDA)", "CUDA")
             raise DeviceError(f"{self.name} device: this torch drives {have} GPU; use DEVICE={use} or TRITON")
         self.torch_device = "cuda"
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        self.props = DeviceProps(self.name, kind="triton", compute_units=int(sms))
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         t = self.torch.empty(size, dtype=getattr(self.torch, _TORCH_DTYPE[dtype]), device=self.torch_device)
@@ -120,7 +124,7 @@ class TritonRuntime(Runtime):
         TGRAD_TRITON_TARGET set, the kernel is first compiled for each of those GPU targets."""
         for target in triton_aot.targets_from_env():
             triton_aot.compile_for_target(kernel, target)
-        return emit_triton.render(kernel, interpret=self.interpret)
+        return emit_triton.render(kernel)
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         fname, source = program.name, program.source

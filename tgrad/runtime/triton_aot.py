@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from tgrad import config, device, emit_triton
 from tgrad.errors import KernelError, TgradError, numbered
 from tgrad.fuse import Kernel
+from tgrad.opt import DeviceProps, optimize
 from tgrad.runtime.triton_source import load_source
+
+# a GPU target compiled without the GPU: the opts of a data-centre GPU of 128 multiprocessors (H100: 132)
+TARGET_PROPS = DeviceProps("TRITON", kind="triton", compute_units=128)
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def compile_for_target(kernel: Kernel, target: str) -> TargetBinary:
     """Compile a kernel (GPU block sizes) with Triton's real compiler for `target`; no GPU needed.
     Raises KernelError with the kernel's name, its Triton source and the compiler's message."""
     parse_target(target)
-    program = emit_triton.render(kernel, interpret=False)
+    program = emit_triton.render(optimize(kernel.with_opts(()), TARGET_PROPS))
     source, num_warps = program.source, program.launch["num_warps"]
     options = emit_triton.launch_options(program)
     key = (source, target)

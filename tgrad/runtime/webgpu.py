@@ -14,6 +14,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.emit_wgsl import Target
 from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
 from tgrad.fuse import Kernel
+from tgrad.opt import DeviceProps
 from tgrad.program import Program
 
 
@@ -27,6 +28,16 @@ def _private_runtime_dir() -> None:
     if os.stat(path).st_uid == os.getuid():
         os.chmod(path, 0o700)
         config.put("XDG_RUNTIME_DIR", path)
+
+
+def device_props(limits: dict) -> DeviceProps:
+    """What the optimizer knows of a WebGPU adapter with these limits. Workgroups of 64 (a multiple of every
+    vendor's SIMD width, within WebGPU's default limit of 256); tree reductions of 256 invocations for 256+
+    elements into <= 8192 outputs (bools too: the WGSL renderer reduces them in u32 workgroup memory); the
+    WGSL renderer has no register tiles."""
+    return DeviceProps("WEBGPU", max_local=limits["max-compute-invocations-per-workgroup"],
+                       max_groups_per_dim=limits["max-compute-workgroups-per-dimension"], preferred_local=64,
+                       register_tiles=1, group_size=256, group_max_outputs=8192, group_bool=True)
 
 
 NO_ADAPTER = (
@@ -81,6 +92,7 @@ class WebGPURuntime(Runtime):
             required_features=wanted, required_limits={k: limits[k] for k in keep}
         )
         self.limits = {k: limits[k] for k in keep}
+        self.props = device_props(self.limits)
         self.pipelines: dict[str, tuple] = {}
         self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         self.fence = self.device.create_buffer(size=4, usage=self.usage)

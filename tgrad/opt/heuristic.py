@@ -1,0 +1,131 @@
+"""The default opts of a kernel, chosen from the device's properties (tinygrad's hand-coded heuristic).
+
+C-style devices (OpenCL, Metal, WGSL):
+- a reduction of at least `group_min_reduce` elements into at most `group_max_outputs` outputs (not bool,
+  unless the device's renderer reduces bools in groups): GROUP, a work-group of `group_size` work-items
+  per output, cut to the device's work-group limit (PoCL, 2 busy cores: a sum over axis 1 of
+  (8, 100000) 3 ms this way, 28 ms with one work-item per row);
+- other reductions: register tiles (UPCAST by `register_tiles`) on up to two global axes, innermost
+  first, whose length it divides and that some load does not use (a matmul's M and N: a 256x256 matmul
+  53 ms with one work-item per output, 2.4 ms with 4x4 tiles on PoCL); none with NOOPT=1;
+- LOCAL: `preferred_local` work-items per work-group, within the device's limit.
+
+Triton: a tile holds at most TILE elements (GPU: 4096; interpreter: 65536, as its cost grows with the
+programs launched). An elementwise program takes min(next_pow2(G), TILE / 4 on a GPU, TILE in the
+interpreter) outputs. A reduce steps BLOCK_R = min(next_pow2(R), TILE / 4) elements (the whole TILE for a
+single output) over BLOCK_G = min(next_pow2(G), TILE / BLOCK_R) outputs; 8 warps for tiles of 4096 or more,
+else 4. NOOPT=1: one output per program, BLOCK_R = min(next_pow2(R), TILE / 16). A matmul-shaped kernel
+gets tl.dot tiles (sides 16-64 on a GPU, 128 in the interpreter), unless it is an implicit GEMM with few
+programs over a long K, which runs better as a split reduce. A reduce that would use fewer programs than
+four per compute unit while each loops over 8+ tiles is SPLIT into shares of 4+ tiles (a 16M-float sum as
+one program ran at 35 GB/s).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tgrad import config
+from tgrad.dtype import dtypes
+from tgrad.fuse import Kernel
+from tgrad.loop_axes import nodes
+from tgrad.opt.contraction import find_dot, implicit_gemm
+from tgrad.opt.opts import DeviceProps, Opt, OptOps
+
+TILE_GPU = 4096  # elements of a Triton tile on a GPU: fits the registers of 4-8 warps
+TILE_INTERPRET = 1 << 16  # in Triton's interpreter: few, big programs (its cost is per program)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def optimize(kernel: Kernel, props: DeviceProps, noopt: bool | None = None) -> Kernel:
+    """The kernel with the opts the heuristic picks for a device (a kernel that has opts keeps them)."""
+    if kernel.opts:
+        return kernel
+    noopt = config.on("NOOPT") if noopt is None else noopt
+    if props.kind == "cstyle":
+        opts = cstyle_opts(kernel, props, noopt)
+    elif props.kind == "triton":
+        opts = triton_opts(kernel, props, noopt)
+    else:  # host devices choose at render time (emit_numba, blas): not yet opts
+        return kernel
+    return kernel.with_opts(opts)
+
+
+# ---------------------------------------------------------------------------------------------------
+# C-style devices
+
+
+def group_reduces(kernel: Kernel, props: DeviceProps) -> bool:
+    if kernel.reduce_expr is None or (kernel.acc_dtype == dtypes.bool and not props.group_bool):
+        return False
+    n_out = math.prod(kernel.global_shape)
+    return math.prod(kernel.reduce_shape) >= props.group_min_reduce and n_out <= props.group_max_outputs
+
+
+def tiled_axes(kernel: Kernel, upcast: int) -> tuple[int, ...]:
+    """Global axes (at most two, the innermost first) that get register tiles of `upcast` outputs: the
+    ones `upcast` divides that some load of the reduction does not use (its value is reused)."""
+    if upcast <= 1 or kernel.reduce_expr is None:
+        return ()
+    loads = [e for e in nodes(kernel.reduce_expr) if e.op == "LOAD"]
+    used = [{s.arg[0] for s in nodes(ld) if s.op == "IDX"} for ld in loads]
+    axes: list[int] = []
+    for a in reversed(range(kernel.n_global)):
+        if kernel.shape[a] % upcast == 0 and any(a not in u for u in used) and len(axes) < 2:
+            axes.append(a)
+    return tuple(axes)
+
+
+def cstyle_opts(kernel: Kernel, props: DeviceProps, noopt: bool) -> tuple[Opt, ...]:
+    if group_reduces(kernel, props):
+        size = min(props.group_size, 1 << (props.max_local.bit_length() - 1))  # a power of two that fits
+        return (Opt(OptOps.GROUP, size),)
+    tiles = () if noopt else tiled_axes(kernel, props.register_tiles)
+    local = max(1, min(props.preferred_local, props.max_local))
+    return (*(Opt(OptOps.UPCAST, props.register_tiles, a) for a in tiles), Opt(OptOps.LOCAL, local))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Triton
+
+
+def _blocks(block_g: int, block_r: int, warps: int, dot: int = 0, split: int = 0) -> tuple[Opt, ...]:
+    opts = [Opt(OptOps.LOCAL, block_g), Opt(OptOps.REDUCE, block_r), Opt(OptOps.WARPS, warps)]
+    opts += [Opt(OptOps.DOT, dot)] if dot else []
+    opts += [Opt(OptOps.SPLIT, split)] if split else []
+    return tuple(opts)
+
+
+def triton_opts(kernel: Kernel, props: DeviceProps, noopt: bool) -> tuple[Opt, ...]:
+    interpret = props.interpreted
+    tile = TILE_INTERPRET if interpret else TILE_GPU
+    g, r = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
+    if kernel.reduce_expr is None:
+        block_g = min(next_pow2(g), tile if interpret else tile // 4)
+        return _blocks(block_g, 1, 8 if block_g >= 4096 else 4)
+    if noopt:
+        return _blocks(1, min(next_pow2(r), tile // 16), 4)
+    dot = find_dot(kernel)
+    if dot is not None:  # tl.dot needs every tile side >= 16
+        side = 128 if interpret else 64
+        sizes = [math.prod(kernel.shape[a] for a in axes) for axes in dot[2:]]
+        m, n = (max(16, min(side, next_pow2(s))) for s in sizes)
+        block_k = max(16, min(side if interpret else 32, next_pow2(r)))
+        programs = g // (sizes[0] * sizes[1]) * -(-sizes[0] // m) * -(-sizes[1] // n)
+        # an implicit GEMM with few programs over a long K (a conv's weight gradient) leaves the GPU idle;
+        # the reduce below splits it (H200: conv2's weight gradient 3.7 ms as a dot, 0.7 ms as a reduce)
+        if interpret or not implicit_gemm() or programs >= 64 or r <= 16 * block_k:
+            return _blocks(m, block_k, 4, n)
+    block_r = min(next_pow2(r), tile if g == 1 else tile // 4)
+    block_g = min(next_pow2(g), tile // block_r)
+    warps = 8 if block_g * block_r >= 4096 else 4
+    programs = -(-g // block_g)
+    enough = 4 * props.compute_units  # programs that keep every compute unit busy
+    if not interpret and programs < enough and r >= 8 * block_r:
+        most = 1 << (r // (4 * block_r)).bit_length() - 1  # shares of at least 4 tiles
+        split = min(next_pow2(-(-enough // programs)), most, 1024)
+        return _blocks(block_g, block_r, warps, split=split)
+    return _blocks(block_g, block_r, warps)

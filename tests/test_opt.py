@@ -94,3 +94,13 @@ def test_emitters_render_the_opts_they_are_given(device_name, monkeypatch):
     np.testing.assert_allclose(z.softmax(1).numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose((z * 2 + 1).relu().numpy(), np.maximum(c * 2 + 1, 0), rtol=1e-6)
     assert any(EXPECTED[device] in opts for opts in rendered), rendered  # the odd properties were used
+
+
+def test_debug2_shows_the_opts(monkeypatch, capsys):
+    open_or_skip("CL")
+    import tgrad.device as device_module
+
+    monkeypatch.setattr(device_module, "DEBUG", 2)
+    a = RNG.standard_normal((5, 777)).astype(np.float32)
+    np.testing.assert_allclose(Tensor(a, device="CL").sum(1).numpy(), a.sum(1), rtol=1e-5, atol=1e-4)
+    assert "GROUP(128)" in capsys.readouterr().err

@@ -124,6 +124,8 @@ class Buffer:
 class Runner:
     """A compiled kernel: call it with the output buffer, then the kernel's input buffers."""
 
+    opts: tuple = ()  # the optimizer's choices it was rendered with (DEBUG=2 prints them)
+
     def __init__(self, program: Program, fn: Callable[..., None], device: str):
         self.program, self.fn, self.device = program, fn, device
         self.name, self.source = program.name, program.source
@@ -167,6 +169,8 @@ class Runtime:
         if hit is None:
             optimized = optimize(kernel, self.props)
             hit = self.runners[kernel] = self.compile(self.render(optimized), optimized)
+            if optimized.opts:
+                hit.opts = optimized.opts
         return hit
 
     def batch(self, launches: list[tuple], varying: set[int]) -> Callable[[dict], None] | None:

@@ -130,15 +130,16 @@ def report_random(buf: Buffer, draw: Callable, dtype: DType, device: str) -> Non
         RECORDER.random(buf, draw, dtype, device)
 
 
-def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float, name: str) -> None:
-    k = item.kernel
+def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float, runner) -> None:
+    k, name = item.kernel, runner.name
     # (an input a pair group kept in its threads' caches has no buffer: not counted as memory traffic)
     nbytes = out.size * out.dtype.itemsize + sum(n.buffer.size * n.dtype.itemsize for n in item.inputs
                                                  if n.buffer is not None)
     flops = prod(k.shape)
     print(f"  {rt.name:6s} {name:30s} {str(k.shape):24s} {seconds * 1e3:9.3f} ms "
           f"{flops / seconds / 1e9 if seconds else 0:8.2f} GFLOP/s "
-          f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s", file=sys.stderr)
+          f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s {' '.join(map(repr, getattr(runner, 'opts', ())))}",
+          file=sys.stderr)
 
 
 def pretty(expr, indent: int = 0, width: int = 100) -> str:
@@ -420,7 +421,7 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
                 RECORDER.launch(runner, out, inputs, fresh=it.target is None, node=it.out)
             if device.DEBUG >= 2:
                 rt.synchronize()
-                _debug_kernel(rt, it, out, time.perf_counter() - t0, runner.name)  # (a row group's name)
+                _debug_kernel(rt, it, out, time.perf_counter() - t0, runner)  # (a row group's name)
         if it.out.op is Op.ASSIGN and RECORDER is None:  # TinyJit's checks walk what a capture wrote
             it.out.written(out)
         else:

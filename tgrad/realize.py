@@ -136,9 +136,10 @@ def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: fl
     nbytes = out.size * out.dtype.itemsize + sum(n.buffer.size * n.dtype.itemsize for n in item.inputs
                                                  if n.buffer is not None)
     flops = prod(k.shape)
+    opts = " ".join(map(repr, getattr(runner, "opts", ())))  # (a row group's runner has none)
     print(f"  {rt.name:6s} {name:30s} {str(k.shape):24s} {seconds * 1e3:9.3f} ms "
           f"{flops / seconds / 1e9 if seconds else 0:8.2f} GFLOP/s "
-          f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s {' '.join(map(repr, getattr(runner, 'opts', ())))}",
+          f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s {opts}",
           file=sys.stderr)
 
 

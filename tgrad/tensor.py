@@ -29,8 +29,36 @@ from tgrad.errors import (
 )
 from tgrad.graph import MOVEMENT as MOVEMENT_OPS
 from tgrad.graph import Node, Op
+from tgrad.ops.helpers import (
+    Scalar,
+    _broadcast_shape,
+    _exp_node,
+    _expand_node,
+    _log_node,
+    _matmul_node,
+    _normalize_axis,
+    _position_dtype,
+    _shift_by_max,
+    _spatial_pads,
+    _spread_node,
+    _tuple,
+)
+from tgrad.ops.numerics import (
+    _ASINH_SERIES,
+    _ATANH_SERIES,
+    _DIVISOR_EDGE,
+    _ERF_SERIES,
+    _SINH_SERIES,
+    _TANH_SERIES,
+    _float_floordiv,
+    _float_fmod,
+    _gradient_only,
+    _or_nan_bound,
+    _pow_value,
+    _rounded_quotient,
+    _true_divide,
+)
 
-Scalar = int | float | bool
 # one-hot work (indices x rows) above which indexing on a host device is numpy's take in a host step
 HOST_TAKE_MIN = 1 << 15
 # one-hot products (gradient elements x table rows) up to which a host take's gradient is kernels, not a
@@ -115,12 +143,6 @@ def _scatter_add(out: np.ndarray, axis: int, ids: np.ndarray, values: np.ndarray
     out[lead + (rows[starts],)] += np.add.reduceat(grouped, starts, axis=axis)
 
 
-def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
-    if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise IndexRangeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
-    return axis % max(ndim, 1) if ndim else 0
-
-
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
     if device not in dtypes.HOST_DEVICES and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
@@ -128,74 +150,6 @@ def _dtype_on(dtype: DType, device: str) -> DType:
         raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
                          f"cast to {instead} first")
     return dtype
-
-
-def _expand_node(node: Node, shape: tuple[int, ...]) -> Node:
-    """Tensor._expand_to on a node: broadcast to `shape`, which _broadcast_shape made from node's shape."""
-    if node.shape == shape:
-        return node
-    if len(shape) != len(node.shape):
-        node = g.move(node, Op.RESHAPE, (1,) * (len(shape) - len(node.shape)) + node.shape)
-    return g.move(node, Op.EXPAND, shape)
-
-
-def _shift_by_max(x: Node, axes: tuple[int, ...]) -> Node:
-    """x - x.max(axes, keepdim=True).detach() for a float node (the nodes those Tensor ops build; no axes:
-    a 0-d tensor, whose max is itself)."""
-    top = g.reduce(x, "MAX", axes)
-    top = Node(Op.DETACH, (top,), None, top.shape, top.dtype, top.device)
-    return g.alu(Op.SUB, x, _expand_node(top, x.shape))
-
-
-def _exp_node(x: Node) -> Node:
-    """Tensor.exp of a float node: exp2(x * (1 / ln 2))."""
-    return g.alu(Op.EXP2, g.alu(Op.MUL, x, g.const(1 / math.log(2), x.dtype, x.device, x.shape)))
-
-
-def _log_node(x: Node) -> Node:
-    """Tensor.log of a float node: log2(x) * ln 2."""
-    return g.alu(Op.MUL, g.alu(Op.LOG2, x), g.const(math.log(2), x.dtype, x.device, x.shape))
-
-
-def _matmul_node(x: Node, w: Node) -> Node:
-    """x @ w for nodes of one float dtype, at least 2-d, x's last axis as long as w's second-to-last: the
-    nodes Tensor.matmul's general path builds (x (..., n, 1, k) times w transposed (..., 1, m, k), summed
-    over k), built without a tensor for each step (a third of the Python time)."""
-    k = x.shape[-1]
-    a = g.move(x, Op.RESHAPE, x.shape[:-1] + (1, k))
-    order = list(range(len(w.shape)))
-    order[-1], order[-2] = order[-2], order[-1]
-    b = g.move(w, Op.PERMUTE, tuple(order))
-    b = g.move(b, Op.RESHAPE, b.shape[:-2] + (1,) + b.shape[-2:])
-    shape = _broadcast_shape(a.shape, b.shape)
-    total = g.reduce(g.alu(Op.MUL, _expand_node(a, shape), _expand_node(b, shape)), "SUM", (len(shape) - 1,))
-    return g.move(total, Op.RESHAPE, shape[:-1])
-
-
-def _spread_node(x: Node, s_) -> Node:
-    """Tensor._spread on a node: (N, C, *spatial) with s-1 zeros after each element but the last along each
-    spatial axis."""
-    for axis, s in enumerate(s_):
-        if s > 1:
-            a, shape = 2 + axis, x.shape
-            x = g.move(x, Op.RESHAPE, shape[: a + 1] + (1,) + shape[a + 1 :])
-            x = g.move(x, Op.PAD, ((0, 0),) * (a + 1) + ((0, s - 1),) + ((0, 0),) * (len(shape) - a - 1))
-            x = g.move(x, Op.RESHAPE, shape[:a] + (shape[a] * s,) + shape[a + 1 :])
-            x = g.move(x, Op.SHRINK, tuple((0, shape[a] * s - (s - 1)) if i == a else (0, d)
-                                            for i, d in enumerate(x.shape)))
-    return x
-
-
-def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    nd = max(len(s) for s in shapes)
-    padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
 
 
 class _NoGradMeta(type):
@@ -3397,7 +3351,6 @@ class Tensor(metaclass=_NoGradMeta):
         return _reduce_loss(loss, reduction)
 
 
-
 # PyTorch computes a bfloat16 op in float32 and rounds its result once. tgrad's primitive ops do that by
 # themselves (each bfloat16 node is rounded); these composite ops (several primitives, whose intermediate
 # results PyTorch does not round) run on float32 copies of their bfloat16 tensors, and a float32 result
@@ -3480,128 +3433,6 @@ for _name in _BF16_IN_FLOAT32:
     _wrapped = _bf16_in_float32(_raw.__func__ if isinstance(_raw, staticmethod) else _raw)
     setattr(Tensor, _name, staticmethod(_wrapped) if isinstance(_raw, staticmethod) else _wrapped)
 
-def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
-    """a ** b for float tensors as exp2(b * log2|a|), with C pow's signs and special values: a negative
-    base needs an integer exponent (else nan; -inf gives inf or 0), b == 0 gives 1. A Python exponent's
-    cases are decided here (no constant-only expressions in the kernel)."""
-    if not isinstance(b, Tensor):
-        if b == 0:
-            return a.ones_like()
-        if math.isnan(b):  # C's pow(1, nan) is 1
-            return (a == 1).where(1.0, math.nan)
-        mag = (a.abs().log2() * b).exp2()
-        mag = (a == 0).where(0.0 if b > 0 else math.inf, mag)  # not through log2(0): undefined on some GPUs
-        if math.isinf(b):  # |a| < 1 -> 0 or inf, |a| > 1 -> inf or 0, |a| == 1 -> 1, whatever a's sign
-            return (a.abs() == 1).where(1.0, mag)
-        if float(b).is_integer():
-            return _signbit(a).where(-mag, mag) if int(b) % 2 else mag  # (-0.0) ** -3 is -inf
-        return (a < 0).where((a == -math.inf).where(mag, math.nan), mag)
-    mag = (b * a.abs().log2()).exp2()
-    is_int = b.trunc() == b
-    odd = is_int & ((b.abs() % 2) == 1)
-    signed = odd.where(-mag, mag)
-    not_int = (a == -math.inf).where(mag, math.nan)
-    out = (a < 0).where(is_int.where(signed, not_int), mag)
-    zero_base = (b > 0).where(0.0, (b < 0).where(b._const(math.inf), math.nan))  # 0 ** nan is nan
-    zero_base = (odd & _signbit(a)).where(-zero_base, zero_base)  # (-0.0) ** -3 is -inf
-    out = (a == 0).where(zero_base, out)  # not through log2(0): undefined on some GPUs
-    one = (a == 1) | ((a == -1) & b.isinf())  # C's pow(1, nan) and pow(-1, +-inf) are 1
-    return ((b == 0) | one).where(1.0, out)
-
-
-def _signbit(a: Tensor) -> Tensor:
-    """a < 0, and True at -0.0 too (1 / -0.0 is -inf)."""
-    return (a < 0) | ((a == 0) & (a.reciprocal() < 0))
-
-
-# Taylor series of odd functions near 0, as coefficients of x^1, x^3, x^5... (Tensor._near_zero)
-_TANH_SERIES = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835)
-_SINH_SERIES = (1.0, 1 / 6, 1 / 120, 1 / 5040, 1 / 362880)
-_ASINH_SERIES = (1.0, -1 / 6, 3 / 40, -15 / 336, 105 / 3456)
-_ATANH_SERIES = (1.0, 1 / 3, 1 / 5, 1 / 7, 1 / 9, 1 / 11)
-_ERF_SERIES = tuple(2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(7))
-
-_DIVISOR_EDGE = {dtypes.float16: 12, dtypes.float64: 1000}  # else (float32) 100: see _true_divide
-
-
-def _true_divide(a: Tensor, b: Tensor, refine: bool = False) -> Tensor:
-    """a / b for float tensors as a * (1 / b), scaled so that 1 / b cannot overflow (|b| tiny) or
-    underflow (|b| huge) where a / b itself is a number: 1e-5 / 1e-40 is 1e35, not inf. refine: one Newton
-    step more, for the callers that round the quotient (a * (1 / a) can be 0.99999994, trunc 0)."""
-    # |b| outside 2**-edge .. 2**edge is scaled by 2**+-scale: also the gradient's 1 / (b * s)**2 is finite
-    edge = _DIVISOR_EDGE.get(a.dtype, 100)
-    scale = {dtypes.float16: 8, dtypes.float64: 1000}.get(a.dtype, 100)
-    mag = b.abs()
-    up, down, one = mag._const(2.0**scale), mag._const(2.0**-scale), mag._const(1.0)
-    s = (mag < 2.0**-edge).where(up, (mag > 2.0**edge).where(down, one))
-    a, b = a * s, b * s
-    inv = b.reciprocal()
-    q = a._alu(Op.MUL, inv)
-    if not refine:
-        return q
-    better = q + (a - q * b) * inv
-    return better.isfinite().where(better, q)
-
-
-def _wider(a: Tensor) -> DType | None:
-    """The next wider float type, where a's device has it (exact products and rounded quotients)."""
-    wide = {dtypes.float16: dtypes.float32, dtypes.float32: dtypes.float64}.get(a.dtype)
-    return wide if wide is not None and get_runtime(a.device).supports(wide) else None
-
-
-def _rounded_quotient(a: Tensor, b: Tensor) -> Tensor:
-    """a / b rounded once, as PyTorch's (what trunc and floor see): in the wider type where there is one."""
-    wide = _wider(a)
-    if wide is None:
-        return _true_divide(a, b, refine=True)
-    return _true_divide(a.cast(wide), b.cast(wide), refine=True).cast(a.dtype)
-
-
-def _float_fmod(a: Tensor, b: Tensor) -> Tensor:
-    """C's fmod for floats (the sign of a): nan where a is inf or b is 0 or either is nan, a where b is inf.
-    Else a - trunc(a / b) * b in the next wider float type where the device has it: there t * b is exact
-    while |a / b| < 2**29 (float32 inputs), and the result is moved back into (-|b|, |b|) where the rounded
-    quotient was one off, so it is exact like PyTorch's; in the input's own type it is within an ulp of a."""
-    wide = _wider(a)
-    x, y = (a.cast(wide), b.cast(wide)) if wide is not None else (a, b)
-    r = x - _true_divide(x, y, refine=True).trunc() * y
-    step = (x < 0).where(-y.abs(), y.abs())
-    r = ((r != 0) & ((r < 0) ^ (x < 0))).where(r + step, r)
-    r = (r.abs() >= y.abs()).where(r - step, r)
-    r = r.cast(a.dtype) if wide is not None else r
-    return (b.isinf() & a.isfinite()).where(a, r)
-
-
-def _float_floordiv(a: Tensor, b: Tensor) -> Tensor:
-    """floor(a / b) as PyTorch and Python compute it (from fmod, so inf // 2 is nan and -0.5 // inf is
-    -1): a / b where b is 0."""
-    mod = _float_fmod(a, b)
-    div = _true_divide(a - mod, b, refine=True)
-    div = ((mod != 0) & ((b < 0) ^ (mod < 0))).where(div - 1, div)
-    fl = div.floor()
-    fl = (div - fl > 0.5).where(fl + 1, fl)
-    quotient = _true_divide(a, b).detach()  # PyTorch's floor division has no gradient (0) anywhere
-    fl = (div == 0).where((quotient < 0).where(fl._const(-0.0), 0.0), fl)
-    return (b == 0).where(quotient, fl)
-
-
-def _gradient_only(x: Tensor, slope: Tensor) -> Tensor:
-    """A tensor of zeros whose gradient with respect to x is the constant slope (may be inf, -inf, nan), so
-    that value.detach() + _gradient_only(x, slope) is value with a chosen gradient. Each special slope
-    gets its own term behind a where(), so no inf * 0 from another term reaches x's gradient. Where x is
-    inf or nan, x - x is not 0: there the gradient is 0 instead."""
-    xf = x.isfinite().where(x, 0.0)
-    u = xf - xf.detach()  # 0, gradient 1
-    slope = slope.detach()
-    finite = slope.isfinite()
-    out = finite.where(u, 0.0) * finite.where(slope, 0.0)
-    for hit, sign in ((slope == math.inf, 1.0), (slope == -math.inf, -1.0)):
-        root = hit.where(u, 1.0).sqrt()  # sqrt at 0: value 0, gradient inf
-        out = out + hit.where(root * sign, 0.0)
-    nan = slope.isnan()
-    root = nan.where(u, 1.0).sqrt()
-    return out + nan.where(root * 0.0, 0.0)  # value 0, gradient 0 * inf = nan
-
 
 def _check_smoothing(label_smoothing: float) -> None:
     if not 0.0 <= label_smoothing <= 1.0:  # also nan; PyTorch ignores a negative one silently
@@ -3617,30 +3448,6 @@ def _check_mask(mask, op: str) -> None:
     if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool:
         kind = mask.dtype.name if isinstance(mask, Tensor) else type(mask).__name__
         raise DTypeError(f"{op}: mask must be a bool tensor, got {kind}; compare (mask != 0) or use where()")
-
-
-def _or_nan_bound(hit: Tensor, bound) -> Tensor:
-    """Where clip takes the bound: hit, and everywhere the bound is nan (PyTorch's clamp gives nan)."""
-    if isinstance(bound, Tensor) and bound.dtype.is_float:
-        return hit | bound.isnan()
-    if isinstance(bound, float) and math.isnan(bound):
-        return hit.ones_like()
-    return hit
-
-
-def _tuple(value, n: int) -> tuple[int, ...]:
-    """An int or a sequence of n ints as a tuple of n ints (kernel sizes, strides, padding)."""
-    out = tuple(value) if isinstance(value, (tuple, list)) else (value,) * n
-    if len(out) != n:
-        raise ShapeError(f"expected an int or {n} values, got {value!r}")
-    return tuple(int(v) for v in out)
-
-
-def _position_dtype(*extents: int) -> DType:
-    """The dtype of positions an op compares internally to make a mask (causal attention, tril/triu):
-    int32 where every value fits. A CPU kernel then compares 16 of them per 512-bit vector, as many as the
-    float32 values they select; with int64 (8 per vector) a causal softmax's exp pass ran 2.7x slower."""
-    return dtypes.int32 if max(abs(e) for e in extents) < 2**31 - 1 else dtypes.int64
 
 
 def _class_positions(t: Tensor, c: int, ignore: int | None, ndim: int) -> tuple[Tensor, Tensor]:
@@ -3688,19 +3495,6 @@ def _arange_buffer(n: int, dtype: DType, device: str) -> Node:
 def _check_reduction(reduction: str) -> None:
     if reduction not in ("mean", "sum", "none"):
         raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', not {reduction!r}")
-
-
-def _spatial_pads(padding, nk: int) -> tuple[int, ...]:
-    """Padding of the last nk axes in F.pad order (last axis first, before then after): from an int, nk ints
-    (each both sides) or 2*nk ints (already in that order)."""
-    if isinstance(padding, int):
-        return (padding,) * 2 * nk
-    padding = tuple(int(p) for p in padding)
-    if len(padding) == nk:
-        return tuple(p for q in reversed(padding) for p in (q, q))
-    if len(padding) == 2 * nk:
-        return padding
-    raise ShapeError(f"padding {padding} needs 1, {nk} or {2 * nk} values for {nk} spatial axes")
 
 
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:

@@ -8,10 +8,7 @@ from typing import TYPE_CHECKING
 
 from tgrad import graph as g
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import (
-    IndexRangeError,
-    ShapeError,
-)
+from tgrad.errors import IndexRangeError, ShapeError
 from tgrad.graph import Node, Op
 
 if TYPE_CHECKING:

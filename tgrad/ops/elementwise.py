@@ -153,7 +153,7 @@ class ElementwiseOps:
         """self ** y. Small integer exponents multiply; integer tensors to integer powers stay integers
         (wrapping like PyTorch); otherwise exp2(y * log2|x|) with the signs and special values of C's pow,
         and PyTorch's gradients (also at 0, inf and negative bases)."""
-        Tensor = type(self)  # (a name for the class that the gradient rule can use without holding self)
+        Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
             if y == 0:  # 1 everywhere, gradient 0 (still connected to self, as in PyTorch)
                 x = self if self.dtype.is_float or isinstance(y, int) else self.float()
@@ -195,7 +195,7 @@ class ElementwiseOps:
     def _pow_gradient(self, value: Tensor, e: float) -> Tensor:
         """value (self ** e) with PyTorch's gradient e * self ** (e - 1) everywhere: at 0, inf, nan and
         negative self too (built from differentiable ops, so higher derivatives follow)."""
-        Tensor = type(self)  # (a name for the class that the gradient rule can use without holding self)
+        Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         if Tensor.no_grad:
             return value
         x_node = self.node
@@ -214,7 +214,7 @@ class ElementwiseOps:
 
     def _pow_scalar_base(self, c: float) -> Tensor:
         """c ** self for a Python base c (c ** 0 is 1 for every c, as in C)."""
-        Tensor = type(self)  # (a name for the class that the gradient rule can use without holding self)
+        Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         if c == 1:  # 1 ** nan and 1 ** inf are 1 too; gradient 0
             return self.ones_like() + _gradient_only(self, self.zeros_like())
         if c > 0 and math.isfinite(c):

@@ -196,7 +196,7 @@ class MathOps:
 
     def acosh(self) -> Tensor:
         """log(x + sqrt(x^2 - 1)), log(2x) beyond 1e4 (gradient 0 at inf); nan below 1."""
-        Tensor = type(self)  # (a name for the class that the gradient rule can use without holding self)
+        Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         x = self._float()
         big = x > 1e4
         small = big.where(2.0, x)
@@ -213,7 +213,7 @@ class MathOps:
         return x._from(autodiff.custom_gradient(out.node, (x_node,), rule, "acosh"))
 
     def atanh(self) -> Tensor:
-        Tensor = type(self)  # (a name for the class that the gradient rule can use without holding self)
+        Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         x = self._float()
         out = x._near_zero(((1 + x) / (1 - x)).log() * 0.5, _ATANH_SERIES, 0.25)
         if Tensor.no_grad:
@@ -299,7 +299,7 @@ class MathOps:
         return pos.where(y, -y)
 
     def gelu(self, approximate: str = "none") -> Tensor:
-        Tensor = type(self)  # (a name for the class that the gradient rule can use without holding self)
+        Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         if approximate not in ("none", "tanh"):
             raise ArgumentError(f"gelu: approximate must be 'none' or 'tanh', not {approximate!r}")
         if approximate == "tanh":  # 0.5 * x * (1 + tanh(u)) = x * sigmoid(2u): fewer ops and roundings

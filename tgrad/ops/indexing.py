@@ -499,7 +499,7 @@ class IndexingOps:
         return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
 
 
-def _check_mask(mask, op: str, tensor: type) -> None:
-    if not isinstance(mask, tensor) or mask.dtype != dtypes.bool:
-        kind = mask.dtype.name if isinstance(mask, tensor) else type(mask).__name__
+def _check_mask(mask, op: str, tensor_class: type) -> None:
+    if not isinstance(mask, tensor_class) or mask.dtype != dtypes.bool:
+        kind = mask.dtype.name if isinstance(mask, tensor_class) else type(mask).__name__
         raise DTypeError(f"{op}: mask must be a bool tensor, got {kind}; compare (mask != 0) or use where()")

@@ -87,9 +87,10 @@ def test_every_device_has_a_runtime_module_and_class():
 
 
 def test_modules_stay_small():
-    """One job per module: only tensor.py (the API) may grow past ~700 lines."""
+    """One job per module: ~700 lines at most; tensor.py, the Tensor core (its op groups are mixins in
+    tgrad/ops/), 1,200."""
     sizes = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
-    assert not {m: n for m, n in sizes.items() if n > 720 and m != "tgrad.tensor"}
+    assert not {m: n for m, n in sizes.items() if n > (1200 if m == "tgrad.tensor" else 720)}
 
 
 def test_the_cpu_runtime_is_one_package():

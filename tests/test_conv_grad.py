@@ -221,9 +221,9 @@ def test_max_pool_ties_and_nan_pick_like_pytorch(device, kw):
 def test_conv2d_gradients_with_and_without_kept_windows(device, limit, monkeypatch):
     """A conv whose weight needs a gradient keeps its windows (made once for the forward and the weight's
     gradient) unless they exceed KEEP_WINDOWS_MAX elements; a buffer input and a computed one, both ways."""
-    import tgrad.tensor as tensor_module
+    import tgrad.ops.nn as nn_ops
 
-    monkeypatch.setattr(tensor_module, "KEEP_WINDOWS_MAX", limit)
+    monkeypatch.setattr(nn_ops, "KEEP_WINDOWS_MAX", limit)
     helper_test_op(
         [(2, 3, 9, 8), (4, 3, 3, 3)],
         lambda x, wt: F.conv2d(x, wt, padding=1, stride=(1, 2)),

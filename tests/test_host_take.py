@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from tgrad import Tensor, dtypes
-from tgrad import tensor as tensor_module
 from tgrad.errors import IndexRangeError
 from tgrad.jit import TinyJit
 from tgrad.nn import Embedding
+from tgrad.ops import indexing as indexing_ops
 
 VOCAB, DIM = 5000, 16  # 80 ids x 5000 rows: above HOST_TAKE_MIN, so CPU and NUMPY take on the host
 
@@ -24,7 +24,7 @@ def take_grad(request, monkeypatch):
         raise AssertionError(f"the take's gradient went the other way than {request.param}")
 
     if request.param == "host step":
-        monkeypatch.setattr(tensor_module, "ONEHOT_GRAD_MAX", 0)
+        monkeypatch.setattr(indexing_ops, "ONEHOT_GRAD_MAX", 0)
         monkeypatch.setattr(Tensor, "_onehot_put", refuse)
     else:
         monkeypatch.setattr(Tensor, "_host_put", refuse)

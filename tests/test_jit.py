@@ -60,12 +60,12 @@ def test_training_step_matches_torch_for_50_steps():
 
 
 def test_cross_entropy_step_captures_on_the_second_call_whatever_ran_before():
-    """cross_entropy's class positions are a buffer tgrad makes once (tensor._arange_buffer): made inside
+    """cross_entropy's class positions are a buffer tgrad makes once (ops.losses._arange_buffer): made inside
     the first call, it was host data of that call only, the second call differed, and the capture waited
     for a third (a test passed or failed by what ran before it)."""
-    from tgrad import tensor as tensor_mod
+    from tgrad.ops import losses
 
-    tensor_mod._ARANGES.clear()
+    losses._ARANGES.clear()
     w = Tensor(RNG.standard_normal((5, 11)).astype(np.float32), requires_grad=True)
     opt = SGD([w], lr=0.1)
     calls = []

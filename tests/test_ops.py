@@ -436,7 +436,7 @@ def test_softmax_and_log_softmax_build_the_tensor_ops_graph(device):
 def test_cross_entropy_mean_builds_the_tensor_codes_graph(device):
     """cross_entropy's common case (float32 (N, C) logits, class labels, mean, no smoothing) builds its graph
     from nodes: the nodes of its Tensor code (written out here), so the same kernels, values, gradients."""
-    from tgrad.tensor import _class_positions
+    from tgrad.ops.losses import _class_positions
 
     x = Tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32), requires_grad=True)
     for labels in ([0, 3, 1, -100, 2], [1, 1, 0, 2, 3]):

@@ -149,8 +149,8 @@ def _walk(roots: list[Node], assigns: set[Node]) -> tuple[list, list[Node], dict
 def _value_key(value, at) -> object:
     """How a value a custom gradient's rule holds (in its closure) enters the key: plain values by value,
     tuples item by item, nodes and tensors by the position of their node (`at` walks it), dtypes by name,
-    functions by their code and closure; anything else raises _Refused (a value whose meaning the key
-    cannot show: the plain path runs)."""
+    classes by themselves, functions by their code and closure; anything else raises _Refused (a value
+    whose meaning the key cannot show: the plain path runs)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return (type(value).__name__, repr(value))
     if isinstance(value, tuple):
@@ -161,6 +161,8 @@ def _value_key(value, at) -> object:
         return ("tensor", at(value.node))
     if isinstance(value, DType):
         return ("dtype", value.name)
+    if isinstance(value, type):  # a class by itself (the rules of the op mixins in tgrad/ops/ hold Tensor)
+        return ("class", value)
     code = getattr(value, "__code__", None)
     if code is None:
         raise _Refused

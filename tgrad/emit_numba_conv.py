@@ -42,7 +42,7 @@ conv4 3.0 -> 1.5. One partial per thread measured faster than 4 or 8 (10.5-10.7 
 output channels and pass of taps, one `numba_rt.wgrad_tile` intrinsic sums every pixel of the image with
 the sums in registers (conv2's alone 12.7-13.7 -> 11.0-11.2 ms).
 
-A convolution's input gradient is built by tensor.py as col2im: a matmul of the weight by the output
+A convolution's input gradient is built by ops/nn.py as col2im: a matmul of the weight by the output
 gradient (every window's share, k1) and a sum that shifts the shares into place (k2), which the CPU runs
 as a piece pair. Where blas.col2im proves k2 is that sum (at every point of one image: each share lands
 once, at the spot a convolution's geometry puts it; the relu of the layer below may be around it, run

@@ -24,11 +24,22 @@ def user_frame() -> str:
         path = name if name.startswith("<") else os.path.abspath(name)
         if not path.startswith(package + os.sep):
             code = linecache.getline(path, frame.f_lineno).strip()
-            called = f"in {getattr(entry, 'co_qualname', entry.co_name)}, " if entry is not None else ""
+            called = f"in {_op_name(entry, package)}, " if entry is not None else ""
             return f"{called}at {path}:{frame.f_lineno}: {code}"
         entry = frame.f_code
         frame = frame.f_back
     return ""
+
+
+def _op_name(code, package: str) -> str:
+    """The qualified name of a tgrad function; a method of the op mixins in tgrad/ops/ (ElementwiseOps.add)
+    is named as the Tensor method the user called (Tensor.add)."""
+    import os
+
+    name = getattr(code, "co_qualname", code.co_name)
+    in_ops = os.path.dirname(os.path.abspath(code.co_filename)) == os.path.join(package, "ops")
+    owner, dot, method = name.partition(".")
+    return f"Tensor.{method}" if in_ops and dot and owner.endswith("Ops") else name
 
 
 class ShapeError(TgradError, ValueError, RuntimeError):

@@ -344,7 +344,7 @@ _CACHE = Node._cache  # (the same dict, read as a global in Node.__new__)
 
 
 # ---------------------------------------------------------------------------------------------------
-# node constructors with shape and dtype inference (tensor.py and autodiff.py build graphs with these)
+# node constructors with shape and dtype inference (tensor.py, ops/ and autodiff.py build graphs with these)
 
 
 def alu(op: Op, *srcs: Node) -> Node:

@@ -9,7 +9,8 @@ import numpy as np
 
 from tgrad.dtype import dtypes
 from tgrad.errors import DTypeError, ShapeError
-from tgrad.tensor import Tensor, _tuple
+from tgrad.ops.helpers import _tuple
+from tgrad.tensor import Tensor
 
 
 def _uniform(shape: tuple[int, ...], bound: float) -> Tensor:

@@ -1,0 +1,119 @@
+"""Tensor's linear algebra: matmul, einsum, linear."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from tgrad import graph as g
+from tgrad.dtype import promote
+from tgrad.errors import ArgumentError, ShapeError
+from tgrad.graph import Op
+from tgrad.ops.helpers import _expand_node, _matmul_node
+
+if TYPE_CHECKING:
+    from tgrad.tensor import Tensor
+
+
+class LinalgOps:
+    """Tensor's linear algebra (a mixin: tensor.py's Tensor is made of these)."""
+
+    __slots__ = ()
+
+    def matmul(self, w: Tensor) -> Tensor:
+        x = self
+        if not isinstance(w, type(self)):
+            w = type(self)(w, device=x.device)
+        xn, wn = x.node, w.node
+        if (xn.dtype is wn.dtype and xn.dtype.is_float and len(xn.shape) > 1 and len(wn.shape) > 1
+                and xn.shape[-1] == wn.shape[-2] and xn.device == wn.device):
+            return x._from(_matmul_node(xn, wn), w)  # the common case (the nodes of the lines below)
+        if x.ndim == 0 or w.ndim == 0:
+            raise ShapeError(f"matmul: both arguments need at least 1 dimension, got {x.shape} and {w.shape}")
+        if x.shape[-1] != w.shape[-2 if w.ndim > 1 else -1]:
+            raise ShapeError(
+                f"matmul: inner dimensions differ: {x.shape} @ {w.shape} "
+                f"({x.shape[-1]} != {w.shape[-2 if w.ndim > 1 else -1]})"
+            )
+        xv = x.unsqueeze(0) if x.ndim == 1 else x
+        wv = w.unsqueeze(-1) if w.ndim == 1 else w
+        # (..., n, 1, k) * (..., 1, m, k) -> sum over k
+        a = xv.reshape(xv.shape[:-1] + (1, xv.shape[-1]))
+        b = wv.transpose(-1, -2)
+        b = b.reshape(b.shape[:-2] + (1,) + b.shape[-2:])
+        out = (a * b).sum(
+            -1, dtype=promote(x.dtype, w.dtype) if not promote(x.dtype, w.dtype).is_float else None
+        )
+        if x.ndim == 1:
+            out = out.squeeze(-2)
+        if w.ndim == 1:
+            out = out.squeeze(-1)
+        return out
+
+    @staticmethod
+    def einsum(formula: str, *operands, dtype=None) -> Tensor:
+        """Einstein summation (PyTorch's einsum): "ij,jk->ik"; operands as arguments or one list; "..."
+        for broadcast dims; a repeated letter in one operand takes its diagonal; without "->" the output
+        is the "..." dims, then the letters used once, sorted. Multiplies broadcast views, then sums."""
+        one_list = len(operands) == 1 and isinstance(operands[0], (list, tuple))
+        ops = list(operands[0]) if one_list else list(operands)
+        lhs, arrow, rhs = formula.replace(" ", "").partition("->")
+        inputs = lhs.split(",")
+        if len(inputs) != len(ops):
+            raise ArgumentError(f"einsum: {formula!r} names {len(inputs)} operands, got {len(ops)}")
+        n_ell = max([t.ndim - len(s) + 3 for s, t in zip(inputs, ops) if "..." in s], default=0)
+        ell = "".join(chr(0x100 + i) for i in range(n_ell))  # stand-in letters for the "..." dims
+        inputs = [s.replace("...", ell[n_ell - (t.ndim - len(s) + 3) :]) for s, t in zip(inputs, ops)]
+        letters = "".join(inputs)
+        if not arrow:
+            rhs = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+        rhs = rhs.replace("...", ell)
+        sizes: dict[str, int] = {}
+        terms = []
+        for s, t in zip(inputs, ops):
+            if len(s) != t.ndim:
+                raise ShapeError(f"einsum: operand {s!r} has {len(s)} subscripts for shape {t.shape}")
+            for c, n in zip(s, t.shape):
+                if sizes.setdefault(c, n) != n and n != 1 and sizes[c] != 1:
+                    raise ShapeError(f"einsum: subscript {c!r} is {sizes[c]} in one place and {n} in another")
+                sizes[c] = max(sizes[c], n) if n and sizes[c] else 0
+            while len(set(s)) != len(s):  # a repeated letter: its diagonal
+                c = next(c for c in s if s.count(c) > 1)
+                i, j = s.index(c), s.index(c, s.index(c) + 1)
+                t, s = t.diagonal(0, i, j), s[:i] + s[i + 1 : j] + s[j + 1 :] + c
+            terms.append((s, t))
+        if any(c not in sizes for c in rhs):
+            raise ShapeError(f"einsum: output subscripts {rhs!r} name letters no operand has")
+        order = list(rhs) + sorted(set(letters) - set(rhs))
+        product = None
+        for s, t in terms:
+            mine = [c for c in order if c in s]
+            t = t.permute([s.index(c) for c in mine])
+            t = t.reshape(tuple(t.shape[mine.index(c)] if c in s else 1 for c in order))
+            product = t if product is None else product * t
+        out = product._broadcast_to(tuple(sizes[c] for c in order))
+        return out.sum(tuple(range(len(rhs), len(order))), dtype=dtype) if len(order) > len(rhs) else out
+
+    def dot(self, w: Tensor) -> Tensor:
+        return self.matmul(w)
+
+    def sequential(self, layers) -> Tensor:
+        """Apply each layer (any callable) in turn: x.sequential([l1, relu, l2]) (tinygrad's)."""
+        return functools.reduce(lambda x, f: f(x), layers, self)
+
+    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        """x @ weight.T + bias, with weight of shape (out_features, in_features) as in PyTorch."""
+        xn = self.node
+        wn = weight.node if isinstance(weight, type(self)) else None
+        bn = bias.node if isinstance(bias, type(self)) else None
+        if (wn is not None and (bias is None or bn is not None) and xn.dtype is wn.dtype and xn.dtype.is_float
+                and len(xn.shape) > 1 and len(wn.shape) == 2 and xn.shape[-1] == wn.shape[1]
+                and xn.device == wn.device and (bn is None or (
+                    bn.dtype is xn.dtype and bn.shape == wn.shape[:1] and bn.device == xn.device))):
+            # the common case, as graph nodes (those of the two lines below): no intermediate tensors
+            out = _matmul_node(xn, g.move(wn, Op.PERMUTE, (1, 0)))
+            if bn is not None:
+                out = g.alu(Op.ADD, out, _expand_node(bn, out.shape))
+            return self._from(out, weight, *(() if bias is None else (bias,)))
+        out = self.matmul(weight.T)
+        return out + bias if bias is not None else out

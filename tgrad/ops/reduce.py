@@ -1,0 +1,289 @@
+"""Tensor's reductions: sum, max, mean, var..., softmax and its kin, sort and topk, cumulative ops."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tgrad import autodiff
+from tgrad import graph as g
+from tgrad.dtype import dtypes
+from tgrad.errors import DTypeError, IndexRangeError
+from tgrad.graph import Node, Op
+from tgrad.ops.helpers import _exp_node, _expand_node, _log_node, _normalize_axis, _shift_by_max
+
+if TYPE_CHECKING:
+    from tgrad.tensor import Tensor
+
+
+class ReduceOps:
+    """Tensor's reductions (a mixin: tensor.py's Tensor is made of these)."""
+
+    __slots__ = ()
+
+    def _axes(self, axis, op: str) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        if isinstance(axis, (int, np.integer)):
+            axis = (axis,)
+        if not isinstance(axis, (tuple, list)) or not all(isinstance(a, (int, np.integer)) for a in axis):
+            raise DTypeError(f"{op}: dim must be an int or a tuple of ints, got {axis!r}")
+        axes = [_normalize_axis(a, self.ndim, op) for a in axis]
+        if len(set(axes)) != len(axes):
+            raise IndexRangeError(f"{op}: dim {tuple(axis)} names an axis more than once")
+        return tuple(sorted(axes))
+
+    def _reduce(self, kind: str, axis, keepdim: bool, op: str) -> Tensor:
+        axes = self._axes(axis, op)
+        if self.ndim == 0:
+            return self
+        if kind == "MAX" and op != "any" and any(self.shape[a] == 0 for a in axes):
+            # no identity to return (PyTorch raises too; any() of nothing is False)
+            raise IndexRangeError(f"{op}(): the reduced dimension of shape {self.shape} has size 0")
+        out = self._from(g.reduce(self.node, kind, axes))
+        if keepdim:
+            return out
+        return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self
+        if dtype is not None:
+            x = x.cast(dtype)
+        elif x.dtype.kind in "biu":
+            x = x.cast(dtypes.int64)  # PyTorch sums bool and integers as int64
+        return x._reduce("SUM", axis, keepdim, "sum")
+
+    def prod(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = (
+            self.cast(dtype)
+            if dtype is not None
+            else (self.cast(dtypes.int64) if self.dtype.kind in "biu" else self)
+        )
+        return x._reduce("PROD", axis, keepdim, "prod")
+
+    def max(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        return self._reduce("MAX", axis, keepdim, "max")
+
+    def min(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        if self.dtype.is_float:
+            return -((-self).max(axis, keepdim))
+        return ~((~self).max(axis, keepdim))
+
+    def amax(self, axis=None, keepdim=False) -> Tensor:
+        return self.max(axis, keepdim)
+
+    def amin(self, axis=None, keepdim=False) -> Tensor:
+        return self.min(axis, keepdim)
+
+    def mean(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self._float()
+        n = math.prod(self.shape[a] for a in self._axes(axis, "mean"))
+        total = x.sum(axis, keepdim)
+        return total * (1 / n) if n else total * math.nan
+
+    def var(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        if unbiased is not None:
+            correction = int(unbiased)
+        x = self._float()
+        axes = self._axes(axis, "var")
+        n = math.prod(self.shape[a] for a in axes)
+        if n:  # shifted by one element (var does not change): no overflowing mean of [3e38, 3e38]
+            x = x - x.shrink(tuple((0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape))).detach()
+        sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+        return sq / max(0, n - correction)  # n <= correction: x / 0, inf or nan like PyTorch
+
+    def std(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
+        return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
+
+    def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None) -> tuple[Tensor, ...]:
+        axis = dim if dim is not None else axis
+        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def var_mean(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None) -> tuple[Tensor, ...]:
+        axis = dim if dim is not None else axis
+        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def normalize(self, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+        """self / max(||self||_p over dim, eps) (PyTorch's F.normalize)."""
+        if p == 0:  # the number of nonzero elements, as PyTorch's vector norm
+            norm = (self != 0).sum(dim, keepdim=True).cast(self.dtype)
+        elif p == 2:
+            norm = self.square().sum(dim, keepdim=True).sqrt()
+        else:
+            norm = self.abs().pow(p).sum(dim, keepdim=True).pow(1 / p)
+        return self / norm.maximum(eps)
+
+    def softmin(self, axis: int = -1, dim=None) -> Tensor:
+        return (-self).softmax(axis, dim)
+
+    def sort(self, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+        """(values, indices) sorted along dim; stable (equal values keep their order); nan sorts last
+        ascending, first descending, like PyTorch. Compares every pair: O(n**2) along dim."""
+        d = _normalize_axis(dim, self.ndim, "sort")
+        x = (self.reshape(1) if self.ndim == 0 else self).transpose(d, -1)
+        a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # a: element i, b: element j
+        before = (b > a) if descending else (b < a)
+        if self.dtype.is_float:
+            before = before | (b.isnan() & a.isnan().logical_not() if descending else
+                               a.isnan() & b.isnan().logical_not())
+            same = (b == a) | (a.isnan() & b.isnan())
+        else:
+            same = b == a
+        n = x.shape[-1]
+        pos = type(self).arange(n, device=self.device, dtype=dtypes.default_int)
+        rank = (before | (same & (pos < pos.reshape(n, 1)))).sum(-1)  # where element i goes
+        to = rank.unsqueeze(-2) == pos.reshape(n, 1)  # to[..., r, i]: element i lands at r
+        zero = False if self.dtype == dtypes.bool else 0
+        values = to.where(x.unsqueeze(-2), zero).sum(-1, dtype=self.dtype)
+        indices = to.where(pos, 0).sum(-1, dtype=pos.dtype)
+        return self._unprefix(values, d), self._unprefix(indices, d)
+
+    def argsort(self, dim: int = -1, descending: bool = False) -> Tensor:
+        return self.sort(dim, descending)[1]
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:  # noqa: A002
+        """The k largest (or smallest) values along dim and their indices, in sorted order."""
+        d = _normalize_axis(dim, self.ndim, "topk")
+        n = self.shape[d] if self.ndim else 1
+        if not 0 <= k <= n:
+            raise IndexRangeError(f"topk: k={k} is out of range for dimension {d} of size {n}")
+        values, indices = self.sort(d, descending=largest)
+        arg = [None] * self.ndim
+        if self.ndim:
+            arg[d] = (0, k)
+        return values.shrink(arg), indices.shrink(arg)
+
+    def _arg_first_max(self, axis, keepdim: bool) -> Tensor:
+        if axis is None:
+            return self.reshape(-1)._arg_first_max(0, keepdim=False)
+        axis = _normalize_axis(axis, self.ndim, "argmax")
+        n = self.shape[axis]
+        if n == 0:
+            raise IndexRangeError(f"argmax/argmin: dimension {axis} of shape {self.shape} has size 0")
+        m = self.max(axis, keepdim=True)
+        is_max = self == m
+        if self.dtype.is_float:  # a NaN is the maximum (PyTorch: the first NaN's index)
+            is_max = is_max | (self.isnan() & m.isnan())
+        rev = type(self).arange(n, 0, -1, device=self.device, dtype=dtypes.int32)
+        rev = rev.reshape((n,) + (1,) * (self.ndim - axis - 1))
+        best = is_max.where(rev, 0).max(axis, keepdim)
+        return (n - best).cast(dtypes.default_int)
+
+    def argmax(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        return self._arg_first_max(axis, keepdim)
+
+    def argmin(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        return (-self if self.dtype.is_float else ~self)._arg_first_max(axis, keepdim)
+
+    def any(self, axis=None, keepdim: bool = False) -> Tensor:
+        return self.bool()._reduce("MAX", axis, keepdim, "any")
+
+    def all(self, axis=None, keepdim: bool = False) -> Tensor:
+        return self.bool().logical_not().any(axis, keepdim).logical_not()
+
+    def softmax(self, axis: int = -1, dim=None) -> Tensor:
+        Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
+        axis = dim if dim is not None else axis
+        x = self._float()
+        ax = _normalize_axis(axis, x.ndim, "softmax")
+        if x.ndim and x.shape[ax] == 0:
+            return x  # nothing to normalize (PyTorch returns the empty tensor too)
+        # the result does not depend on the shift, so no gradient flows through the max:
+        # e = (x - x.max(axis, keepdim=True).detach()).exp(); p = e * e.sum(axis, keepdim=True).reciprocal()
+        # (the sum is >= 1: no overflowing reciprocal), as graph nodes; a 0-d tensor reduces over no axis
+        axes = (ax,) if x.ndim else ()
+        e = _exp_node(_shift_by_max(x.node, axes))
+        p = x._from(g.alu(Op.MUL, e, _expand_node(g.alu(Op.RECIP, g.reduce(e, "SUM", axes)), e.shape)))
+        if Tensor.no_grad:
+            return p
+        def rule(grad: Node, out: Node) -> tuple[Node]:  # PyTorch's p * (g - sum(g * p)), reading the
+            g, q = Tensor(grad), Tensor(out)  # output p (the node the forward realized), not exp again
+            return ((q * (g - (g * q).sum(axis, keepdim=True))).node,)
+
+        return x._from(autodiff.custom_gradient(p.node, (x.node,), rule, "softmax", reads_output=True))
+
+    def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self._float()
+        ax = _normalize_axis(axis, x.ndim, "log_softmax")
+        if x.ndim and x.shape[ax] == 0:
+            return x
+        # m - m.exp().sum(axis, keepdim=True).log() with m = x - x.max(axis, keepdim=True).detach(), as nodes
+        axes = (ax,) if x.ndim else ()
+        m = _shift_by_max(x.node, axes)
+        lse = _log_node(g.reduce(_exp_node(m), "SUM", axes))
+        return x._from(g.alu(Op.SUB, m, _expand_node(lse, m.shape)))
+
+    def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
+        axis = dim if dim is not None else axis
+        x = self._float()
+        if x.ndim and any(x.shape[a] == 0 for a in x._axes(axis, "logsumexp")):
+            return x.exp().sum(axis, keepdim=keepdim).log()  # log(0): -inf as in PyTorch (no max to shift by)
+        m = x.max(axis, keepdim=True).detach()
+        m = m.isinf().where(0, m)  # an all -inf row gives -inf, a +inf gives inf (not nan)
+        out = (x - m).exp().sum(axis, keepdim=True).log() + m
+        return (
+            out
+            if keepdim
+            else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in x._axes(axis, "lse")))
+        )
+
+    def _prefixes(self, axis: int, fill, op: str) -> tuple[Tensor, int]:
+        """For each position i along axis, the row of elements 0..i (the rest `fill`) on a new last axis:
+        (..., n) with axis moved last -> (..., n, n). Cumulative ops reduce that last axis."""
+        axis = _normalize_axis(axis, self.ndim, op)
+        x = self.reshape(1) if self.ndim == 0 else self
+        n = x.shape[axis]
+        idx = type(self).arange(n, device=self.device, dtype=dtypes.int32)
+        lower = idx.reshape(n, 1) >= idx.reshape(1, n)  # lower[i, j] = j <= i
+        return lower.where(x.transpose(axis, -1).unsqueeze(-2), fill), axis
+
+    def _unprefix(self, out: Tensor, axis: int) -> Tensor:
+        """The result of a cumulative op back in this tensor's layout."""
+        return out.transpose(axis, -1).reshape(self.shape)
+
+    def cumsum(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._prefixes(dim if dim is not None else axis, 0, "cumsum")
+        return self._unprefix(rows.sum(-1, dtype=self.dtype if self.dtype.is_float else None), axis)
+
+    def cumprod(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._prefixes(dim if dim is not None else axis, 1, "cumprod")
+        return self._unprefix(rows.prod(-1), axis)
+
+    def cummax(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
+        """(values, indices) of the running maximum; the index is the last position of the maximum."""
+        low = -math.inf if self.dtype.is_float else (False if self.dtype == dtypes.bool else self.dtype.min)
+        if self.numel() == 0:  # nothing to scan: empty values and indices of the same shape
+            self._axes(dim if dim is not None else axis, "cummax")
+            return self, type(self).zeros(*self.shape, dtype=dtypes.default_int, device=self.device)
+        rows, axis = self._prefixes(dim if dim is not None else axis, low, "cummax")
+        values = rows.max(-1)
+        n = rows.shape[-1]
+        pos = type(self).arange(n, device=self.device, dtype=dtypes.default_int)
+        same = rows == values.unsqueeze(-1)
+        if self.dtype.is_float:  # a nan is the maximum from where it appears on: the last nan's index
+            same = same | (rows.isnan() & values.unsqueeze(-1).isnan())
+        hit = same & (pos.reshape(n, 1) >= pos)  # only j <= i can be the max
+        indices = hit.where(pos, -1).max(-1)
+        if self.dtype.is_float:  # the value taken at its index: the gradient goes there alone (ties, nan)
+            values = (pos == indices.unsqueeze(-1)).where(rows, 0).sum(-1, dtype=self.dtype)
+        return self._unprefix(values, axis), self._unprefix(indices, axis)
+
+    def cummin(self, axis: int = 0, dim=None) -> tuple[Tensor, Tensor]:
+        """(values, indices) of the running minimum; the index is the last position of the minimum."""
+        values, indices = (-self if self.dtype.is_float else ~self).cummax(axis, dim)
+        return (-values if self.dtype.is_float else ~values), indices
+
+    def logcumsumexp(self, axis: int = 0, dim=None) -> Tensor:
+        rows, axis = self._float()._prefixes(dim if dim is not None else axis, -math.inf, "logcumsumexp")
+        return self._unprefix(rows.logsumexp(-1), axis)

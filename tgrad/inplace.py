@@ -24,6 +24,9 @@ it grows), `ASSIGNS` the assigns made, a tensor's `_views` its views (weak refer
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+
+import numpy as np
 
 from tgrad import realize as driver
 from tgrad.graph import MOVEMENT, Node, Op, View, move
@@ -241,7 +244,7 @@ def computed_before(written: set[int], exclude=()) -> list[Node]:
                 out[n] = None
     if before:
         with driver.recording(None):
-            driver.compute(before)
+            driver.realize(before)
     return list(out)
 
 
@@ -276,6 +279,20 @@ def _assigns_reached(nodes: list[Node]) -> list[Node]:
             out.append(n)
         stack.extend(n.srcs)
     return out
+
+
+def realize(nodes: list[Node]) -> None:
+    """Compute the nodes, and first, where that runs assigns, the live tensors that read the old values of
+    the buffers they overwrite (with_writes): every realize tgrad's API asks for comes through here."""
+    driver.realize(with_writes(nodes))
+
+
+def to_numpy(node: Node, now: Callable[[], Node] | None = None) -> np.ndarray:
+    """The value of a node as a numpy array: realized (as above), then read back. `now`: the node to read
+    after the realize (a tensor's: the realize may give it a copy)."""
+    driver.note_read(node)
+    realize([node])
+    return driver.read(now() if now is not None else node)
 
 
 def with_writes(nodes: list[Node]) -> list[Node]:

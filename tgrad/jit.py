@@ -612,7 +612,7 @@ class TinyJit:
         # as a realize that runs assigns does (inplace.py)
         stale = inplace.computed_before(v.inplace)
         if stale:
-            driver.realize(stale)
+            inplace.realize(stale)
         remap = {k: bufs[i] for k, i in v.in_ids.items()}
         for ref, k in v.grad_ins:
             remap[k] = _bare(ref().grad, gradient=True).node.buffer

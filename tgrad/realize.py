@@ -2,7 +2,8 @@
 
 `realize(nodes)` cuts the graph into kernels (fuse.schedule), has each device's runtime compile them
 (`Runtime.runner`: its emitter renders, the runtime compiles, both cached) and runs them in order.
-`to_numpy(node)` realizes a node and reads it back. `upload` puts host data on a device.
+`read(node)` reads a realized node back (inplace.realize / inplace.to_numpy first compute what an
+assign's write would leave reading overwritten buffers, then call these). `upload` puts host data on a device.
 `run_host(step, nodes)` runs a `HostStep`, a Python function over numpy arrays, between kernels (an MPI
 allreduce in tgrad/distributed.py): its inputs are read back and its outputs are new device buffers.
 
@@ -436,18 +437,9 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
               f"{progress.seconds * 1e3:.2f} ms, the rest running) {where}", file=sys.stderr)
 
 
-# nodes -> what a realize of them computes: when that runs assigns, tensor.py adds the live tensors that
-# read the old values of the buffers they overwrite (inplace.with_writes), so they are computed first
-WRITES: Callable[[list[Node]], list[Node]] | None = None
-
-
 def realize(nodes: list[Node]) -> None:
-    """Compute every node (grouped by device); movement ops over realized nodes stay views."""
-    compute(WRITES(nodes) if WRITES is not None else nodes)
-
-
-def compute(nodes: list[Node]) -> None:
-    """realize() without adding the tensors its assigns would leave reading overwritten buffers."""
+    """Compute exactly these nodes (grouped by device); movement ops over realized nodes stay views.
+    (inplace.realize adds the live tensors its assigns would leave reading overwritten buffers.)"""
     by_device: dict[str, list[Node]] = {}
     for n in nodes:
         by_device.setdefault(n.device, []).append(n)
@@ -470,14 +462,16 @@ def compute(nodes: list[Node]) -> None:
                 "parts of it as you build it, e.g. every few hundred ops of a loop") from None
 
 
-def to_numpy(node: Node, now: Callable[[], Node] | None = None) -> np.ndarray:
-    """The value of a node as a numpy array: realized, then read back (movement ops over a realized
-    buffer are applied on the host). `now`: the node to read after the realize (a tensor's: the realize
-    may give it a copy, inplace.py)."""
+def note_read(node: Node) -> None:
+    """A value is about to be read back to the host (TinyJit refuses that inside a capture)."""
     if RECORDER is not None:
         RECORDER.read(node)
-    realize([node])
-    return _read_views(now() if now is not None else node)
+
+
+def read(node: Node) -> np.ndarray:
+    """The value of a realized node as a numpy array (movement ops over a realized buffer are applied on
+    the host)."""
+    return _read_views(node)
 
 
 def _read_views(node: Node) -> np.ndarray:

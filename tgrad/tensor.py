@@ -43,7 +43,6 @@ _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-driver.WRITES = inplace.with_writes
 
 
 def pending_assigns() -> list[Tensor]:
@@ -298,7 +297,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         tensors = [self, *others]
         nodes = [t.node for t in tensors]
         if any(n.buffer is None for n in nodes):  # (nothing to compute, nothing to schedule otherwise)
-            driver.realize(nodes)
+            inplace.realize(nodes)
         for t in tensors:
             t._drop_history()
         return self
@@ -312,7 +311,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             inplace.rebase(self, self.node)  # (its views too: a gradient through one reaches this node)
 
     def numpy(self) -> np.ndarray:
-        out = np.array(driver.to_numpy(self.node, lambda: self.node), copy=True)
+        out = np.array(inplace.to_numpy(self.node, lambda: self.node), copy=True)
         self._drop_history()
         return out
 
@@ -895,6 +894,6 @@ def _whole_buffer(node: Node) -> bool:
 
 def _fresh_buffer(node: Node) -> Node:
     """A node of its own (a copy in a new buffer) for a value that may be shared."""
-    arr = driver.to_numpy(node)
+    arr = inplace.to_numpy(node)
     buf = get_runtime(node.device).from_numpy(np.ascontiguousarray(arr))
     return Node.from_buffer(buf, node.shape, node.dtype, node.device)

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from tgrad import Tensor  # noqa: E402
 from tgrad import emit_triton as et  # noqa: E402
 from tgrad.fuse import schedule  # noqa: E402
+from tgrad.opt import optimize  # noqa: E402
 from tgrad.runtime import triton as triton_rt  # noqa: E402
 from tgrad.runtime.triton_source import load_source  # noqa: E402
 
@@ -38,9 +39,9 @@ CONFIGS = [  # input shape, weight shape, conv2d arguments
 ]
 
 
-def render(kernel, implicit: bool, gpu: bool):
+def render(kernel, implicit: bool, props):
     os.environ["TGRAD_TRITON_IMPLICIT_GEMM"] = "1" if implicit else "0"
-    return et.render(kernel, interpret=not gpu)
+    return et.render(optimize(kernel, props))  # the opts the device's optimizer picks
 
 
 def main() -> int:
@@ -62,8 +63,8 @@ def main() -> int:
                     bufs[n] = dev.from_numpy(n.buffer.data)
             inputs = [bufs[n] for n in it.inputs]
             out = bufs[it.out] = dev.alloc(math.prod(it.out.shape), it.out.dtype)
-            dev.compile(render(it.kernel, False, gpu), it.kernel)(out, *inputs)  # the reference
-            program = render(it.kernel, True, gpu)
+            dev.compile(render(it.kernel, False, dev.props), it.kernel)(out, *inputs)  # the reference
+            program = render(it.kernel, True, dev.props)
             if "tl.dot(" not in program.source or program.launch.get("split"):
                 continue
             fn = load_source(program.source, program.name, not gpu)

@@ -20,8 +20,8 @@ it is keyed by its code and the values it holds (`_value_key`), and a graph whos
 key cannot show runs plainly. Assigns waiting at backward() (BatchNorm's running statistics in training)
 are roots of the structure too: run with the loss and the gradients in one realize (a graph reading a
 buffer an assign overwrites reads the old value, inplace.py), written again by every replay (one made
-at a single step gives that step a structure of its own). Not replayed: an explicit `gradient=`, a call inside a TinyJit function (the outer one captures it), JIT=0,
-the NUMPY reference, a loss that is a view.
+at a single step gives that step a structure of its own). Not replayed: an explicit `gradient=`, a call
+inside a TinyJit function (the outer one captures it), JIT=0, the NUMPY reference, a loss that is a view.
 """
 
 from __future__ import annotations

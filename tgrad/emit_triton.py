@@ -2,9 +2,10 @@
 
 The iteration space is flattened into `g`, the position in the global (parallel) axes, and `r`, in the
 reduce axes; each program handles BLOCK_G consecutive values of `g`, and the loop indices `i0, i1, ...`
-are recovered by division and remainder. Elementwise kernels are one-dimensional blocks. Reduce kernels work on a [BLOCK_G, BLOCK_R] tile: `g` is a column,
-`r` a row; a loop walks `r` over the reduce axes BLOCK_R at a time, folding each tile into a tile
-accumulator, and one `tl.sum` / `tl.max` (PROD: a halving tree of multiplies) over axis 1 finishes it.
+are recovered by division and remainder. Elementwise kernels are one-dimensional blocks. Reduce kernels
+work on a [BLOCK_G, BLOCK_R] tile (`g` a column, `r` a row): a loop walks `r` over the reduce axes BLOCK_R
+at a time, folding each tile into a tile accumulator, and one `tl.sum` / `tl.max` (PROD: a halving tree
+of multiplies) over axis 1 finishes it.
 
 Ragged edges: lanes past the end are clamped to index 0 (a valid element), so loads need no bounds mask;
 the store is masked, and in the reduce loop clamped lanes add the identity. A LOAD whose `valid` is not

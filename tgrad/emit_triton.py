@@ -16,9 +16,8 @@ it (it depends on `r`), or after it (it uses ACC). Data constants are typed 0-d 
 keeps the Kernel's dtypes. Index arithmetic is int32 when every index bound fits (`index_bits`), else
 int64. Triton's math takes fp32/fp64 only: float16 math and sums run in float32 (like the NUMPY reference).
 
-Block sizes are the kernel's opts (tgrad/opt/heuristic.py chooses them), baked into the source as
-constants: LOCAL is BLOCK_G (a tl.dot's BLOCK_M), REDUCE is BLOCK_R (BLOCK_K), DOT is BLOCK_N, WARPS the
-launch's num_warps. A kernel without opts renders with one output per program and BLOCK_R = 1.
+Block sizes are the kernel's opts (opt/heuristic.py), constants in the source: LOCAL is BLOCK_G (a tl.dot's
+BLOCK_M), REDUCE BLOCK_R (BLOCK_K), DOT BLOCK_N, WARPS num_warps; no opts: one output a program, BLOCK_R 1.
 
 Split reduces (a SPLIT opt, GPU only: too few programs, each looping long, run far below the memory's
 bandwidth) are two functions in one source: `<name>_part`, on a grid (programs, SPLIT), folds its share of

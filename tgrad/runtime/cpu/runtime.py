@@ -612,10 +612,9 @@ class CPURuntime(Runtime):
         where there are no compile workers (TGRAD_COMPILE_WORKERS=0, or TIERED off); else it is queued for
         a worker as an optional job (compiled when no other job waits) and the getter gives None until
         one has compiled it. The direct convolutions run their BLAS path meanwhile, so that a first step does
-        not wait for their compiles (slow ones: waiting for them made the MNIST CNN's cold first step much
-        slower; measured: see bench/HISTORY.md, "Direct convolution gradients"). A process that exits before
-        the worker is done leaves them out of the disk cache: the next one compiles them again, in the
-        background too."""
+        not wait for their slow compiles (bench/HISTORY.md, "Direct convolution gradients"). A process that
+        exits before the worker is done leaves them out of the disk cache: the next one compiles them again,
+        in the background too."""
         nat = _native(program)
         workers = cpu_pool.default_workers()
         if not TIERED or not workers or nat.key in self.functions or _cached(nat.path):

@@ -1,7 +1,7 @@
 """Every implicit-GEMM (tl.dot) kernel of convolutions' forward and backward graphs, run on the GPU and
 checked against the same kernel rendered as a plain reduction (TGRAD_TRITON_IMPLICIT_GEMM=0), which the
 device tests check against PyTorch. Written when Triton's software pipelining of masked gathers summed
-wrongly on an H200 (bench/README "implicit GEMM"). `--stages` also launches each dot with 1 and 2 pipeline
+wrongly on an H200 (bench/HISTORY.md "Implicit GEMM"). `--stages` also launches each dot with 1 and 2 pipeline
 stages. Exit status 1 when a kernel is wrong. Runs in Triton's interpreter too (TRITON_INTERPRET=1)."""
 
 from __future__ import annotations

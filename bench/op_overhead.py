@@ -1,5 +1,5 @@
 """Per-op Python overhead of eager tgrad: building the lazy graph of one op (nothing runs), and one whole
-realize of a tiny op. The eager MLP step is ~60 of these plus its launches (bench/README.md).
+realize of a tiny op. The eager MLP step is ~60 of these plus its launches (bench/HISTORY.md).
 
     python bench/op_overhead.py [--device CPU] [--calls 2000] [--repeat 5]
 

@@ -115,3 +115,12 @@ def test_one_module_reads_the_environment():
             assert not re.search(r"\bos\.(environ|getenv|putenv)\b|\bgetenv\(", text), m
         asked |= set(re.findall(r"config\.(?:get|on|is_set|put)\(\"(\w+)\"", text))
     assert asked and asked <= set(config.KNOBS), asked - set(config.KNOBS)
+
+
+def test_module_docstrings_stay_short():
+    """A module docstring says what the module does and its main rule, in 25 lines at most: the longer
+    rationale goes next to the code it explains or to docs/architecture.md, measurements and history to
+    bench/HISTORY.md."""
+    lengths = {m: len((ast.get_docstring(ast.parse(p.read_text())) or "").splitlines())
+               for m, p in _modules().items()}
+    assert not {m: n for m, n in lengths.items() if n > 25}

@@ -212,7 +212,7 @@ def test_gpu_kernel_profile_names_each_kernel(capsys):
 
 
 def test_op_overhead_script_prints_every_row():
-    """bench/op_overhead.py (the per-op Python overhead table of bench/README.md) runs and times each op."""
+    """bench/op_overhead.py (the per-op Python overhead table of bench/HISTORY.md) runs and times each op."""
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "bench/op_overhead.py", "--calls", "3", "--repeat", "1"],
                           capture_output=True, text=True, cwd=root, timeout=300)

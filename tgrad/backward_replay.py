@@ -1,6 +1,6 @@
 """Eager backward() replayed: the kernels that compute a loss and its gradients, captured for a forward
 graph whose structure was seen before, run again without building, scheduling and walking the gradient
-graph (an eager MLP step spends ~0.3 ms building it and ~0.3 ms more realizing it, of ~1.9 ms).
+graph (in an eager MLP step those cost about as much as its kernels: bench/HISTORY.md, "Eager steps ...").
 
 backward() keys the graph it differentiates by its structure down to the buffers (`_walk`: every node's
 op, argument, shape, dtype, device and sources' positions; which nodes hold a buffer, numbered by first
@@ -13,17 +13,15 @@ and whose arguments are the graph's buffers in key order. TinyJit's rules do the
 and the second captures; later calls replay the kernels with this graph's buffers, set each parameter's
 .grad to a fresh buffer, accumulate into an existing .grad as the plain path would, and return the loss,
 whose node takes that buffer. The gradients and the loss are then computed when backward() returns, as in
-PyTorch (the plain path computes them at the next realize; their values are the same either way, by the
-in-place rules of inplace.py).
+PyTorch (the plain path computes them at the next realize; the values are the same, by inplace.py's rules).
 
 A custom gradient (autodiff.custom_gradient: conv2d's, softmax's, layernorm's...) is a Python closure:
 it is keyed by its code and the values it holds (`_value_key`), and a graph whose rule holds a value the
 key cannot show runs plainly. Assigns waiting at backward() (BatchNorm's running statistics in training)
-are roots of the structure too: the program runs them with the loss and the gradients, in one realize
-(a graph that reads a buffer an assign overwrites reads the old value, inplace.py), and every replay
-writes their targets again; one made at a single step gives that step a structure of its own. Not
-replayed: an explicit `gradient=`, a call inside a TinyJit function (the outer one captures it), JIT=0,
-the NUMPY reference, a loss that is a view.
+are roots of the structure too: run with the loss and the gradients in one realize (a graph reading a
+buffer an assign overwrites reads the old value, inplace.py), written again by every replay (one made
+at a single step gives that step a structure of its own). Not replayed: an explicit `gradient=`, a call
+inside a TinyJit function (the outer one captures it), JIT=0, the NUMPY reference, a loss that is a view.
 """
 
 from __future__ import annotations

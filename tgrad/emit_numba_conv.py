@@ -1,67 +1,22 @@
-"""A 2-d convolution's forward product as a generated loop nest for the CPU (a direct convolution), instead
-of BLAS over copied windows (tgrad/blas.py, runtime/cpu/blas.py).
+"""A 2-d convolution's products as generated loop nests for the CPU (direct convolutions), instead of BLAS
+over copied windows (tgrad/blas.py, runtime/cpu/blas.py): the forward (`render_direct`), the weight
+gradient (`render_weight_grad`) and the input gradient as one scatter (`render_input_grad`).
 
-The kernel is the one `blas.blas_plan` recognises as a matmul: out[n, o, y, x] = sum over (c, kh, kw) of
-windows[n, y, x, c, kh, kw] * weight[o, c, kh, kw], the windows read in place from the input (strides for
-stride and dilation). Per image (the images split over threads), for each input channel, for each output
-row and tile of 4 (or 3) pixels: a loop over the output channels, innermost so that LLVM vectorizes it
-(each accumulator a vector of output channels), whose body is every kernel tap times every pixel of the
-tile written out as a `_fma` statement (the taps are constants: nothing else is in the loop), accumulating
-into a per-image buffer laid out (pixel, channel); for 3x3 kernels two input channels a pass (fewer loads
-and stores of the accumulators: conv4 1.83 -> 1.62 ms); for one input channel a pass and a multiple of 32
-output channels, the loop goes over half of them, each pass taking output channels o and o + half (twice the
-accumulators, each input value loaded once for both: conv2 alone 13.6 -> 10.5-11.3 ms, about oneDNN's 9.7;
-in the CNN step ~11 -> 8.7-9.8). The weight comes packed (c, kh, kw, o) (the runtime
-packs it at each call: a few thousand elements). At the end of each image, the (pixel, channel) sums are
-put in the kernel's order (o, y, x), where the BLAS path's epilogue (bias, relu...) takes them as from BLAS.
+Each renders a kernel that `blas.blas_plan` already recognises (a matmul over (c, kh, kw) of windows read
+in place from the input; for the input gradient, the col2im piece pair that blas.col2im proves) as a
+function over a range of images, which the runtime's threads split. The rule: the loop over the output
+channels is innermost, so that LLVM vectorizes it (each accumulator a vector of output channels) with the
+kernel taps as constants in its body; where the output channels fill whole vectors, numba_rt's register
+tile intrinsics keep the sums in registers over the whole reduction instead (`_render_tiles`,
+`_weight_grad_tiles`), since LLVM keeps a vectorized loop's accumulators in registers only within one
+pass of it. The direct functions are used only on the shapes where they beat the BLAS path (the DIRECT_*
+and SCATTER_* thresholds below, which were measured).
 
-Where the output channels are whole vectors (16 float32, 8 float64), `_render_tiles` replaces that loop:
-per image, output row and tile of P pixels, per block of up to 4 vectors of output channels, one
-`numba_rt.conv_tile` intrinsic (LLVM IR) sums every input channel and tap with the P x blocks vector
-accumulators in registers and stores them once (the loop above loads and stores them for each input
-channel: LLVM keeps a vectorized loop's accumulators in registers only within one pass of it). Alone,
-forward only, batch 128: conv2 11.0 -> 8.9-9.1 ms (PyTorch 9.4-9.6), conv3 1.6 -> 1.25-1.46, conv4 1.82 ->
-1.47-1.52; tiles of at most 24 accumulators (16 or 28 were no better).
-
-Measured on 2 cores (batch 128, forward + bias + relu, TinyJit, against the BLAS path in the same
-process): MNIST conv2 (32->32 5x5, 24x24) 14.2 -> 10.7 ms (PyTorch's oneDNN 9.2), conv4 (64->64 3x3,
-8x8) 2.16 -> 1.66 (1.3), conv3 (32->64 3x3, 10x10) 1.39 -> 1.25 (1.2); bench/README.md has more shapes.
-Tiles of 2 pixels, two rows of pixels, or two channels a pass for 5x5 were slower; four channels a pass,
-or every tap of every channel written out, do not vectorize (the latter also took 306 s to compile).
-
-A convolution's weight gradient, dw[o, c, kh, kw] = sum over (n, y, x) of gy[n, o, y, x] * windows[n, c, y,
-x, kh, kw] (the kernel `blas_plan` plans with m = (o,), n = (c, kh, kw)), has the same loop shape turned
-around (`render_weight_grad`): per image, the output gradient copied (pixel, o); per input channel and tile
-of 2 rows x 4 pixels, the loop over the output channels vectorized, each tap's accumulator (a vector of
-output channels) loaded, added every pixel's product to, stored. The images split into one chunk per
-thread, each summed into its own partial gradient; the last call adds the partials up. Alone, batch 128
-(2 threads, against the BLAS path's K-chunked matmuls): MNIST conv2 15.5 -> 9.3-9.7 ms, conv3 2.2 -> 1.0,
-conv4 3.0 -> 1.5. One partial per thread measured faster than 4 or 8 (10.5-10.7 ms); tiles of 1x4, 1x8,
-2x2, 2x5 or 4x4 pixels were slower than 2x4. Where the output channels are whole vectors,
-`_weight_grad_tiles` replaces the loop over tiles of pixels: per input channel, block of up to 4 vectors of
-output channels and pass of taps, one `numba_rt.wgrad_tile` intrinsic sums every pixel of the image with
-the sums in registers (conv2's alone 12.7-13.7 -> 11.0-11.2 ms).
-
-A convolution's input gradient is built by ops/nn.py as col2im: a matmul of the weight by the output
-gradient (every window's share, k1) and a sum that shifts the shares into place (k2), which the CPU runs
-as a piece pair. Where blas.col2im proves k2 is that sum (at every point of one image: each share lands
-once, at the spot a convolution's geometry puts it; the relu of the layer below may be around it, run
-after as an epilogue), `render_input_grad` scatters instead, without the shares: per image and tile of
-output pixels, per output channel, each input spot the tile touches loaded once from a (spot, channel)
-buffer, every product landing there added, stored, in the vectorized loop over the input channels.
-Alone, batch 128: conv3 2.55 -> 1.33 ms, conv4 3.5 -> 1.19 (the pair's times in the CNN step), conv2
-14.2 -> 12.1-13.7; in the step (relu epilogue included) 2.06, 2.39 and 14.75 ms, the step 1-3 ms faster
-in three A/B runs; conv2d_fwd_bwd (TinyJit, conv2's 5x5 scattered or not) 21.07 -> 20.63 ms at batch 64,
-38.6 -> 35.5 at 128. (For a while 5x5 kernels kept the pair, for the 0.8 s their scatter takes to compile,
-until the compiles went to the background, below.) Spots loaded per output channel and tile of pixels
-instead of per output channel and image (the first version, 25 ms for conv2: the image's buffer left the
-L1 cache between passes).
-
-Weight gradients tile 2x4 pixels, or 3x3 where 3 divides the columns and 4 does not (conv4's 6x6: 1.62 ->
-1.28 ms, no tail block to compile). Every generated value has a name of its own (Numba's SSA pass is
-quadratic in the assignments of one name). These functions take 0.3-0.8 s each to compile: the CPU
-runtime compiles them as optional jobs of its compile workers and runs the BLAS path until they are there
-(runtime/cpu/runtime.py `_when_ready`), so a first step does not wait for them.
+These functions are slow to compile (and every generated value has a name of its own: Numba's SSA pass is
+quadratic in the assignments of one name): the CPU runtime compiles them as optional jobs of its compile
+workers and runs the BLAS path until they are there (runtime/cpu/runtime.py `_when_ready`), so a first
+step does not wait for them. The loop layouts and why: docs/architecture.md, "Direct convolutions on the
+CPU"; what each choice measured: bench/HISTORY.md, "Figures that were in source comments".
 """
 
 from __future__ import annotations
@@ -75,10 +30,10 @@ from tgrad.fuse import Kernel
 from tgrad.program import Program
 
 DIRECT_MAX_TAPS = 49  # kernel taps (kh * kw) up to which the taps are written out (a 7x7 kernel)
-# output channels from which the loop over them pays (a vector of 16 floats; 8 output channels, 16 or 32
-# input channels, 3x3: 1.07 -> 2.94 and 3.09 -> 11.07 ms against BLAS), and multiply-adds per output
-# value (c * kh * kw) from which it does (16 -> 32 channels 3x3, 144: 4.1 -> 4.4 ms; 32 -> 16, 288:
-# 5.1 -> 3.6)
+# output channels from which the loop over them pays (a vector of 16 floats: with fewer, the vector is
+# mostly empty and BLAS wins), and multiply-adds per output value (c * kh * kw) from which it does (below,
+# BLAS's call costs less than the loads of the direct loop); measured: see bench/HISTORY.md, "Figures that
+# were in source comments"
 DIRECT_MIN_CHANNELS = 16
 DIRECT_MIN_DEPTH = 256
 DIRECT_MIN_WORK = 1 << 20  # multiply-adds below which the BLAS path's overheads are no matter
@@ -130,8 +85,8 @@ def render_direct(kernel: Kernel, plan: BlasPlan, vector_bytes: int = 64) -> Pro
     tile = 4 if cols % 4 == 0 or cols % 3 else 3
     group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
     # output channels a pass of the loop over them takes in two halves, [o] and [span + o]: twice the
-    # accumulators, each input value loaded once for both (conv2 13.6 -> 11.0 ms; 3x3 kernels, two input
-    # channels a pass, gained nothing)
+    # accumulators, each input value loaded once for both (faster for conv2; for 3x3 kernels, which already
+    # take two input channels a pass, it gained nothing)
     halves = 2 if group == 1 and chans % 32 == 0 else 1
     span = chans // halves
 
@@ -288,7 +243,7 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
     size = cin * taps * chans  # one partial gradient
     explicit = tile_rows is not None or tile_cols is not None
     if tile_cols is None:  # tiles of 2x4 pixels, or 3x3 where 3 divides the columns and 4 does not (no tail
-        # block to compile: conv4's 6x6 pixels 1.62 -> 1.28 ms, its compile 0.62 -> 0.4 s)
+        # block to compile or run: faster and quicker to compile for conv4's 6x6 pixels)
         tile_cols = 3 if cols % 4 and cols % 3 == 0 else 4
     if tile_rows is None:
         tile_rows = 3 if tile_cols == 3 else 2
@@ -375,11 +330,10 @@ def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int, registers: int) ->
     return prelude, lines
 
 
-# where the scatter beats the pair (its BLAS matmul of K = output channels, then col2im), measured alone
-# (batch 16-32, 2 threads): at most 25 taps (7x7, 16 -> 32 channels on 64x64: 97 ms against the pair's 21,
-# its 49 weight vectors spill), at most 32 output channels, or 64 on small images (MNIST's conv3/conv4:
-# 2.06 / 2.39 ms against 2.55 / 3.8; 32 -> 64 3x3 on 32x32: 3.97 against 2.75; 64 -> 128 on 32x32: 15.1
-# against 9.2; 5x5 with 32 outputs on 36x36: 9.2 against 10.9)
+# where the scatter beats the pair (its BLAS matmul of K = output channels, then col2im), measured alone on
+# MNIST's shapes and larger ones: at most 25 taps (a 7x7 kernel's 49 weight vectors spill out of the
+# registers), at most 32 output channels, or 64 on small images (on bigger ones the pair's GEMM wins);
+# the measurements: bench/HISTORY.md, "Figures that were in source comments"
 SCATTER_MAX_TAPS = 25
 SCATTER_MAX_K = 32
 SCATTER_SMALL_IMAGE = 144  # output pixels up to which 64 output channels still scatter
@@ -415,7 +369,7 @@ def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int 
     input channels that LLVM vectorizes; the tile's spots stay in the L1 cache over the output channels.
     Tiles of 4x2 output pixels for 5x5 kernels, one row of 4 (or the whole row up to 6) for 3x3; the tile's
     output gradients are read inside the vectorized loop (LLVM folds them into broadcast operands; read
-    before it: conv2's 4x2 tiles 14.7 instead of 12.1 ms, conv3 1.70 instead of 1.33)."""
+    before it, they were slower: measured, see bench/HISTORY.md)."""
     images, chans, taps, _ = k1.global_shape
     cout, dt, name = k1.reduce_shape[0], k1.reduce_expr.dtype, k1.name
     ipix = g.ih * g.iw

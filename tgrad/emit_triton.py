@@ -1,34 +1,28 @@
 """Render a Kernel as a `@triton.jit` function (the CUDA / AMD / TRITON devices: tgrad/runtime/triton.py).
 
-The iteration space is flattened into two numbers: `g`, the position in the global (parallel) axes, and
-`r`, the position in the reduce axes. Each program handles a block of BLOCK_G consecutive values of `g`;
-the loop indices `i0, i1, ...` are recovered from `g` and `r` by division and remainder. Elementwise
-kernels are one-dimensional blocks. Reduce kernels work on a [BLOCK_G, BLOCK_R] tile: `g` is a column,
-`r` a row; a loop walks `r` over the reduce axes BLOCK_R at a time, folding each tile into a tile
-accumulator, and one `tl.sum` / `tl.max` (PROD: a halving tree of multiplies) over axis 1 finishes it.
+The iteration space is flattened into `g`, the position in the global (parallel) axes, and `r`, in the
+reduce axes; each program handles BLOCK_G consecutive values of `g`, and the loop indices `i0, i1, ...`
+are recovered by division and remainder. Elementwise kernels are one-dimensional blocks. Reduce kernels
+work on a [BLOCK_G, BLOCK_R] tile (`g` a column, `r` a row): a loop walks `r` over the reduce axes BLOCK_R
+at a time, folding each tile into a tile accumulator, and one `tl.sum` / `tl.max` (PROD: a halving tree
+of multiplies) over axis 1 finishes it.
 
-Ragged edges: lanes past the end are clamped to index 0 (a valid element), so loads need no bounds
-mask; the store is masked, and in the reduce loop the clamped lanes contribute the reduce identity.
-A LOAD whose `valid` is not always true becomes a masked `tl.load(..., other=0)`.
+Ragged edges: lanes past the end are clamped to index 0 (a valid element), so loads need no bounds mask;
+the store is masked, and in the reduce loop clamped lanes add the identity. A LOAD whose `valid` is not
+always true becomes a masked `tl.load(..., other=0)`.
 
-Each Expr is one local variable placed at the shallowest level it can live at: before the reduce loop
-(it depends on nothing, or on `g` only), inside it (it depends on `r`), or after it (it uses ACC).
-Constants of the data are typed 0-d tensors (`tl.full([], 0.5, tl.float16)`) so every operation keeps
-the Kernel's dtypes; constants inside index arithmetic are plain Python ints.
+Each Expr is one local variable at the shallowest level it can live at: before the reduce loop, inside
+it (it depends on `r`), or after it (it uses ACC). Data constants are typed 0-d tensors so every operation
+keeps the Kernel's dtypes. Index arithmetic is int32 when every index bound fits (`index_bits`), else
+int64. Triton's math takes fp32/fp64 only: float16 math and sums run in float32 (like the NUMPY reference).
 
-Index arithmetic is int32 when every index bound fits (see `index_bits`), int64 otherwise.
-Triton's math functions take fp32/fp64 only: float16 math is done in float32 and rounded back, and
-float16 sums accumulate in float32 (like the NUMPY reference).
+Block sizes are the kernel's opts (opt/heuristic.py), constants in the source: LOCAL is BLOCK_G (a tl.dot's
+BLOCK_M), REDUCE BLOCK_R (BLOCK_K), DOT BLOCK_N, WARPS num_warps; no opts: one output a program, BLOCK_R 1.
 
-Block sizes are the kernel's opts (tgrad/opt/heuristic.py chooses them), baked into the source as
-constants: LOCAL is BLOCK_G (a tl.dot's BLOCK_M), REDUCE is BLOCK_R (BLOCK_K), DOT is BLOCK_N, WARPS the
-launch's num_warps. A kernel without opts renders with one output per program and BLOCK_R = 1.
-
-Split reduces (a SPLIT opt, GPU only: a reduce with too few programs for the device, each looping long:
-a full sum of 16M floats was one program looping 4096 times, 35 GB/s). It runs as two functions in one
-source: `<name>_part`, on a grid (programs, SPLIT), folds its share of the reduce axes into one partial per
-output in a scratch array `part` (float32 for float16 sums); `<name>` loads the SPLIT partials of its
-outputs, reduces them the same way, and goes on as usual.
+Split reduces (a SPLIT opt, GPU only: too few programs, each looping long, run far below the memory's
+bandwidth) are two functions in one source: `<name>_part`, on a grid (programs, SPLIT), folds its share of
+the reduce axes into one partial per output in a scratch array `part` (float32 for float16 sums); `<name>`
+loads the SPLIT partials of its outputs, reduces them the same way, and goes on as usual.
 """
 
 from __future__ import annotations

@@ -9,21 +9,12 @@ tgrad/opt/; runtime/webgpu.py gives the sizes: 64, a multiple of every vendor's 
 default limit of 256, and 256). The size is written into the shader (`@workgroup_size`). A launch of more
 workgroups than the adapter allows per dimension becomes a 2-D dispatch.
 
-Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage:
-- bool, uint8, int8 are stored 4 per `u32` word, int16 and float16 2 per word (their bytes, little
-  endian, exactly as numpy lays them out). Loads extract and sign-extend; stores write one byte or half
-  word with `atomicAnd` + `atomicOr` on the word, so neighbouring invocations never lose each other's
-  writes. Small integers compute in 32 bits and wrap back to their width after every arithmetic op.
-- float16 computes in f32, rounded to half precision after each arithmetic op, by CAST and by the store
-  (helpers f16round / f16bits; no adapter feature needed, so `shader-f16` is not used).
-- int64 is held as int32 on the device (the rule): uploads outside the int32 range raise a DTypeError,
-  constants outside it too, and arithmetic wraps at 32 bits; downloads widen back to int64. WGSL has
-  no 64-bit integers; wgpu-native's `shader-int64` offers `i64` (WEBGPU_INT64=1 uses it), but Mesa
-  22.3's lavapipe miscompiles `i64(x) < 5li`, so it is off by default.
-- float64 is `f64` where the adapter has `shader-f64` and `shader-int64` (lavapipe has both; exp2, log2
-  and sin are WGSL functions here, as Vulkan has them for 32-bit floats only). Elsewhere a float64
-  tensor raises a DTypeError asking for a cast to float32.
-- Index expressions (int64 in the Kernel) are rendered as i32: buffers are far below 2**31 elements.
+Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage, so: bool, uint8, int8 are stored 4 per
+`u32` word and int16, float16 2 per word, as numpy lays them out (stores change their bytes with atomic
+and/or on the word, so neighbouring invocations never lose each other's writes); float16 computes in f32,
+rounded after each op; int64 is held as int32 on the device (out-of-range uploads and constants raise a
+DTypeError); float64 is `f64` only where the adapter has `shader-f64` and `shader-int64`; index
+expressions are i32. The details and why: docs/architecture.md, "WGSL's types (emit_wgsl.py)".
 
 Floats: WGSL lets drivers assume there are no NaNs, so NaN tests look at the bits, comparisons are
 written so that an ordered compare gives the right answer, and MAX propagates NaN explicitly.

@@ -1,49 +1,19 @@
 """TinyJit: run a function of Tensors normally, capture the kernels of a later call, replay them after.
 
-Rules (README "TinyJit rules"; each broken rule that can be detected raises a JitError that says what
-to do):
-- Calls are grouped by signature: the arguments by parameter name, the shapes, dtypes and devices of
-  the Tensor arguments, which of them are the same tensor, and the values of the non-Tensor arguments
-  (ints, floats, strings, None by value; other objects by identity). Per signature, the first call runs
-  the function normally, the second runs it and records every kernel launch, later calls replay the
-  recorded kernels without running the Python function. If the second call differs from the first
-  (other kernels, other host data, other non-Tensor return values), recording waits for two calls in a
-  row that agree; MAX_UNSTABLE differing calls in a row raise JitError (a Python value read inside the
-  function keeps changing: pass it as an argument). Up to `max_captures` signatures (8) are kept: a
-  smaller last batch gets its own capture; more signatures than that raise JitError (pass values that
-  change every call as Tensors).
-- Tensor arguments are realized into buffers of their own first (a view or an unrealized tensor is
-  computed into one, in place on the caller's Tensor, so assign() to an argument writes back).
-- Returned Tensors are realized into fresh buffers on every call (copied when they are a buffer that
-  outlives the call, such as an argument or a parameter), so a tensor from call N keeps its value.
-- State changed with assign() (parameters, optimizer state, BatchNorm running statistics) is written
-  in place, so it keeps updating across replays. State kept by rebinding a Python attribute to a
-  computed tensor (self.h = self.h * 0.9 + x) would be frozen: JitError, use assign().
-- Gradients are part of the state: a parameter's .grad before the call is an input of the replay, its
-  .grad after the call an output. So zero_grad() inside or outside the function, and gradients that
-  accumulate over several jitted micro-steps, give the same numbers as without the jit.
-- Random tensors (Tensor.rand/randn/randint/uniform/normal, dropout) drawn inside the function are
-  drawn again, from Tensor's generator, on every replay: the same numbers as without the jit, and
-  reproducible under Tensor.manual_seed.
-- Inside the function: no .numpy()/.item()/.tolist()/bool() (the value would be read once: Python
-  control flow on tensor values cannot be replayed). Tensors made from host data are frozen at
-  capture. A function that launches no kernel raises JitError. assign()s made outside the function and
-  not realized yet are realized before the call (and those the function leaves pending, at its end).
-- Values keep PyTorch's in-place semantics (inplace.py): a tensor built before an assign() that
-  overwrites what it reads is computed before the write, inside the call (recorded: a returned metric
-  built before opt.step()) or, for tensors made outside the call, before it (unrecorded: every replay
-  computes such tensors first). A returned view of assigned state shows the new value.
-- Host steps (realize.HostStep, run with Tensor.run_host: a Python function over numpy arrays between
-  kernels, such as tgrad.distributed's MPI allreduce) are recorded in launch order and replayed there
-  with that call's buffers; their outputs are new buffers on every call. A host step's function may
-  use its inputs and what its key names only; a key that changes between calls prevents the capture.
-- Replays reuse memory: at the first replay, buffers the kernels compute and read inside the call share
-  memory where their lives do not overlap (`jit_replay.plan`). A tensor the function keeps in Python without
-  returning it keeps its own buffer, which each replay overwrites (it shows the last replay's value).
-- A TinyJit called inside another one's function runs plainly; the outer one captures its kernels.
-  A TinyJit method has one cache per instance.
-- JIT=0 in the environment turns TinyJit into a plain call. DEBUG=1 prints each capture and replay
-  with its counts. On the NUMPY reference device (which has no kernels) the function always runs.
+Per signature of a call (the Tensor arguments' shapes, dtypes, devices and aliasing, the other arguments'
+values), the first call runs the function normally, the second runs it and records every kernel launch
+(and host step and random draw), and later calls replay the recorded launches with the new buffers
+swapped in, without running the Python function: no graph, no scheduling. The main rule: a replay gives
+the same values as running the function would, or the capture is refused with a JitError that says what
+to do (a value read with .numpy() inside the function, state kept by rebinding an attribute instead of
+assign(), arguments whose values change every call...). So arguments are realized into buffers of their
+own first, returned tensors get fresh buffers on every call, assign()ed state and gradients are inputs
+and outputs of the replay, random tensors are drawn again, and PyTorch's in-place semantics hold
+(inplace.py). Replays reuse memory between buffers whose lives do not overlap (jit_replay.py).
+
+The rules in full: README "TinyJit rules" (each has a test in tests/test_jit_footguns.py) and
+docs/architecture.md, "TinyJit (jit.py)". JIT=0 turns TinyJit into a plain call; DEBUG=1 prints each
+capture and replay.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ def implicit_gemm() -> bool:
     """Convolutions (and any SUM of a product whose operands split the axes) as tl.dot kernels; on unless
     TGRAD_TRITON_IMPLICIT_GEMM=0. An operand tile that gathers with masks (padding) is loaded with one
     pipeline stage: with Triton's default three (and with two), an H200 (Triton 3.6) summed dilated or
-    strided convs with padding wrongly, while the interpreter was right (bench/README)."""
+    strided convs with padding wrongly, while the interpreter was right (bench/HISTORY.md, "Implicit
+    GEMM")."""
     return config.on("TGRAD_TRITON_IMPLICIT_GEMM")
 
 

@@ -1,11 +1,12 @@
 """TinyJit's replay of CPU launches in one native call (device.Runtime.batch, runtime/cpu/runtime.py `batch`).
 
 A replay calls each captured launch from Python: the Runner, the run closure, the arguments' addresses,
-a ctypes call or a hand-off to the native workers. That costs ~2.3 us a launch with warm caches and ~5 us
-inside a training step (the step's kernels have pushed the interpreter's own data out of the caches): ~1 ms
-of a GPT step's 233 launches. Here a run of launches of compiled functions becomes records of one call of
-cpu_threads' `sequence` (each record the function's address, its arguments and how it is threaded, as
-runtime.py's `call` would run it), bound once; a replay writes the addresses of the buffers that are new
+a ctypes call or a hand-off to the native workers. That costs microseconds a launch, twice as many inside a
+training step as with warm caches (the step's kernels have pushed the interpreter's own data out of the
+caches): about a tenth of a GPT step of a few hundred launches (bench/HISTORY.md, "Batched CPU replays"). Here
+a run of launches of compiled functions becomes records of one call of cpu_threads' `sequence` (each record
+the function's address, its arguments and how it is threaded, as runtime.py's `call` would run it), bound
+once; a replay writes the addresses of the buffers that are new
 at each call (arguments, fresh outputs, gradients, host steps' results) into their records' slots and makes
 one call per run. A matmul that is one BLAS call per matrix, reading its operands in place and writing its
 output in order, is a record too (cpu_gemm's gemm_batch, called on this thread: BLAS's threads split it).
@@ -29,7 +30,8 @@ _ADDRESSES: dict[int, tuple] = {}  # id(array) -> (weakref to the array, address
 
 
 def address(array: np.ndarray) -> int:
-    """The data address of an array, remembered while the array lives (`.ctypes.data` costs ~1 us)."""
+    """The data address of an array, remembered while the array lives (`.ctypes.data` is slow for a
+    launch's budget: about a microsecond)."""
     hit = _ADDRESSES.get(id(array))
     if hit is not None and hit[0]() is array:
         return hit[1]

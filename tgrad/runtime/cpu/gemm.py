@@ -2,13 +2,13 @@
 ranges of pieces, which copy each piece's windows and call BLAS's gemm themselves, without the GIL.
 
 Each piece of a conv is one image or a few: a copy of its windows (~300 KB) and one matmul or a few
-(32x160 @ 160x400 per kernel row for MNIST's conv2, ~30 us each). Run from Python threads, those ~10 numpy
-calls a piece held the GIL between them long enough that two threads ran 1.4x faster than one, not 2x
-(conv2's forward alone: 16.8 ms on two threads against 23.8 on one). Here the copies, the matmuls and the
-sums (gemm's beta, instead of a product added afterwards) are one native call per range of pieces: 11.4
-ms on two threads. Three functions: shifted_pieces (a stride-1 conv's shifted copies, one gemm per kernel
-row), blas_pieces (im2col pieces of rows or of K), pair_pieces (a piece pair: the gemms, then the second
-kernel's compiled function on the piece's images).
+(32x160 @ 160x400 per kernel row for MNIST's conv2, each a few tens of microseconds). Run from Python
+threads, those ~10 numpy calls a piece held the GIL between them long enough that two threads ran 1.4x
+faster than one, not 2x. Here the copies, the matmuls and the sums (gemm's beta, instead of a product added
+afterwards) are one native call per range of pieces, which two threads run about twice as fast (measured: see
+bench/HISTORY.md, "Figures that were in source comments"). Three functions: shifted_pieces (a stride-1 conv's
+shifted copies, one gemm per kernel row), blas_pieces (im2col pieces of rows or of K), pair_pieces (a piece
+pair: the gemms, then the second kernel's compiled function on the piece's images).
 
 BLAS is the one numpy uses, found in the process (an ILP64 OpenBLAS: numpy's own wheels); its cblas_sgemm
 and cblas_dgemm are given to LLVM under fixed names (SYMBOLS), so the compiled functions are cached on

@@ -1,9 +1,10 @@
 """Compile CPU kernels in helper processes while the main process compiles others.
 
-Numba compiles in Python under one lock: a process compiles one kernel at a time (~40-150 ms each, and
-~1 s of one-time set-up before the first). With a cold cache, the CPU runtime starts worker processes
-(`python -m tgrad.runtime.cpu.pool`; `TGRAD_COMPILE_WORKERS` of them, default one fewer than the cores,
-at most 2; 0 turns them off) when it opens, so their set-up overlaps the program's own start; with a
+Numba compiles in Python under one lock: a process compiles one kernel at a time (each a sizeable fraction of
+a second, after a one-time set-up that costs more than a kernel). With a cold cache, the CPU runtime starts
+worker processes (`python -m tgrad.runtime.cpu.pool`; `TGRAD_COMPILE_WORKERS` of them, default one fewer than
+the cores, at most 2; 0 turns them off) when it opens, so their set-up overlaps the program's own start; with
+a
 warm cache it starts them only when a schedule needs several new kernels. Before a schedule runs,
 CPURuntime.prepare queues the kernels it has to compile: workers take the longest source first while
 the main process compiles from the front, claiming for itself any kernel no worker has taken (and, while
@@ -31,7 +32,7 @@ from tgrad.errors import DeviceError
 from tgrad.runtime.cpu import gemm as cpu_gemm
 from tgrad.runtime.cpu.compile import compile_object, use_cpu_features
 
-MIN_JOBS_TO_START = 3  # with a warm cache, a worker (~1 s to start) is not worth it for one or two kernels
+MIN_JOBS_TO_START = 3  # with a warm cache, a worker (slow to start) is not worth it for one or two kernels
 IDLE_EXIT_S = 20.0  # a worker with nothing to do for this long exits (it holds ~150 MB); more start on demand
 
 
@@ -100,8 +101,8 @@ class CompilePool:
     def next_job(self) -> tuple:
         """The job a worker takes next (the caller holds the lock; some job waits): the longest source
         first (a kernel's compile time grows with it), so that the main process, which takes the front,
-        is not left waiting at the end for a long one (the MNIST CNN's first step waited 0.9 s for conv2's
-        weight gradient, taken from the back); optional jobs only when no other job waits."""
+        is not left waiting at the end for a long one (the MNIST CNN's first step waited for conv2's
+        weight gradient when it was taken from the back); optional jobs only when no other job waits."""
         jobs = self.queue or self.later
         job = max(jobs, key=lambda j: len(j[1][0]))
         jobs.remove(job)
@@ -123,7 +124,7 @@ class CompilePool:
         """The entry a worker compiled for `key`, waiting while one compiles it; None when no worker has
         it (it leaves the queue: the caller compiles it) or the worker failed. While it waits, the caller
         compiles the front of the queue itself (compile_object, as a worker would), so that it does not
-        sit idle: the MNIST CNN's first step waited 0.8 s at its end for a worker's last kernel."""
+        sit idle (the MNIST CNN's first step waited at its end for a worker's last kernel)."""
         with self.cond:
             if key in self.queued:
                 self.queued.discard(key)

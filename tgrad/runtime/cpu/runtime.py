@@ -68,11 +68,11 @@ TIERED = config.on("TGRAD_BACKGROUND_COMPILES")
 class _Threads:
     """The threads that run a threaded kernel (emit_numba's `split`): its outer loop cut into ranges, each
     a call of the native function. On Linux x86-64 the ranges go to cpu_threads' native workers (a
-    hand-off of ~2 us); elsewhere, with TGRAD_NATIVE_THREADS=0, or while another Python thread holds
-    those, to Python threads here (one range each, the caller running the first; ~40-60 us a hand-off).
-    Numba's own parallel loops cost 0.5 s of compile time per kernel (0.1 s serial), started a
-    threading layer (whose OpenMP threads spin and starved OpenBLAS, and which slowed PyTorch's CPU
-    attention 70x when started before torch was imported)."""
+    hand-off of a few microseconds); elsewhere, with TGRAD_NATIVE_THREADS=0, or while another Python
+    thread holds those, to Python threads here (one range each, the caller running the first; a hand-off an
+    order of magnitude slower). Numba's own parallel loops compiled several times slower than a serial
+    function, started a threading layer (whose OpenMP threads spin and starved OpenBLAS, and which slowed
+    PyTorch's CPU attention 70x when started before torch was imported)."""
 
     def __init__(self):
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -344,7 +344,7 @@ class CPURuntime(Runtime):
         disk for the compile workers, which compile from the back while this process compiles from the
         front (see cpu/pool.py); the row groups' functions too, the first time each group comes (an eager
         step that finds its schedule cached brings the same groups again: hashing their sources and
-        looking for their cache files took ~170 us of each MLP step)."""
+        looking for their cache files was a measurable part of each eager MLP step)."""
         groups = [g for g in groups if g not in self.seen_groups]
         self.seen_groups.update(groups)
         if len(kernels) + len(groups) < 2 or not cpu_pool.default_workers():
@@ -611,10 +611,10 @@ class CPURuntime(Runtime):
         """A getter of program's function (as _build makes it): at once where it is loaded or on disk, or
         where there are no compile workers (TGRAD_COMPILE_WORKERS=0, or TIERED off); else it is queued for
         a worker as an optional job (compiled when no other job waits) and the getter gives None until
-        one has compiled it. The direct convolutions run their BLAS path meanwhile, so that a first step
-        does not wait for their compiles (0.3-0.8 s each: the MNIST CNN's first step went from 4.1 to
-        5.9 s with them, and is 3.3 s this way). A process that exits before the worker is done leaves
-        them out of the disk cache: the next one compiles them again, in the background too."""
+        one has compiled it. The direct convolutions run their BLAS path meanwhile, so that a first step does
+        not wait for their slow compiles (bench/HISTORY.md, "Direct convolution gradients"). A process that
+        exits before the worker is done leaves them out of the disk cache: the next one compiles them again,
+        in the background too."""
         nat = _native(program)
         workers = cpu_pool.default_workers()
         if not TIERED or not workers or nat.key in self.functions or _cached(nat.path):

@@ -2,21 +2,21 @@
 
 A threaded kernel (emit_numba's `split`) runs its outer loop in ranges on several threads. Handing the
 ranges to Python threads (a ThreadPoolExecutor: futures, a condition variable, the GIL back and forth)
-cost ~40-60 us per kernel on this project's 2-core VM, more than half of a 100 us kernel. Here the
+cost tens of microseconds per kernel, more than half of a short kernel's time. Here the
 workers are threads that never enter Python: functions written in LLVM IR (below), started with
 pthread_create. A worker waits for a job by spinning on a counter (GEN) for `SPIN_CYCLES`, then sleeps on
 it (a futex); the caller publishes a job (function, arguments, n, number of ranges), wakes sleepers, and
 then it and the workers claim the job's ranges one at a time (a compare-and-swap on CLAIM, which carries
 the job's number, so a worker that wakes late cannot take a range of the next job) until none is left;
-the caller waits until every range is done. All of that is one native call (`run`): a hand-off costs
-~2 us, ~5 us when the workers sleep (the caller does not wait for them to wake: it runs the ranges they
-have not claimed). PyTorch's OpenMP threads wait the same way.
+the caller waits until every range is done. All of that is one native call (`run`): a hand-off costs a
+few microseconds, a little more when the workers sleep (the caller does not wait for them to wake: it
+runs the ranges they have not claimed). PyTorch's OpenMP threads wait the same way.
 
-Measured (bench/README.md): elementwise and softmax rows ~5% faster than on Python threads; the training
-steps unchanged (their threaded kernels are few and long). Only on Linux x86-64 (futex, the pause
-instruction); elsewhere, with TGRAD_NATIVE_THREADS=0, or while another Python thread is using the pool,
-runtime.py keeps its Python threads. A forked child starts its own workers; at exit they are stopped
-and joined before their code is freed.
+Short threaded kernels (elementwise, softmax rows) gain; the training steps do not change (their threaded
+kernels are few and long); measured: see bench/HISTORY.md, "Native worker threads". Only on Linux x86-64
+(futex, the pause instruction); elsewhere, with TGRAD_NATIVE_THREADS=0, or while another Python thread is
+using the pool, runtime.py keeps its Python threads. A forked child starts its own workers; at exit they are
+stopped and joined before their code is freed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ import warnings
 from tgrad import config
 
 MAX_ARGS = 64  # int64 arguments of a kernel function (pointers, sizes) the workers can call with
-SPIN_CYCLES = 1 << 17  # time-stamp counter cycles a worker spins for its next job before it sleeps (~50 us)
+SPIN_CYCLES = 1 << 17  # time-stamp counter cycles a worker spins for its next job before it sleeps (tens of
+# microseconds; spins of 2**12 and 2**20 cycles made the GPT step slower: bench/HISTORY.md)
 
 # the context: one int64 array shared by the caller and the workers (word index -> meaning)
 GEN, DONE, SLEEPERS, FN, NARGS, ARGV, N, CLAIM, SPIN, SYSCALL, YIELD, STOP, STATUS = range(13)
@@ -49,8 +50,7 @@ def _ir() -> str:
     A kernel function takes (two status slots, its int64 arguments, lo, hi); `call_range` calls every one
     with MAX_ARGS + 2 int64 arguments after the slots: its own, lo, hi, then zeros it does not read. In the
     x86-64 System V convention that is the same call (arguments fill registers then stack slots in order,
-    and the caller pops them), and one call site compiles in a few ms where a switch over the arity took
-    35-130 ms."""
+    and the caller pops them), and one call site compiles far faster than a switch over the arity."""
     w = lambda i: f"getelementptr inbounds i64, ptr %ctx, i64 {i}"  # noqa: E731  (address of word i)
 
     def spin(again: str, then: str) -> str:  # back to `again` (pausing) until %spin cycles from %t0 passed

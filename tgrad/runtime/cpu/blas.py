@@ -26,11 +26,11 @@ OPENBLAS_IDLE = 21  # log2 of the cycles an idle OpenBLAS thread spins before it
 
 
 def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
-    """Make numpy's OpenBLAS threads sleep after ~0.7 ms idle instead of spinning ~0.1 s (2**28 cycles):
+    """Make numpy's OpenBLAS threads sleep soon after they go idle instead of spinning for 2**28 cycles:
     a thread spinning after each matmul took a core from tgrad's threaded kernels that ran next (2 cores,
-    3 busy threads), so the MNIST CNN step's generated kernels ran up to 2x slower (step 165-167 ->
-    134-136 ms; conv2d_fwd_bwd 61-63 -> 53-56 ms); the GPT and MLP steps, whose matmuls come back to back,
-    keep their speed at 2**21 (at 2**4 they were 20% slower: each call woke the threads).
+    3 busy threads), so the MNIST CNN step's generated kernels ran up to 2x slower; the GPT and MLP steps,
+    whose matmuls come back to back, keep their speed at 2**21 (far lower, each call woke the threads and
+    they slowed down; measured: bench/HISTORY.md).
     OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when its threads start: this sets it, re-reads it and restarts
     them (OpenBLAS's own entry points). Skipped when the variable is set (it is the user's choice), with
     TGRAD_OPENBLAS_IDLE=0, or where numpy's BLAS is not an OpenBLAS with those entry points (Linux only).
@@ -169,8 +169,9 @@ class _Matmul:
         x, y = (side.layout for side in self.sides)
         m, n = plan.m, plan.n
         # c.T = b.T @ a.T where a copied operand (im2col) is laid out column by column: operands read in
-        # place are passed as they are (BLAS's transposed flag), which ran 1-2x faster than swapping and
-        # putting the result back in order (GPT/MLP weight gradients, e.g. 784x128x128: 88 vs 152 us)
+        # place are passed as they are (BLAS's transposed flag), which ran faster than swapping and
+        # putting the result back in order, an extra pass (GPT/MLP weight gradients; measured:
+        # bench/HISTORY.md)
         self.swap = any(side.copy for side in self.sides) and _read_transposed(x, y)
         if self.swap:  # compute c.T = b.T @ a.T instead
             m, n = n, m
@@ -251,8 +252,8 @@ def _run_pieces(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memory
     threads, each calling a one-thread BLAS (numpy releases the GIL in copies and matmuls): a conv's
     images are split between the cores, the way PyTorch's CPU convolutions split them. Pieces of global
     axis 0 write rows of the result; pieces of a reduce axis each give a whole result, summed. How a
-    piece's operands are viewed or copied is worked out once per layout (`_side`): a piece costs a few us
-    of Python, not the ~50 us of the general path, which two threads would wait on each other for.
+    piece's operands are viewed or copied is worked out once per layout (`_side`): a piece costs a little
+    Python, not the general path's planning, which two threads would wait on each other for (the GIL).
     With `native` (and numpy's BLAS as cpu_gemm needs it) the pieces run as cpu_gemm's compiled functions
     instead: blas_pieces, or pair_pieces for a piece pair (`after.native`), shifted_pieces for shifts."""
     ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
@@ -366,8 +367,8 @@ def _run_shifted(plan: BlasPlan, kernel: Kernel, arrays: list[np.ndarray], memor
     that held L, columns P's side), then for each index l of L multiplies the other operand at L = l by
     X's columns shifted by l indices of P. L in K (a forward): the l products are summed into the piece's
     rows of the result; L global (a weight gradient, pieces of K): each l product is the result's L = l
-    slice, summed over the pieces per thread. Alone, one thread, MNIST conv2 (128 images, 32->32 5x5):
-    forward 38.7 -> 28.8 ms, weight gradient 44.6 -> 30.6 ms; the copies 9.1 -> 2.5 ms."""
+    slice, summed over the pieces per thread. Without L the copy is a fraction of im2col's, and it was most
+    of the time saved (MNIST conv2's forward and weight gradient; measured: bench/HISTORY.md)."""
     ch, shape, ng = plan.chunk, kernel.shape, kernel.n_global
     L, P = ch.shift
     r = list(range(ng, len(shape)))
@@ -545,7 +546,7 @@ class _Side:
         return self._as_matrix(buf)
 
 
-_SIDES: dict[tuple, _Side] = {}  # _side's: every chunked matmul of a step made them anew (~10-50 us each)
+_SIDES: dict[tuple, _Side] = {}  # _side's: every chunked matmul of a step made them anew (Python, each call)
 
 
 def _side(array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int | None = None,
@@ -634,9 +635,9 @@ class _Pieces:
 
 class _BlasThreads:
     """numpy's OpenBLAS, one-threaded for calls from one thread (`openblas_set_num_threads_local`, OpenBLAS
-    0.3.27). That call also sets OpenBLAS's global thread count (measured: numpy's 0.3.30 build reports 1
-    thread afterwards, and the main thread's matmuls ran on one core, the MNIST CNN's col2im matmul 19 ->
-    35 ms), so the count is read before the pieces run and set back after."""
+    0.3.27). That call also sets OpenBLAS's global thread count (numpy's 0.3.30 build reports 1 thread
+    afterwards, and the main thread's matmuls then ran on one core; measured: bench/HISTORY.md), so the
+    count is read before the pieces run and set back after."""
 
     def __init__(self):
         self.local, self.getters, self.setters = [], [], []

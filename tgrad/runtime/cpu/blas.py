@@ -28,7 +28,7 @@ OPENBLAS_IDLE = 21  # log2 of the cycles an idle OpenBLAS thread spins before it
 def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
     """Make numpy's OpenBLAS threads sleep soon after they go idle instead of spinning for 2**28 cycles:
     a thread spinning after each matmul took a core from tgrad's threaded kernels that ran next (2 cores,
-    3 busy threads), so the MNIST CNN step's generated kernels ran up to 2x slower; the GPT and MLP steps,
+    3 busy threads), so the MNIST CNN step's generated kernels ran much slower; the GPT and MLP steps,
     whose matmuls come back to back, keep their speed at 2**21 (far lower, each call woke the threads and
     they slowed down; measured: bench/HISTORY.md).
     OpenBLAS reads OPENBLAS_THREAD_TIMEOUT when its threads start: this sets it, re-reads it and restarts

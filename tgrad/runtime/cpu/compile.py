@@ -24,9 +24,9 @@ KERNEL_OPT = 1
 def cpu_features() -> str:
     """The LLVM target features kernels compile for: the host's, and on an AVX-512 host without LLVM's
     preference for 256-bit vectors (a tuning flag LLVM sets for every AVX-512 CPU since Skylake-X, whose
-    clock dropped under 512-bit math): loops then vectorize 16 floats wide. On this machine's Xeon
-    (2 threads): softmax over 4096x1024 1.99 -> 1.57 ms, a sum over an axis of 256^3 1.60 -> 1.45 ms,
-    (a*b+c).relu().sum() on 4M 1.35 -> 1.23 ms; the training steps unchanged (BLAS-bound).
+    clock dropped under 512-bit math): loops then vectorize 16 floats wide. On this machine's Xeon the
+    memory-bound kernels (softmax, sums over an axis, fused elementwise work) ran faster that way and the
+    training steps, BLAS-bound, no slower (measured: bench/HISTORY.md).
     TGRAD_CPU_VECTOR_BITS=256 keeps LLVM's choice; NUMBA_CPU_FEATURES, when set, is used as it is."""
     import llvmlite.binding as llvm
 
@@ -143,8 +143,8 @@ def on_disk(entry: dict) -> dict:
 def cacheable(entry: dict) -> bool:
     """Whether a compiled kernel may go to the disk cache, whose key says it was compiled for
     cpu_features(): in a process whose Numba compiled something before tgrad set them, kernels compile
-    for the host's defaults (256-bit vectors on AVX-512: softmax ran 1.3 -> 1.6 ms from such a cache
-    entry, written by a test process), and are used there but not kept."""
+    for the host's defaults (256-bit vectors on AVX-512, slower: a test process once wrote such an entry
+    and softmax ran slower from it; measured: bench/HISTORY.md), and are used there but not kept."""
     return entry.get("features") in (None, cpu_features())
 
 

@@ -3,8 +3,8 @@
 Every fresh allocation of N bytes costs the operating system N / 4 KiB page faults (or N / 2 MiB with
 huge pages), each handing out zeroed memory, the first time it is written. That is system time in the
 middle of a kernel: the im2col operand of the CNN's conv input gradient (236 MB, a new array on every
-step) took 7 ms to fill and 30-600 ms of system time to fault in on this shared VM; an eager training step
-spent more time in page faults (500-860 ms) than in its kernels. PyTorch keeps freed blocks for the same
+step) took far longer to fault in than to fill on this shared VM, and an eager training step spent more
+time in page faults than in its kernels (measured: bench/HISTORY.md). PyTorch keeps freed blocks for the same
 reason (its CPU caching allocator); so does tinygrad's LRU allocator.
 
 `HostMemory.array` hands out arrays of at least MIN_KEEP bytes from kept blocks; `release` gives one back.
@@ -34,8 +34,8 @@ def page_aligned(size: int, dtype) -> np.ndarray:
     """np.empty(size, dtype), starting on a page boundary when it is bigger than a page. A kernel that
     reads one array and writes another streams both; when the output starts a little after the input
     modulo 4 KiB (the usual case for two equal-size numpy allocations) each store looks to the CPU like
-    it may feed a later load ("4K aliasing") and the loop runs up to 5x slower (softmax's last kernel:
-    18 ms instead of 3.6, one thread). With every large buffer page-aligned, the offset is 0 and nothing
+    it may feed a later load ("4K aliasing") and the loop runs several times slower (softmax's last kernel;
+    measured: bench/HISTORY.md). With every large buffer page-aligned, the offset is 0 and nothing
     stalls."""
     dtype = np.dtype(dtype)
     nbytes = size * dtype.itemsize

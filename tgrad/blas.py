@@ -16,20 +16,19 @@ from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_const, is_tru
 
 BLAS_MIN_WORK = 1 << 16  # multiply-adds below which the generated loop beats a BLAS call
 # a matrix times a vector whose rows are read along memory runs as the generated reduce loop below this
-# (as fast or faster: 1024x64 @ 64 4.3 vs 7.5 us, 16384x64 @ 64 45 vs 50; it also takes the epilogue);
-# a vector times a matrix (columns read across rows) goes to BLAS from BLAS_MIN_WORK (1024x1024 143 vs 67)
+# (as fast or faster; it also takes the epilogue); a vector times a matrix (columns read across rows)
+# goes to BLAS from BLAS_MIN_WORK, faster there (measured: bench/HISTORY.md)
 BLAS_MIN_MATVEC_WORK = 1 << 20
 # a conv's overlapping windows copied (im2col) for a K of at most this many (channels x kernel taps),
 # multiplied by at most SMALL_K_MAX_N columns (output channels), run as the generated loop, which reads
-# the input in place: MNIST conv1 (1->32, 5x5) 2.57 -> 1.47 ms, an RGB 3->16 3x3 2.76 -> 1.17 ms,
-# 3->32 3x3 stride 2 3.02 -> 1.85; with K 49-75 or 128 output channels BLAS was 1.2-4x faster
+# the input in place, faster than the copy and BLAS (MNIST conv1, RGB 3x3 convs); with a larger K or 128
+# output channels BLAS was faster (measured: bench/HISTORY.md)
 SMALL_K_MAX = 36
 SMALL_K_MAX_N = 64
 BLAS_MIN_BATCH_WORK = 1 << 14  # multiply-adds per matmul below which batch axes are not made (_lead_batch)
 # a batch of matmuls of at most this many multiply-adds each, K at most BATCHED_MAX_K, runs as generated code
-# (`generated_batch`, emit_numba.render_batched) instead of one BLAS call per matmul: attention's
-# 64 x (64x16 @ 16x64) 126 -> 57 us, 64 x (64x64 @ 64x16) 88 -> 54 (2 threads, alone), OpenBLAS's cost per
-# call being most of its time at these sizes
+# (`generated_batch`, emit_numba.render_batched) instead of one BLAS call per matmul: OpenBLAS's cost per
+# call is most of its time at these sizes (attention's batched matmuls; measured: bench/HISTORY.md)
 BATCHED_MAX_WORK = 1 << 17
 BATCHED_MAX_K = 64
 # elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the
@@ -315,9 +314,9 @@ ONE_INDEX_MIN_WORK = 1 << 18  # multiply-adds of a one-index piece below which s
 def single_pieces(k: Kernel, plan: BlasPlan) -> BlasPlan:
     """`plan` with pieces of one index of its chunk axis (one image), and the shift that allows
     (`_shift_pair`), where a piece still has ONE_INDEX_MIN_WORK multiply-adds: what the CPU's compiled
-    pieces (runtime/cpu/gemm.py) run fastest. A piece costs them a call, not the ~30 us of Python the numpy
-    path pays, so smaller copies win: MNIST CNN conv3 forward 2.2 -> 1.4 ms, conv4's 3.0 -> 2.1, conv1's
-    weight gradient 2.2 -> 1.1 (one image's output gradient is a matrix as it is, four images' a copy)."""
+    pieces (runtime/cpu/gemm.py) run fastest. A piece costs them a call, not the Python the numpy path
+    pays per piece, so smaller copies, which stay in cache, win (one image's output gradient is a matrix
+    as it is, four images' a copy; MNIST CNN convs measured: bench/HISTORY.md)."""
     ch = plan.chunk
     if ch is None or ch.size == 1:
         return plan
@@ -339,8 +338,8 @@ def _lead_batch(k: Kernel, batch: list[int], m: list[int], n: list[int]):
     transposed) loops over its leading axes as batch axes instead, where that puts it in order and each
     matmul stays big: numpy's matmul broadcasts the operand those axes do not index. A conv's col2im matmul
     cols[n, c, k, p] = sum_o w[o, c, k] * g[n, o, p] runs per image (M = c*k, N = p) and writes its
-    output where it belongs (164 MB not copied for the MNIST CNN's conv2). Measured with 2 threads: 128
-    matmuls of 100x8 @ 8x160 452 us vs one with the copy 1153 us; 64 of 32x16 @ 16x36 27 vs 51 us."""
+    output where it belongs (164 MB not copied for the MNIST CNN's conv2): the many smaller matmuls ran
+    faster than one with the copy (measured: bench/HISTORY.md)."""
     ng = k.n_global
     if [*batch, *m, *n] == list(range(ng)):
         return batch, m, n
@@ -416,8 +415,8 @@ class PiecePair:
 
 
 PAIR_MAX_POINTS = 1 << 22  # points of one image of k2 up to which its reads are checked (piece_pair)
-# elements of k1's result from which a pair pays (the CNN's conv3 and conv4 col2im, 2.4M and 2.6M: -1.1 and
-# -1.8 ms); below, it stays in the caches between the two kernels
+# elements of k1's result from which a pair pays (the CNN's conv3 and conv4 col2im, 2.4M and 2.6M, ran
+# faster as pairs; measured: bench/HISTORY.md); below, it stays in the caches between the two kernels
 # (and a matmul cut in two for threads is slower than one: an MLP's x @ w then a kernel after it)
 PAIR_MIN_RESULT = 1 << 21
 

@@ -5,8 +5,8 @@ The source is a plain Python function over raw pointers (`out[i] = in0[j] * in1[
 and keeps its object code on disk).
 The kernel becomes nested loops: the global axes outermost, the reduce axes inside with a scalar
 accumulator. A kernel big enough to be worth threads runs its outer loop over [lo, hi) (two more
-arguments): the runtime's threads each call it on a range (Numba's own parallel loops cost 0.5 s of
-compile time each, against 0.1 s serial, and start a threading layer). Each Expr node is
+arguments): the runtime's threads each call it on a range (Numba's own parallel loops cost several times
+a serial loop's compile time, and start a threading layer; measured: bench/HISTORY.md). Each Expr node is
 one local variable, placed at the shallowest loop level whose indices it uses, so loads that do not
 depend on the reduce axes are hoisted out of the reduce loop. float16 is computed in float32 (Numba
 has no float16 on the CPU): the runtime widens float16 buffers on the way in and narrows on the way
@@ -38,9 +38,9 @@ from tgrad.loop_axes import flatten, merge_axes, nodes, split_axes
 from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
-# iterations (global x reduce) below which threads cost more than they save. 2**18 since the seventeenth
-# session: GPT step 12.5 -> 11.8 ms (in one process, alternating), GELU-sized kernels whose operands come
-# from the shared cache run at one core's bandwidth (~10 GB/s) on one thread; MLP and CNN steps unchanged
+# iterations (global x reduce) below which threads cost more than they save: GELU-sized kernels whose
+# operands come from the shared cache already run at one core's bandwidth on one thread (the GPT step ran
+# faster with 2**18, the MLP and CNN steps the same; measured: bench/HISTORY.md)
 PARALLEL_MIN_WORK = 1 << 18
 
 # the helpers kernels call live in tgrad/runtime/cpu/numba_rt.py; a digest of that file is part of every
@@ -369,9 +369,9 @@ def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
     BATCHED_ROWS rows of C at a time: for each column j an accumulator per row, the K products added one
     statement each (K is a constant, so the loop over j is the innermost loop: LLVM vectorizes it, each
     accumulator a vector of columns, B's row a vector load, A's element broadcast), each product added with
-    one rounding (`_fma`), as BLAS does. Alone, 64 matmuls of 64x16 @ 16x64 (attention's scores) take
-    ~57 us instead of BLAS's ~126, 64 of 64x64 @ 64x16 ~54 instead of ~88 (2 threads; BATCHED_ROWS 1 or 4:
-    slower, 4 no longer vectorizes for K = 64)."""
+    one rounding (`_fma`), as BLAS does. At attention's sizes that runs faster than a BLAS call per matmul,
+    whose fixed cost is most of its time (measured: bench/HISTORY.md); BATCHED_ROWS 1 or 4 were slower
+    (4 no longer vectorizes for K = 64)."""
     k = kernel
     reads = tuple(sorted({plan.a.input, plan.b.input}))
     name = {i: f"in{j}" for j, i in enumerate(reads)}

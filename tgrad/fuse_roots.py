@@ -70,7 +70,8 @@ def _alu_work(node: Node, realize: set[Node], limit: int = RECOMPUTE_OPS) -> int
     """ALU ops and loads (one per buffer read) computed for one element of node in its kernel, through
     movement ops (not through reduces or nodes realized or to be realized); stops counting at limit.
     Loads count: a conv's input gradient read through the windows of its input recomputed a relu mask
-    and a BatchNorm backward from 11 buffers for each of the 9 window positions (46 ms instead of 8)."""
+    and a BatchNorm backward from 11 buffers for each of the 9 window positions (several times slower than
+    computing them once; measured: bench/HISTORY.md)."""
     count, stack, seen = 0, [node], set()
     while stack and count < limit:
         n = stack.pop()
@@ -186,12 +187,12 @@ def _compute_shared_once(nodes: list[Node], realize: set[Node], expanded: set[No
     or SHARED_OPERAND_OPS or more for a value read through a big expand (a matmul's computed operand, made
     again by each matmul's prologue). The users' side first, or below it a value of the same shape more
     kernels read, to which it adds little work (a max_pool's gradient, not that gradient scaled by
-    BatchNorm's backward). The MNIST CNN step recomputed a pool's gradient in 5 kernels, its windows in 3
-    (kernels 65 -> 58-60 ms); the GPT step the concatenated q/k/v gradient in both of its matmuls (kernels
-    10.0-10.5 -> 9.7-9.97 ms); plain elementwise work (GELU's) recomputed is cheaper than a pass over
-    memory (the GPT step's kernels 11.2 ms with it computed once). A pass takes every such value not
-    under another one it took, then the kernels are counted again (an 8-layer GPT step: 0.19 s of
-    scheduling with one value a pass, 0.1 s so; 0.05 s without the rule). `expanded`: the nodes big
+    BatchNorm's backward). The MNIST CNN step recomputed a pool's gradient in 5 kernels, its windows in 3,
+    and the GPT step the concatenated q/k/v gradient in both of its matmuls: both steps' kernels ran faster
+    with those computed once; plain elementwise work (GELU's) recomputed is cheaper than a pass over
+    memory (the GPT step's kernels were slower with it computed once). A pass takes every such value not
+    under another one it took, then the kernels are counted again (counting again after each value made
+    an 8-layer GPT step's scheduling much slower; measured: bench/HISTORY.md). `expanded`: the nodes big
     expands read through (_under_big_expands)."""
     for _ in range(8):  # passes: each takes values none of which is under another, then counts again
         counts: dict[Node, int] = defaultdict(int)

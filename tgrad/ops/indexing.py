@@ -30,8 +30,8 @@ ONEHOT_GRAD_MAX = 1 << 23
 def _scatter_add(out: np.ndarray, axis: int, ids: np.ndarray, values: np.ndarray) -> None:
     """out[..., ids[j], ...] += values[..., j, ...] along `axis` (ids in range, negative ones from the end;
     repeated ids add up), as numpy's add.at, but grouped: the ids sorted (stable), each run of one id summed
-    by add.reduceat and added to its row once. GPT's embedding gradient (1024 ids of 64 floats): 402 us
-    with add.at, 89 us so. Other dtypes than float32/64 keep add.at."""
+    by add.reduceat and added to its row once, several times faster than add.at's element-by-element adds
+    (GPT's embedding gradient; measured: bench/HISTORY.md). Other dtypes than float32/64 keep add.at."""
     n, flat = out.shape[axis], ids.reshape(-1)
     if flat.size == 0:
         return
@@ -314,9 +314,9 @@ class IndexingOps:
 
     def _host_take(self, axis: int, index: Tensor, checked: bool) -> Tensor:
         """_take on a host device (CPU, NUMPY: buffers are host memory) as numpy's take in a host step
-        (TinyJit replays it), which checks the bounds as it goes: the one-hot form costs n times as much
-        (an Embedding of 2048 ids in a 10000-row table: 1.3 s instead of microseconds). The gradient adds
-        rows into zeros (`_scatter_add`), also a host step, whose own gradient is this take again."""
+        (TinyJit replays it), which checks the bounds as it goes: the one-hot form costs n times as much,
+        n the table's rows (an Embedding's; measured: bench/HISTORY.md). The gradient adds rows into zeros
+        (`_scatter_add`), also a host step, whose own gradient is this take again."""
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         n, shape = self.shape[axis], self.shape[:axis] + index.shape + self.shape[axis + 1 :]
 

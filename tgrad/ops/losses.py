@@ -194,10 +194,10 @@ _ARANGES: dict[tuple, Node] = {}  # (n, dtype name, device) -> its BUFFER node
 
 def _arange_buffer(tensor_class: type, n: int, dtype: DType, device: str) -> Node:
     """0, 1, ..., n - 1 as a realized node that ops read and never write, uploaded once instead of at each
-    call (Tensor.arange is a host array sent to the device: ~75 us of a cross_entropy's 265). At most 64
-    kept (then they are made again). Made outside any TinyJit recording: a constant of tgrad's, like a
-    parameter, not host data of the call (else the call that made it differed from the next, which
-    found it made, and the capture waited a call more)."""
+    call (Tensor.arange is a host array sent to the device, a large share of a cross_entropy's time;
+    measured: bench/HISTORY.md). At most 64 kept (then they are made again). Made outside any TinyJit
+    recording: a constant of tgrad's, like a parameter, not host data of the call (else the call that made
+    it differed from the next, which found it made, and the capture waited a call more)."""
     key = (n, dtype.name, device)
     node = _ARANGES.get(key)
     if node is None:

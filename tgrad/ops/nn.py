@@ -105,7 +105,7 @@ class NNOps:
             )
         keep = weight.requires_grad and not type(self).no_grad
         # a computed input is computed once, not once per window position in the copy below (the MNIST
-        # CNN's relu(conv1 + bias): 73 -> 14 ms)
+        # CNN's relu(conv1 + bias); measured: bench/HISTORY.md)
         computed = keep and self.node.op is not Op.BUFFER and not self.node.base.realized
         src = self.contiguous() if computed else self
         xp = src._pad_spatial(padding, nk)
@@ -122,7 +122,7 @@ class NNOps:
         if keep and not pieces and math.prod(x.shape) <= KEEP_WINDOWS_MAX:
             # the windows (im2col) are made once, for the forward matmul and again for the weight's
             # gradient: keep them, laid out (cin, *ks, bs, *out) as both matmuls read them (the CPU copied
-            # a buffer input's windows in each matmul: the MNIST CNN's conv1 5.5 + 5.7 -> 4.3 + 4.5 ms)
+            # a buffer input's windows in each matmul; the MNIST CNN's conv1, measured: bench/HISTORY.md)
             order = (1, *range(2 + nk, 2 + 2 * nk), 0, *range(2, 2 + nk))
             back = tuple(sorted(range(len(order)), key=order.__getitem__))
             x = x.permute(*order).contiguous().permute(*back)
@@ -185,7 +185,8 @@ class NNOps:
         gy = self.reshape(n, groups, og, npos).permute(1, 0, 3, 2).reshape(groups, n, 1, 1, npos, og)
         cols = (w * gy).sum(-1).reshape(groups, n, cin, kk, *out_sp).node
         # each kernel position's share, spread by the stride and padded into place, as nodes (the tensor
-        # ops' view bookkeeping made this loop ~3 ms of an eager 5x5 conv step)
+        # ops' view bookkeeping made this loop a visible share of an eager 5x5 conv step; measured:
+        # bench/HISTORY.md)
         spread = tuple(o + (o - 1) * (s - 1) for o, s in zip(out_sp, s_))
         whole = tuple((0, o) for o in out_sp)
         total = None

@@ -43,8 +43,8 @@ def plan(v) -> None:
     function kept in Python keeps its buffer), lives from the first launch that uses it to the last; each
     takes the buffer of one that died before its first launch, of the same device, dtype and size (the
     one freed last: its memory is the likeliest in the cache), else keeps its own. The replays then write
-    into ~1/3 less memory, most of it still in the cache from the kernel before (GPT step: 113 buffers in
-    84, 27 -> 18 MB; 12.0 -> 11.5 ms in one process alternating), and the buffers not kept are freed."""
+    into less memory, most of it still in the cache from the kernel before (the GPT step ran faster;
+    measured: bench/HISTORY.md), and the buffers not kept are freed."""
     v.planned = True
     fixed = set(v.in_ids) | {k for _, k in v.grad_ins} | {k for k, *_ in v.fresh} | set(v.out_ids)
     fixed |= {k for k, *_ in v.randoms}

@@ -161,7 +161,7 @@ def split_axes(kernel: Kernel) -> Kernel:
     least SPLIT_MIN for an axis that may be the innermost loop) as two axes, i // c and i % c: the loops
     count them, the division and remainder per element vanish and the inner loop vectorizes. The gradient
     of attention's q, k, v split out of one (16, 64, 192) buffer read its heads as `i2 // 16` and
-    `i2 % 16` per element: 208 -> 63 us."""
+    `i2 % 16` per element, several times slower than as two axes (measured: bench/HISTORY.md)."""
     k = kernel
     divisors: dict[int, set[int]] = {}
     for e in nodes(k.expr, k.out_index, k.reduce_expr):

@@ -210,8 +210,9 @@ def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[
 
 def _row_groups_of(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[Node], int]]:
     """_row_groups(items); for a schedule from schedule_cache, found once per cached schedule: they depend
-    on its structure alone, and finding them again took ~170 us of each eager MLP step. Kept as each
-    group's nodes' places in the items: (item, -1) its output, (item, -2) its target, (item, j) input j."""
+    on its structure alone, and finding them again was a visible cost of each eager MLP step (measured:
+    bench/HISTORY.md). Kept as each group's nodes' places in the items: (item, -1) its output, (item, -2)
+    its target, (item, j) input j."""
     memo = getattr(items, "memo", None)
     kept = None if memo is None else memo.get("row_groups")
     if kept is None:

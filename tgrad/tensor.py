@@ -373,7 +373,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if self.node.op is Op.BUFFER or self.node.realized:
             return self
         if self.node.op is Op.DETACH and self.node.arg == "contiguous":  # already its own kernel's value:
-            return self  # (a second contiguous made a kernel copying it: conv2d's computed input, 1 ms)
+            return self  # (a second contiguous made a kernel copying it: conv2d's computed input)
         copy = self.node
         if self.node.op in MOVEMENT_OPS:
             copy = Node(Op.CAST, (self.node,), self.dtype, self.shape, self.dtype, self.device)

@@ -130,13 +130,14 @@ class Optimizer:
     def _replayed_update(self) -> TinyJit | None:
         """The update as a TinyJit of this optimizer's own, for eager steps (not inside a TinyJit function,
         whose capture takes the update with the rest; not under JIT=0): its third and later calls replay
-        the update's kernels without building, walking and scheduling its graph again (an eager MLP
-        step: 2.6 -> 1.85 ms). The gradients and everything else step() realizes are computed first, in a
-        realize of their own: the update reads them, as captured state (TinyJit's rules: a parameter's
-        gradient is an input of the replay, the parameters and the optimizer's state are written in
-        place). The update's Python values (betas, eps, weight decay, momentum, the parameter lists) are
-        frozen in a capture, so a change to any of them starts a new TinyJit. Only this module's
-        optimizers, whose update reads nothing else; a subclass may read more (the plain step)."""
+        the update's kernels without building, walking and scheduling its graph again (a large share of
+        an eager MLP step; measured: bench/HISTORY.md). The gradients and everything else step() realizes
+        are computed first, in a realize of their own: the update reads them, as captured state (TinyJit's
+        rules: a parameter's gradient is an input of the replay, the parameters and the optimizer's state
+        are written in place). The update's Python values (betas, eps, weight decay, momentum, the
+        parameter lists) are frozen in a capture, so a change to any of them starts a new TinyJit. Only
+        this module's optimizers, whose update reads nothing else; a subclass may read more (the plain
+        step)."""
         if type(self) not in _REPLAYED or driver.RECORDER is not None or not config.on("JIT"):
             return None
         key = tuple((name, _frozen(v)) for name, v in vars(self).items() if name not in ("_update", "_key"))

@@ -3,11 +3,11 @@
 C-style devices (OpenCL, Metal, WGSL):
 - a reduction of at least `group_min_reduce` elements into at most `group_max_outputs` outputs (not bool,
   unless the device's renderer reduces bools in groups): GROUP, a work-group of `group_size` work-items
-  per output, cut to the device's work-group limit (PoCL, 2 busy cores: a sum over axis 1 of
-  (8, 100000) 3 ms this way, 28 ms with one work-item per row);
+  per output, cut to the device's work-group limit (one work-item per row leaves a few long rows to a
+  few work-items; measured on PoCL: bench/HISTORY.md);
 - other reductions: register tiles (UPCAST by `register_tiles`) on up to two global axes, innermost
-  first, whose length it divides and that some load does not use (a matmul's M and N: a 256x256 matmul
-  53 ms with one work-item per output, 2.4 ms with 4x4 tiles on PoCL); none with NOOPT=1;
+  first, whose length it divides and that some load does not use (a matmul's M and N: each value loaded
+  serves a tile of outputs; measured on PoCL: bench/HISTORY.md); none with NOOPT=1;
 - LOCAL: `preferred_local` work-items per work-group, within the device's limit.
 
 Triton: a tile holds at most TILE elements (GPU: 4096; interpreter: 65536, as its cost grows with the
@@ -18,7 +18,7 @@ else 4. NOOPT=1: one output per program, BLOCK_R = min(next_pow2(R), TILE / 16).
 gets tl.dot tiles (sides 16-64 on a GPU, 128 in the interpreter), unless it is an implicit GEMM with few
 programs over a long K, which runs better as a split reduce. A reduce that would use fewer programs than
 four per compute unit while each loops over 8+ tiles is SPLIT into shares of 4+ tiles (a 16M-float sum as
-one program ran at 35 GB/s).
+one program used a small part of the GPU's bandwidth; measured: bench/HISTORY.md).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def triton_opts(kernel: Kernel, props: DeviceProps, noopt: bool) -> tuple[Opt, .
         block_k = max(16, min(side if interpret else 32, next_pow2(r)))
         programs = g // (sizes[0] * sizes[1]) * -(-sizes[0] // m) * -(-sizes[1] // n)
         # an implicit GEMM with few programs over a long K (a conv's weight gradient) leaves the GPU idle;
-        # the reduce below splits it (H200: conv2's weight gradient 3.7 ms as a dot, 0.7 ms as a reduce)
+        # the reduce below splits it (conv2's weight gradient on the H200; measured: bench/HISTORY.md)
         if interpret or not implicit_gemm() or programs >= 64 or r <= 16 * block_k:
             return _blocks(m, block_k, 4, n)
     block_r = min(next_pow2(r), tile if g == 1 else tile // 4)

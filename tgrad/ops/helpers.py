@@ -60,7 +60,8 @@ def _spatial_pads(padding, nk: int) -> tuple[int, ...]:
 def _position_dtype(*extents: int) -> DType:
     """The dtype of positions an op compares internally to make a mask (causal attention, tril/triu):
     int32 where every value fits. A CPU kernel then compares 16 of them per 512-bit vector, as many as the
-    float32 values they select; with int64 (8 per vector) a causal softmax's exp pass ran 2.7x slower."""
+    float32 values they select; with int64 (8 per vector) a causal softmax's exp pass ran much slower
+    (measured: bench/HISTORY.md)."""
     return dtypes.int32 if max(abs(e) for e in extents) < 2**31 - 1 else dtypes.int64
 
 

@@ -138,8 +138,9 @@ class NNOps:
         """self = conv(xp, weight) (xp already padded; w the weight as the product reads it), with the
         gradient of xp computed as a transposed convolution (a convolution, so it reaches the same matmul
         kernels as the forward) instead of the gradient of the sliding-window view (a col2im reduce over
-        overlapping windows, ~20x slower on the CPU). The weight's gradient is the composed one (already
-        a matmul over the windows), taken at w: graph building may fold weight's own node away."""
+        overlapping windows, far slower on the CPU; measured: bench/HISTORY.md). The weight's gradient is
+        the composed one (already a matmul over the windows), taken at w: graph building may fold weight's
+        own node away."""
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         if Tensor.no_grad:
             return self

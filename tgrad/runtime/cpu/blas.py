@@ -78,8 +78,9 @@ def _stored(x: np.ndarray) -> int:
 
 
 def _read_transposed(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether a @ b runs faster as (b.T @ a.T).T: OpenBLAS reads a big operand 1.2-1.5x slower when it
-    is stored column by column (a conv's im2col laid out window-major), so the bigger one (or both)."""
+    """Whether a @ b runs faster as (b.T @ a.T).T: OpenBLAS reads a big operand slower when it is stored
+    column by column (a conv's im2col laid out window-major; measured: bench/HISTORY.md), so the bigger
+    one (or both)."""
     return _column_major(a if _stored(a) >= _stored(b) else b) or (_column_major(a) and _column_major(b))
 
 
@@ -500,8 +501,9 @@ class _Side:
     """One operand of a matmul (`_Matmul`) or of a piece of one (`_run_pieces`, pieces of `axis`): its
     (*batch, rows, cols) matrix, a view of the array at the piece's offset, or (a conv's windows, whose
     axes do not merge) a copy of that view into a buffer, in the order (rows, cols) or (cols, rows)
-    whose innermost run of neighbouring elements is longer: numpy copies a 20-element run ~4x faster
-    than a 5-element one (a 5x5 window's rows); BLAS reads the transposed copy through its flags."""
+    whose innermost run of neighbouring elements is longer: numpy copies long runs much faster than short
+    ones (a 5x5 window's rows; measured: bench/HISTORY.md); BLAS reads the transposed copy through its
+    flags."""
 
     def __init__(self, array: np.ndarray, op: Operand, batch, rows, cols, sub, axis: int | None = None,
                  transpose: bool = True):

@@ -16,7 +16,7 @@ from tgrad import config
 from tgrad.dtype import DType, dtypes
 
 # LLVM optimization level of kernel compiles: at 1 they still vectorize and ran as fast as at Numba's
-# default 3 in bench/ (elementwise, softmax, reductions), and compile about 20% faster
+# default 3 in bench/ (elementwise, softmax, reductions), and compile faster (measured: bench/HISTORY.md)
 KERNEL_OPT = 1
 
 

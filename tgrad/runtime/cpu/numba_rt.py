@@ -155,7 +155,7 @@ def _exp2f(typingctx, x):
         lo, hi, zero = ir.Constant(f32, -150.0), ir.Constant(f32, 130.0), ir.Constant(f32, 0.0)
         # below -150 the result rounds to 0: such lanes (and nan) compute 2**0 and are replaced by 0 at the
         # end, since a product that underflows costs a microcode assist (a masked softmax's exp(-inf)
-        # lanes made its kernel 2x slower)
+        # lanes slowed its kernel markedly; measured: bench/HISTORY.md)
         under = builder.fcmp_ordered("<", v, lo)
         xc = builder.select(builder.fcmp_ordered(">=", v, lo), v, zero)
         xc = builder.select(builder.fcmp_ordered("<", xc, hi), xc, hi)  # above 128 it is inf

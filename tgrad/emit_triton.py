@@ -56,7 +56,7 @@ TL_NAME = {
     dtypes.float32: "tl.float32",
     dtypes.float64: "tl.float64",
 }
-# pointer types for triton.compile signatures (issue 10's ahead-of-time mode)
+# pointer types for triton.compile signatures (the ahead-of-time mode, runtime/triton_aot.py)
 SIG_NAME = {
     dtypes.bool: "*i1",
     dtypes.uint8: "*u8",

@@ -1,4 +1,4 @@
-"""Native worker threads for threaded CPU kernels: a hand-off in a few microseconds instead of ~50.
+"""Native worker threads for threaded CPU kernels: a hand-off in a few microseconds instead of tens.
 
 A threaded kernel (emit_numba's `split`) runs its outer loop in ranges on several threads. Handing the
 ranges to Python threads (a ThreadPoolExecutor: futures, a condition variable, the GIL back and forth)

@@ -13,7 +13,7 @@ from tgrad.fuse import Expr, Kernel
 from tgrad.loop_axes import nodes
 
 
-def _axes(e: Expr) -> set[int]:
+def axes_of(e: Expr) -> set[int]:
     """The loop axes an expression (its loads' indices and masks included) depends on."""
     return {s.arg[0] for s in nodes(e) if s.op == "IDX"}
 
@@ -46,7 +46,7 @@ def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ..
     plain = all(s.op == "LOAD" and not _masked(s) for s in (x, y))
     if not implicit and (len(kernel.reduce_shape) != 1 or not plain):
         return None
-    ax, ay = _axes(x), _axes(y)
+    ax, ay = axes_of(x), axes_of(y)
     only_x, only_y = (tuple(sorted(a for a in axes if a < kernel.n_global)) for axes in (ax - ay, ay - ax))
     if not only_x or not only_y:
         return None

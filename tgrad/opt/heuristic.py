@@ -29,7 +29,7 @@ from tgrad import config
 from tgrad.dtype import dtypes
 from tgrad.fuse import Kernel
 from tgrad.loop_axes import nodes
-from tgrad.opt.contraction import find_dot, implicit_gemm
+from tgrad.opt.contraction import axes_of, find_dot, implicit_gemm
 from tgrad.opt.opts import DeviceProps, Opt, OptOps
 
 TILE_GPU = 4096  # elements of a Triton tile on a GPU: fits the registers of 4-8 warps
@@ -71,7 +71,7 @@ def tiled_axes(kernel: Kernel, upcast: int) -> tuple[int, ...]:
     if upcast <= 1 or kernel.reduce_expr is None:
         return ()
     loads = [e for e in nodes(kernel.reduce_expr) if e.op == "LOAD"]
-    used = [{s.arg[0] for s in nodes(ld) if s.op == "IDX"} for ld in loads]
+    used = [axes_of(ld) for ld in loads]
     axes: list[int] = []
     for a in reversed(range(kernel.n_global)):
         if kernel.shape[a] % upcast == 0 and any(a not in u for u in used) and len(axes) < 2:

@@ -81,13 +81,8 @@ def device(request, monkeypatch):
     return name
 
 
-@pytest.fixture(autouse=True)
-def _fresh_backward_replays():
-    """Each test starts with no graph structure seen (tgrad/backward_replay.py): a structure another test
-    built (or one that, with a tensor at a reused address, looks the same) would make this test's
-    backward() a replay, computed at once, where a test reading the lazy gradient graph expects a graph.
-    A test that repeats a structure (a training loop) replays it as users' loops do."""
-    from tgrad import backward_replay
-
-    backward_replay.reset()
-    yield
+@pytest.fixture
+def lazy_backward(monkeypatch):
+    """backward() leaves the gradients lazy (TGRAD_BACKWARD_REPLAY=0), for tests that read the gradient
+    graph (its kernels, its schedule) instead of its values."""
+    monkeypatch.setenv("TGRAD_BACKWARD_REPLAY", "0")

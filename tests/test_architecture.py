@@ -124,3 +124,21 @@ def test_module_docstrings_stay_short():
     lengths = {m: len((ast.get_docstring(ast.parse(p.read_text())) or "").splitlines())
                for m, p in _modules().items()}
     assert not {m: n for m, n in lengths.items() if n > 25}
+
+
+def test_one_structure_key_and_one_replay_module():
+    """graph.structure is the one key of a graph's structure (the schedule cache and the eager replays
+    use it; nothing else numbers a graph's buffers), replay.py the one place eager work is replayed by
+    TinyJit, and the suite resets no global history between tests (nothing observable depends on it)."""
+    numbering, jits = set(), set()
+    for m, path in _modules().items():
+        text = path.read_text()
+        if re.search(r"\[id\(\w+\)\] = len\(\w+\)|setdefault\(id\(\w+\), len\(", text):
+            numbering.add(m)
+        if m != "tgrad.jit" and "TinyJit(" in text:
+            jits.add(m)
+    assert numbering == {"tgrad.graph"} and jits == {"tgrad.replay"}, (numbering, jits)
+    for m in ("tgrad.schedule_cache", "tgrad.replay"):
+        assert "structure(" in _modules()[m].read_text(), m
+    conftest = (ROOT / "tests" / "conftest.py").read_text()
+    assert "autouse=True" not in conftest and ".reset()" not in conftest

@@ -12,6 +12,9 @@ from tgrad import Tensor, blas, emit_numba, emit_numba_conv, fuse
 from tgrad.runtime.cpu import blas as cpu_blas
 from tgrad.runtime.cpu import gemm as cpu_gemm
 
+# (these tests read which kernels gradient graphs become: backward() leaves them lazy)
+pytestmark = pytest.mark.usefixtures("lazy_backward")
+
 
 @pytest.fixture(autouse=True, params=["1", "0"], ids=["native", "numpy"])
 def native(request, monkeypatch):

@@ -13,6 +13,9 @@ import torch
 
 from tgrad import Tensor
 
+# (these tests read which kernels gradient graphs become: backward() leaves them lazy)
+pytestmark = pytest.mark.usefixtures("lazy_backward")
+
 F32 = np.float32
 EDGES = np.array(
     [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 0.49999997, 0.50000006, 1e-30, -1e-30, 1e-45, -1e-45,  # tiny, denormal

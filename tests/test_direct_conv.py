@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tgrad import Tensor, backward_replay, blas, emit_numba_conv, fuse
+from tgrad import Tensor, blas, emit_numba_conv, fuse
 from tgrad.runtime.cpu import runtime as cpu
 
 
@@ -16,7 +16,7 @@ from tgrad.runtime.cpu import runtime as cpu
 def _lazy_gradients(monkeypatch):
     """These tests read which kernels a gradient's graph becomes (and change the settings that render
     them between graphs of one structure): backward() builds that graph every time, no replay."""
-    monkeypatch.setattr(backward_replay, "ENABLED", False)
+    monkeypatch.setenv("TGRAD_BACKWARD_REPLAY", "0")
 
 
 def _paths(t: Tensor) -> list[bool]:

@@ -78,7 +78,7 @@ def test_expand_after_reduce_realizes(cpu):
     np.testing.assert_allclose(out.numpy(), x.numpy() - x.numpy().mean(1, keepdims=True), atol=1e-6)
 
 
-def test_training_step_kernel_count(cpu):
+def test_training_step_kernel_count(cpu, lazy_backward):
     Tensor.manual_seed(0)
     w1 = Tensor.rand(8, 16, requires_grad=True)
     w2 = Tensor.rand(16, 4, requires_grad=True)

@@ -2,7 +2,7 @@
 
 import gc
 
-from tgrad import Tensor, backward_replay
+from tgrad import Tensor, replay
 from tgrad.device import Stats
 
 
@@ -26,16 +26,16 @@ def test_buffers_are_freed_without_a_garbage_collection(device, monkeypatch):
     """Reference counting alone frees a dropped result's buffer (and an eager step's buffers: blocks are
     reused at once). The schedule cache's and backward()'s walks were recursive closures, a reference cycle
     that kept every graph they saw, buffers included, alive until the next collection. A replayed
-    backward() (backward_replay.py) keeps its capture's buffers, the same ones at every step, and frees
+    backward() (replay.py) keeps its capture's buffers, the same ones at every step, and frees
     them when it is dropped."""
     x = Tensor.rand(32, 32, requires_grad=True).realize()
-    backward_replay.reset()
+    replay.reset()
     gc.collect()
     gc.disable()
     try:
         before = Stats.live_buffers
         for replays in (False, True):
-            monkeypatch.setattr(backward_replay, "ENABLED", replays)
+            monkeypatch.setenv("TGRAD_BACKWARD_REPLAY", "1" if replays else "0")
             counts = []
             for _ in range(6):
                 y = ((x * 2 + 1).relu() @ x).sum()
@@ -46,7 +46,7 @@ def test_buffers_are_freed_without_a_garbage_collection(device, monkeypatch):
                 counts.append(Stats.live_buffers)
             if replays:
                 assert len(set(counts[3:])) == 1, counts  # (steps 2 and 3 run and capture; then replays)
-                backward_replay.reset()
+                replay.reset()
             assert Stats.live_buffers == before, counts
     finally:
         gc.enable()
@@ -172,7 +172,7 @@ def test_a_dropped_optimizer_frees_its_state_without_a_garbage_collection(device
     from tgrad.nn.optim import Adam
 
     w = Tensor.rand(8, 8, requires_grad=True).realize()
-    backward_replay.reset()
+    replay.reset()
     gc.collect()
     gc.disable()
     try:
@@ -183,7 +183,7 @@ def test_a_dropped_optimizer_frees_its_state_without_a_garbage_collection(device
             (w * w).sum().backward()
             opt.step()
         w.grad = None
-        backward_replay.reset()
+        replay.reset()
         del opt
         assert Stats.live_buffers == before
     finally:

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from tgrad import Tensor, fuse, schedule_cache
+from tgrad import graph as g
 from tgrad.nn import Linear
 from tgrad.nn.optim import Adam
 from tgrad.nn.state import get_parameters
@@ -133,20 +134,31 @@ def test_row_groups_of_a_cached_schedule_are_found_once(monkeypatch):
 
 
 def test_recursive_and_iterative_walks_agree_and_the_fallback_computes(monkeypatch):
-    """_walk numbers the graph recursively (twice as fast) and falls back to its own stack where a graph is
-    deeper than the recursion limit allows: both give the same key and nodes, and the fallback computes."""
+    """graph.structure numbers the graph recursively (twice as fast) and falls back to its own stack where a
+    graph is deeper than the recursion limit allows: both give the same key, nodes and buffer holders,
+    stopping at realized nodes or walking through them, and the fallback computes."""
     rng = np.random.default_rng(0)
     xs, ws = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
-    x, w = Tensor(xs), Tensor(ws)
-    out = ((x @ w).relu() * 2 - x.sum(1, keepdim=True)).softmax(-1)
+    x, w = Tensor(xs, requires_grad=True), Tensor(ws, requires_grad=True)
+    mid = (x @ w).relu().realize()  # (it keeps its graph: gradients flow through it)
+    out = ((mid * 2 - x.sum(1, keepdim=True)) + mid).softmax(-1)
     nodes = [out.node, x.node, (x * 2).node]
-    rec, it = schedule_cache._walk_recursive(nodes), schedule_cache._walk_iterative(nodes)
-    assert rec[0] == it[0] and rec[1] == it[1] and rec[2] == it[2]
+    for through in (False, True):
+        rec = g._structure_recursive(nodes, through, None)
+        it = g._structure_iterative(nodes, through, None)
+        assert rec[0] == it[0] and rec[1] == it[1] and rec[2] == it[2] and rec[3] == it[3]
+    stop, walk = g.structure(nodes)[1], g.structure(nodes, through=True)[1]
+    assert len(walk) > len(stop)  # (through the realized matmul to its sources)
+    assert g.structure([mid.node])[0][0][0][0] == g.LEAF
+    # buffers numbered by first appearance: aliasing is part of the key
+    a = Tensor(xs).realize()
+    same, other = g.structure([(a + a).node])[0], g.structure([(a + Tensor(xs).realize()).node])[0]
+    assert same != other
 
-    def too_deep(outputs):
+    def too_deep(*args):
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(schedule_cache, "_walk_recursive", too_deep)
+    monkeypatch.setattr(g, "_structure_recursive", too_deep)
     monkeypatch.setattr(schedule_cache, "_cache", type(schedule_cache._cache)())
     y = (Tensor(xs) @ Tensor(ws) + 1).numpy()
     np.testing.assert_allclose(y, xs @ ws + 1, rtol=1e-5, atol=1e-5)

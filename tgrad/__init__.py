@@ -1,6 +1,6 @@
 """tgrad: a small, fast tensor library with autograd; lazy graphs fused into kernels for many devices."""
 
-from tgrad import backward_replay  # noqa: F401  (backward() replays: registers itself)
+from tgrad import replay  # noqa: F401  (backward() computes and replays through it: registers itself)
 from tgrad.device import Device
 from tgrad.dtype import DType, dtypes
 from tgrad.jit import TinyJit

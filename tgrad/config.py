@@ -17,7 +17,7 @@ KNOBS: dict[str, tuple[str, str]] = {
     "NOOPT": ("0", "1: no kernel optimizations (upcasts, unrolls, big blocks)"),
     "TGRAD_CACHE": ("", "compiled-kernel directory; 0: no disk cache; unset: $XDG_CACHE_HOME/tgrad"),
     "TGRAD_DATA": ("", "where datasets.mnist() looks for the MNIST files"),
-    "TGRAD_BACKWARD_REPLAY": ("1", "0: backward() never replays a structure seen before"),
+    "TGRAD_BACKWARD_REPLAY": ("1", "0: backward() leaves gradients lazy (graphs to inspect), never replays"),
     "TGRAD_THREADS": ("", "threads a threaded CPU kernel runs on (else NUMBA_NUM_THREADS, else the cores)"),
     "TGRAD_COMPILE_WORKERS": ("", "CPU compile worker processes (0: none; unset: cores - 1, at most 2)"),
     "TGRAD_NATIVE_THREADS": ("1", "0: CPU kernels' ranges run on Python threads, not native workers"),

@@ -431,3 +431,131 @@ def move(node: Node, op: Op, arg) -> Node:
     if node.op is Op.CONST and op is not Op.PAD:  # (a pad's border is 0, not the constant)
         return Node(Op.CONST, (), node.arg, new, node.dtype, node.device)
     return Node(op, (node,), arg, new, node.dtype, node.device)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the structure of a graph: one key for the schedule cache and the replays (schedule_cache.py, replay.py)
+
+
+class Unkeyable(Exception):
+    """A node whose meaning a structure key cannot show (raised by structure()'s `special`)."""
+
+
+LEAF, _SCALARS = "leaf", (float, int, bool)
+
+
+def structure(roots: list[Node], through: bool = False, special=None):
+    """(key, nodes in walk order, node -> position, the nodes holding buffers in numbering order) of the
+    graph under roots. Two graphs with equal keys are the same graph up to which buffers they hold.
+
+    Every node is an entry (op, arg, shape, dtype, device, its sources' positions), numbered in one
+    post-order walk; buffers are numbered by first appearance, so aliasing is part of the key. `through`
+    False (what fuse.schedule sees): a realized node is a leaf (LEAF, buffer number, shape, dtype,
+    device). True (what backward() differentiates: gradients flow through realized nodes): the walk goes
+    on below them and their entry ends with the buffer number. `special(node, at)`, called for ASSIGN and
+    DETACH nodes not realized, returns the arg to key them by (`at(n)` walks n and gives its position) or
+    raises Unkeyable. Raises Unkeyable where the graph is deeper than the interpreter allows from here
+    and `special` is given; without it a loop of its own walks such graphs."""
+    try:
+        return _structure_recursive(roots, through, special)
+    except RecursionError:
+        return _structure_iterative(roots, through, special)
+
+
+def _structure_recursive(roots, through, special):
+    # (recursive: twice as fast as a loop over a stack of its own, each node being seen once)
+    position: dict[Node, int] = {}  # (keyed by the node: Node hashes by identity, in C)
+    buffers: dict[int, int] = {}
+    nodes: list[Node] = []
+    holders: list[Node] = []
+    entries: list[tuple] = []
+    buffer_op, getpos, asked = Op.BUFFER, position.__getitem__, (Op.ASSIGN, Op.DETACH)
+
+    def at(node: Node) -> int:
+        if node not in position:
+            visit(node)
+        return position[node]
+
+    def visit(node: Node) -> None:  # post-order: a node is numbered once its sources are
+        buf = node.buffer
+        if buf is None or through:
+            srcs = node.srcs
+            for s in srcs:
+                if s not in position:
+                    visit(s)
+            # names, not Op and DType objects: a str caches its hash (Enums, dataclasses hash in Python)
+            op, arg = node.op, node.arg
+            if op is buffer_op:
+                arg = None
+            elif isinstance(arg, _SCALARS):  # (_arg_key, inline)
+                arg = (type(arg), repr(arg))
+            elif special is not None and buf is None and op in asked:
+                arg = special(node, at)
+            entry = (op._value_, arg, node.shape, node.dtype.name, node.device, tuple(map(getpos, srcs)))
+            if buf is not None:
+                number = buffers.get(id(buf))
+                if number is None:
+                    number = buffers[id(buf)] = len(buffers)
+                    holders.append(node)
+                entry += (number,)
+            entries.append(entry)
+        else:
+            number = buffers.get(id(buf))
+            if number is None:
+                number = buffers[id(buf)] = len(buffers)
+                holders.append(node)
+            entries.append((LEAF, number, node.shape, node.dtype.name, node.device))
+        position[node] = len(nodes)
+        nodes.append(node)
+
+    try:
+        for root in roots:
+            if root not in position:
+                visit(root)
+    finally:
+        visit = at = None  # noqa: F841  (the closures hold each other: a cycle that would keep the graph, and
+        # its buffers, alive until the next garbage collection)
+    return (tuple(entries), tuple(map(getpos, roots))), nodes, position, holders
+
+
+def _structure_iterative(roots, through, special):
+    """structure() over a stack of its own, for graphs of any depth (the same entries and order)."""
+    if special is not None:
+        raise Unkeyable("a graph too deep to key with its special nodes")
+    position: dict[Node, int] = {}
+    buffers: dict[int, int] = {}
+    nodes: list[Node] = []
+    holders: list[Node] = []
+    entries: list[tuple] = []
+    for root in roots:
+        stack = [root]
+        while stack:
+            node = stack[-1]
+            if node in position:
+                stack.pop()
+                continue
+            buf = node.buffer
+            if buf is None or through:
+                pending = [s for s in node.srcs if s not in position]
+                if pending:
+                    stack.extend(reversed(pending))
+                    continue
+            stack.pop()
+            number = None
+            if buf is not None:
+                number = buffers.get(id(buf))
+                if number is None:
+                    number = buffers[id(buf)] = len(buffers)
+                    holders.append(node)
+            if buf is not None and not through:
+                entries.append((LEAF, number, node.shape, node.dtype.name, node.device))
+            else:
+                arg = None if node.op is Op.BUFFER else node.arg
+                if isinstance(arg, _SCALARS):
+                    arg = (type(arg), repr(arg))
+                entry = (node.op._value_, arg, node.shape, node.dtype.name, node.device,
+                         tuple(map(position.__getitem__, node.srcs)))
+                entries.append(entry if number is None else entry + (number,))
+            position[node] = len(nodes)
+            nodes.append(node)
+    return (tuple(entries), tuple(position[n] for n in roots)), nodes, position, holders

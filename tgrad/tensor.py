@@ -58,9 +58,9 @@ def pending_assigns() -> list[Tensor]:
 BACKWARD_ROOTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-# backward_replay.replay (set when it is imported): runs backward() of a graph of a known structure as a
-# replay, or returns False
-BACKWARD_REPLAY: Callable[[Tensor], bool] | None = None
+# replay.backward (set when it is imported; it needs jit.py, which needs this module): computes backward()
+# when it returns, replaying a structure seen before, or returns False where backward() stays lazy
+BACKWARD_REPLAY: Callable[[Tensor, Tensor | None], bool] | None = None
 
 
 def backward_roots() -> list[Tensor]:
@@ -470,10 +470,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         return gradient.cast(self.dtype).node
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
-        """Set .grad of every requires_grad tensor this one depends on (adding to an existing one). Lazy,
-        but for a graph of a structure seen before: computed now, by a replay (backward_replay.py)."""
-        if gradient is None and BACKWARD_REPLAY is not None and self.requires_grad and self.numel() == 1 \
-                and BACKWARD_REPLAY(self):
+        """Set .grad of every requires_grad tensor this one depends on (adding to an existing one), computed
+        when it returns (with this tensor), as in PyTorch; inside a TinyJit function, under JIT=0 or
+        TGRAD_BACKWARD_REPLAY=0 lazy instead, computed at the next realize (replay.py)."""
+        if BACKWARD_REPLAY is not None and BACKWARD_REPLAY(self, gradient):
             return self
         return self._backward(gradient)
 

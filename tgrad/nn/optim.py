@@ -8,14 +8,11 @@ get_parameters) are realized by step() too, so their pending assign() updates ha
 from __future__ import annotations
 
 import math
-import weakref
-from collections.abc import Callable
 
 import numpy as np
 
-from tgrad import config
 from tgrad import graph as g
-from tgrad import realize as driver
+from tgrad import replay
 from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
 from tgrad.graph import Op
@@ -23,30 +20,12 @@ from tgrad.jit import TinyJit
 from tgrad.tensor import Tensor, backward_roots, pending_assigns
 
 
-def _frozen(value) -> object:
-    """How an optimizer attribute keys its replayed update (Optimizer._replayed_update): plain values by
-    value (repr: nan equals nan, 1 and 1.0 differ), lists by their items' identities, objects (tensors,
-    the constant-node cache) by identity."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return (type(value).__name__, repr(value))
-    if isinstance(value, (list, tuple)):
-        return tuple(map(id, value))
-    return id(value)
-
-
-def _update_of(ref: weakref.ref) -> Callable[[], None]:
-    """The function an optimizer's replayed update runs (Optimizer._replayed_update): its lazy update,
-    realized. It holds the optimizer weakly: the optimizer holds the TinyJit, and a cycle would keep a
-    dropped optimizer's state buffers until a garbage collection."""
-
-    def optimizer_update() -> None:
-        opt = ref()
-        tensors, n = opt.schedule_step(), len(opt.params) + len(opt.buffers)
-        # the state first: the step count's kernels are scheduled before the parameters' updates, which
-        # then are one row group with their moments (m, v and the parameter in one loop)
-        Tensor.realize(*tensors[n:], *tensors[:n])
-
-    return optimizer_update
+def _run_update(opt: Optimizer) -> None:
+    """Build and realize an optimizer's update (what replay.update captures and replays)."""
+    tensors, n = opt.schedule_step(), len(opt.params) + len(opt.buffers)
+    # the state first: the step count's kernels are scheduled before the parameters' updates, which
+    # then are one row group with their moments (m, v and the parameter in one loop)
+    Tensor.realize(*tensors[n:], *tensors[:n])
 
 
 def _state(t: Tensor, value: float = 0.0) -> Tensor:
@@ -110,7 +89,7 @@ class Optimizer:
     def step(self, *also: Tensor) -> None:
         """Apply one update. Tensors in `also`, the gradients and the tensors backward() ran from (the loss)
         are realized before any parameter buffer is overwritten (in the same call, or just before the
-        update's replay: `_replayed_update`)."""
+        update's replay: replay.update)."""
         # the gradients too: they read the parameters' old values, which the update overwrites, so
         # computing them later (reading p.grad after the step) would see the new ones; so would the loss
         # (`opt.step(); loss.item()`, PyTorch's usual loop). Pending assigns (BatchNorm's running
@@ -128,22 +107,11 @@ class Optimizer:
         update()
 
     def _replayed_update(self) -> TinyJit | None:
-        """The update as a TinyJit of this optimizer's own, for eager steps (not inside a TinyJit function,
-        whose capture takes the update with the rest; not under JIT=0): its third and later calls replay
-        the update's kernels without building, walking and scheduling its graph again (a large share of
-        an eager MLP step; measured: bench/HISTORY.md). The gradients and everything else step() realizes
-        are computed first, in a realize of their own: the update reads them, as captured state (TinyJit's
-        rules: a parameter's gradient is an input of the replay, the parameters and the optimizer's state
-        are written in place). The update's Python values (betas, eps, weight decay, momentum, the
-        parameter lists) are frozen in a capture, so a change to any of them starts a new TinyJit. Only
-        this module's optimizers, whose update reads nothing else; a subclass may read more (the plain
-        step)."""
-        if type(self) not in _REPLAYED or driver.RECORDER is not None or not config.on("JIT"):
+        """The update's program for eager steps (replay.update): only this module's optimizers, whose
+        update reads nothing but their attributes; a subclass may read more (the plain step)."""
+        if type(self) not in _REPLAYED:
             return None
-        key = tuple((name, _frozen(v)) for name, v in vars(self).items() if name not in ("_update", "_key"))
-        if key != getattr(self, "_key", None):
-            self._key, self._update = key, TinyJit(_update_of(weakref.ref(self)), fallback=True)
-        return self._update
+        return replay.update(self, _run_update)
 
     def _step(self) -> list[Tensor]:
         raise NotImplementedError

@@ -1,4 +1,4 @@
-"""backward() replayed for a graph of a structure seen before (tgrad/backward_replay.py): the gradients and
+"""backward() replayed for a graph of a structure seen before (tgrad/replay.py): the gradients and
 the loss of every step against PyTorch's, on every device, in the cases where a replay could go wrong
 (new data, new parameters of the same shapes, accumulation, realized intermediates, aliasing)."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401  (loads triton's LLVM before a WEBGPU test loads Mesa's; see conftest)
 
-from tgrad import Tensor, backward_replay
+from tgrad import Tensor, replay
 from tgrad.jit import TinyJit
 
 RNG = np.random.default_rng(21)
@@ -34,6 +34,13 @@ def _loss(x, params, act="relu"):
     return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w2), torch.tensor(Y))
 
 
+@pytest.fixture(autouse=True)
+def _count_from_here():
+    """These tests count replays from a first sight: structures seen by earlier tests (or keyed alike, a
+    tensor at a reused address) are forgotten first. Values never depend on it."""
+    replay.reset()
+
+
 def _same(ours, theirs, what=""):
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=what)
@@ -41,12 +48,12 @@ def _same(ours, theirs, what=""):
 
 def _replays(device: str, before: int, expected: int) -> None:
     if device != "NUMPY":  # (the reference device evaluates graphs: nothing to replay)
-        assert backward_replay.Stats.replays - before == expected
+        assert replay.Stats.replays - before == expected
 
 
 def test_steps_on_new_data_replay_with_pytorchs_gradients(device):
     ours, theirs = _params(W1, B1, W2)
-    before = backward_replay.Stats.replays
+    before = replay.Stats.replays
     for i, x in enumerate(XS):
         for p in ours + theirs:
             p.grad = None
@@ -136,6 +143,36 @@ def test_nan_and_inf_reach_the_gradients_as_in_pytorch(device):
         _same(ours, theirs, f"step {i}")
 
 
+def test_backward_computes_when_it_returns_at_every_call(device):
+    """backward() behaves the same at every call, whatever the process saw before: the loss and the
+    gradients are computed when it returns (PyTorch's rule), plainly at a first sight and by a replay
+    later; with TGRAD_BACKWARD_REPLAY=0 it stays lazy at every call (tinygrad's rule)."""
+    ours, theirs = _params(W1, B1, W2)
+    for i, x in enumerate(XS):
+        for p in ours + theirs:
+            p.grad = None
+        loss = _loss(Tensor(x), ours)
+        loss.backward()
+        assert all(p.grad.node.base.realized for p in ours), f"step {i}"
+        assert loss.node.base.realized, f"step {i}"
+        tloss = _loss(torch.tensor(x), theirs)
+        tloss.backward()
+        _same(ours, theirs, f"step {i}")
+
+
+def test_backward_stays_lazy_when_asked(device, lazy_backward):
+    ours, theirs = _params(W1, B1, W2)
+    for i, x in enumerate(XS[:4]):
+        for p in ours + theirs:
+            p.grad = None
+        loss = _loss(Tensor(x), ours)
+        loss.backward()
+        assert not any(p.grad.node.base.realized for p in ours), f"step {i}"
+        tloss = _loss(torch.tensor(x), theirs)
+        tloss.backward()
+        _same(ours, theirs, f"step {i}")
+
+
 def test_backward_inside_a_tinyjit_function_is_captured_by_it(device):
     ours, theirs = _params(W1, B1, W2)
 
@@ -145,23 +182,24 @@ def test_backward_inside_a_tinyjit_function_is_captured_by_it(device):
             p.grad = None
         loss = _loss(x, ours)
         loss.backward()
+        assert not any(p.grad.node.base.realized for p in ours)  # (lazy: fused with what follows)
         return loss.realize(*[p.grad for p in ours])
 
-    before = backward_replay.Stats.replays
+    before = replay.Stats.replays
     for x in XS:
         step(Tensor(x))
         for p in theirs:
             p.grad = None
         _loss(torch.tensor(x), theirs).backward()
         _same(ours, theirs)
-    assert backward_replay.Stats.replays == before  # (TinyJit's replays, not backward's)
+    assert replay.Stats.replays == before  # (TinyJit's replays, not backward's)
 
 
 @pytest.mark.parametrize("gradient", [False, True])
 def test_explicit_gradient_and_non_scalar_losses_run_plainly(device, gradient):
     w, wt = Tensor(W1, requires_grad=True), torch.tensor(W1, requires_grad=True)
     g = RNG.standard_normal((8, 6)).astype(np.float32)
-    before = backward_replay.Stats.replays
+    before = replay.Stats.replays
     for x in XS:
         w.grad, wt.grad = None, None
         out, tout = Tensor(x) @ w.T, torch.tensor(x) @ wt.T
@@ -200,7 +238,7 @@ def test_a_graph_built_before_an_assign_keeps_the_old_values(device):
 def test_a_graph_deeper_than_the_recursion_limit_runs_plainly(device):
     """A chain of 3000 ops (deeper than the replay's recursive walk goes): the plain path, right each time."""
     x0 = RNG.standard_normal(4).astype(np.float32)
-    before = backward_replay.Stats.replays
+    before = replay.Stats.replays
     for _ in range(4):
         x = Tensor(x0, requires_grad=True)
         y = x
@@ -253,7 +291,7 @@ CUSTOM_CASES = {
 def test_custom_gradients_replay_with_pytorchs_values(device, name):
     ours_f, theirs_f, arrays = CUSTOM_CASES[name]
     ours, theirs = _params(*arrays)
-    before = backward_replay.Stats.replays
+    before = replay.Stats.replays
     for i, x in enumerate(IMAGES):
         for p in ours + theirs:
             p.grad = None
@@ -274,7 +312,7 @@ def test_dropout_draws_a_new_mask_at_every_replay(device):
     old, Tensor.training = Tensor.training, True
     masks = []
     try:
-        before = backward_replay.Stats.replays
+        before = replay.Stats.replays
         for i, x in enumerate(XS):
             w.grad = None
             y = (Tensor(x) @ w).dropout(0.5)
@@ -292,9 +330,9 @@ def test_a_refused_capture_leaves_backward_lazy_and_right(device, monkeypatch):
     """Where the structure's TinyJit refuses to capture (here: every call's kernels 'differ'), backward()
     runs plainly again, with PyTorch's gradients at every step."""
     monkeypatch.setattr(TinyJit, "_changed", staticmethod(lambda *args: "the kernels (forced by the test)"))
-    backward_replay.reset()
+    replay.reset()
     ours, theirs = _params(W1, B1, W2)
-    before = backward_replay.Stats.replays
+    before = replay.Stats.replays
     for i in range(8):
         for p in ours + theirs:
             p.grad = None
@@ -305,7 +343,7 @@ def test_a_refused_capture_leaves_backward_lazy_and_right(device, monkeypatch):
         _same(ours, theirs, f"step {i}")
         np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, atol=1e-6)
     _replays(device, before, 0)
-    backward_replay.reset()
+    replay.reset()
 
 
 def test_tensors_kept_from_every_step_keep_their_values(device):
@@ -358,7 +396,7 @@ def test_a_transformer_block_trained_eagerly_matches_pytorch(device):
     arrays += [np.ones(d, np.float32), np.ones(d, np.float32)]
     ours, theirs = _params(*arrays)
     opt, topt = Adam(ours, lr=0.01), torch.optim.Adam(theirs, lr=0.01)
-    before = backward_replay.Stats.replays
+    before = replay.Stats.replays
     for i in range(8):
         x = RNG.standard_normal((2, 5, d)).astype(np.float32)
         opt.zero_grad()
@@ -390,7 +428,7 @@ def test_batchnorm_in_training_replays_with_its_running_statistics(device):
     opt, topt = Adam(ours, lr=0.01), torch.optim.Adam(theirs, lr=0.01)
     old, Tensor.training = Tensor.training, True
     try:
-        before = backward_replay.Stats.replays
+        before = replay.Stats.replays
         for i, x in enumerate(IMAGES + IMAGES[:2]):
             opt.zero_grad()
             h = bn(Tensor(x).conv2d(ours[0], None, stride=2, padding=1)).relu()
@@ -434,8 +472,8 @@ def test_an_error_in_a_replay_leaves_the_waiting_assigns_waiting(device, monkeyp
         return  # (nothing is replayed there)
     ours, _ = _params(W1, B1, W2)
     counter = Tensor(np.zeros(3, np.float32))
-    steps, before = 0, backward_replay.Stats.replays
-    while backward_replay.Stats.replays == before:  # (until the structure replays)
+    steps, before = 0, replay.Stats.replays
+    while replay.Stats.replays == before:  # (until the structure replays)
         assert steps < 8
         for p in ours:
             p.grad = None

@@ -20,6 +20,7 @@ from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
 from tgrad.graph import Op
 from tgrad.jit import TinyJit
+from tgrad.nn.param_groups import ParamGroup
 from tgrad.tensor import Tensor, backward_roots, pending_assigns
 
 
@@ -87,6 +88,12 @@ class Optimizer:
         if new.numel() != 1:
             raise ShapeError(f"Optimizer.lr: expected one number, got a tensor of shape {new.shape}")
         self._lr.assign(new.reshape(1).cast(self._lr.dtype).to(self._lr.device)).realize()
+
+    @property
+    def param_groups(self) -> list[ParamGroup]:
+        """PyTorch's param_groups: one dict-like group ('params', 'lr', the hyperparameters) whose writes
+        change what the next step uses (tgrad/nn/param_groups.py)."""
+        return [ParamGroup(self)]
 
     def zero_grad(self) -> None:
         for t in self.params:

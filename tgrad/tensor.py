@@ -926,20 +926,15 @@ _TORCH_TYPE_NAMES = {
 
 
 def _is_dtype(x) -> bool | None:
-    """Whether x names a dtype (True) or a device (False) in to()'s arguments; None: neither."""
+    """Whether x names a dtype (True) or a device (False: any other string, which to() then checks) in
+    to()'s arguments; None: neither."""
     if isinstance(x, DType) or (not isinstance(x, str) and hasattr(x, "is_floating_point")):
         return True  # (a torch.dtype)
-    if isinstance(x, str):
-        try:
-            Device.canonicalize(x)
-            return False
-        except DeviceError:
-            pass
     try:
         dtypes.from_any(x)
         return True
     except (DTypeError, TypeError):
-        return None
+        return False if isinstance(x, str) else None
 
 
 def _numpy_scalar_dtype(data) -> np.dtype | None:

@@ -311,8 +311,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tens
 class LRScheduler:
     """Changes optimizer.lr (a tensor) on each step(). The step count is a tensor too and the new lr is
     computed lazily from it. With TinyJit, step() may be called inside the jitted function (its assigns are
-    replayed) or outside it (the replayed kernels read the lr tensor, so they use each new value). Like PyTorch's: after construction lr is the value
-    at step 0; each step() moves to the next."""
+    replayed) or outside it (the replayed kernels read the lr tensor, so they use each new value). Like
+    PyTorch's: after construction lr is the value at step 0; each step() moves to the next."""
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer

@@ -39,6 +39,7 @@ def test_cpu_dim_type(device):
     for legacy in ("torch.IntTensor", "torch.ShortTensor", "torch.BoolTensor", "torch.HalfTensor"):
         assert t.type(legacy).type() == tt.type(legacy).type() == legacy
         np.testing.assert_array_equal(t.type(legacy).numpy(), tt.type(legacy).numpy())
+    assert t.type(torch.DoubleTensor).type() == tt.type(torch.DoubleTensor).type() == "torch.DoubleTensor"
     with pytest.raises(DTypeError, match="unknown tensor type"):
         t.type("torch.NopeTensor")
 

@@ -356,10 +356,12 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     def type(self, dtype=None) -> Tensor | str:
         """PyTorch's Tensor.type: with no argument the type's name ('torch.FloatTensor', as PyTorch names
-        a CPU tensor of that dtype), else this tensor cast to dtype (a dtype, 'float64', or a PyTorch type
-        name such as 'torch.DoubleTensor')."""
+        a CPU tensor of that dtype), else this tensor cast to dtype (a dtype, 'float64', or a PyTorch tensor
+        type: 'torch.DoubleTensor' or torch.DoubleTensor)."""
         if dtype is None:
             return f"torch.{_TORCH_TYPE_NAMES.get(self.dtype.name, self.dtype.name)}"
+        if isinstance(dtype, type) and dtype.__name__.endswith("Tensor"):  # torch.DoubleTensor, the class
+            dtype = dtype.__name__
         if isinstance(dtype, str) and dtype.endswith("Tensor"):
             name = dtype.removeprefix("torch.")
             named = {v: k for k, v in _TORCH_TYPE_NAMES.items()}

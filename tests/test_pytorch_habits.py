@@ -78,7 +78,8 @@ def test_to_dtype_keeps_gradient(device):
 @pytest.mark.parametrize("value", [
     np.float64(3.0), np.float32(2.5), np.float16(1.5), np.int32(7), np.int64(-4), np.int16(3), np.int8(-2),
     np.uint8(200), np.bool_(True), [np.float64(1.0), 2.0], [np.int64(1), 2.5],
-    [[np.float32(1.0)], [np.float64(2.0)]], [np.int32(1), 2], [1.0, 2.0], [1, 2], 3.0,
+    [[np.float32(1.0)], [np.float64(2.0)]], [np.int32(1), 2], [True, np.int8(3)], [np.bool_(True), 2.0],
+    [1.0, 2.0], [1, 2], 3.0,
 ])
 def test_numpy_scalar_dtypes(device, value):
     want = torch.tensor(value)

@@ -97,6 +97,7 @@ def test_numpy_scalar_dtypes(device, value):
 
 class Net(nn.Module):
     def __init__(self):
+        super().__init__()  # (PyTorch's habit; Module needs no __init__ call)
         self.fc = nn.Linear(4, 3)
         self.bn = nn.BatchNorm1d(3)
         self.drop = nn.Dropout(0.5)

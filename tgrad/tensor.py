@@ -542,10 +542,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 "backward(): nothing in this graph requires a gradient; create leaves with requires_grad=True"
             )
         leaves = [t for t in list(_grad_leaves.values()) if t.requires_grad]
-        nodes = {t: t._nodes() for t in leaves}
-        grads = autodiff.gradients(self.node, seed, {n for ns in nodes.values() for n in ns})
-        for t in leaves:
-            for n in nodes[t]:  # (earlier nodes of t: the graph read its value before an assign)
+        nodes = [(t, t._nodes()) for t in leaves]
+        grads = autodiff.gradients(self.node, seed, {n for _, ns in nodes for n in ns})
+        for t, ns in nodes:
+            for n in ns:  # (earlier nodes of t too: the graph read its value before an assign)
                 gn = grads.get(n)
                 if gn is None:
                     continue

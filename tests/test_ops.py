@@ -655,9 +655,9 @@ def test_matmul_and_linear_outside_the_common_case(device):
         ref = torch.tensor(a, dtype=torch.float32).double() @ torch.tensor(b, dtype=torch.float64)
         assert out.dtype == dtypes.float64
         compare("mixed matmul", out.numpy(), ref.numpy(), 1e-6, 1e-6)
-    with pytest.raises(ShapeError, match="cannot broadcast"):
+    with pytest.raises(ShapeError, match=r"batch dimensions \(2,\) of \(2, 3, 4\) and \(3,\) of \(3, 4, 5\)"):
         Tensor.ones(2, 3, 4) @ Tensor.ones(3, 4, 5)
-    with pytest.raises(ShapeError, match="inner dimensions"):
+    with pytest.raises(ShapeError, match=r"input \(2, 3, 4\) has 4 features, weight \(5, 3\)"):
         Tensor.ones(2, 3, 4).linear(Tensor.ones(5, 3))
     x, w = Tensor(a, dtype="float32"), Tensor(b.T, dtype="float32")
     ref = F.linear(torch.tensor(a, dtype=torch.float32), torch.tensor(b.T, dtype=torch.float32),

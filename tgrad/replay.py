@@ -170,8 +170,10 @@ def _replay(loss: Tensor) -> bool:
     written = {id(t.node.srcs[0].buffer) for t in pending}
     if written and _reads(node, written):
         return False
-    targets = sorted((position[t.node], id(t), t) for t in list(tensor_mod._grad_leaves.values())
-                     if t.requires_grad and t.node in position)
+    leaves = [t for t in list(tensor_mod._grad_leaves.values()) if t.requires_grad]
+    if any(n in position for t in leaves for n in t._nodes()[1:]):  # (a leaf's value before an assign:
+        return False  # Tensor._backward gives its gradient to the leaf; the programs know one node a leaf)
+    targets = sorted((position[t.node], id(t), t) for t in leaves if t.node in position)
     key = (entries, root_at, tuple((p, i) for p, i, _ in targets), loss.dtype.name)
     program = _programs.get(key)
     if program is None or any(ref() is not t for ref, (_, _, t) in zip(program.targets, targets)):

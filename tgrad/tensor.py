@@ -15,7 +15,7 @@ from tgrad import autodiff, inplace
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
-from tgrad.dtype import DType, dtypes, from_bytes, host_values, round_bf16, to_bytes
+from tgrad.dtype import DType, dtypes, from_bytes, host_values, promote, round_bf16, to_bytes
 from tgrad.errors import (
     ArgumentError,
     AutogradError,
@@ -154,7 +154,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     # _base: (the tensor whose memory this view shares, the view ops from it) or None: not a view; _views:
     # views of this one (weak references). See inplace.py: they make assign() act as PyTorch's in-place ops
-    __slots__ = ("node", "_requires_grad", "grad", "_base", "_views", "__weakref__")
+    # _before: weak references to nodes this leaf held before an assign() (or before realize() replaced its
+    # graph): a graph built earlier reads them, and backward() gives their gradient to this leaf (PyTorch's
+    # gradient through the old value of a tensor changed in place under no_grad)
+    __slots__ = ("node", "_requires_grad", "grad", "_base", "_views", "_before", "__weakref__")
     __array_ufunc__ = None  # numpy_array * tensor calls Tensor.__rmul__ instead of converting the tensor
     training = False
     train = _Training
@@ -184,6 +187,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         self.grad: Tensor | None = None
         self._requires_grad: bool | None = None
         self._base = self._views = None
+        self._before: tuple[weakref.ref, ...] = ()
         if node.buffer is None:
             inplace.track(self)
         if isinstance(data, Tensor) and node is data.node:  # Tensor(t) shares t's memory, as in PyTorch
@@ -307,6 +311,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         # graph that computed it (and that graph's buffers) can be freed
         is_leaf = not self.requires_grad or _grad_leaves.get(id(self)) is self
         if is_leaf and self.node.op is not Op.BUFFER and self.node.realized:
+            if self._requires_grad:
+                self._remember(self.node)
             self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
             inplace.rebase(self, self.node)  # (its views too: a gradient through one reaches this node)
 
@@ -323,7 +329,48 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             raise ShapeError(f"item() needs a tensor with one element, this one has shape {self.shape}")
         return self.numpy().reshape(-1)[0].item()
 
-    def to(self, device: str) -> Tensor:
+    def to(self, *args, device: str | None = None, dtype=None, **kwargs) -> Tensor:
+        """This tensor on another device and/or as another dtype, in PyTorch's forms: to(device),
+        to(dtype), to(device, dtype), to(other_tensor) (its device and dtype), to(dtype=..., device=...).
+        copy and non_blocking are accepted and ignored (a result never shares memory it should not)."""
+        if set(kwargs) - {"copy", "non_blocking", "memory_format"}:
+            raise ArgumentError(f"to(): unexpected arguments {', '.join(sorted(kwargs))}")
+        for a in args:
+            if isinstance(a, Tensor):
+                device, dtype = device or a.device, dtype or a.dtype
+            elif isinstance(a, (bool, type(None))) or _is_dtype(a) is None:
+                raise ArgumentError(f"to(): expected a device, a dtype or a Tensor, got {a!r}")
+            elif _is_dtype(a):
+                dtype = a
+            else:
+                device = a
+        out = self if device is None else self._to_device(device)
+        return out if dtype is None else out.cast(dtype)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the CPU device (PyTorch's .cpu()); itself when it is there already."""
+        return self.to("CPU")
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def type(self, dtype=None) -> Tensor | str:
+        """PyTorch's Tensor.type: with no argument the type's name ('torch.FloatTensor', as PyTorch names
+        a CPU tensor of that dtype), else this tensor cast to dtype (a dtype, 'float64', or a PyTorch tensor
+        type: 'torch.DoubleTensor' or torch.DoubleTensor)."""
+        if dtype is None:
+            return f"torch.{_TORCH_TYPE_NAMES.get(self.dtype.name, self.dtype.name)}"
+        if isinstance(dtype, type) and dtype.__name__.endswith("Tensor"):  # torch.DoubleTensor, the class
+            dtype = dtype.__name__
+        if isinstance(dtype, str) and dtype.endswith("Tensor"):
+            name = dtype.removeprefix("torch.")
+            named = {v: k for k, v in _TORCH_TYPE_NAMES.items()}
+            if name not in named:
+                raise DTypeError(f"type({dtype!r}): unknown tensor type; known: {', '.join(sorted(named))}")
+            dtype = named[name]
+        return self.cast(dtype)
+
+    def _to_device(self, device: str) -> Tensor:
         """This tensor's value on another device. The copy is part of the graph: gradients flow back to
         the source device, and TinyJit replays it (a host step between the two devices' kernels)."""
         device = Device.canonicalize(device)
@@ -344,7 +391,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             return out
 
         def rule(grad: Node) -> tuple[Node]:
-            return (Tensor(grad).to(source).node,)
+            return (Tensor(grad)._to_device(source).node,)
 
         return self._from(autodiff.custom_gradient(out.node, (node,), rule, f"to {source}"), self)
 
@@ -398,6 +445,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         old = self.node
         if x.node is old:
             return self
+        if self._requires_grad:
+            self._remember(old)
         if old.op is Op.BUFFER:
             target = old
             if old.buffer.computed:  # other tensors may hold the node it was computed for: a buffer of its
@@ -412,6 +461,15 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             inplace.track(self)
         inplace.rebase(self, self.node)
         return self
+
+    def _nodes(self) -> list[Node]:
+        """This tensor's node and the earlier nodes of it that are still alive (_before)."""
+        earlier = [r() for r in self._before]
+        return [self.node, *[n for n in earlier if n is not None]]
+
+    def _remember(self, node: Node) -> None:
+        """Keep a weak reference to a node this leaf is leaving (see _before); the last 8 live ones."""
+        self._before = (*[r for r in self._before if r() is not None][-7:], weakref.ref(node))
 
     def _assign_view(self, x: Tensor) -> bool:
         """assign() to a view writes into its base (PyTorch's in-place ops on a view): the base takes x
@@ -484,14 +542,14 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 "backward(): nothing in this graph requires a gradient; create leaves with requires_grad=True"
             )
         leaves = [t for t in list(_grad_leaves.values()) if t.requires_grad]
-        targets = {t.node for t in leaves}
-        grads = autodiff.gradients(self.node, seed, targets)
-        for t in leaves:
-            gn = grads.get(t.node)
-            if gn is None:
-                continue
-            gt = Tensor(gn)
-            t.grad = gt if t.grad is None else Tensor(g.alu(Op.ADD, t.grad.node, gn))
+        nodes = [(t, t._nodes()) for t in leaves]
+        grads = autodiff.gradients(self.node, seed, {n for _, ns in nodes for n in ns})
+        for t, ns in nodes:
+            for n in ns:  # (earlier nodes of t too: the graph read its value before an assign)
+                gn = grads.get(n)
+                if gn is None:
+                    continue
+                t.grad = Tensor(gn) if t.grad is None else Tensor(g.alu(Op.ADD, t.grad.node, gn))
         BACKWARD_ROOTS[id(self)] = self
         return self
 
@@ -861,6 +919,54 @@ for _name in _BF16_IN_FLOAT32:
     setattr(Tensor, _name, staticmethod(_wrapped) if isinstance(_raw, staticmethod) else _wrapped)
 
 
+# PyTorch's legacy type names of CPU tensors (Tensor.type())
+_TORCH_TYPE_NAMES = {
+    "float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
+    "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor", "int16": "ShortTensor",
+    "int8": "CharTensor", "uint8": "ByteTensor", "bool": "BoolTensor",
+}
+
+
+def _is_dtype(x) -> bool | None:
+    """Whether x names a dtype (True) or a device (False: any other string, which to() then checks) in
+    to()'s arguments; None: neither."""
+    if isinstance(x, DType) or (not isinstance(x, str) and hasattr(x, "is_floating_point")):
+        return True  # (a torch.dtype)
+    try:
+        dtypes.from_any(x)
+        return True
+    except (DTypeError, TypeError):
+        return False if isinstance(x, str) else None
+
+
+def _numpy_scalar_dtype(data) -> np.dtype | None:
+    """PyTorch's dtype for host data holding numpy scalars (np.float64(3.0) is float64, unlike the Python
+    float 3.0): the promotion of the elements' dtypes, Python scalars counting as the default dtypes;
+    None when there is no numpy scalar (the usual defaults apply)."""
+    if isinstance(data, np.generic):
+        return data.dtype
+    if not isinstance(data, (list, tuple)):
+        return None
+    kinds: set[type] = set()
+    _leaf_types(data, kinds)
+    if not any(issubclass(k, np.generic) for k in kinds):
+        return None
+    found = [dtypes.from_any(k) if issubclass(k, np.generic) else dtypes.from_py(k())
+             for k in kinds if issubclass(k, (np.generic, bool, int, float))]
+    return functools.reduce(promote, found).np
+
+
+def _leaf_types(data: list | tuple, out: set[type]) -> None:
+    """The types of the non-sequence elements of nested lists and tuples, into out (map(type, ...) runs
+    in C: a Python walk element by element cost far more than np.array itself on a long list)."""
+    kinds = set(map(type, data))
+    out |= kinds - {list, tuple}
+    if list in kinds or tuple in kinds:
+        for x in data:
+            if type(x) is list or type(x) is tuple:
+                _leaf_types(x, out)
+
+
 def _node_from_host(data, device: str, dtype: DType | None) -> Node:
     if isinstance(data, np.ndarray):
         arr = data
@@ -868,7 +974,10 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
         arr = np.array(data)
         if arr.dtype == object:
             raise DTypeError(f"cannot make a tensor from {type(data).__name__}: ragged or non-numeric data")
-        if dtype is None:
+        scalars = _numpy_scalar_dtype(data) if dtype is None else None
+        if scalars is not None:
+            arr = arr.astype(scalars)
+        elif dtype is None:
             if arr.dtype.kind == "f":
                 arr = arr.astype(dtypes.default_float.np)
             elif arr.dtype.kind in "iu":

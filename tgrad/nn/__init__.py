@@ -1,5 +1,6 @@
-"""Layers as plain classes with __call__ (tinygrad style): parameters are Tensor attributes, found by
-tgrad.nn.state.get_parameters. Initialisation follows PyTorch's defaults."""
+"""Layers (tgrad.nn.Module subclasses, PyTorch's methods; plain classes with __call__ work as well):
+parameters are Tensor attributes, found by tgrad.nn.state.get_parameters or Module.parameters().
+Initialisation follows PyTorch's defaults."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from tgrad.dtype import dtypes
 from tgrad.errors import DTypeError, ShapeError
+from tgrad.nn.module import Module
 from tgrad.ops.helpers import _tuple
 from tgrad.tensor import Tensor
 
@@ -23,7 +25,7 @@ def _buffer(value: np.ndarray) -> Tensor:
     return Tensor(value, requires_grad=False)
 
 
-class Linear:
+class Linear(Module):
     """y = x @ weight.T + bias; weight (out_features, in_features), PyTorch's kaiming-uniform init."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
@@ -31,11 +33,11 @@ class Linear:
         self.weight = _uniform((out_features, in_features), bound)
         self.bias = _uniform((out_features,), bound) if bias else None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return x.linear(self.weight, self.bias)
 
 
-class Conv2d:
+class Conv2d(Module):
     """PyTorch's nn.Conv2d: weight (out, in/groups, kh, kw). Conv1d and Conv3d differ only in the number
     of spatial axes."""
 
@@ -51,7 +53,7 @@ class Conv2d:
         self.weight = _uniform((out_channels, in_channels // groups, *self.kernel_size), bound)
         self.bias = _uniform((out_channels,), bound) if bias else None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return x.conv2d(self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
@@ -67,7 +69,7 @@ class Conv3d(Conv2d):
     spatial = 3
 
 
-class ConvTranspose2d:
+class ConvTranspose2d(Module):
     """PyTorch's nn.ConvTranspose2d: weight (in, out/groups, kh, kw)."""
 
     spatial = 2
@@ -83,7 +85,7 @@ class ConvTranspose2d:
         self.weight = _uniform((in_channels, out_channels // groups, *self.kernel_size), bound)
         self.bias = _uniform((out_channels,), bound) if bias else None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return x.conv_transpose2d(self.weight, self.bias, self.stride, self.padding, self.output_padding,
                                   self.dilation, self.groups)
 
@@ -92,8 +94,9 @@ class ConvTranspose1d(ConvTranspose2d):
     spatial = 1
 
 
-class BatchNorm:
-    """Batch normalisation over axis 1 of (N, C, ...) inputs. In training (Tensor.training) it uses the
+class BatchNorm(Module):
+    """Batch normalisation over axis 1 of (N, C, ...) inputs. In training (self.training: train() /
+    eval(), else Tensor.training; see tgrad/nn/module.py) it uses the
     batch's statistics and updates running_mean / running_var (momentum, unbiased variance) with
     assign(); in eval it uses the running statistics. An optimizer given these tensors (get_parameters
     returns them) realizes the updates in its step()."""
@@ -108,16 +111,17 @@ class BatchNorm:
             self.running_var = _buffer(np.ones(num_features, np.float32))
             self.num_batches_tracked = _buffer(np.zeros((), np.int64))
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         axes = tuple(i for i in range(x.ndim) if i != 1)
-        if self.track_running_stats and not Tensor.training:  # eval: the running statistics
+        training = self.training
+        if self.track_running_stats and not training:  # eval: the running statistics
             invstd = (self.running_var + self.eps).rsqrt()
             return x.batchnorm(self.weight, self.bias, self.running_mean, invstd)
         # the batch's statistics: Tensor.layernorm over every axis but the channels', whose gradient is
         # PyTorch's r * (g - mean(g) - y * mean(g * y)) in one rule (two sums a channel, one elementwise
         # pass) instead of the composed one through the mean and the variance
         y = x.layernorm(axes, self.eps)
-        if Tensor.training and self.track_running_stats:
+        if training and self.track_running_stats:
             with Tensor.no_grad:  # (the same mean and variance nodes as layernorm's: computed once)
                 centered = x - x.mean(axes, keepdim=True)
                 mean, var = x.mean(axes), (centered * centered).mean(axes)
@@ -134,7 +138,7 @@ BatchNorm2d = BatchNorm
 BatchNorm1d = BatchNorm
 
 
-class LayerNorm:
+class LayerNorm(Module):
     """Normalise over the last len(normalized_shape) axes, then scale and shift (PyTorch's nn.LayerNorm)."""
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True):
@@ -143,14 +147,14 @@ class LayerNorm:
         self.weight = Tensor.ones(*self.shape, requires_grad=True) if elementwise_affine else None
         self.bias = Tensor.zeros(*self.shape, requires_grad=True) if elementwise_affine else None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         if x.shape[-len(self.shape):] != self.shape:
             raise ShapeError(f"LayerNorm: input {x.shape} does not end in {self.shape}")
         y = x.layernorm(tuple(range(-len(self.shape), 0)), self.eps)
         return y if self.weight is None else y * self.weight + self.bias
 
 
-class GroupNorm:
+class GroupNorm(Module):
     """PyTorch's nn.GroupNorm: channels (axis 1) split into num_groups groups, each normalised."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
@@ -160,7 +164,7 @@ class GroupNorm:
         self.weight = Tensor.ones(num_channels, requires_grad=True) if affine else None
         self.bias = Tensor.zeros(num_channels, requires_grad=True) if affine else None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         y = x.reshape(x.shape[0], self.num_groups, -1).layernorm(-1, self.eps).reshape(x.shape)
         if self.weight is None:
             return y
@@ -168,7 +172,7 @@ class GroupNorm:
         return y * self.weight.reshape(shape) + self.bias.reshape(shape)
 
 
-class RMSNorm:
+class RMSNorm(Module):
     """x / sqrt(mean(x**2 over the last len(normalized_shape) axes) + eps) * weight (PyTorch's nn.RMSNorm;
     eps=None is the dtype's machine epsilon, as there)."""
 
@@ -177,7 +181,7 @@ class RMSNorm:
         self.eps = eps
         self.weight = Tensor.ones(*self.shape, requires_grad=True) if elementwise_affine else None
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         if x.shape[-len(self.shape):] != self.shape:
             raise ShapeError(f"RMSNorm: input {x.shape} does not end in {self.shape}")
         # PyTorch's default: the input dtype's epsilon (bfloat16's 2**-7; its host values are float32)
@@ -187,17 +191,17 @@ class RMSNorm:
         return y if self.weight is None else y * self.weight
 
 
-class Dropout:
-    """Zeroes elements with probability p while Tensor.training (PyTorch's nn.Dropout)."""
+class Dropout(Module):
+    """Zeroes elements with probability p while self.training (PyTorch's nn.Dropout)."""
 
     def __init__(self, p: float = 0.5):
         self.p = p
 
-    def __call__(self, x: Tensor) -> Tensor:
-        return x.dropout(self.p)
+    def forward(self, x: Tensor) -> Tensor:
+        return x.dropout(self.p, training=self.training)
 
 
-class LSTMCell:
+class LSTMCell(Module):
     """PyTorch's nn.LSTMCell: (h, c) = cell(x, (h, c)); gates i, f, g, o in that order in the weights."""
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
@@ -208,7 +212,7 @@ class LSTMCell:
         self.bias_ih = _uniform((4 * hidden_size,), bound) if bias else None
         self.bias_hh = _uniform((4 * hidden_size,), bound) if bias else None
 
-    def __call__(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         if hc is None:
             zeros = Tensor.zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype, device=x.device)
             hc = (zeros, zeros)
@@ -219,7 +223,7 @@ class LSTMCell:
         return o.sigmoid() * c.tanh(), c
 
 
-class LSTM:
+class LSTM(Module):
     """PyTorch's nn.LSTM (unidirectional): x (T, N, input) or (N, T, input) with batch_first; returns
     (output, (h_n, c_n)) with h_n and c_n (num_layers, N, hidden). Weights are named like PyTorch's
     (weight_ih_l0, ...), so state dicts load."""
@@ -239,7 +243,7 @@ class LSTM:
             setattr(cell, name, getattr(self, f"{name}_l{layer}"))
         return cell
 
-    def __call__(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None):
+    def forward(self, x: Tensor, hc: tuple[Tensor, Tensor] | None = None):
         x = x.transpose(0, 1) if self.batch_first else x  # (T, N, input)
         hs, cs = [], []
         for layer in range(self.num_layers):
@@ -255,14 +259,14 @@ class LSTM:
         return (x.transpose(0, 1) if self.batch_first else x), (Tensor.stack(hs), Tensor.stack(cs))
 
 
-class Embedding:
+class Embedding(Module):
     """Rows of weight (vocab_size, embed_size) picked by integer indices; weight ~ N(0, 1) like PyTorch."""
 
     def __init__(self, vocab_size: int, embed_size: int):
         self.vocab_size, self.embed_size = vocab_size, embed_size
         self.weight = Tensor.randn(vocab_size, embed_size, requires_grad=True)
 
-    def __call__(self, idx: Tensor) -> Tensor:
+    def forward(self, idx: Tensor) -> Tensor:
         if not isinstance(idx, Tensor) or idx.dtype.is_float:
             got = getattr(idx, "dtype", type(idx).__name__)
             raise DTypeError(f"Embedding: indices must be an integer Tensor, got {got}")
@@ -270,6 +274,6 @@ class Embedding:
         return self.weight._take(0, idx, checked=True)
 
 
-__all__ = ["Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm",
-           "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "LSTMCell", "LSTM",
-           "Embedding"]
+__all__ = ["Module", "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout",
+           "LSTMCell", "LSTM", "Embedding"]

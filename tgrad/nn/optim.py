@@ -17,6 +17,7 @@ from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
 from tgrad.graph import Op
 from tgrad.jit import TinyJit
+from tgrad.nn.param_groups import ParamGroup
 from tgrad.tensor import Tensor, backward_roots, pending_assigns
 
 
@@ -66,6 +67,12 @@ class Optimizer:
         if new.numel() != 1:
             raise ShapeError(f"Optimizer.lr: expected one number, got a tensor of shape {new.shape}")
         self._lr.assign(new.reshape(1).cast(self._lr.dtype).to(self._lr.device)).realize()
+
+    @property
+    def param_groups(self) -> list[ParamGroup]:
+        """PyTorch's param_groups: one dict-like group ('params', 'lr', the hyperparameters) whose writes
+        change what the next step uses (tgrad/nn/param_groups.py)."""
+        return [ParamGroup(self)]
 
     def zero_grad(self) -> None:
         for t in self.params:
@@ -271,9 +278,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tens
 
 class LRScheduler:
     """Changes optimizer.lr (a tensor) on each step(). The step count is a tensor too and the new lr is
-    computed lazily from it. With TinyJit, call step() outside the jitted function: the replayed kernels
-    read the lr tensor, so they use each new value. Like PyTorch's: after construction lr is the value
-    at step 0; each step() moves to the next."""
+    computed lazily from it. With TinyJit, step() may be called inside the jitted function (its assigns are
+    replayed) or outside it (the replayed kernels read the lr tensor, so they use each new value). Like
+    PyTorch's: after construction lr is the value at step 0; each step() moves to the next."""
 
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer

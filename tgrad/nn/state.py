@@ -18,8 +18,8 @@ from tgrad.errors import ShapeError, TgradError
 from tgrad.tensor import Tensor
 
 
-class StateDictError(TgradError, KeyError):
-    """load_state_dict: keys missing, unexpected or of the wrong shape."""
+class StateDictError(TgradError, KeyError, RuntimeError):
+    """load_state_dict: keys missing or unexpected (a RuntimeError too, as PyTorch raises)."""
 
     def __str__(self) -> str:  # KeyError would print the message with quotes
         return str(self.args[0])
@@ -74,12 +74,13 @@ def load_state_dict(obj: Any, state: dict[str, Any], strict: bool = True) -> Non
         raise StateDictError(
             "load_state_dict: " + "; ".join(parts) + " (pass strict=False to load the keys that match)"
         )
-    for key, t in own.items():
-        if key not in state:
-            continue
-        value = _to_numpy(state[key])
-        if tuple(value.shape) != t.shape:
-            raise ShapeError(f"load_state_dict: {key} has shape {tuple(value.shape)}, model has {t.shape}")
+    values = {key: _to_numpy(state[key]) for key in own if key in state}
+    wrong = [f"{key} has shape {tuple(v.shape)}, model has {own[key].shape}" for key, v in values.items()
+             if tuple(v.shape) != own[key].shape]
+    if wrong:  # checked before any value is copied: a failed load leaves the model as it was
+        raise ShapeError("load_state_dict: size mismatch: " + "; ".join(wrong))
+    for key, value in values.items():
+        t = own[key]
         t.assign(Tensor(value.astype(t.dtype.np), device=t.device)).realize()
 
 

@@ -15,6 +15,24 @@ if TYPE_CHECKING:
     from tgrad.tensor import Tensor
 
 
+def _x(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))
+
+
+def _check_batch(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """matmul's batch dimensions (all but the last two) must broadcast: else a ShapeError naming the user's
+    shapes and the first batch dimension that differs (PyTorch's message names it too)."""
+    ba, bb = a[:-2], b[:-2]
+    n = max(len(ba), len(bb))
+    pa, pb = (1,) * (n - len(ba)) + ba, (1,) * (n - len(bb)) + bb
+    for i, (p, q) in enumerate(zip(pa, pb)):
+        if p != q and p != 1 and q != 1:
+            raise ShapeError(
+                f"matmul: batch dimensions {ba} of {a} and {bb} of {b} do not broadcast: the size of "
+                f"tensor a ({p}) must match the size of tensor b ({q}) at non-singleton dimension {i}"
+            )
+
+
 class LinalgOps:
     """Tensor's linear algebra (a mixin: tensor.py's Tensor is made of these)."""
 
@@ -25,15 +43,19 @@ class LinalgOps:
         if not isinstance(w, type(self)):
             w = type(self)(w, device=x.device)
         xn, wn = x.node, w.node
+        if xn.shape[:-2] != wn.shape[:-2] and len(xn.shape) > 1 and len(wn.shape) > 1:
+            _check_batch(xn.shape, wn.shape)
         if (xn.dtype is wn.dtype and xn.dtype.is_float and len(xn.shape) > 1 and len(wn.shape) > 1
                 and xn.shape[-1] == wn.shape[-2] and xn.device == wn.device):
             return x._from(_matmul_node(xn, wn), w)  # the common case (the nodes of the lines below)
         if x.ndim == 0 or w.ndim == 0:
             raise ShapeError(f"matmul: both arguments need at least 1 dimension, got {x.shape} and {w.shape}")
         if x.shape[-1] != w.shape[-2 if w.ndim > 1 else -1]:
+            mats = f" (mat1 and mat2 shapes cannot be multiplied ({_x(x.shape)} and {_x(w.shape)}))" \
+                if x.ndim == w.ndim == 2 else ""
             raise ShapeError(
                 f"matmul: inner dimensions differ: {x.shape} @ {w.shape} "
-                f"({x.shape[-1]} != {w.shape[-2 if w.ndim > 1 else -1]})"
+                f"({x.shape[-1]} != {w.shape[-2 if w.ndim > 1 else -1]}){mats}"
             )
         xv = x.unsqueeze(0) if x.ndim == 1 else x
         wv = w.unsqueeze(-1) if w.ndim == 1 else w
@@ -115,5 +137,13 @@ class LinalgOps:
             if bn is not None:
                 out = g.alu(Op.ADD, out, _expand_node(bn, out.shape))
             return self._from(out, weight, *(() if bias is None else (bias,)))
+        wshape = weight.shape if isinstance(weight, type(self)) else None
+        if self.ndim and wshape is not None and len(wshape) == 2 and self.shape[-1] != wshape[1]:
+            rows = self.numel() // self.shape[-1] if self.shape[-1] else 0
+            raise ShapeError(
+                f"linear: input {self.shape} has {self.shape[-1]} features, weight {wshape} (out_features, "
+                f"in_features) takes {wshape[1]} (mat1 and mat2 shapes cannot be multiplied "
+                f"({rows}x{self.shape[-1]} and {wshape[1]}x{wshape[0]}))"
+            )
         out = self.matmul(weight.T)
         return out + bias if bias is not None else out

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import ArgumentError, DTypeError, ShapeError
+from tgrad.errors import ArgumentError, AutogradError, DTypeError, ShapeError
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import _expand_node, _position_dtype
 from tgrad.ops.numerics import _gradient_only
@@ -22,14 +22,18 @@ class LossOps:
     __slots__ = ()
 
     def cross_entropy(
-        self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100
+        self, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100,
+        weight: Tensor | None = None,
     ) -> Tensor:
-        """PyTorch's F.cross_entropy: class-index targets (N,) or probabilities (N, C); classes on axis 1."""
+        """PyTorch's F.cross_entropy: class-index targets (N,) or probabilities (N, C); classes on axis 1.
+        weight (C,): each class's weight; with class indices the mean divides by the summed weights of
+        the rows' classes (rows labelled ignore_index left out), as PyTorch's."""
         _check_reduction(reduction)
         _check_target(target, "cross_entropy", type(self))
         x = self if self.ndim != 1 else self.unsqueeze(0)
         logp = x.log_softmax(1)
         c = x.shape[1]
+        wb = None if weight is None else _class_weights(weight, x, "cross_entropy")  # (1, C, 1...)
         keep = None  # which rows count (not ignore_index)
         if target.dtype.is_float and target.shape == self.shape:
             if ignore_index >= 0:  # PyTorch's rule (a negative one can match no class)
@@ -38,6 +42,8 @@ class LossOps:
             probs = target if self.ndim != 1 else target.unsqueeze(0)
             if label_smoothing:
                 probs = probs * (1 - label_smoothing) + label_smoothing / c
+            if wb is not None:
+                probs = probs * wb
             loss = -(logp * probs).sum(1)  # as PyTorch's: a 0 probability of a -inf logit is nan
         else:
             t = target if self.ndim != 1 else target.reshape(1)
@@ -52,6 +58,9 @@ class LossOps:
             type(self)._check_index(t, 0, c, "cross_entropy (target)", ignore=ignore)
             _check_smoothing(label_smoothing)
             tc, cls = _class_positions(t, c, ignore, x.ndim)
+            if wb is not None:
+                return _weighted_cross_entropy(logp, t, tc, cls, wb, ignore, label_smoothing, reduction,
+                                               self.ndim == 1)
             if ignore is not None and not label_smoothing and reduction == "mean" and x.ndim == 2 \
                     and x.dtype == dtypes.float32:  # the common case: the nodes of the lines below, built
                 return x._from(_mean_nll_node(logp.node, tc.node, cls.node, t.node, ignore))  # as nodes
@@ -155,6 +164,40 @@ class LossOps:
         dq = small.where(d, 0)  # the square only sees |d| < beta: no 0 * inf gradient from an inf d
         loss = small.where(0.5 * dq * dq / beta, d - 0.5 * beta) if beta else d
         return _reduce_loss(loss, reduction)
+
+
+def _class_weights(weight, x: Tensor, op: str) -> Tensor:
+    """weight (C,) checked (a Tensor of x's dtype, one value per class: PyTorch's rules), shaped to
+    broadcast along x's class axis 1."""
+    c = x.shape[1]
+    if not isinstance(weight, type(x)):
+        raise DTypeError(f"{op}: weight must be a Tensor, got {type(weight).__name__}")
+    if weight.shape != (c,):
+        raise ShapeError(f"{op}: weight must have one value per class ({c},), got shape {weight.shape}")
+    if weight.dtype != x.dtype:
+        raise DTypeError(f"{op}: weight is {weight.dtype.name} but the input is {x.dtype.name}; cast it")
+    return weight.reshape((1, c) + (1,) * (x.ndim - 2))
+
+
+def _weighted_cross_entropy(logp: Tensor, t: Tensor, tc: Tensor, cls: Tensor, wb: Tensor, ignore: int | None,
+                            smoothing: float, reduction: str, single: bool) -> Tensor:
+    """cross_entropy with class weights and class-index targets, PyTorch's formula: each row's loss is
+    w[y] * -logp[y], with label smoothing (1 - s) times that plus s / C * -sum_c w[c] logp[c]; the mean
+    divides the sum by the summed w[y] of the rows kept."""
+    if wb.requires_grad and not type(wb).no_grad:
+        raise AutogradError("cross_entropy: weight cannot require a gradient with class-index targets (as in "
+                            "PyTorch); pass weight.detach()")
+    other = tc.unsqueeze(1) != cls  # (where, not a one-hot product: another class's -inf is no 0 * -inf)
+    w_row = other.where(0, wb).sum(1)
+    loss = -other.where(0, logp).sum(1) * w_row
+    if smoothing:
+        loss = loss * (1 - smoothing) - (logp * wb).sum(1) * (smoothing / logp.shape[1])
+    if ignore is not None:
+        keep = t != ignore
+        loss, w_row = keep.where(loss, 0), keep.where(w_row, 0)  # an ignored row's inf or nan stays out
+    if reduction == "none":
+        return loss.reshape(()) if single else loss
+    return loss.sum() if reduction == "sum" else loss.sum() / w_row.sum()
 
 
 def _check_smoothing(label_smoothing: float) -> None:

@@ -399,11 +399,12 @@ class NNOps:
         node = autodiff.custom_gradient(y.node, (self.node,), rule, "layernorm", reads_output=True)
         return self._from(node)
 
-    def dropout(self, p: float = 0.5) -> Tensor:
-        """Zero each element with probability p and scale the rest by 1/(1-p), only when Tensor.training."""
+    def dropout(self, p: float = 0.5, training: bool | None = None) -> Tensor:
+        """Zero each element with probability p and scale the rest by 1/(1-p), only when training (None:
+        Tensor.training; F.dropout's training argument)."""
         if not 0 <= p <= 1:
             raise ArgumentError(f"dropout: p must be in [0, 1], got {p}")
-        if not type(self).training or p == 0:
+        if not (type(self).training if training is None else training) or p == 0:
             return self
         if p == 1:
             return self * 0

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tgrad.errors import DTypeError
+from tgrad.errors import DTypeError, ValueOverflowError
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +118,63 @@ class dtypes:
 # PyTorch's and C's short names for dtypes (torch.int is int32, torch.long int64, torch.half float16)
 _ALIASES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "half": "float16",
             "short": "int16", "char": "int8", "uchar": "uint8"}
+
+
+def check_fits(value, dtype: DType, op: str, strict_float: bool = False):
+    """value (a Python or numpy scalar) as dtype holds it, or ValueOverflowError naming op, the value and
+    dtype's range where PyTorch refuses it: into an int dtype, an int outside the dtype's range (unsigned
+    dtypes also take -max..-1, wrapped as in PyTorch) or a float that is nan, inf, outside the range, or
+    negative for an unsigned dtype (else truncated toward zero). Into a float dtype a finite value past its
+    largest one is inf, except with strict_float (PyTorch's full, fill_, masked_fill, clamp), which raise."""
+    if dtype.kind == "b" or isinstance(value, (bool, np.bool_)):
+        return value
+    if dtype.kind == "f":
+        if strict_float and abs(value) > _max_finite(dtype) and abs(value) != float("inf"):  # (nan: False)
+            _overflow(value, dtype, op, -_max_finite(dtype), _max_finite(dtype))
+        return value
+    low, high = dtype.min, dtype.max
+    if isinstance(value, (int, np.integer)):
+        value = int(value)
+        if dtype.kind == "u" and -high <= value < 0:
+            return value % (high + 1)
+        if not low <= value <= high:
+            _overflow(value, dtype, op, -high if dtype.kind == "u" else low, high)
+        return value
+    if not low <= value <= high:  # (nan, inf, and negative floats for unsigned dtypes)
+        _overflow(value, dtype, op, low, high)
+    return value
+
+
+def fitted_array(values: np.ndarray, data, dtype: DType, op: str) -> np.ndarray:
+    """check_fits for every element of values, the array numpy made from Python values `data` (a list
+    given to Tensor()); values, or, where numpy's float64 lost the exact ints (past 2^53), the checked
+    Python values again."""
+    if not dtype.is_int or values.size == 0 or values.dtype.kind not in "iuf":
+        return values
+    low, high = dtype.min, dtype.max
+    if values.dtype.kind in "iu":
+        bad = (values < (-high if dtype.kind == "u" else low)) | (values > high)
+    else:
+        with np.errstate(invalid="ignore"):
+            if np.abs(values).max(initial=0) >= 2.0**53:  # (nan: False) ints numpy rounded: check each
+                exact = np.array(data, dtype=object).reshape(-1)
+                return np.array([check_fits(v, dtype, op) for v in exact], dtype=object).astype(
+                    dtype.np).reshape(values.shape)
+            bad = ~((values >= low) & (values <= high))
+    if bad.any():
+        check_fits(values[bad].flat[0].item(), dtype, op)
+    return values
+
+
+def _max_finite(dtype: DType) -> float:
+    return 3.3895313892515355e38 if dtype == dtypes.bfloat16 else float(np.finfo(dtype.np).max)
+
+
+def _overflow(value, dtype: DType, op: str, low, high):
+    raise ValueOverflowError(
+        f"{op}: the value {value!r} does not fit in {dtype.name} (it holds {low} to {high}); pick a wider "
+        f"dtype, or cast a tensor to {dtype.name} to wrap values on purpose"
+    )
 
 
 def promote(a: DType, b: DType) -> DType:

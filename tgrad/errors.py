@@ -58,8 +58,9 @@ class ModeError(ArgumentError, NotImplementedError):
     """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
 
 
-class ValueOverflowError(TgradError, OverflowError):
-    """A value that the requested dtype cannot hold (tgrad refuses instead of wrapping silently)."""
+class ValueOverflowError(TgradError, OverflowError, RuntimeError):
+    """A value that the requested dtype cannot hold (tgrad refuses instead of wrapping silently); also a
+    RuntimeError, which PyTorch raises for it."""
 
 
 class DTypeError(TgradError, TypeError, RuntimeError):

@@ -15,7 +15,16 @@ from tgrad import autodiff, inplace
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
-from tgrad.dtype import DType, dtypes, from_bytes, host_values, round_bf16, to_bytes
+from tgrad.dtype import (
+    DType,
+    check_fits,
+    dtypes,
+    fitted_array,
+    from_bytes,
+    host_values,
+    round_bf16,
+    to_bytes,
+)
 from tgrad.errors import (
     ArgumentError,
     AutogradError,
@@ -177,7 +186,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 if dtype is not None:
                     node = g.cast(node, dtype)
             elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-                node = g.const(data, dtype or dtypes.from_py(data), device)
+                dtype = dtype or dtypes.from_py(data)
+                node = g.const(check_fits(data, dtype, "Tensor"), dtype, device)
             else:
                 node = _node_from_host(data, device, dtype)
         self.node: Node = node
@@ -541,7 +551,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
         device = Device.canonicalize(device)
         dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value), device)
-        t = Tensor(g.const(fill_value, dt, device, shape))
+        t = Tensor(g.const(check_fits(fill_value, dt, "full", strict_float=True), dt, device, shape))
         if requires_grad is not None:
             t.requires_grad = requires_grad
         return t
@@ -867,7 +877,14 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
     else:
         arr = np.array(data)
         if arr.dtype == object:
+            if all(isinstance(v, int) for v in arr.flat):  # ints past 64 bits
+                for v in arr.flat:
+                    check_fits(v, dtype or dtypes.default_int, "Tensor")
             raise DTypeError(f"cannot make a tensor from {type(data).__name__}: ragged or non-numeric data")
+        # Python values a dtype cannot hold raise, as in PyTorch (a numpy array wraps, as numpy's astype)
+        target = dtype or (dtypes.default_int if arr.dtype.kind in "iu" else None)
+        if target is not None:
+            arr = fitted_array(arr, data, target, "Tensor")
         if dtype is None:
             if arr.dtype.kind == "f":
                 arr = arr.astype(dtypes.default_float.np)

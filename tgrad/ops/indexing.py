@@ -11,7 +11,7 @@ import numpy as np
 
 from tgrad import autodiff, inplace
 from tgrad import realize as driver
-from tgrad.dtype import dtypes
+from tgrad.dtype import check_fits, dtypes
 from tgrad.errors import ArgumentError, DTypeError, IndexRangeError, ShapeError
 from tgrad.graph import Node
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
@@ -160,6 +160,10 @@ class IndexingOps:
         buffer is updated in place, and gradients flow to value and to the elements not written."""
         Tensor = type(self)  # (tensor.py, which defines it, cannot be imported here)
         index = index if isinstance(index, tuple) else (index,)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # PyTorch: float16 / bfloat16 take an overflowing float as inf, float32 / float64 raise
+            strict = self.dtype in (dtypes.float32, dtypes.float64)
+            value = check_fits(value, self.dtype, "t[index] = value", strict_float=strict)
         box = self._box(index)
         if box is not None:
             region, keep = box

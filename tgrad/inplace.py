@@ -6,10 +6,11 @@ tensor made before an assign and first computed after it would read the new valu
 at once: the old). Two rules make the lazy result PyTorch's:
 
 - Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
-  step slices, detach, and only where the result is strided memory, as in PyTorch: not `repeat`'s
-  reshape of an expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops
-  on the base's new node, so a view reads the new value, and so does anything computed from it
-  afterwards. An `assign()` to a view writes through to its base (`Tensor._assign_view`).
+  step slices, negative ones too as numpy's (not flip(), a copy in PyTorch), detach, and only where the
+  result is strided memory, as in PyTorch: not `repeat`'s reshape of an expand) is recorded on its base.
+  `assign()` to the base rebuilds each view's ops on the base's new node, so a view reads the new value,
+  and so does anything computed from it afterwards. An `assign()` to a view writes through to its base
+  (`Tensor._assign_view`; refused where elements of the view overlap, an expand, as in PyTorch).
 - Before a realize (or a TinyJit replay) overwrites buffers (the assigns of its nodes, or ones their
   graphs read), every live tensor not computed yet whose value reads one of those buffers, other than
   through a view of it, is computed in the same schedule, before the writes (`with_writes`,
@@ -115,23 +116,40 @@ def strided(shape: tuple[int, ...], steps: Steps) -> bool:
         moved = moved or op is not Op.RESHAPE and op is not Op.DETACH
     else:
         return True
+    return strided_view(shape, steps) is not None
+
+
+def strided_view(shape: tuple[int, ...], steps: Steps) -> View | None:
+    """The View (sizes, strides, offset) these view ops give over a contiguous tensor of this shape; None
+    where strides cannot express them."""
     view: View | None = View.contiguous(shape)
     for op, arg in steps:
         if op is Op.RESHAPE:
             view = View.contiguous(arg) if 0 in arg else view.reshape(tuple(arg))
             if view is None:
-                return False
+                return None
         elif op is Op.PERMUTE:
             view = view.permute(arg)
         elif op is Op.EXPAND:
             view = view.expand(arg)
         elif op is Op.SHRINK:
             view = view.shrink(arg)
+        elif op is Op.FLIP:  # (x[::-1]: negative strides, as numpy's view)
+            view = view.flip(arg)
         elif op == STRIDE:
             axis, step = arg
             strides = tuple(st * step if i == axis else st for i, st in enumerate(view.strides))
             view = View(shape_after(view.shape, op, arg), strides, view.offset, None)
-    return True
+    return view
+
+
+def overlapping(shape: tuple[int, ...], steps: Steps) -> bool:
+    """Whether several elements of these view ops' result are one element of the base (an expanded axis
+    left longer than 1): PyTorch refuses in-place writes into such a view."""
+    if not any(op is Op.EXPAND for op, _ in steps):
+        return False
+    view = strided_view(shape, steps)
+    return view is not None and any(st == 0 and n > 1 for st, n in zip(view.strides, view.shape))
 
 
 def is_view(node: Node) -> bool:

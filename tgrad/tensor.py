@@ -380,7 +380,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         non-contiguous tensor): fusion never recomputes it inside its users' kernels. A view is copied, an
         unrealized result is computed by a kernel of its own; a whole buffer is returned as it is.
         Gradients flow through."""
-        if self.node.op is Op.BUFFER or self.node.realized:
+        if self.node.op is Op.BUFFER or self.node.realized or self._contiguous_view():
             return self
         if self.node.op is Op.DETACH and self.node.arg == "contiguous":  # already its own kernel's value:
             return self  # (a second contiguous made a kernel copying it: conv2d's computed input)
@@ -423,6 +423,15 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         inplace.rebase(self, self.node)
         return self
 
+    def _contiguous_view(self) -> bool:
+        """Whether this tensor is a row-major view of a buffer (x[0]): PyTorch's contiguous() returns such
+        a view itself, so writes into the result reach the base."""
+        if self._base is None or self._base[0].node.op is not Op.BUFFER:
+            return False
+        view = inplace.strided_view(self._base[0].shape, self._base[1])
+        return view is not None and view.mask is None and all(
+            st == want or n == 1 for st, want, n in zip(view.strides, g.strides_for(view.shape), view.shape))
+
     def _assign_view(self, x: Tensor) -> bool:
         """assign() to a view writes into its base (PyTorch's in-place ops on a view): the base takes x
         where this view's elements are, and its views (this one too) the new value. False when this
@@ -431,11 +440,18 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if not inplace.strided(root.shape, steps):
             self._base = None
             return False
+        if inplace.overlapping(root.shape, steps):
+            raise ArgumentError(
+                f"assign: this tensor ({self.shape}) is an expanded view of a {root.shape} tensor, so "
+                "several of its elements are one element of that tensor (PyTorch refuses such in-place "
+                "writes too); clone() it first"
+            )
         shapes = [root.shape]  # the shape before each step
         for op, arg in steps[:-1]:
             shapes.append(inplace.shape_after(shapes[-1], op, arg))
-        # each op undone on x and, where the view covers part of the base, on a mask of its elements
-        partial = any(op is Op.SHRINK or op == inplace.STRIDE for op, _ in steps)
+        # each op undone on x and, where the view covers part of the base, on a mask of its elements (an
+        # expand that the view does not overlap leaves one of each expanded row's elements: that one)
+        partial = any(op in (Op.SHRINK, Op.EXPAND) or op == inplace.STRIDE for op, _ in steps)
         ts = [x, Tensor.ones(*x.shape, dtype=dtypes.bool, device=self.device)] if partial else [x]
         for (op, arg), shape in zip(reversed(steps), reversed(shapes)):
             if op is Op.RESHAPE:
@@ -443,6 +459,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             elif op is Op.PERMUTE:
                 back = tuple(np.argsort(arg))
                 ts = [t.permute(back) for t in ts]
+            elif op is Op.FLIP:
+                ts = [t.flip(arg) for t in ts]
             elif op is Op.SHRINK:
                 pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
                 ts = [t.pad(pads) for t in ts]
@@ -455,11 +473,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 keep[axis] = (0, shape[axis])
                 ts = [t.unsqueeze(axis + 1).pad(tuple(grow)).reshape(flat).shrink(keep) for t in ts]
             elif op is Op.EXPAND and tuple(arg) != tuple(shape):
-                raise ArgumentError(
-                    f"assign: this tensor ({self.shape}) is an expanded view of a {root.shape} tensor, so "
-                    "several of its elements are one element of that tensor (PyTorch refuses such in-place "
-                    "writes too); clone() it first"
-                )
+                axes = tuple(i for i, (a, b) in enumerate(zip(shape, arg)) if a != b)
+                x_back = ts[1].where(ts[0], self.dtype.min).max(axes, keepdim=True)
+                ts = [x_back, ts[1].any(axes, keepdim=True)]
         root.assign(ts[1].where(ts[0], root) if partial else ts[0])
         return True
 

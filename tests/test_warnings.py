@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from tgrad import Tensor
+from tgrad import Tensor, nn
+from tgrad.ops import nn as tgrad_nn_ops
 
 F = torch.nn.functional
 LOSSES = ["mse_loss", "l1_loss", "smooth_l1_loss"]
@@ -36,3 +37,63 @@ def test_same_shape_target_does_not_warn(loss):
         value = getattr(Tensor(x), loss)(Tensor(x[::-1].copy()))
         expected = getattr(F, loss)(torch.tensor(x), torch.tensor(x[::-1].copy()))
     np.testing.assert_allclose(value.numpy(), expected.numpy(), rtol=1e-6)
+
+
+@pytest.fixture
+def eval_warning_unshown(monkeypatch):
+    """The eval-mode warning shows once a process: each test starts as a fresh process would."""
+    monkeypatch.setattr(tgrad_nn_ops, "_EVAL_WARNED", [False])
+    tgrad_nn_ops.EVAL_MODE_NODES.clear()
+    monkeypatch.setattr(Tensor, "training", False)
+
+
+def _model():
+    return [nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Linear(2 * 4 * 4, 3), nn.Dropout(0.5)]
+
+
+def _step(layers, x):
+    conv, bn, lin, drop = layers
+    return drop(lin(bn(conv(x)).relu().flatten(1))).square().mean()
+
+
+EVAL = r"eval mode: Tensor.training is False.*Tensor.training = True.*with Tensor.train\(\):"
+
+
+@pytest.mark.usefixtures("eval_warning_unshown")
+def test_eval_mode_training_warns_once(device):
+    layers = _model()
+    x = Tensor.randn(2, 1, 6, 6, device=device)
+    with pytest.warns(UserWarning, match=EVAL) as got:
+        for _ in range(3):
+            _step(layers, x).backward()
+    assert len([w for w in got if "eval mode" in str(w.message)]) == 1
+    assert got[0].filename == __file__  # the user's backward() line
+
+
+@pytest.mark.usefixtures("eval_warning_unshown")
+@pytest.mark.parametrize("layer", ["BatchNorm", "Dropout"])
+def test_each_layer_alone_warns(layer):
+    x = Tensor.randn(4, 3)
+    w = Tensor.randn(3, 3, requires_grad=True)
+    y = x @ w
+    y = nn.BatchNorm1d(3)(y) if layer == "BatchNorm" else nn.Dropout(0.1)(y)
+    with pytest.warns(UserWarning, match=f"through a {layer} in eval mode"):
+        y.sum().backward()
+
+
+@pytest.mark.usefixtures("eval_warning_unshown")
+def test_no_eval_warning_in_training_or_inference(device):
+    layers = _model()
+    x = Tensor.randn(2, 1, 6, 6, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Tensor.train():  # training: no warning
+            _step(layers, x).backward()
+        Tensor.training = True
+        _step(layers, x).backward()
+        Tensor.training = False
+        _step(layers, x).numpy()  # eval inference, no backward: no warning
+        with Tensor.no_grad:
+            _step(layers, x).numpy()
+        w = Tensor.randn(3, requires_grad=True)  # a backward through other layers: no warning
+        (x.flatten(1)[:, :3] * w).sum().backward()

@@ -43,7 +43,7 @@ from tgrad.ops.linalg import LinalgOps
 from tgrad.ops.losses import LossOps
 from tgrad.ops.math import MathOps
 from tgrad.ops.movement import MovementOps
-from tgrad.ops.nn import NNOps
+from tgrad.ops.nn import EVAL_MODE_NODES, NNOps, warn_eval_mode
 from tgrad.ops.reduce import ReduceOps
 
 # tensors created or marked with requires_grad=True, by id (Tensor.__eq__ is elementwise: no WeakSet)
@@ -498,6 +498,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """Set .grad of every requires_grad tensor this one depends on (adding to an existing one). Lazy,
         but for a graph of a structure seen before: computed now, by a replay (backward_replay.py)."""
+        if not Tensor.training and EVAL_MODE_NODES:  # (empty unless a BatchNorm / Dropout ran in eval)
+            warn_eval_mode(self.node)
         if gradient is None and BACKWARD_REPLAY is not None and self.requires_grad and self.numel() == 1 \
                 and BACKWARD_REPLAY(self):
             return self

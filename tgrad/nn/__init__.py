@@ -10,6 +10,7 @@ import numpy as np
 from tgrad.dtype import dtypes
 from tgrad.errors import DTypeError, ShapeError
 from tgrad.ops.helpers import _tuple
+from tgrad.ops.nn import note_eval_mode
 from tgrad.tensor import Tensor
 
 
@@ -112,7 +113,10 @@ class BatchNorm:
         axes = tuple(i for i in range(x.ndim) if i != 1)
         if self.track_running_stats and not Tensor.training:  # eval: the running statistics
             invstd = (self.running_var + self.eps).rsqrt()
-            return x.batchnorm(self.weight, self.bias, self.running_mean, invstd)
+            y = x.batchnorm(self.weight, self.bias, self.running_mean, invstd)
+            if not Tensor.no_grad:  # (a backward() through it warns: training mode was likely meant)
+                note_eval_mode(y.node, "BatchNorm")
+            return y
         # the batch's statistics: Tensor.layernorm over every axis but the channels', whose gradient is
         # PyTorch's r * (g - mean(g) - y * mean(g * y)) in one rule (two sums a channel, one elementwise
         # pass) instead of the composed one through the mean and the variance

@@ -46,6 +46,10 @@ TORCH_CASES = [
     ("flip() is a copy", _set(lambda x: x.flip(0), 0, 9.0)),
     ("contiguous() of a contiguous view (the view)", _set(lambda x: x[0].contiguous(), 0, 9.0)),
     ("contiguous() of a transpose (a copy)", _set(lambda x: x.transpose(0, 1).contiguous(), 0, 9.0)),
+    ("unfold, one window", _set(lambda x: x.unfold(2, 2, 1), (0, 1, 1), -2.0)),
+    ("unfold, one element", _set(lambda x: x.unfold(1, 2, 1), (1, 0, 3, 1), -3.0)),
+    ("unfold of unfold", _set(lambda x: x.unfold(2, 2, 2).unfold(1, 2, 1), (1, 0, 1, 1, 0), 5.0)),
+    ("mul_ on windows that do not overlap", lambda x: x.unfold(2, 2, 2).mul_(2.0)),
     ("add_ on a transpose", lambda x: x.transpose(0, 1).add_(1.0)),
     ("mul_ on a narrow", lambda x: x.narrow(2, 1, 2).mul_(3.0)),
 ]
@@ -83,6 +87,17 @@ def test_view_writes_like_torch(device, name, fn):
     np.testing.assert_array_equal(t.numpy(), expected.numpy(), err_msg=name)
 
 
+def test_unfold_reads_later_writes(device):
+    """unfold() is a view in PyTorch: windows made before a write to the base read the new values."""
+    base = torch.tensor(BASE)
+    windows = base.unfold(2, 3, 1)
+    base[0, 0, 1] = 9.0
+    t = Tensor(BASE.copy(), device=device)
+    got = t.unfold(2, 3, 1)
+    t[0, 0, 1] = 9.0
+    np.testing.assert_array_equal(got.numpy(), windows.numpy())
+
+
 def test_pad_result_is_a_copy(device):
     expected = torch.tensor(BASE)
     torch.nn.functional.pad(expected, (1, 1))[0] = 9.0
@@ -96,10 +111,12 @@ def test_overlapping_writes_raise_like_torch():
     with pytest.raises(RuntimeError):
         torch.tensor(BASE)[:, :1].expand(2, 3, 4)[0] = 9.0
     t = Tensor(BASE.copy())
-    with pytest.raises(ArgumentError, match="expanded view"):
+    with pytest.raises(ArgumentError, match="an expanded axis"):
         t[:, :1].expand(2, 3, 4)[0] = 9.0
-    with pytest.raises(ArgumentError, match="expanded view"):
+    with pytest.raises(ArgumentError, match="an expanded axis"):
         t[:, :1].expand(2, 3, 4).assign(Tensor.zeros(2, 3, 4))
+    with pytest.raises(ArgumentError, match="overlapping unfold"):  # (PyTorch writes some of the sums)
+        t.unfold(2, 2, 1).add_(1.0)
     # an integer-tensor index into an expanded view (PyTorch writes the shared element): refused here
     with pytest.raises(ArgumentError, match="expanded view"):
         t[:, :1].expand(2, 3, 4)[0, Tensor([0, 1])] = 9.0

@@ -442,16 +442,16 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             return False
         if inplace.overlapping(root.shape, steps):
             raise ArgumentError(
-                f"assign: this tensor ({self.shape}) is an expanded view of a {root.shape} tensor, so "
-                "several of its elements are one element of that tensor (PyTorch refuses such in-place "
-                "writes too); clone() it first"
+                f"assign: several elements of this tensor ({self.shape}) are one element of the "
+                f"{root.shape} tensor it views (an expanded axis, or overlapping unfold() windows); in-place "
+                "writes into it are refused (PyTorch refuses the expanded kind too); clone() it first"
             )
         shapes = [root.shape]  # the shape before each step
         for op, arg in steps[:-1]:
             shapes.append(inplace.shape_after(shapes[-1], op, arg))
         # each op undone on x and, where the view covers part of the base, on a mask of its elements (an
         # expand that the view does not overlap leaves one of each expanded row's elements: that one)
-        partial = any(op in (Op.SHRINK, Op.EXPAND) or op == inplace.STRIDE for op, _ in steps)
+        partial = any(op in (Op.SHRINK, Op.EXPAND, inplace.STRIDE, inplace.WINDOWS) for op, _ in steps)
         ts = [x, Tensor.ones(*x.shape, dtype=dtypes.bool, device=self.device)] if partial else [x]
         for (op, arg), shape in zip(reversed(steps), reversed(shapes)):
             if op is Op.RESHAPE:
@@ -461,6 +461,20 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 ts = [t.permute(back) for t in ts]
             elif op is Op.FLIP:
                 ts = [t.flip(arg) for t in ts]
+            elif op == inplace.WINDOWS:  # windows_node's ops undone; each element is in one window written
+                axis, size, step = arg
+                n, count = shape[axis], ts[0].shape[axis]
+                rows = -(-count * (n + step) // n)
+                pre, post = shape[:axis], shape[axis + 1 :]
+                back = [t.movedim(-1, axis + 1) for t in ts]  # (..., count, size, ...)
+                grow = [(0, 0)] * len(back[0].shape)
+                grow[axis + 1] = (0, n + step - size)
+                back = [t.pad(tuple(grow)).reshape(pre + (count * (n + step),) + post) for t in back]
+                grow = [(0, 0)] * len(shape)
+                grow[axis] = (0, rows * n - count * (n + step))
+                back = [t.pad(tuple(grow)).reshape(pre + (rows, n) + post) for t in back]
+                x_back = back[1].where(back[0], self.dtype.min).max(axis, keepdim=True)
+                ts = [t.reshape(shape) for t in (x_back, back[1].any(axis, keepdim=True))]
             elif op is Op.SHRINK:
                 pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
                 ts = [t.pad(pads) for t in ts]

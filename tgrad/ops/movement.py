@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tgrad import graph as g
+from tgrad import inplace
 from tgrad.dtype import dtypes, promote
 from tgrad.errors import ArgumentError, IndexRangeError, ModeError, ShapeError
 from tgrad.graph import Op
@@ -299,6 +300,9 @@ class MovementOps:
         if step <= 0 or not 0 <= size <= n:
             raise ShapeError(f"unfold: size {size} and step {step} do not fit dimension {d} of size {n}")
         count = (n - size) // step + 1
+        if self.ndim and size:  # view ops: a view of self, as in PyTorch
+            arg = (d, size, step)
+            return self._from(inplace.windows_node(self.node, *arg), self, view=((inplace.WINDOWS, arg),))
         idx = Tensor.arange(count, device=self.device).reshape(count, 1) * step + Tensor.arange(
             size, device=self.device
         )  # (count, size) positions

@@ -28,6 +28,7 @@ NUMPY_CASES = [
     ("[::-1][0][::-1][0] = 8", _set(lambda x: x[::-1][0][::-1], 0, 8.0)),
     ("[::-1] slice of a slice", _set(lambda x: x[:, 1:][:, ::-1], (0, 0, slice(None, None, -1)), -4.0)),
     ("reversed view reshaped", _set(lambda x: x[:, :, ::-1].reshape(6, 4), 5, 11.0)),
+    ("t[::-1, 0, ::-2] = 9", lambda x: x.__setitem__((slice(None, None, -1), 0, slice(None, None, -2)), 9.0)),
 ]
 
 TORCH_CASES = [

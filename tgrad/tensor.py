@@ -378,7 +378,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def contiguous(self) -> Tensor:
         """This value in a buffer of its own, row-major (tinygrad's contiguous; PyTorch's copy of a
         non-contiguous tensor): fusion never recomputes it inside its users' kernels. A view is copied, an
-        unrealized result is computed by a kernel of its own; a whole buffer is returned as it is.
+        unrealized result is computed by a kernel of its own; a whole buffer, or a row-major view of one
+        (PyTorch's rule: writes into it reach the buffer), is returned as it is.
         Gradients flow through."""
         if self.node.op is Op.BUFFER or self.node.realized or self._contiguous_view():
             return self

@@ -115,6 +115,13 @@ class dtypes:
         return dtypes.default_float
 
 
+# (low, high) of each dtype's values: for floats the largest finite one (bfloat16's is its own, not float32's)
+_LIMITS = {
+    d.name: (d.min, d.max) if d.kind in "iub"
+    else (None, 3.3895313892515355e38 if d.name == "bfloat16" else float(np.finfo(d.np).max))
+    for d in dtypes.all
+}
+
 # PyTorch's and C's short names for dtypes (torch.int is int32, torch.long int64, torch.half float16)
 _ALIASES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "half": "float16",
             "short": "int16", "char": "int8", "uchar": "uint8"}
@@ -126,20 +133,23 @@ def check_fits(value, dtype: DType, op: str, strict_float: bool = False):
     dtypes also take -max..-1, wrapped as in PyTorch) or a float that is nan, inf, outside the range, or
     negative for an unsigned dtype (else truncated toward zero). Into a float dtype a finite value past its
     largest one is inf, except with strict_float (PyTorch's full, fill_, masked_fill, clamp), which raise."""
-    if dtype.kind == "b" or isinstance(value, (bool, np.bool_)):
+    kind = dtype.kind
+    if kind == "b" or type(value) is bool or isinstance(value, np.bool_):
         return value
-    if dtype.kind == "f":
-        if strict_float and abs(value) > _max_finite(dtype) and abs(value) != float("inf"):  # (nan: False)
-            _overflow(value, dtype, op, -_max_finite(dtype), _max_finite(dtype))
+    if kind == "f":
+        if strict_float:
+            top = _LIMITS[dtype.name][1]
+            if not -top <= value <= top and value == value and abs(value) != float("inf"):
+                _overflow(value, dtype, op, -top, top)
         return value
-    low, high = dtype.min, dtype.max
-    if isinstance(value, (int, np.integer)):
+    low, high = _LIMITS[dtype.name]
+    if type(value) is int or isinstance(value, (int, np.integer)):
         value = int(value)
-        if dtype.kind == "u" and -high <= value < 0:
+        if low <= value <= high:
+            return value
+        if kind == "u" and -high <= value < 0:
             return value % (high + 1)
-        if not low <= value <= high:
-            _overflow(value, dtype, op, -high if dtype.kind == "u" else low, high)
-        return value
+        _overflow(value, dtype, op, -high if kind == "u" else low, high)
     if not low <= value <= high:  # (nan, inf, and negative floats for unsigned dtypes)
         _overflow(value, dtype, op, low, high)
     return value
@@ -164,10 +174,6 @@ def fitted_array(values: np.ndarray, data, dtype: DType, op: str) -> np.ndarray:
     if bad.any():
         check_fits(values[bad].flat[0].item(), dtype, op)
     return values
-
-
-def _max_finite(dtype: DType) -> float:
-    return 3.3895313892515355e38 if dtype == dtypes.bfloat16 else float(np.finfo(dtype.np).max)
 
 
 def _overflow(value, dtype: DType, op: str, low, high):

@@ -1,5 +1,5 @@
-"""Python values a dtype cannot hold (issue 46 item 5): Tensor(), full, fill_, t[i] = v, masked_fill, where
-and clamp either raise as PyTorch does (ValueOverflowError) or give PyTorch's value (unsigned wrapping of
+"""Python values a dtype cannot hold (issue 46 item 5): Tensor(), full, fill_, t[i] = v, masked_fill, where,
+pad and clamp either raise as PyTorch does (ValueOverflowError) or give PyTorch's value (unsigned wrapping of
 small negative ints, truncation of floats, inf for float16 construction). Each case runs in PyTorch too."""
 
 import itertools
@@ -75,6 +75,8 @@ def _ops(device: str) -> list:
          lambda v, n: Tensor.zeros(3, dtype=n, device=device).masked_fill(mask_g, v)),
         ("where", lambda v, n: torch.where(mask_t, torch.zeros(3, dtype=td(n)), v),
          lambda v, n: mask_g.where(Tensor.zeros(3, dtype=n, device=device), v)),
+        ("pad", lambda v, n: torch.nn.functional.pad(torch.zeros(2, dtype=td(n)), (1, 1), value=v),
+         lambda v, n: Tensor.zeros(2, dtype=n, device=device).pad(((1, 1),), value=v)),
         ("clamp min", lambda v, n: torch.full((2,), 7, dtype=td(n)).clamp(min=v),
          lambda v, n: Tensor.full((2,), 7, dtype=n, device=device).clamp(min=v)),
         ("clamp max", lambda v, n: torch.full((2,), 7, dtype=td(n)).clamp(max=v),
@@ -125,13 +127,19 @@ def test_overflow_grid_like_torch():
         for v in _values(name):
             if (op, name, v) in TORCH_BUGS or op.startswith("clamp") and name == "bool":
                 continue
+            if op == "pad" and abs(v) > 2**53:  # PyTorch's pad value is a double: 2^63 - 1 becomes -2^63
+                continue
             _check(op, fn_t, fn_g, v, name)
 
 
-def test_torch_bug_cases_raise():
-    """A float past int64 into int64: tgrad raises instead of PyTorch's wrapped value."""
+def test_torch_bug_cases():
+    """A float past int64 into int64: tgrad raises instead of PyTorch's wrapped value; pad keeps an int64
+    value exactly (PyTorch's goes through a double)."""
     with pytest.raises(ValueOverflowError, match="1e\\+300 does not fit in int64"):
         Tensor([1e300], dtype="int64")
+    top = np.iinfo(np.int64).max
+    got = Tensor.zeros(1, dtype="int64", device="NUMPY").pad(((1, 0),), value=top).numpy()
+    np.testing.assert_array_equal(got, np.pad(np.zeros(1, np.int64), (1, 0), constant_values=top))
 
 
 def test_error_names_op_value_range_and_line():
@@ -157,7 +165,7 @@ DEVICE_CASES = [  # the values a device computes (the raising is decided on the 
     ("setitem slice", "float16", 1e6), ("setitem indices", "int16", 40000), ("masked_fill", "uint8", -1),
     ("masked_fill", "int8", -129), ("where", "uint8", -1), ("where", "int8", 300), ("clamp min", "uint8", -1),
     ("clamp max", "uint8", -1), ("clamp max", "int8", 300), ("clamp max", "float32", 1e300),
-    ("Tensor", "float64", 1e300),
+    ("Tensor", "float64", 1e300), ("pad", "uint8", -1), ("pad", "int8", 1.7),
 ]
 
 

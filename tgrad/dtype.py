@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,34 +123,41 @@ _LIMITS = {
     for d in dtypes.all
 }
 
+# the magnitude from which a value rounds to inf (the largest finite one and half its last step)
+_INF_FROM = {"float16": 65520.0, "bfloat16": 2.0**128 - 2.0**119, "float32": 2.0**128 - 2.0**103}
+
 # PyTorch's and C's short names for dtypes (torch.int is int32, torch.long int64, torch.half float16)
 _ALIASES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "half": "float16",
             "short": "int16", "char": "int8", "uchar": "uint8"}
 
 
-def check_fits(value, dtype: DType, op: str, strict_float: bool = False):
+def check_fits(value, dtype: DType, op: str, strict_float: bool = False, wrap: bool = True):
     """value (a Python or numpy scalar) as dtype holds it, or ValueOverflowError naming op, the value and
     dtype's range where PyTorch refuses it: into an int dtype, an int outside the dtype's range (unsigned
     dtypes also take -max..-1, wrapped as in PyTorch) or a float that is nan, inf, outside the range, or
     negative for an unsigned dtype (else truncated toward zero). Into a float dtype a finite value past its
-    largest one is inf, except with strict_float (PyTorch's full, fill_, masked_fill, clamp), which raise."""
+    largest one is inf, except with strict_float (PyTorch's full, fill_, masked_fill, clamp), which raise.
+    wrap=False: negative ints into unsigned dtypes raise too (PyTorch's pad)."""
     kind = dtype.kind
     if kind == "b" or type(value) is bool or isinstance(value, np.bool_):
         return value
     if kind == "f":
+        top = _LIMITS[dtype.name][1]
+        if -top <= value <= top or value != value or abs(value) == float("inf"):
+            return value
         if strict_float:
-            top = _LIMITS[dtype.name][1]
-            if not -top <= value <= top and value == value and abs(value) != float("inf"):
-                _overflow(value, dtype, op, -top, top)
-        return value
+            _overflow(value, dtype, op, -top, top)
+        # past the largest finite value: inf where rounding gives it (said here, so no device's cast warns)
+        rounds_to_inf = abs(value) >= _INF_FROM.get(dtype.name, math.inf)
+        return math.copysign(math.inf, value) if rounds_to_inf else value
     low, high = _LIMITS[dtype.name]
     if type(value) is int or isinstance(value, (int, np.integer)):
         value = int(value)
         if low <= value <= high:
             return value
-        if kind == "u" and -high <= value < 0:
+        if kind == "u" and wrap and -high <= value < 0:
             return value % (high + 1)
-        _overflow(value, dtype, op, -high if kind == "u" else low, high)
+        _overflow(value, dtype, op, -high if kind == "u" and wrap else low, high)
     if not low <= value <= high:  # (nan, inf, and negative floats for unsigned dtypes)
         _overflow(value, dtype, op, low, high)
     return value

@@ -10,7 +10,7 @@ import numpy as np
 
 from tgrad import graph as g
 from tgrad import inplace
-from tgrad.dtype import dtypes, promote
+from tgrad.dtype import check_fits, dtypes, promote
 from tgrad.errors import ArgumentError, IndexRangeError, ModeError, ShapeError
 from tgrad.graph import Op
 from tgrad.ops.helpers import _normalize_axis, _position_dtype
@@ -120,6 +120,9 @@ class MovementOps:
         out = self._from(g.move(self.node, Op.PAD, arg), self)
         if value != 0:
             inside = type(self)(g.move(g.const(True, dtypes.bool, self.device, self.shape), Op.PAD, arg))
+            if type(value) in (bool, int, float):  # in self's dtype, as PyTorch's (and checked as there)
+                fill = check_fits(value, self.dtype, "pad", strict_float=True, wrap=False)
+                value = type(self)(g.const(fill, self.dtype, self.device))
             out = inside.where(out, value)
         return out
 

@@ -206,7 +206,7 @@ def test_assign_to_a_view_keeps_the_base_buffer(device):
 def test_assign_to_an_expanded_view_raises(device):
     p = Tensor(P)
     e = p.reshape(1, 4).expand(3, 4)
-    with pytest.raises(ArgumentError, match="expanded view"):
+    with pytest.raises(ArgumentError, match="an expanded axis"):
         e.assign(Tensor.zeros(3, 4))
     with pytest.raises(RuntimeError):  # PyTorch refuses too
         torch.tensor(P).reshape(1, 4).expand(3, 4).copy_(torch.zeros(3, 4))

@@ -203,6 +203,7 @@ def test_groupnorm_layer():
     _check_layer(GroupNorm(2, 4), torch.nn.GroupNorm(2, 4), X4)
 
 
+@pytest.mark.filterwarnings("ignore:backward\\(\\) through a BatchNorm in eval mode")  # (eval on purpose)
 def test_batchnorm2d_train_and_eval():
     bn, tbn = BatchNorm2d(4), torch.nn.BatchNorm2d(4)
     Tensor.training = True

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from tgrad.errors import DTypeError
+from tgrad.errors import DTypeError, ValueOverflowError
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,9 +116,79 @@ class dtypes:
         return dtypes.default_float
 
 
+# (low, high) of each dtype's values: for floats the largest finite one (bfloat16's is its own, not float32's)
+_LIMITS = {
+    d.name: (d.min, d.max) if d.kind in "iub"
+    else (None, 3.3895313892515355e38 if d.name == "bfloat16" else float(np.finfo(d.np).max))
+    for d in dtypes.all
+}
+
+# the magnitude from which a value rounds to inf (the largest finite one and half its last step)
+_INF_FROM = {"float16": 65520.0, "bfloat16": 2.0**128 - 2.0**119, "float32": 2.0**128 - 2.0**103}
+
 # PyTorch's and C's short names for dtypes (torch.int is int32, torch.long int64, torch.half float16)
 _ALIASES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "half": "float16",
             "short": "int16", "char": "int8", "uchar": "uint8"}
+
+
+def check_fits(value, dtype: DType, op: str, strict_float: bool = False, wrap: bool = True):
+    """value (a Python or numpy scalar) as dtype holds it, or ValueOverflowError naming op, the value and
+    dtype's range where PyTorch refuses it: into an int dtype, an int outside the dtype's range (unsigned
+    dtypes also take -max..-1, wrapped as in PyTorch) or a float that is nan, inf, outside the range, or
+    negative for an unsigned dtype (else truncated toward zero). Into a float dtype a finite value past its
+    largest one is inf, except with strict_float (PyTorch's full, fill_, masked_fill, clamp), which raise.
+    wrap=False: negative ints into unsigned dtypes raise too (PyTorch's pad)."""
+    kind = dtype.kind
+    if kind == "b" or type(value) is bool or isinstance(value, np.bool_):
+        return value
+    if kind == "f":
+        top = _LIMITS[dtype.name][1]
+        if -top <= value <= top or value != value or abs(value) == float("inf"):
+            return value
+        if strict_float:
+            _overflow(value, dtype, op, -top, top)
+        # past the largest finite value: inf where rounding gives it (said here, so no device's cast warns)
+        rounds_to_inf = abs(value) >= _INF_FROM.get(dtype.name, math.inf)
+        return math.copysign(math.inf, value) if rounds_to_inf else value
+    low, high = _LIMITS[dtype.name]
+    if type(value) is int or isinstance(value, (int, np.integer)):
+        value = int(value)
+        if low <= value <= high:
+            return value
+        if kind == "u" and wrap and -high <= value < 0:
+            return value % (high + 1)
+        _overflow(value, dtype, op, -high if kind == "u" and wrap else low, high)
+    if not low <= value <= high:  # (nan, inf, and negative floats for unsigned dtypes)
+        _overflow(value, dtype, op, low, high)
+    return value
+
+
+def fitted_array(values: np.ndarray, data, dtype: DType, op: str) -> np.ndarray:
+    """check_fits for every element of values, the array numpy made from Python values `data` (a list
+    given to Tensor()); values, or, where numpy's float64 lost the exact ints (past 2^53), the checked
+    Python values again."""
+    if not dtype.is_int or values.size == 0 or values.dtype.kind not in "iuf":
+        return values
+    low, high = dtype.min, dtype.max
+    if values.dtype.kind in "iu":
+        bad = (values < (-high if dtype.kind == "u" else low)) | (values > high)
+    else:
+        with np.errstate(invalid="ignore"):
+            if np.abs(values).max(initial=0) >= 2.0**53:  # (nan: False) ints numpy rounded: check each
+                exact = np.array(data, dtype=object).reshape(-1)
+                return np.array([check_fits(v, dtype, op) for v in exact], dtype=object).astype(
+                    dtype.np).reshape(values.shape)
+            bad = ~((values >= low) & (values <= high))
+    if bad.any():
+        check_fits(values[bad].flat[0].item(), dtype, op)
+    return values
+
+
+def _overflow(value, dtype: DType, op: str, low, high):
+    raise ValueOverflowError(
+        f"{op}: the value {value!r} does not fit in {dtype.name} (it holds {low} to {high}); pick a wider "
+        f"dtype, or cast a tensor to {dtype.name} to wrap values on purpose"
+    )
 
 
 def promote(a: DType, b: DType) -> DType:

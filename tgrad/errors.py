@@ -31,6 +31,19 @@ def user_frame() -> str:
     return ""
 
 
+def user_stacklevel() -> int:
+    """warnings.warn's stacklevel that names the innermost frame outside the tgrad package (the user's
+    line), for a warn() called in the function that computes it."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _op_name(code, package: str) -> str:
     """The qualified name of a tgrad function; a method of the op mixins in tgrad/ops/ (ElementwiseOps.add)
     is named as the Tensor method the user called (Tensor.add)."""
@@ -58,8 +71,9 @@ class ModeError(ArgumentError, NotImplementedError):
     """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
 
 
-class ValueOverflowError(TgradError, OverflowError):
-    """A value that the requested dtype cannot hold (tgrad refuses instead of wrapping silently)."""
+class ValueOverflowError(TgradError, OverflowError, RuntimeError):
+    """A value that the requested dtype cannot hold (tgrad refuses instead of wrapping silently); also a
+    RuntimeError, which PyTorch raises for it."""
 
 
 class DTypeError(TgradError, TypeError, RuntimeError):

@@ -364,10 +364,17 @@ def cast(node: Node, dtype: DType) -> Node:
     return Node(Op.CAST, (node,), dtype, node.shape, dtype, node.device)
 
 
+_INT_SPAN = {d.name: (d.min, 1 << 8 * d.itemsize) for d in dtypes.all if d.is_int}
+
+
 def const(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> Node:
     """A constant of any shape: one node (no memory; every kernel reads it as a literal), which movement
     ops other than PAD fold into (a constant of their shape)."""
     value = bool(value) if dtype.kind == "b" else (int(value) if dtype.is_int else float(value))
+    if dtype.is_int:  # an int past the dtype wraps, as PyTorch's `int8_tensor + 300` (its kernels' literal)
+        low, span = _INT_SPAN[dtype.name]
+        if not low <= value < low + span:
+            value = (value - low) % span + low
     if dtype == dtypes.bfloat16:  # the bfloat16 nearest the value (through float32, as in PyTorch)
         value = float(round_bf16(value))
     return Node(Op.CONST, (), value, tuple(shape), dtype, device)

@@ -6,10 +6,11 @@ tensor made before an assign and first computed after it would read the new valu
 at once: the old). Two rules make the lazy result PyTorch's:
 
 - Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
-  step slices, detach, and only where the result is strided memory, as in PyTorch: not `repeat`'s
-  reshape of an expand) is recorded on its base tensor. `assign()` to the base rebuilds each view's ops
-  on the base's new node, so a view reads the new value, and so does anything computed from it
-  afterwards. An `assign()` to a view writes through to its base (`Tensor._assign_view`).
+  step slices, negative ones too as numpy's (not flip(), a copy in PyTorch), detach, and only where the
+  result is strided memory, as in PyTorch: not `repeat`'s reshape of an expand) is recorded on its base.
+  `assign()` to the base rebuilds each view's ops on the base's new node, so a view reads the new value,
+  and so does anything computed from it afterwards. An `assign()` to a view writes through to its base
+  (`Tensor._assign_view`; refused where elements of the view overlap, an expand, as in PyTorch).
 - Before a realize (or a TinyJit replay) overwrites buffers (the assigns of its nodes, or ones their
   graphs read), every live tensor not computed yet whose value reads one of those buffers, other than
   through a view of it, is computed in the same schedule, before the writes (`with_writes`,
@@ -46,6 +47,9 @@ Steps = tuple[tuple[Op | str, object], ...]  # view ops (op, arg), first first; 
 # a step slice x[::k] along one axis, arg (axis, k): a pad, reshape, shrink and reshape in the graph (no
 # single movement op says it), so views record it as one op
 STRIDE = "STRIDE"
+# x.unfold(axis, size, step), arg (axis, size, step): windows on a new last axis (view ops in the graph
+# that strides express only as one op: strides (step * s, s))
+WINDOWS = "WINDOWS"
 
 
 def track(t) -> None:
@@ -90,6 +94,28 @@ def stride_node(node: Node, axis: int, step: int) -> Node:
     return move(x, Op.RESHAPE, shape[:axis] + (count,) + shape[axis + 1 :])
 
 
+def windows_node(node: Node, axis: int, size: int, step: int) -> Node:
+    """Windows of `size` every `step` along axis (whose length n is >= size > 0), on a new last axis, by
+    view ops: the axis repeated E times, cut to rows of n + step (so row i starts at i * step), and
+    each row's first `size` elements."""
+    shape = node.shape
+    n = shape[axis]
+    count = (n - size) // step + 1
+    rows = -(-count * (n + step) // n)  # E
+    pre, post = shape[:axis], shape[axis + 1 :]
+    x = move(node, Op.RESHAPE, pre + (1, n) + post)
+    x = move(x, Op.EXPAND, pre + (rows, n) + post)
+    x = move(x, Op.RESHAPE, pre + (rows * n,) + post)
+    whole = tuple((0, s) for s in pre), tuple((0, s) for s in post)
+    x = move(x, Op.SHRINK, whole[0] + ((0, count * (n + step)),) + whole[1])
+    x = move(x, Op.RESHAPE, pre + (count, n + step) + post)
+    keep = [(0, s) for s in x.shape]
+    keep[axis + 1] = (0, size)
+    x = move(x, Op.SHRINK, tuple(keep))
+    order = tuple(i for i in range(len(x.shape)) if i != axis + 1)
+    return move(x, Op.PERMUTE, order + (axis + 1,))
+
+
 def shape_after(shape: tuple[int, ...], op, arg) -> tuple[int, ...]:
     """The shape a view op gives."""
     if op is Op.RESHAPE or op is Op.EXPAND:
@@ -101,6 +127,9 @@ def shape_after(shape: tuple[int, ...], op, arg) -> tuple[int, ...]:
     if op == STRIDE:
         axis, step = arg
         return shape[:axis] + ((shape[axis] + step - 1) // step,) + shape[axis + 1 :]
+    if op == WINDOWS:
+        axis, size, step = arg
+        return shape[:axis] + ((shape[axis] - size) // step + 1,) + shape[axis + 1 :] + (size,)
     return shape
 
 
@@ -115,23 +144,53 @@ def strided(shape: tuple[int, ...], steps: Steps) -> bool:
         moved = moved or op is not Op.RESHAPE and op is not Op.DETACH
     else:
         return True
+    return strided_view(shape, steps) is not None
+
+
+def strided_view(shape: tuple[int, ...], steps: Steps) -> View | None:
+    """The View (sizes, strides, offset) these view ops give over a contiguous tensor of this shape; None
+    where strides cannot express them."""
     view: View | None = View.contiguous(shape)
     for op, arg in steps:
         if op is Op.RESHAPE:
             view = View.contiguous(arg) if 0 in arg else view.reshape(tuple(arg))
             if view is None:
-                return False
+                return None
         elif op is Op.PERMUTE:
             view = view.permute(arg)
         elif op is Op.EXPAND:
             view = view.expand(arg)
         elif op is Op.SHRINK:
             view = view.shrink(arg)
+        elif op is Op.FLIP:  # (x[::-1]: negative strides, as numpy's view)
+            view = view.flip(arg)
         elif op == STRIDE:
             axis, step = arg
             strides = tuple(st * step if i == axis else st for i, st in enumerate(view.strides))
             view = View(shape_after(view.shape, op, arg), strides, view.offset, None)
-    return True
+        elif op == WINDOWS:
+            axis, _, step = arg
+            st = view.strides[axis]
+            strides = view.strides[:axis] + (st * step,) + view.strides[axis + 1 :] + (st,)
+            view = View(shape_after(view.shape, op, arg), strides, view.offset, None)
+    return view
+
+
+def overlapping(shape: tuple[int, ...], steps: Steps) -> bool:
+    """Whether several elements of these view ops' result may be one element of the base (an expanded
+    axis left longer than 1, overlapping windows): in-place writes into it are refused (PyTorch refuses
+    the first kind). Each axis, by stride, must step over everything the smaller-strided axes span."""
+    if not any(op is Op.EXPAND or op == WINDOWS for op, _ in steps):
+        return False
+    view = strided_view(shape, steps)
+    if view is None:
+        return False
+    span = 0
+    for st, n in sorted((abs(st), n) for st, n in zip(view.strides, view.shape) if n > 1):
+        if st <= span:
+            return True
+        span += st * (n - 1)
+    return False
 
 
 def is_view(node: Node) -> bool:
@@ -147,6 +206,8 @@ def replay(node: Node, steps: Steps) -> Node:
             node = Node(Op.DETACH, (node,), None, node.shape, node.dtype, node.device)
         elif op == STRIDE:
             node = stride_node(node, *arg)
+        elif op == WINDOWS:
+            node = windows_node(node, *arg)
         else:
             node = move(node, op, arg)
     return node

@@ -15,7 +15,17 @@ from tgrad import autodiff, inplace
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, get_runtime
-from tgrad.dtype import DType, dtypes, from_bytes, host_values, promote, round_bf16, to_bytes
+from tgrad.dtype import (
+    DType,
+    check_fits,
+    dtypes,
+    fitted_array,
+    from_bytes,
+    host_values,
+    promote,
+    round_bf16,
+    to_bytes,
+)
 from tgrad.errors import (
     ArgumentError,
     AutogradError,
@@ -34,7 +44,7 @@ from tgrad.ops.linalg import LinalgOps
 from tgrad.ops.losses import LossOps
 from tgrad.ops.math import MathOps
 from tgrad.ops.movement import MovementOps
-from tgrad.ops.nn import NNOps
+from tgrad.ops.nn import EVAL_MODE_NODES, NNOps, warn_eval_mode
 from tgrad.ops.reduce import ReduceOps
 
 # tensors created or marked with requires_grad=True, by id (Tensor.__eq__ is elementwise: no WeakSet)
@@ -180,7 +190,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 if dtype is not None:
                     node = g.cast(node, dtype)
             elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-                node = g.const(data, dtype or dtypes.from_py(data), device)
+                dtype = dtype or dtypes.from_py(data)
+                node = g.const(check_fits(data, dtype, "Tensor"), dtype, device)
             else:
                 node = _node_from_host(data, device, dtype)
         self.node: Node = node
@@ -415,9 +426,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def contiguous(self) -> Tensor:
         """This value in a buffer of its own, row-major (tinygrad's contiguous; PyTorch's copy of a
         non-contiguous tensor): fusion never recomputes it inside its users' kernels. A view is copied, an
-        unrealized result is computed by a kernel of its own; a whole buffer is returned as it is.
+        unrealized result is computed by a kernel of its own; a whole buffer, or a row-major view of one
+        (PyTorch's rule: writes into it reach the buffer), is returned as it is.
         Gradients flow through."""
-        if self.node.op is Op.BUFFER or self.node.realized:
+        if self.node.op is Op.BUFFER or self.node.realized or self._contiguous_view():
             return self
         if self.node.op is Op.DETACH and self.node.arg == "contiguous":  # already its own kernel's value:
             return self  # (a second contiguous made a kernel copying it: conv2d's computed input)
@@ -471,6 +483,15 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         """Keep a weak reference to a node this leaf is leaving (see _before); the last 8 live ones."""
         self._before = (*[r for r in self._before if r() is not None][-7:], weakref.ref(node))
 
+    def _contiguous_view(self) -> bool:
+        """Whether this tensor is a row-major view of a buffer (x[0]): PyTorch's contiguous() returns such
+        a view itself, so writes into the result reach the base."""
+        if self._base is None or self._base[0].node.op is not Op.BUFFER:
+            return False
+        view = inplace.strided_view(self._base[0].shape, self._base[1])
+        return view is not None and view.mask is None and all(
+            st == want or n == 1 for st, want, n in zip(view.strides, g.strides_for(view.shape), view.shape))
+
     def _assign_view(self, x: Tensor) -> bool:
         """assign() to a view writes into its base (PyTorch's in-place ops on a view): the base takes x
         where this view's elements are, and its views (this one too) the new value. False when this
@@ -479,11 +500,18 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if not inplace.strided(root.shape, steps):
             self._base = None
             return False
+        if inplace.overlapping(root.shape, steps):
+            raise ArgumentError(
+                f"assign: several elements of this tensor ({self.shape}) are one element of the "
+                f"{root.shape} tensor it views (an expanded axis, or overlapping unfold() windows); in-place "
+                "writes into it are refused (PyTorch refuses the expanded kind too); clone() it first"
+            )
         shapes = [root.shape]  # the shape before each step
         for op, arg in steps[:-1]:
             shapes.append(inplace.shape_after(shapes[-1], op, arg))
-        # each op undone on x and, where the view covers part of the base, on a mask of its elements
-        partial = any(op is Op.SHRINK or op == inplace.STRIDE for op, _ in steps)
+        # each op undone on x and, where the view covers part of the base, on a mask of its elements (an
+        # expand that the view does not overlap leaves one of each expanded row's elements: that one)
+        partial = any(op in (Op.SHRINK, Op.EXPAND, inplace.STRIDE, inplace.WINDOWS) for op, _ in steps)
         ts = [x, Tensor.ones(*x.shape, dtype=dtypes.bool, device=self.device)] if partial else [x]
         for (op, arg), shape in zip(reversed(steps), reversed(shapes)):
             if op is Op.RESHAPE:
@@ -491,6 +519,22 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             elif op is Op.PERMUTE:
                 back = tuple(np.argsort(arg))
                 ts = [t.permute(back) for t in ts]
+            elif op is Op.FLIP:
+                ts = [t.flip(arg) for t in ts]
+            elif op == inplace.WINDOWS:  # windows_node's ops undone; each element is in one window written
+                axis, size, step = arg
+                n, count = shape[axis], ts[0].shape[axis]
+                rows = -(-count * (n + step) // n)
+                pre, post = shape[:axis], shape[axis + 1 :]
+                back = [t.movedim(-1, axis + 1) for t in ts]  # (..., count, size, ...)
+                grow = [(0, 0)] * len(back[0].shape)
+                grow[axis + 1] = (0, n + step - size)
+                back = [t.pad(tuple(grow)).reshape(pre + (count * (n + step),) + post) for t in back]
+                grow = [(0, 0)] * len(shape)
+                grow[axis] = (0, rows * n - count * (n + step))
+                back = [t.pad(tuple(grow)).reshape(pre + (rows, n) + post) for t in back]
+                x_back = back[1].where(back[0], self.dtype.min).max(axis, keepdim=True)
+                ts = [t.reshape(shape) for t in (x_back, back[1].any(axis, keepdim=True))]
             elif op is Op.SHRINK:
                 pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
                 ts = [t.pad(pads) for t in ts]
@@ -503,11 +547,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 keep[axis] = (0, shape[axis])
                 ts = [t.unsqueeze(axis + 1).pad(tuple(grow)).reshape(flat).shrink(keep) for t in ts]
             elif op is Op.EXPAND and tuple(arg) != tuple(shape):
-                raise ArgumentError(
-                    f"assign: this tensor ({self.shape}) is an expanded view of a {root.shape} tensor, so "
-                    "several of its elements are one element of that tensor (PyTorch refuses such in-place "
-                    "writes too); clone() it first"
-                )
+                axes = tuple(i for i, (a, b) in enumerate(zip(shape, arg)) if a != b)
+                x_back = ts[1].where(ts[0], self.dtype.min).max(axes, keepdim=True)
+                ts = [x_back, ts[1].any(axes, keepdim=True)]
         root.assign(ts[1].where(ts[0], root) if partial else ts[0])
         return True
 
@@ -531,6 +573,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         """Set .grad of every requires_grad tensor this one depends on (adding to an existing one), computed
         when it returns (with this tensor), as in PyTorch; inside a TinyJit function, under JIT=0 or
         TGRAD_BACKWARD_REPLAY=0 lazy instead, computed at the next realize (replay.py)."""
+        if not Tensor.training and EVAL_MODE_NODES:  # (empty unless a BatchNorm / Dropout ran in eval)
+            warn_eval_mode(self.node)
         if BACKWARD_REPLAY is not None and BACKWARD_REPLAY(self, gradient):
             return self
         return self._backward(gradient)
@@ -599,7 +643,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
         device = Device.canonicalize(device)
         dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value), device)
-        t = Tensor(g.const(fill_value, dt, device, shape))
+        t = Tensor(g.const(check_fits(fill_value, dt, "full", strict_float=True), dt, device, shape))
         if requires_grad is not None:
             t.requires_grad = requires_grad
         return t
@@ -973,11 +1017,19 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
     else:
         arr = np.array(data)
         if arr.dtype == object:
+            if all(isinstance(v, int) for v in arr.flat):  # ints past 64 bits
+                for v in arr.flat:
+                    check_fits(v, dtype or dtypes.default_int, "Tensor")
             raise DTypeError(f"cannot make a tensor from {type(data).__name__}: ragged or non-numeric data")
         scalars = _numpy_scalar_dtype(data) if dtype is None else None
         if scalars is not None:
             arr = arr.astype(scalars)
-        elif dtype is None:
+        else:
+            # Python values a dtype cannot hold raise, as in PyTorch (a numpy array wraps, as numpy's astype)
+            target = dtype or (dtypes.default_int if arr.dtype.kind in "iu" else None)
+            if target is not None:
+                arr = fitted_array(arr, data, target, "Tensor")
+        if scalars is None and dtype is None:
             if arr.dtype.kind == "f":
                 arr = arr.astype(dtypes.default_float.np)
             elif arr.dtype.kind in "iu":

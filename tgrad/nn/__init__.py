@@ -12,6 +12,7 @@ from tgrad.dtype import dtypes
 from tgrad.errors import DTypeError, ShapeError
 from tgrad.nn.module import Module
 from tgrad.ops.helpers import _tuple
+from tgrad.ops.nn import note_eval_mode
 from tgrad.tensor import Tensor
 
 
@@ -116,7 +117,11 @@ class BatchNorm(Module):
         training = self.training
         if self.track_running_stats and not training:  # eval: the running statistics
             invstd = (self.running_var + self.eps).rsqrt()
-            return x.batchnorm(self.weight, self.bias, self.running_mean, invstd)
+            y = x.batchnorm(self.weight, self.bias, self.running_mean, invstd)
+            if not Tensor.no_grad and self._training is None:  # (a backward() through it warns: training
+                # mode was likely meant; not after an explicit eval())
+                note_eval_mode(y.node, "BatchNorm")
+            return y
         # the batch's statistics: Tensor.layernorm over every axis but the channels', whose gradient is
         # PyTorch's r * (g - mean(g) - y * mean(g * y)) in one rule (two sums a channel, one elementwise
         # pass) instead of the composed one through the mean and the variance
@@ -198,7 +203,7 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        return x.dropout(self.p, training=self.training)
+        return x.dropout(self.p, training=self._training)  # (None: Tensor.training)
 
 
 class LSTMCell(Module):

@@ -10,7 +10,7 @@ import numpy as np
 
 from tgrad import autodiff
 from tgrad import graph as g
-from tgrad.dtype import DType, dtypes, promote, promote_scalar
+from tgrad.dtype import DType, check_fits, dtypes, promote, promote_scalar
 from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import Scalar, _broadcast_shape
@@ -273,6 +273,10 @@ class ElementwiseOps:
         if isinstance(x, type(self)) or isinstance(y, type(self)):
             ref = x if isinstance(x, type(self)) else y
             other = y if isinstance(x, type(self)) else x
+            if type(other) in (int, float) and promote_scalar(ref.dtype, other) is ref.dtype:
+                # PyTorch refuses a value the dtype cannot hold (but float16 / bfloat16 take inf)
+                strict = ref.dtype in (dtypes.float32, dtypes.float64)
+                other = check_fits(other, ref.dtype, "where", strict_float=strict)
             xa, ya = (
                 ref._broadcasted(other) if isinstance(x, type(self))
                 else ref._broadcasted(other, reverse=True)

@@ -11,9 +11,9 @@ import numpy as np
 
 from tgrad import autodiff, inplace
 from tgrad import realize as driver
-from tgrad.dtype import dtypes
+from tgrad.dtype import check_fits, dtypes
 from tgrad.errors import ArgumentError, DTypeError, IndexRangeError, ShapeError
-from tgrad.graph import Node
+from tgrad.graph import Node, Op, move
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
 
 if TYPE_CHECKING:
@@ -140,8 +140,9 @@ class IndexingOps:
                 raise IndexRangeError(f"unsupported index {v!r} ({type(v).__name__}); use ints, slices, "
                                       "None, ... or an integer tensor (a bool scalar: where())")
             axis += 1
-        if flips:
-            x = x.flip(flips)
+        if flips:  # a view, as numpy's x[::-1] (PyTorch has no negative steps; its flip() copies)
+            axes = tuple(flips)
+            x = x._from(move(x.node, Op.FLIP, axes), x, view=((Op.FLIP, axes),))
         x = x.shrink(shrink)
         if any(s != 1 for s in steps):
             x = x._stride(steps)
@@ -160,6 +161,23 @@ class IndexingOps:
         buffer is updated in place, and gradients flow to value and to the elements not written."""
         Tensor = type(self)  # (tensor.py, which defines it, cannot be imported here)
         index = index if isinstance(index, tuple) else (index,)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # PyTorch: float16 / bfloat16 take an overflowing float as inf, float32 / float64 raise
+            strict = self.dtype in (dtypes.float32, dtypes.float64)
+            value = check_fits(value, self.dtype, "t[index] = value", strict_float=strict)
+        if self._base is not None and inplace.overlapping(self._base[0].shape, self._base[1]):
+            # an expanded view: PyTorch writes the indexed elements (refused only where they overlap)
+            target = self[index]
+            if target._base is None or target._base[0] is not self._base[0]:  # (an advanced index: a copy)
+                raise ArgumentError(
+                    f"t[index] = value: this tensor ({self.shape}) is an expanded view, so several of its "
+                    "elements are one element in memory (index tensors into it are refused); clone() it first"
+                )
+            v = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
+            while v.ndim > target.ndim and v.shape[0] == 1:
+                v = v.reshape(v.shape[1:])
+            target.assign(v.cast(self.dtype)._broadcast_to(target.shape))
+            return
         box = self._box(index)
         if box is not None:
             region, keep = box

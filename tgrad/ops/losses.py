@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import ArgumentError, AutogradError, DTypeError, ShapeError
+from tgrad.errors import ArgumentError, AutogradError, DTypeError, ShapeError, user_stacklevel
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import _expand_node, _position_dtype
 from tgrad.ops.numerics import _gradient_only
@@ -150,15 +151,18 @@ class LossOps:
         return loss.sum() if reduction == "sum" else loss.sum() / w.sum()
 
     def mse_loss(self, target: Tensor, reduction: str = "mean") -> Tensor:
+        _warn_broadcast(self, target, "mse_loss")
         return _reduce_loss((self - target).square(), reduction)
 
     def l1_loss(self, target: Tensor, reduction: str = "mean") -> Tensor:
+        _warn_broadcast(self, target, "l1_loss")
         return _reduce_loss((self - target).abs(), reduction)
 
     def smooth_l1_loss(self, target: Tensor, reduction: str = "mean", beta: float = 1.0) -> Tensor:
         """0.5 * d**2 / beta where |d| < beta, else |d| - 0.5 * beta (PyTorch's)."""
         if not beta >= 0:
             raise ArgumentError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
+        _warn_broadcast(self, target, "smooth_l1_loss")
         d = (self - target).abs()
         small = (d < beta) | d.isnan()  # nan: PyTorch's gradient is nan there (d / beta)
         dq = small.where(d, 0)  # the square only sees |d| < beta: no 0 * inf gradient from an inf d
@@ -198,6 +202,19 @@ def _weighted_cross_entropy(logp: Tensor, t: Tensor, tc: Tensor, cls: Tensor, wb
     if reduction == "none":
         return loss.reshape(()) if single else loss
     return loss.sum() if reduction == "sum" else loss.sum() / w_row.sum()
+
+
+def _warn_broadcast(x: Tensor, target, op: str) -> None:
+    """PyTorch's UserWarning for a target of another shape than the input (broadcasting them, e.g. (N, 1)
+    against (N,), makes an (N, N) loss: a likely mistake). Shapes that do not broadcast raise later."""
+    shape = getattr(target, "shape", None)
+    if shape is not None and shape != x.shape:
+        warnings.warn(
+            f"{op}: Using a target size ({shape}) that is different to the input size ({x.shape}). This will "
+            "likely lead to incorrect results due to broadcasting. Please ensure they have the same size.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
 
 def _check_smoothing(label_smoothing: float) -> None:

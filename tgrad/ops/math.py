@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from tgrad import autodiff
-from tgrad.dtype import dtypes
+from tgrad.dtype import check_fits, dtypes, promote_scalar
 from tgrad.errors import ArgumentError, DTypeError
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import _exp_node, _log_node
@@ -382,6 +382,12 @@ class MathOps:
         if min_ is None and max_ is None:
             raise ArgumentError("clip needs min or max (or both)")
         out = self
+        # a Python bound that stays in self's dtype must fit it (PyTorch raises; uint8's -1 wraps to 255)
+        min_, max_ = (
+            check_fits(b, self.dtype, "clamp", strict_float=True)
+            if type(b) in (int, float) and promote_scalar(self.dtype, b) is self.dtype
+            else b for b in (min_, max_)
+        )
         if min_ is not None:
             out = _or_nan_bound(out < min_, min_).where(min_, out)
         if max_ is not None:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tgrad import graph as g
-from tgrad.dtype import dtypes, promote
+from tgrad import inplace
+from tgrad.dtype import check_fits, dtypes, promote
 from tgrad.errors import ArgumentError, IndexRangeError, ModeError, ShapeError
 from tgrad.graph import Op
 from tgrad.ops.helpers import _normalize_axis, _position_dtype
@@ -119,6 +120,9 @@ class MovementOps:
         out = self._from(g.move(self.node, Op.PAD, arg), self)
         if value != 0:
             inside = type(self)(g.move(g.const(True, dtypes.bool, self.device, self.shape), Op.PAD, arg))
+            if type(value) in (bool, int, float):  # in self's dtype, as PyTorch's (and checked as there)
+                fill = check_fits(value, self.dtype, "pad", strict_float=True, wrap=False)
+                value = type(self)(g.const(fill, self.dtype, self.device))
             out = inside.where(out, value)
         return out
 
@@ -299,6 +303,9 @@ class MovementOps:
         if step <= 0 or not 0 <= size <= n:
             raise ShapeError(f"unfold: size {size} and step {step} do not fit dimension {d} of size {n}")
         count = (n - size) // step + 1
+        if self.ndim and size:  # view ops: a view of self, as in PyTorch
+            arg = (d, size, step)
+            return self._from(inplace.windows_node(self.node, *arg), self, view=((inplace.WINDOWS, arg),))
         idx = Tensor.arange(count, device=self.device).reshape(count, 1) * step + Tensor.arange(
             size, device=self.device
         )  # (count, size) positions

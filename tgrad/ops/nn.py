@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,7 +14,7 @@ import numpy as np
 from tgrad import autodiff, blas
 from tgrad import graph as g
 from tgrad.dtype import dtypes
-from tgrad.errors import ArgumentError, ShapeError
+from tgrad.errors import ArgumentError, ShapeError, user_stacklevel
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import _normalize_axis, _position_dtype, _spatial_pads, _spread_node, _tuple
 
@@ -405,6 +407,8 @@ class NNOps:
         if not 0 <= p <= 1:
             raise ArgumentError(f"dropout: p must be in [0, 1], got {p}")
         if not (type(self).training if training is None else training) or p == 0:
+            if p and training is None and not type(self).no_grad:
+                note_eval_mode(self.node, "Dropout")
             return self
         if p == 1:
             return self * 0
@@ -432,3 +436,40 @@ class NNOps:
         if attn_mask is not None:
             qk = attn_mask.where(qk, -math.inf) if attn_mask.dtype == dtypes.bool else qk + attn_mask
         return qk.softmax(-1).matmul(value)
+
+
+# nodes that BatchNorm (with running statistics) and Dropout made in eval mode (Tensor.training False, the
+# default, as tinygrad's): a backward() whose graph reaches one warns, once a process (warn_eval_mode)
+EVAL_MODE_NODES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_EVAL_WARNED = [False]
+
+
+def note_eval_mode(node: Node, layer: str) -> None:
+    if not _EVAL_WARNED[0]:
+        EVAL_MODE_NODES[node] = layer
+
+
+def warn_eval_mode(root: Node) -> None:
+    """Warn (once) if root's graph holds a node of EVAL_MODE_NODES: a PyTorch user training with
+    Tensor.training left False gets BatchNorm's frozen running statistics and no dropout. Called by
+    backward() only while Tensor.training is False and such nodes live."""
+    seen, stack, layer = set(), [root], None
+    while stack and layer is None:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        layer = EVAL_MODE_NODES.get(n)
+        if n.buffer is None:
+            stack.extend(n.srcs)
+    if layer is None:
+        return
+    _EVAL_WARNED[0] = True
+    EVAL_MODE_NODES.clear()
+    warnings.warn(
+        f"backward() through a {layer} in eval mode: Tensor.training is False (tgrad's default, as "
+        "tinygrad's), so BatchNorm uses its running statistics and Dropout does nothing. To train, set "
+        "`Tensor.training = True` or use `with Tensor.train():` (this warning is shown once)",
+        UserWarning,
+        stacklevel=user_stacklevel(),
+    )

@@ -326,7 +326,8 @@ class _Renderer:
             text = self.load(e)
         else:
             index = self.is_index(e)
-            text = _op_text(e, [self.ref(s, index) for s in e.srcs])
+            # a CAST's constant source stays a tensor: `1.to(tl.int64)` is not Python
+            text = _op_text(e, [self.ref(s, index and e.op != "CAST") for s in e.srcs])
         name = self.names[e] = f"v{self.count}"
         self.count += 1
         deps = self.deps(e)
@@ -448,7 +449,14 @@ class _Renderer:
         else:
             combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
             update = code_for_op[combine](tile_dt, "acc", val)
-        step += self.loop + [f"acc = {update}"]
+        step += self.loop
+        if looped and k.reduce_op == "SUM" and tile_dt.is_float:
+            # Kahan: each lane's sum over the loop keeps its lost low part in `comp`, so a long reduce (a
+            # lane sums span / BLOCK_R values) stays about as accurate as numpy's pairwise sum
+            lines.append(f"comp = tl.full({shape}, 0, {tl_type(tile_dt)})")
+            step += [f"kv = {val} - comp", "kt = acc + kv", "comp = (kt - acc) - kv", "acc = kt"]
+        else:
+            step.append(f"acc = {update}")
         if looped:
             lines += [f"for r0 in range(0, {span}, {b.block_r}):"] + ["    " + s for s in step]
         else:

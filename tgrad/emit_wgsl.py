@@ -464,6 +464,9 @@ WGSL = WGSLDialect(
     if_stmt="if ({}) {{ {} }}",
     guard_groups=True,
     bind_literals=True,
+    # nwg.z is never 0, but the shader compiler cannot know it: the select keeps Mesa from folding the
+    # compensation of a Kahan sum to 0
+    kahan_total="select({t}, {acc}, nwg.z == 0u)",
 )
 
 

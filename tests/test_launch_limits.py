@@ -11,10 +11,13 @@ import math
 import numpy as np
 import pytest
 
-from tgrad import Tensor
+from tests.conftest import open_or_skip
+from tgrad import Tensor, emit_triton
+from tgrad.device import get_runtime
+from tgrad.dtype import dtypes
 from tgrad.emit_wgsl import dispatch_size
 from tgrad.errors import DeviceError, KernelError
-from tgrad.fuse import schedule
+from tgrad.fuse import Expr, Kernel, const, schedule
 from tgrad.opt import DeviceProps, Opt, OptOps, fit_loops, loop_iterations, optimize
 from tgrad.runtime.webgpu import MESA_MAX_LOOP, device_props
 
@@ -58,6 +61,11 @@ def test_row_reductions_long_rows_and_many_rows(device):
     np.testing.assert_array_equal(Tensor(long_rows, device=device).argmax(1).numpy(), long_rows.argmax(1))
     many = rng.integers(0, 4, size=(70000, 300)).astype(np.float32)
     np.testing.assert_array_equal(Tensor(many, device=device).sum(1).numpy(), many.sum(1))
+
+
+def test_many_rows_each_past_the_loop_limit(device):
+    if device == "TRITON" and get_runtime(device).props.interpreted:
+        pytest.skip("6e8 elements take minutes in Triton's interpreter; the limit tested is WEBGPU's")
     # 9000 rows (one work-item each on WEBGPU) of 70000: more loop iterations than llvmpipe allows unrolled
     row = (np.arange(70000) % 7).astype(np.float32)
     scale = np.arange(9000, dtype=np.float32).reshape(9000, 1) % 5
@@ -120,3 +128,23 @@ def test_webgpu_dispatch_and_binding_limits(device):
         return
     with pytest.raises(DeviceError, match="binds"):  # 2^25 + 1 float32: past the 128 MiB binding
         Tensor(np.ones(2**25 + 1, np.float32), device=device).sum().item()
+
+
+def test_triton_grids_past_cuda_limits_raise():
+    props = DeviceProps("TRITON", kind="triton")
+    rows = kernel_of(Tensor.ones(2**31, 2).sum(1))  # one program per output: 2^31 programs
+    with pytest.raises(KernelError, match="2147483647"):
+        emit_triton.render(optimize(rows, props, noopt=True))
+    assert emit_triton.render(optimize(rows, props, noopt=False)).global_size[0] <= emit_triton.GRID_X_MAX
+
+
+def test_triton_casts_of_integer_constants_in_index_arithmetic():
+    """out[i] = i + int64(1): the cast of the constant is rendered as a tensor cast (it was `1.to(...)`)."""
+    open_or_skip("TRITON")
+    i = Expr("IDX", (), (0, 8), dtypes.int64)
+    one = Expr("CAST", (const(1, dtypes.int32),), dtypes.int64, dtypes.int64)
+    k = Kernel("e_cast", (8,), 1, None, None, Expr("ADD", (i, one), None, dtypes.int64), i, dtypes.int64, ())
+    rt = get_runtime("TRITON")
+    out = rt.alloc(8, dtypes.int64)
+    rt.runner(k)(out)
+    np.testing.assert_array_equal(rt.to_numpy(out), np.arange(8) + 1)

@@ -597,6 +597,7 @@ def render(kernel: Kernel, blocks: Blocks | None = None) -> Program:
     kernel), launched on a 1-D grid of `global_size` programs with `launch["num_warps"]` warps each.
     Block sizes from the kernel's opts unless given."""
     blocks = blocks or Blocks.from_opts(kernel.opts)
+    check_grid(kernel, blocks)
     if blocks.split:
         part = _Renderer(kernel, blocks).render(kernel.name + "_part", "part")
         source = HEADER + "\n\n" + part + "\n\n" + _Renderer(kernel, blocks).render(kernel.name, "final")
@@ -612,6 +613,22 @@ def render(kernel: Kernel, blocks: Blocks | None = None) -> Program:
         # dilated / strided convs with padding (with 2 and 3 stages; see implicit_gemm): one stage
         launch["num_stages"] = 1
     return Program(kernel.name, source, (blocks.grid(kernel),), launch=launch)
+
+
+GRID_X_MAX = 2**31 - 1  # programs along a launch's first grid axis (CUDA; AMD allows more)
+GRID_YZ_MAX = 65535  # along its second and third (CUDA): a split reduce's shares
+
+
+def check_grid(kernel: Kernel, blocks: Blocks) -> None:
+    """A KernelError naming the limit when the launch needs more programs than a GPU's grid holds (the
+    interpreter is held to the same limits, so that what runs here runs on a GPU)."""
+    programs = blocks.grid(kernel)
+    if programs > GRID_X_MAX or blocks.split > GRID_YZ_MAX:
+        raise KernelError(
+            f"kernel {kernel.name} (shape {kernel.shape}) needs a grid of {programs} x {blocks.split or 1} "
+            f"programs; a Triton launch allows at most {GRID_X_MAX} x {GRID_YZ_MAX} (CUDA's grid limits): "
+            "split the tensor or compute it in parts"
+        )
 
 
 def launch_options(program: Program) -> dict:

@@ -85,6 +85,17 @@ def test_float32_sum_is_as_accurate_as_numpy(device, offset):
     assert abs(got - exact) / ulp <= 2 * max(numpy_err, 1.0)
 
 
+@pytest.mark.parametrize("specials", [(np.inf,), (-np.inf,), (np.inf, -np.inf), (np.nan,), (3e38, 3e38)])
+def test_compensated_sums_keep_inf_and_nan(device, specials):
+    """Long sums (compensated per work-item or lane) with an inf, a nan or an overflow are numpy's."""
+    x = np.ones(2**17 + 3, np.float32)
+    x[5 : 5 + 2 * len(specials) : 2] = specials
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.sum()
+    got = Tensor(x, device=device).sum().item()
+    assert got == want or (np.isnan(got) and np.isnan(want))
+
+
 # --- the optimizer and the launch (no device needed) -------------------------------------------------
 
 

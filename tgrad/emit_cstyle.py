@@ -11,8 +11,11 @@ The lowering (the same for every dialect): the output elements are numbered 0..N
   around a scalar accumulator, and a `gid < N` guard; UPCAST opts give register tiles: each work-item
   computes that many outputs along up to two global axes, so a loaded value is reused from a register;
 - GROUP(n): one work-group of n work-items per output element (`ids["grp"]`, `ids["lid"]`); each
-  work-item accumulates a strided slice of the reduce axes, then a tree in local (work-group) memory
-  combines the partial results and work-item 0 stores.
+  work-item accumulates a strided slice of the reduce axes (a float sum with Kahan's compensation, so
+  that it is as accurate as numpy's pairwise sum), then a tree in local (work-group) memory combines the
+  partial results and work-item 0 stores;
+- UNROLL(u): the innermost reduce loop (a GROUP's strided loop) takes u steps per iteration, each a copy
+  of its body (opt/limits.py: fewer loop iterations where a driver limits them).
 """
 
 from __future__ import annotations
@@ -226,6 +229,10 @@ class Dialect:
         if dtype.is_int and src.is_float and dtype.itemsize < 8:
             return f"(({self.type_name(dtype)})(long){text})"  # wrap like numpy, not saturate
         return f"(({self.type_name(dtype)}){text})"
+
+    def finite(self, type_name: str, text: str) -> str:
+        """Whether a float value of the type named `type_name` is finite (not inf, not nan)."""
+        return f"isfinite({text})"
 
     def apply(self, e: Expr, srcs: list[str]) -> str:
         """e's op applied to rendered sources, by the code_for_op table."""
@@ -492,10 +499,14 @@ class CStyleRenderer(StatementPlacer):
         """acc += val with Kahan's compensation (acc_c holds the low part lost so far): a long float sum
         per work-item keeps about one rounding's error, as numpy's pairwise sum does."""
         d, t = self.d, self.acc_type()
+        low = f"({d.kahan_total.format(t=f'{acc}_t', acc=acc)} - {acc}) - {acc}_y"
+        # past an inf or nan the compensation would be nan (inf - inf): it is 0 there, so the sum is
+        # inf or nan as a plain sum is
+        where = d.code_for_op["WHERE"]
         return [
             d.declare(t, f"{acc}_y", f"{val} - {acc}_c"),
             d.declare(t, f"{acc}_t", f"{acc} + {acc}_y"),
-            f"{acc}_c = ({d.kahan_total.format(t=f'{acc}_t', acc=acc)} - {acc}) - {acc}_y;",
+            f"{acc}_c = {where(d, None, d.finite(t, f'{acc}_t'), low, d.convert(t, '0'))};",
             f"{acc} = {acc}_t;",
         ]
 

@@ -454,7 +454,9 @@ class _Renderer:
             # Kahan: each lane's sum over the loop keeps its lost low part in `comp`, so a long reduce (a
             # lane sums span / BLOCK_R values) stays about as accurate as numpy's pairwise sum
             lines.append(f"comp = tl.full({shape}, 0, {tl_type(tile_dt)})")
-            step += [f"kv = {val} - comp", "kt = acc + kv", "comp = (kt - acc) - kv", "acc = kt"]
+            # (the compensation is 0 past an inf or nan, where it would be nan: the sum is inf or nan)
+            low = 'tl.where(tl.abs(kt) < float("inf"), (kt - acc) - kv, 0.0)'
+            step += [f"kv = {val} - comp", "kt = acc + kv", f"comp = {low}", "acc = kt"]
         else:
             step.append(f"acc = {update}")
         if looped:

@@ -34,6 +34,7 @@ from tgrad.opt.opts import OptOps, find, upcasts
 
 INT32_MAX = 2**31 - 1
 REDUCE_ALU = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}  # the op that combines two partial results
+KAHAN_MIN_STEPS = 32  # a group reduction's work-items compensate float sums of more steps than this
 
 TYPE_NAMES = {
     "bool": "bool",
@@ -320,8 +321,11 @@ class CStyleRenderer(StatementPlacer):
         self.k, self.d = kernel, dialect
         self.group = find(kernel.opts, OptOps.GROUP)  # work-items per output of a group reduction
         self.unroll = find(kernel.opts, OptOps.UNROLL, 1)  # steps per iteration of the innermost reduce loop
-        # a work-item's long float sum in a group reduction: compensated (Kahan), numpy's accuracy
+        # a work-item's long float sum in a group reduction: compensated (Kahan), numpy's accuracy; a short
+        # one (a row of a few thousand) is as accurate plain, and cheaper (PoCL: bench/HISTORY.md)
+        steps = -(-math.prod(kernel.reduce_shape) // max(self.group, 1))
         self.kahan = bool(self.group) and kernel.reduce_op == "SUM" and kernel.acc_dtype.is_float
+        self.kahan = self.kahan and steps > KAHAN_MIN_STEPS
         tiles = tuple(upcasts(kernel.opts))  # register-tiled axes, the innermost first
         self.up = max(upcasts(kernel.opts).values(), default=1)
         self.shape = [s // self.up if j in tiles else s for j, s in enumerate(kernel.shape)]

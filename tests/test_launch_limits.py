@@ -73,6 +73,18 @@ def test_many_rows_each_past_the_loop_limit(device):
     np.testing.assert_array_equal(got.sum(1).numpy(), (row.sum() * scale[:, 0]).astype(np.float32))
 
 
+def test_a_sum_past_the_biggest_work_group_unrolls(device):
+    """3 * 2^26 elements (a broadcast view: little memory) in one sum: on llvmpipe even 1024 work-items
+    would each loop past the limit, so their loop takes 4 steps an iteration (GROUP(1024), UNROLL(4))."""
+    if device == "TRITON" and get_runtime(device).props.interpreted:
+        pytest.skip("2e8 elements take most of a minute in Triton's interpreter (the limit is WEBGPU's)")
+    half = Tensor(np.full(3, 0.5, np.float32), device=device)
+    total = half.reshape(3, 1).expand(3, 2**26).reshape(3 * 2**26).sum()
+    assert optimize(kernel_of(total), LLVMPIPE, noopt=False).opts == (Opt(OptOps.GROUP, 1024),
+                                                                      Opt(OptOps.UNROLL, 4))
+    assert total.item() == np.float32(3 * 2**26 * 0.5)
+
+
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_float32_sum_is_as_accurate_as_numpy(device, offset):
     """A full float32 sum of 2^24 values is within 2x numpy's (pairwise) error against a float64 sum, in

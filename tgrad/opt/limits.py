@@ -5,8 +5,8 @@ has run 65535 loop iterations in all, and the shader goes on with whatever it ha
 sum gave 131070. `loop_iterations` counts what a C-style kernel with its opts runs (each loop counted one
 past its trip count, for its last test); `fit_loops` changes the heuristic's opts until that fits the
 device's `max_loop`: an UNROLL of the innermost reduce loop (at most MAX_UNROLL steps per iteration), else
-a GROUP reduction (a strided loop shared by up to the device's work-group size) with an UNROLL, and raises
-a KernelError naming the limit when nothing fits.
+a GROUP reduction (a strided loop shared by up to the device's work-group size; a kernel that has a GROUP
+takes bigger ones first) with an UNROLL, and raises a KernelError naming the limit when nothing fits.
 """
 
 from __future__ import annotations

@@ -30,4 +30,6 @@ TGRAD_UNARY(trunc)
 #undef TGRAD_UNARY
 float fmod(float x, float y);
 half fmod(half x, half y);
+bool isfinite(float x);  // Kahan sums (emit_cstyle.kahan_add)
+bool isfinite(half x);
 }  // namespace metal

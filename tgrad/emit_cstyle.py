@@ -11,8 +11,11 @@ The lowering (the same for every dialect): the output elements are numbered 0..N
   around a scalar accumulator, and a `gid < N` guard; UPCAST opts give register tiles: each work-item
   computes that many outputs along up to two global axes, so a loaded value is reused from a register;
 - GROUP(n): one work-group of n work-items per output element (`ids["grp"]`, `ids["lid"]`); each
-  work-item accumulates a strided slice of the reduce axes, then a tree in local (work-group) memory
-  combines the partial results and work-item 0 stores.
+  work-item accumulates a strided slice of the reduce axes (a float sum with Kahan's compensation, so
+  that it is as accurate as numpy's pairwise sum), then a tree in local (work-group) memory combines the
+  partial results and work-item 0 stores;
+- UNROLL(u): the innermost reduce loop (a GROUP's strided loop) takes u steps per iteration, each a copy
+  of its body (opt/limits.py: fewer loop iterations where a driver limits them).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tgrad.opt.opts import OptOps, find, upcasts
 
 INT32_MAX = 2**31 - 1
 REDUCE_ALU = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}  # the op that combines two partial results
+KAHAN_MIN_STEPS = 32  # a group reduction's work-items compensate float sums of more steps than this
 
 TYPE_NAMES = {
     "bool": "bool",
@@ -148,6 +152,9 @@ class Dialect:
     local_size: int = 1
     guard_groups: bool = False  # group kernels check the group id too (a 2-D dispatch may overshoot)
     bind_literals: bool = False  # see CStyleRenderer.operand
+    # a Kahan sum's new total as the compensation reads it ({t}: the total, {acc}: the one before), where a
+    # compiler would otherwise simplify (t - acc) - y to 0 (Mesa's NIR, as drivers may reassociate floats)
+    kahan_total: str = "{t}"
 
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = code_for_op
 
@@ -223,6 +230,10 @@ class Dialect:
         if dtype.is_int and src.is_float and dtype.itemsize < 8:
             return f"(({self.type_name(dtype)})(long){text})"  # wrap like numpy, not saturate
         return f"(({self.type_name(dtype)}){text})"
+
+    def finite(self, type_name: str, text: str) -> str:
+        """Whether a float value of the type named `type_name` is finite (not inf, not nan)."""
+        return f"isfinite({text})"
 
     def apply(self, e: Expr, srcs: list[str]) -> str:
         """e's op applied to rendered sources, by the code_for_op table."""
@@ -309,6 +320,12 @@ class CStyleRenderer(StatementPlacer):
     def __init__(self, kernel: Kernel, dialect: Dialect):
         self.k, self.d = kernel, dialect
         self.group = find(kernel.opts, OptOps.GROUP)  # work-items per output of a group reduction
+        self.unroll = find(kernel.opts, OptOps.UNROLL, 1)  # steps per iteration of the innermost reduce loop
+        # a work-item's long float sum in a group reduction: compensated (Kahan), numpy's accuracy; a short
+        # one (a row of a few thousand) is as accurate plain, and cheaper (PoCL: bench/HISTORY.md)
+        steps = -(-math.prod(kernel.reduce_shape) // max(self.group, 1))
+        self.kahan = bool(self.group) and kernel.reduce_op == "SUM" and kernel.acc_dtype.is_float
+        self.kahan = self.kahan and steps > KAHAN_MIN_STEPS
         tiles = tuple(upcasts(kernel.opts))  # register-tiled axes, the innermost first
         self.up = max(upcasts(kernel.opts).values(), default=1)
         self.shape = [s // self.up if j in tiles else s for j, s in enumerate(kernel.shape)]
@@ -421,12 +438,21 @@ class CStyleRenderer(StatementPlacer):
             acc_t = self.acc_type()
             init = d.identity(k.reduce_op, k.acc_dtype)
             emit(0, [d.declare(acc_t, acc, init, mutable=True) for acc in accs])
-            updates = [f"{acc} = {self.combine(acc, d.convert(acc_t, val))};" for acc, val in zip(accs, vals)]
+            vals = [d.convert(acc_t, val) for val in vals]
+            if self.kahan:
+                zero = d.const(0, dtypes.float32 if k.acc_dtype == dtypes.float16 else k.acc_dtype)
+                emit(0, [d.declare(acc_t, f"{acc}_c", zero, mutable=True) for acc in accs])
+                updates = [line for acc, val in zip(accs, vals) for line in self.kahan_add(acc, val)]
+            else:
+                updates = [f"{acc} = {self.combine(acc, val)};" for acc, val in zip(accs, vals)]
             if self.group:
                 r = math.prod(k.reduce_shape)
-                emit(0, [f"for ({d.declare(itype, 'r', 'lid', mutable=True)} r < {r}; r += {self.group}) {{"])
-                emit(1, self.decode("r", list(range(ng, n)), itype))
-                emit(1, self.levels[1] + updates)
+                var = "r" if self.unroll == 1 else "r0"
+                step = self.group * self.unroll
+                first = d.declare(itype, var, "lid", mutable=True)
+                emit(0, [f"for ({first} {var} < {r}; {var} += {step}) {{"])
+                each = self.decode("r", list(range(ng, n)), itype) + self.levels[1] + updates
+                emit(1, self.unrolled(each, "r", "r0", self.group, r, itype))
                 emit(0, ["}", "part[lid] = acc;", d.barrier])
                 half = d.declare(int_t, "s", str(self.group // 2), mutable=True)
                 emit(0, [f"for ({half} s > 0; s >>= 1) {{"])
@@ -437,10 +463,17 @@ class CStyleRenderer(StatementPlacer):
                 start = d.const(0, dtypes.int32)
                 for j in range(ng, n):
                     depth = j - ng
-                    loop = d.declare(itype, f"i{j}", start, mutable=True)
-                    emit(depth, [f"for ({loop} i{j} < {self.shape[j]}; i{j}++) {{"])
-                    emit(depth + 1, self.levels[depth + 1])
-                emit(n - ng, updates)
+                    var = f"i{j}" if j < n - 1 or self.unroll == 1 else f"i{j}u"
+                    loop = d.declare(itype, var, start, mutable=True)
+                    step = "++" if var == f"i{j}" else f" += {self.unroll}"
+                    emit(depth, [f"for ({loop} {var} < {self.shape[j]}; {var}{step}) {{"])
+                    if j < n - 1:
+                        emit(depth + 1, self.levels[depth + 1])
+                if n > ng:
+                    last = self.levels[n - ng] + updates
+                    emit(n - ng, self.unrolled(last, f"i{n - 1}", f"i{n - 1}u", 1, self.shape[n - 1], itype))
+                else:
+                    emit(0, updates)
                 for j in reversed(range(ng, n)):
                     emit(j - ng, ["}"])
         emit(0, self.post + stores)
@@ -448,6 +481,38 @@ class CStyleRenderer(StatementPlacer):
 
     def store(self, value: str, index: Expr) -> list[str]:
         return self.d.store(value, self.ref(index), self.k.out_dtype)
+
+    def unrolled(self, body: list[str], var: str, base: str, stride: int, end: int, itype: str) -> list[str]:
+        """The loop body `body` (over index `var`) once, or with an UNROLL opt once per step of the
+        loop over `base`: each copy in a block of its own, `var` = base + k * stride, guarded where the
+        loop's end may fall inside an iteration."""
+        if self.unroll == 1:
+            return body
+        d, out = self.d, []
+        whole = end % (stride * self.unroll) == 0
+        for k in range(self.unroll):
+            out += ["{", "  " + d.declare(itype, var, f"{base} + {k * stride}" if k else base)]
+            if k and not whole:
+                out += [f"  if ({var} < {end}) {{", *("    " + s for s in body), "  }"]
+            else:
+                out += ["  " + s for s in body]
+            out.append("}")
+        return out
+
+    def kahan_add(self, acc: str, val: str) -> list[str]:
+        """acc += val with Kahan's compensation (acc_c holds the low part lost so far): a long float sum
+        per work-item keeps about one rounding's error, as numpy's pairwise sum does."""
+        d, t = self.d, self.acc_type()
+        low = f"({d.kahan_total.format(t=f'{acc}_t', acc=acc)} - {acc}) - {acc}_y"
+        # past an inf or nan the compensation would be nan (inf - inf): it is 0 there, so the sum is
+        # inf or nan as a plain sum is
+        where = d.code_for_op["WHERE"]
+        return [
+            d.declare(t, f"{acc}_y", f"{val} - {acc}_c"),
+            d.declare(t, f"{acc}_t", f"{acc} + {acc}_y"),
+            f"{acc}_c = {where(d, None, d.finite(t, f'{acc}_t'), low, d.convert(t, '0'))};",
+            f"{acc} = {acc}_t;",
+        ]
 
     def decode(self, var: str, axes: list[int], itype: str) -> list[str]:
         """Index of each axis from a flat number over those axes (row-major)."""

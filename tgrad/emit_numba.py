@@ -38,6 +38,7 @@ from tgrad.loop_axes import flatten, merge_axes, nodes, split_axes
 from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
+BLOCK_SUM = 4096  # elements of each block a chunk of a full float sum adds on its own (then adds the blocks)
 # iterations (global x reduce) below which threads cost more than they save: GELU-sized kernels whose
 # operands come from the shared cache already run at one core's bandwidth on one thread (the GPT step ran
 # faster with 2**18, the MLP and CNN steps the same; measured: bench/HISTORY.md)
@@ -259,12 +260,28 @@ class _Renderer(StatementPlacer):
             size = -(-k.shape[0] // chunks)
             emit(0, self.levels[0])
             emit(0, ["for p in range(lo, hi):"])
-            emit(1, [f"acc = {init}", f"for i0 in range(p * {size}, min({k.shape[0]}, (p + 1) * {size})):"])
+            end = f"min({k.shape[0]}, (p + 1) * {size})"
+            emit(1, [f"acc = {init}"])
+            # a float sum adds blocks of about BLOCK_SUM elements, each summed on its own (in vector lanes),
+            # into the chunk's sum: each sum in the chain is short, so the error stays near numpy's
+            # pairwise sum's instead of growing with the chunk
+            blocked = acc_dt.is_float and k.reduce_op == "SUM"
+            block = max(1, BLOCK_SUM // math.prod(k.shape[1:]))
+            if blocked:
+                emit(1, [f"for b in range(p * {size}, {end}, {block}):", f"    blk = {init}"])
+                emit(2, [f"for i0 in range(b, min(b + {block}, {end})):"])
+            else:
+                emit(1, [f"for i0 in range(p * {size}, {end}):"])
+            shift = 1 if blocked else 0
             for depth in range(1, n + 1):
-                emit(depth + 1, self.levels[depth])
+                emit(depth + 1 + shift, self.levels[depth])
                 if depth < n:
-                    emit(depth + 1, [f"for i{depth} in range({k.shape[depth]}):"])
-            emit(n + 1, [f"acc = {update('acc', val)}"])
+                    emit(depth + 1 + shift, [f"for i{depth} in range({k.shape[depth]}):"])
+            if blocked:
+                emit(n + 2, [f"blk = {update('blk', val)}"])
+                emit(2, [f"acc = {code_for_op['ADD'](acc_dt, 'acc', 'blk')}"])
+            else:
+                emit(n + 1, [f"acc = {update('acc', val)}"])
             emit(1, [f"partial[p] = {_st('acc', acc_dt)}"])
             emit(0, [f"if lo == {chunks}:", f"    acc = {init}", f"    for p in range({chunks}):"])
             emit(2, [f"acc = {update('acc', _ld('partial[p]', acc_dt))}"])

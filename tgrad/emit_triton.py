@@ -326,7 +326,8 @@ class _Renderer:
             text = self.load(e)
         else:
             index = self.is_index(e)
-            text = _op_text(e, [self.ref(s, index) for s in e.srcs])
+            # a CAST's constant source stays a tensor: `1.to(tl.int64)` is not Python
+            text = _op_text(e, [self.ref(s, index and e.op != "CAST") for s in e.srcs])
         name = self.names[e] = f"v{self.count}"
         self.count += 1
         deps = self.deps(e)
@@ -448,7 +449,16 @@ class _Renderer:
         else:
             combine = {"SUM": "ADD", "PROD": "MUL", "MAX": "MAX"}[k.reduce_op]
             update = code_for_op[combine](tile_dt, "acc", val)
-        step += self.loop + [f"acc = {update}"]
+        step += self.loop
+        if looped and k.reduce_op == "SUM" and tile_dt.is_float:
+            # Kahan: each lane's sum over the loop keeps its lost low part in `comp`, so a long reduce (a
+            # lane sums span / BLOCK_R values) stays about as accurate as numpy's pairwise sum
+            lines.append(f"comp = tl.full({shape}, 0, {tl_type(tile_dt)})")
+            # (the compensation is 0 past an inf or nan, where it would be nan: the sum is inf or nan)
+            low = 'tl.where(tl.abs(kt) < float("inf"), (kt - acc) - kv, 0.0)'
+            step += [f"kv = {val} - comp", "kt = acc + kv", f"comp = {low}", "acc = kt"]
+        else:
+            step.append(f"acc = {update}")
         if looped:
             lines += [f"for r0 in range(0, {span}, {b.block_r}):"] + ["    " + s for s in step]
         else:
@@ -589,6 +599,7 @@ def render(kernel: Kernel, blocks: Blocks | None = None) -> Program:
     kernel), launched on a 1-D grid of `global_size` programs with `launch["num_warps"]` warps each.
     Block sizes from the kernel's opts unless given."""
     blocks = blocks or Blocks.from_opts(kernel.opts)
+    check_grid(kernel, blocks)
     if blocks.split:
         part = _Renderer(kernel, blocks).render(kernel.name + "_part", "part")
         source = HEADER + "\n\n" + part + "\n\n" + _Renderer(kernel, blocks).render(kernel.name, "final")
@@ -604,6 +615,22 @@ def render(kernel: Kernel, blocks: Blocks | None = None) -> Program:
         # dilated / strided convs with padding (with 2 and 3 stages; see implicit_gemm): one stage
         launch["num_stages"] = 1
     return Program(kernel.name, source, (blocks.grid(kernel),), launch=launch)
+
+
+GRID_X_MAX = 2**31 - 1  # programs along a launch's first grid axis (CUDA; AMD allows more)
+GRID_YZ_MAX = 65535  # along its second and third (CUDA): a split reduce's shares
+
+
+def check_grid(kernel: Kernel, blocks: Blocks) -> None:
+    """A KernelError naming the limit when the launch needs more programs than a GPU's grid holds (the
+    interpreter is held to the same limits, so that what runs here runs on a GPU)."""
+    programs = blocks.grid(kernel)
+    if programs > GRID_X_MAX or blocks.split > GRID_YZ_MAX:
+        raise KernelError(
+            f"kernel {kernel.name} (shape {kernel.shape}) needs a grid of {programs} x {blocks.split or 1} "
+            f"programs; a Triton launch allows at most {GRID_X_MAX} x {GRID_YZ_MAX} (CUDA's grid limits): "
+            "split the tensor or compute it in parts"
+        )
 
 
 def launch_options(program: Program) -> dict:

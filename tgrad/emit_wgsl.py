@@ -7,7 +7,8 @@ this module adds the language (`WGSLDialect`): `let`/`var`, `select()`, buffers 
 Workgroups: LOCAL invocations for one-per-output kernels, GROUP for tree reductions (the kernel's opts,
 tgrad/opt/; runtime/webgpu.py gives the sizes: 64, a multiple of every vendor's SIMD width within WebGPU's
 default limit of 256, and 256). The size is written into the shader (`@workgroup_size`). A launch of more
-workgroups than the adapter allows per dimension becomes a 2-D dispatch.
+workgroups than the adapter allows per dimension becomes a 2-D dispatch. On Mesa llvmpipe (a loop limit per
+invocation) the optimizer picks bigger GROUPs or UNROLL opts (opt/limits.py).
 
 Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage, so: bool, uint8, int8 are stored 4 per
 `u32` word and int16, float16 2 per word, as numpy lays them out (stores change their bytes with atomic
@@ -352,6 +353,9 @@ class WGSLDialect(Dialect):
     def convert(self, type_name: str, text: str) -> str:
         return f"{type_name}({text})"
 
+    def finite(self, type_name: str, text: str) -> str:
+        return f"finite{type_name[1:]}({text})"  # by the bits: Mesa may assume there is no inf or nan
+
     def cast(self, src: DType, dtype: DType, text: str) -> str:
         src_ty, dst_ty = self.type_name(src), self.type_name(dtype)
         if dst_ty == "bool":
@@ -464,6 +468,9 @@ WGSL = WGSLDialect(
     if_stmt="if ({}) {{ {} }}",
     guard_groups=True,
     bind_literals=True,
+    # nwg.z is never 0, but the shader compiler cannot know it: the select keeps Mesa from folding the
+    # compensation of a Kahan sum to 0
+    kahan_total="select({t}, {acc}, nwg.z == 0u)",
 )
 
 

@@ -8,7 +8,8 @@ C-style devices (OpenCL, Metal, WGSL):
 - other reductions: register tiles (UPCAST by `register_tiles`) on up to two global axes, innermost
   first, whose length it divides and that some load does not use (a matmul's M and N: each value loaded
   serves a tile of outputs; measured on PoCL: bench/HISTORY.md); none with NOOPT=1;
-- LOCAL: `preferred_local` work-items per work-group, within the device's limit.
+- LOCAL: `preferred_local` work-items per work-group, within the device's limit;
+- then, on a device with a loop limit (`max_loop`), limits.fit_loops: an UNROLL, bigger or new GROUPs.
 
 Triton: a tile holds at most TILE elements (GPU: 4096; interpreter: 65536, as its cost grows with the
 programs launched). An elementwise program takes min(next_pow2(G), TILE / 4 on a GPU, TILE in the
@@ -30,6 +31,7 @@ from tgrad.dtype import dtypes
 from tgrad.fuse import Kernel
 from tgrad.loop_axes import nodes
 from tgrad.opt.contraction import axes_of, find_dot, implicit_gemm
+from tgrad.opt.limits import fit_loops
 from tgrad.opt.opts import DeviceProps, Opt, OptOps
 
 TILE_GPU = 4096  # elements of a Triton tile on a GPU: fits the registers of 4-8 warps
@@ -46,7 +48,7 @@ def optimize(kernel: Kernel, props: DeviceProps, noopt: bool | None = None) -> K
         return kernel
     noopt = config.on("NOOPT") if noopt is None else noopt
     if props.kind == "cstyle":
-        opts = cstyle_opts(kernel, props, noopt)
+        opts = fit_loops(kernel, props, cstyle_opts(kernel, props, noopt))
     elif props.kind == "triton":
         opts = triton_opts(kernel, props, noopt)
     else:  # host devices choose at render time (emit_numba, blas): not yet opts

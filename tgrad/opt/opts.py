@@ -21,6 +21,7 @@ class OptOps(Enum):
     DOT = "dot"  # matmul-shaped kernel as tl.dot tiles: BLOCK_N = `arg` (BLOCK_M is LOCAL)
     SPLIT = "split"  # the reduction in `arg` shares, partial results added by a second pass (Triton)
     WARPS = "warps"  # Triton's num_warps
+    UNROLL = "unroll"  # the innermost reduce loop (a GROUP's strided loop) does `arg` steps per iteration
 
 
 @dataclass(frozen=True)
@@ -61,3 +62,6 @@ class DeviceProps:
     group_max_outputs: int = 2048  # ... on kernels with at most this many outputs (more fill the device)
     group_bool: bool = False  # bool reductions cooperate too
     interpreted: bool = False  # kernels run in an interpreter whose cost grows with the programs launched
+    # loop iterations one invocation may run in all (None: no limit); Mesa's llvmpipe and lavapipe stop a
+    # shader's loops after 65535 of them in all and go on with wrong values (opt/limits.py keeps under it)
+    max_loop: int | None = None

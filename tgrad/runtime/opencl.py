@@ -40,7 +40,8 @@ class CLRuntime(Runtime):
         self.ctx = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.ctx)
         self.exts = set(self.device.extensions.split())
-        self.max_local = int(self.device.max_work_group_size)
+        # work-items per work-group: the group limit, and the limit along dimension 0 (launches are 1-D)
+        self.max_local = min(int(self.device.max_work_group_size), int(self.device.max_work_item_sizes[0]))
         # tuning defaults (DeviceProps' own): work-groups of 128, groups of 128 per output for reductions of
         # 256+ elements into <= 2048 outputs, 4x4 register tiles (PoCL on 2 cores: opt/heuristic.py)
         self.props = DeviceProps(self.name, compute_units=int(self.device.max_compute_units),

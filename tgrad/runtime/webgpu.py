@@ -30,14 +30,27 @@ def _private_runtime_dir() -> None:
         config.put("XDG_RUNTIME_DIR", path)
 
 
-def device_props(limits: dict) -> DeviceProps:
-    """What the optimizer knows of a WebGPU adapter with these limits. Workgroups of 64 (a multiple of every
-    vendor's SIMD width, within WebGPU's default limit of 256); tree reductions of 256 invocations for 256+
-    elements into <= 8192 outputs (bools too: the WGSL renderer reduces them in u32 workgroup memory); the
-    WGSL renderer has no register tiles."""
-    return DeviceProps("WEBGPU", max_local=limits["max-compute-invocations-per-workgroup"],
+MESA_MAX_LOOP = 65534  # loop iterations one invocation runs on Mesa llvmpipe (65535; one kept spare)
+
+
+def max_loop(info: dict) -> int | None:
+    """The loop limit of an adapter (its GPUAdapterInfo): Mesa's software rasterizer, llvmpipe over OpenGL and
+    lavapipe over Vulkan (both report the device "llvmpipe (LLVM ...)"), stops loops past MESA_MAX_LOOP."""
+    names = " ".join(str(info.get(k, "")) for k in ("vendor", "device", "description")).lower()
+    return MESA_MAX_LOOP if "llvmpipe" in names or "lavapipe" in names else None
+
+
+def device_props(limits: dict, info: dict | None = None) -> DeviceProps:
+    """What the optimizer knows of a WebGPU adapter with these limits (and GPUAdapterInfo). Workgroups of 64
+    (a multiple of every vendor's SIMD width, within WebGPU's default limit of 256); tree reductions of 256
+    invocations for 256+ elements into <= 8192 outputs (bools too: the WGSL renderer reduces them in u32
+    workgroup memory); the WGSL renderer has no register tiles."""
+    local = limits["max-compute-invocations-per-workgroup"]
+    local = min(local, limits.get("max-compute-workgroup-size-x", local))
+    return DeviceProps("WEBGPU", max_local=local,
                        max_groups_per_dim=limits["max-compute-workgroups-per-dimension"], preferred_local=64,
-                       register_tiles=1, group_size=256, group_max_outputs=8192, group_bool=True)
+                       register_tiles=1, group_size=256, group_max_outputs=8192, group_bool=True,
+                       max_loop=max_loop(info or {}))
 
 
 NO_ADAPTER = (
@@ -92,7 +105,7 @@ class WebGPURuntime(Runtime):
             required_features=wanted, required_limits={k: limits[k] for k in keep}
         )
         self.limits = {k: limits[k] for k in keep}
-        self.props = device_props(self.limits)
+        self.props = device_props(self.limits, dict(adapter.info))
         self.pipelines: dict[str, tuple] = {}
         self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         self.fence = self.device.create_buffer(size=4, usage=self.usage)

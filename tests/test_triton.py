@@ -344,7 +344,7 @@ def _conv_and_grads() -> list[Tensor]:
 
 
 @pytest.mark.parametrize("small", [False, True])
-def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch):
+def test_convolutions_are_implicit_gemms(tdev, small, monkeypatch, lazy_backward):
     """By default convolutions and their weight gradients (strided, padded, dilated, grouped) run as tl.dot
     kernels whose operand tiles gather the windows; against PyTorch, also with small blocks (ragged M, N
     and K tiles). With TGRAD_TRITON_IMPLICIT_GEMM=0 they stay reductions. The input's gradient (col2im) is

@@ -117,3 +117,26 @@ def test_big_or_unbatched_matmuls_keep_blas(shape_a, shape_b):
     program, plan = _matmul_program(out)
     assert "blas" in program.launch and plan is not None
     _close(out, torch.from_numpy(a) @ torch.from_numpy(b), 1e-4)
+
+
+def test_matmul_and_linear_are_written_once():
+    """linear is matmul of the transposed weight plus the bias, and matmul's 1-d, batched and promoted
+    forms are its 2-d product around reshapes and casts: the same graph nodes (hash-consed), so the same
+    kernels, whatever the form."""
+    rng = np.random.default_rng(3)
+    x, w, b = (Tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True)
+               for s in ((2, 3, 4), (5, 4), (5,)))
+    assert x.linear(w, b).node is (x @ w.T + b).node and x.linear(w).node is (x @ w.T).node
+    v = Tensor(rng.standard_normal(4).astype(np.float32))
+    assert (v @ w.T).node is (v.unsqueeze(0) @ w.T).squeeze(0).node
+    h = Tensor(rng.standard_normal((4, 5)).astype(np.float16))
+    assert (x @ h).node is (x @ h.cast("float32")).node
+
+
+def test_matmul_of_bools_raises_as_in_pytorch():
+    a = Tensor([[True, False]])
+    with pytest.raises(Exception) as ours:
+        (a @ a.T).numpy()
+    with pytest.raises(RuntimeError):
+        torch.tensor([[True, False]]) @ torch.tensor([[True], [False]])
+    assert "bool" in str(ours.value)

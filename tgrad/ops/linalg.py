@@ -5,11 +5,9 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from tgrad import graph as g
-from tgrad.dtype import promote
-from tgrad.errors import ArgumentError, ShapeError
-from tgrad.graph import Op
-from tgrad.ops.helpers import _expand_node, _matmul_node
+from tgrad.dtype import dtypes, promote
+from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
+from tgrad.ops.helpers import _matmul_node
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -39,36 +37,36 @@ class LinalgOps:
     __slots__ = ()
 
     def matmul(self, w: Tensor) -> Tensor:
+        """x @ w with PyTorch's rules (1-d operands, broadcast batch dimensions, promoted dtypes): the
+        product (..., n, 1, k) * (..., 1, m, k) summed over k (helpers._matmul_node builds it as nodes;
+        the optimizer treats that reduce as a contraction)."""
         x = self
         if not isinstance(w, type(self)):
             w = type(self)(w, device=x.device)
-        xn, wn = x.node, w.node
-        if xn.shape[:-2] != wn.shape[:-2] and len(xn.shape) > 1 and len(wn.shape) > 1:
-            _check_batch(xn.shape, wn.shape)
-        if (xn.dtype is wn.dtype and xn.dtype.is_float and len(xn.shape) > 1 and len(wn.shape) > 1
-                and xn.shape[-1] == wn.shape[-2] and xn.device == wn.device):
-            return x._from(_matmul_node(xn, wn), w)  # the common case (the nodes of the lines below)
-        if x.ndim == 0 or w.ndim == 0:
-            raise ShapeError(f"matmul: both arguments need at least 1 dimension, got {x.shape} and {w.shape}")
-        if x.shape[-1] != w.shape[-2 if w.ndim > 1 else -1]:
-            mats = f" (mat1 and mat2 shapes cannot be multiplied ({_x(x.shape)} and {_x(w.shape)}))" \
-                if x.ndim == w.ndim == 2 else ""
+        xs, ws = x.node.shape, w.node.shape
+        if not xs or not ws:
+            raise ShapeError(f"matmul: both arguments need at least 1 dimension, got {xs} and {ws}")
+        if xs[-1] != ws[-2 if len(ws) > 1 else -1]:
+            mats = f" (mat1 and mat2 shapes cannot be multiplied ({_x(xs)} and {_x(ws)}))" \
+                if len(xs) == len(ws) == 2 else ""
             raise ShapeError(
-                f"matmul: inner dimensions differ: {x.shape} @ {w.shape} "
-                f"({x.shape[-1]} != {w.shape[-2 if w.ndim > 1 else -1]}){mats}"
+                f"matmul: inner dimensions differ: {xs} @ {ws} "
+                f"({xs[-1]} != {ws[-2 if len(ws) > 1 else -1]}){mats}"
             )
-        xv = x.unsqueeze(0) if x.ndim == 1 else x
-        wv = w.unsqueeze(-1) if w.ndim == 1 else w
-        # (..., n, 1, k) * (..., 1, m, k) -> sum over k
-        a = xv.reshape(xv.shape[:-1] + (1, xv.shape[-1]))
-        b = wv.transpose(-1, -2)
-        b = b.reshape(b.shape[:-2] + (1,) + b.shape[-2:])
-        out = (a * b).sum(
-            -1, dtype=promote(x.dtype, w.dtype) if not promote(x.dtype, w.dtype).is_float else None
-        )
-        if x.ndim == 1:
+        if xs[:-2] != ws[:-2] and len(xs) > 1 and len(ws) > 1:
+            _check_batch(xs, ws)
+        if x.device != w.device:
+            raise DeviceError(
+                f"matmul: tensors are on different devices ({x.device} and {w.device}); move one with .to()")
+        dt = x.dtype if x.dtype is w.dtype else promote(x.dtype, w.dtype)
+        if dt == dtypes.bool:
+            raise DTypeError("matmul: not defined for bool tensors (as in PyTorch); cast them to numbers")
+        xv = x if len(xs) > 1 else x.unsqueeze(0)
+        wv = w if len(ws) > 1 else w.unsqueeze(-1)
+        out = x._from(_matmul_node(xv.cast(dt).node, wv.cast(dt).node), w)
+        if len(xs) == 1:
             out = out.squeeze(-2)
-        if w.ndim == 1:
+        if len(ws) == 1:
             out = out.squeeze(-1)
         return out
 
@@ -125,18 +123,6 @@ class LinalgOps:
 
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """x @ weight.T + bias, with weight of shape (out_features, in_features) as in PyTorch."""
-        xn = self.node
-        wn = weight.node if isinstance(weight, type(self)) else None
-        bn = bias.node if isinstance(bias, type(self)) else None
-        if (wn is not None and (bias is None or bn is not None) and xn.dtype is wn.dtype and xn.dtype.is_float
-                and len(xn.shape) > 1 and len(wn.shape) == 2 and xn.shape[-1] == wn.shape[1]
-                and xn.device == wn.device and (bn is None or (
-                    bn.dtype is xn.dtype and bn.shape == wn.shape[:1] and bn.device == xn.device))):
-            # the common case, as graph nodes (those of the two lines below): no intermediate tensors
-            out = _matmul_node(xn, g.move(wn, Op.PERMUTE, (1, 0)))
-            if bn is not None:
-                out = g.alu(Op.ADD, out, _expand_node(bn, out.shape))
-            return self._from(out, weight, *(() if bias is None else (bias,)))
         wshape = weight.shape if isinstance(weight, type(self)) else None
         if self.ndim and wshape is not None and len(wshape) == 2 and self.shape[-1] != wshape[1]:
             rows = self.numel() // self.shape[-1] if self.shape[-1] else 0

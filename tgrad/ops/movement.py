@@ -26,15 +26,18 @@ class MovementOps:
 
     def reshape(self, *shape) -> Tensor:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        shape = tuple(self.shape[i] if s is None else int(s) for i, s in enumerate(shape))  # None: keep
-        if shape.count(-1) > 1:
-            raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
+        if None in shape:  # None: keep that dimension
+            shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
+        shape = tuple(map(int, shape))
+        numel = math.prod(self.node.shape)
         if -1 in shape:
+            if shape.count(-1) > 1:
+                raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
             known = math.prod(s for s in shape if s != -1)
-            if known == 0 or self.numel() % known:
+            if known == 0 or numel % known:
                 raise ShapeError(f"reshape: cannot reshape {self.shape} to {shape}")
-            shape = tuple(self.numel() // known if s == -1 else s for s in shape)
-        if math.prod(shape) != self.numel() or any(s < 0 for s in shape):
+            shape = tuple(numel // known if s == -1 else s for s in shape)
+        if math.prod(shape) != numel or min(shape, default=0) < 0:
             raise ShapeError(f"reshape: cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
         return self._from(g.move(self.node, Op.RESHAPE, shape), self, view=((Op.RESHAPE, shape),))
 

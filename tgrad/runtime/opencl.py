@@ -17,9 +17,11 @@ from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.opt import DeviceProps
 from tgrad.program import Program
+from tgrad.runtime.llvm_order import load_triton_first
 
 
 def _import_pyopencl():
+    load_triton_first()  # before an OpenCL driver (PoCL, Mesa's) loads its LLVM (see llvm_order)
     try:
         import pyopencl as cl
     except ImportError as e:

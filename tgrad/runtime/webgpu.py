@@ -16,6 +16,7 @@ from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
 from tgrad.fuse import Kernel
 from tgrad.opt import DeviceProps
 from tgrad.program import Program
+from tgrad.runtime.llvm_order import load_triton_first
 
 
 def _private_runtime_dir() -> None:
@@ -56,6 +57,7 @@ class WebGPURuntime(Runtime):
         held as int32; WEBGPU_INT64=1 turns it on). Mesa 22.3's lavapipe miscompiles i64 comparisons
         of converted 32-bit values with constants, so the default is the int32 rule."""
         super().__init__()
+        load_triton_first()  # before wgpu opens Mesa's LLVM (see llvm_order)
         try:
             import wgpu
         except ImportError as e:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tgrad.device import Buffer, Runtime
+from tgrad.device import Buffer, Runtime, check_fits
 from tgrad.dtype import dtypes, round_bf16
 from tgrad.fuse import reduce_identity
 from tgrad.graph import MOVEMENT, Node, Op
@@ -146,7 +146,10 @@ class NumpyRuntime(Runtime):
     def evaluate(self, nodes: list[Node]) -> None:
         # an ASSIGN overwrites its target's buffer: everything else in this realize reads the old value,
         # through the target or any other node realized before on that buffer (an earlier assign's)
-        targets = _assign_targets(nodes)
+        for node in nodes:  # each requested node becomes an array of its own (a constant's too)
+            if not node.base.realized:
+                _check_fits(self, node.base)
+        targets = _assign_targets(nodes, lambda n: _check_fits(self, n))
         memo: dict = {t: t.buffer.data.reshape(t.shape).copy() for t in targets}
         memo[_SAVED] = {id(t.buffer): memo[t] for t in targets}
         for node in nodes:
@@ -161,13 +164,21 @@ class NumpyRuntime(Runtime):
                 base.buffer.computed = True  # (see Buffer.computed)
 
 
-def _assign_targets(nodes: list[Node]) -> set[Node]:
+def _check_fits(rt, node: Node) -> None:
+    check_fits(rt, node.shape, node.dtype, f"realize ({node.op.name})")
+
+
+def _assign_targets(nodes: list[Node], check) -> set[Node]:
+    """The nodes the graph's ASSIGNs write; `check(node)` is called on each node evaluate() will compute into
+    an array of its own (before any is computed: an ASSIGN writes as soon as it is evaluated)."""
     targets, seen, stack = set(), set(), [n.base for n in nodes]
     while stack:
         n = stack.pop()
         if n in seen or n.realized:
             continue
         seen.add(n)
+        if n.op not in MOVEMENT and n.op is not Op.CONST and n.op is not Op.DETACH:
+            check(n)
         if n.op is Op.ASSIGN:
             targets.add(n.srcs[0])
         stack.extend(n.srcs)

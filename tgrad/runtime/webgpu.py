@@ -12,7 +12,7 @@ from tgrad import config, emit_wgsl
 from tgrad.device import Buffer, Runner, Runtime
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_wgsl import Target
-from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
+from tgrad.errors import DeviceError, DTypeError, KernelError, OutOfMemoryError, byte_size, numbered
 from tgrad.fuse import Kernel
 from tgrad.opt import DeviceProps
 from tgrad.program import Program
@@ -105,13 +105,20 @@ class WebGPURuntime(Runtime):
         raw = size * self.target.itemsize(dtype)
         return max(4, -(-raw // 4) * 4)
 
+    def buffer_bytes(self, size: int, dtype: DType) -> int:
+        return self.nbytes(size, dtype)
+
+    def buffer_limit(self) -> tuple[int, str]:
+        if self.max_buffer is None:  # a kernel binds each buffer whole
+            most = min(self.limits["max-storage-buffer-binding-size"], self.limits["max-buffer-size"])
+            self.max_buffer = (most, f"the largest storage buffer this WEBGPU adapter binds "
+                                     f"({byte_size(most)}); split the tensor or use another device")
+        return self.max_buffer
+
     def _fits(self, nbytes: int) -> None:
-        limit = self.limits["max-storage-buffer-binding-size"]
+        limit, why = self.buffer_limit()
         if nbytes > limit:
-            raise DeviceError(
-                f"a {nbytes}-byte buffer is larger than this WEBGPU adapter binds ({limit} bytes); "
-                "split the tensor or use another device"
-            )
+            raise OutOfMemoryError(f"a buffer of {byte_size(nbytes)} is more than {why}")
 
     def supports(self, dtype: DType) -> bool:
         return super().supports(dtype) and (dtype != dtypes.float64 or self.target.float64)

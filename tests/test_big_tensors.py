@@ -1,0 +1,58 @@
+"""Tensors of 2**31 elements and more (uint8: about 2 GB each) give numpy's answers on the host devices, or
+a clear error naming the limit (cumulative ops). At most two such tensors live at once; expected values
+come from a few known elements set in a ones array, not from computing the whole result with numpy."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from tests.conftest import open_or_skip
+from tgrad import Tensor, dtypes
+from tgrad.errors import ShapeError
+
+N = 2**31 + 1000
+FIRST_MAX, LAST_MAX, ONLY_ZERO, THREE = 2**31 + 3, N - 7, 2**31 + 10, 5
+
+
+@pytest.fixture(params=["CPU", "NUMPY"])
+def big(request):
+    """A uint8 tensor of N elements: ones, but 9 at FIRST_MAX and LAST_MAX, 0 at ONLY_ZERO, 3 at THREE."""
+    open_or_skip(request.param)
+    a = np.ones(N, np.uint8)
+    a[[FIRST_MAX, LAST_MAX]], a[ONLY_ZERO], a[THREE] = 9, 0, 3
+    x = Tensor(a, device=request.param).realize()
+    del a
+    yield x
+    del x
+    gc.collect()
+
+
+TOTAL = N - 4 + 9 + 9 + 0 + 3
+
+
+def test_reduce_and_elementwise(big):
+    assert big.sum().item() == TOTAL  # (uint8 sums in int64, as PyTorch's)
+    assert big.max().item() == 9 and big.min().item() == 0
+    assert (big.cast(dtypes.int64) + 1).sum().item() == TOTAL + N
+    assert (big * 2 + 1)[LAST_MAX].item() == 19
+
+
+def test_argmax_argmin(big):
+    """The first maximum / minimum, as an int64 position past 2**31 (PyTorch's argmax is int64)."""
+    am = big.argmax()
+    assert am.dtype == dtypes.int64 and am.item() == FIRST_MAX
+    assert big.argmin().item() == ONLY_ZERO
+    assert big.reshape(1, N).argmax(axis=1, keepdim=True).numpy().tolist() == [[FIRST_MAX]]
+
+
+def test_indexing(big):
+    assert big[ONLY_ZERO].item() == 0 and big[LAST_MAX].item() == 9 and big[-7].item() == 9
+    idx = Tensor([THREE, FIRST_MAX, LAST_MAX, ONLY_ZERO], device=big.device)
+    assert big[idx].numpy().tolist() == [3, 9, 9, 0]
+    assert big[2**31 : 2**31 + 12].numpy().tolist() == [1, 1, 1, 9, 1, 1, 1, 1, 1, 1, 0, 1]
+
+
+def test_cumsum_names_its_limit(big):
+    with pytest.raises(ShapeError, match="2147484648 elements, more than cumulative ops take"):
+        big.cumsum()

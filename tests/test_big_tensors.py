@@ -34,7 +34,7 @@ TOTAL = N - 4 + 9 + 9 + 0 + 3
 def test_reduce_and_elementwise(big):
     assert big.sum().item() == TOTAL  # (uint8 sums in int64, as PyTorch's)
     assert big.max().item() == 9 and big.min().item() == 0
-    assert (big.cast(dtypes.int64) + 1).sum().item() == TOTAL + N
+    assert (big + 1).sum().item() == TOTAL + N
     assert (big * 2 + 1)[LAST_MAX].item() == 19
 
 

@@ -38,6 +38,24 @@ def test_reduce_and_elementwise(big):
     assert (big * 2 + 1)[LAST_MAX].item() == 19
 
 
+def test_reduce_along_axes(big):
+    half = N // 2  # (THREE in the first row; FIRST_MAX, LAST_MAX and ONLY_ZERO in the second)
+    assert big.reshape(2, half).sum(axis=1).numpy().tolist() == [half - 1 + 3, half - 3 + 9 + 9 + 0]
+    cols = np.ones(8, np.int64)
+    cols[[FIRST_MAX % 8, LAST_MAX % 8, THREE % 8]] = [9, 9, 3]
+    assert big.reshape(N // 8, 8).max(axis=0).numpy().tolist() == cols.tolist()
+
+
+def test_matmul(big):
+    """A contraction over N elements (int64: the sum passes 2**32); NUMPY would hold the int64 cast of the
+    whole tensor (17 GB), so the CPU only."""
+    if big.device != "CPU":
+        pytest.skip("NUMPY computes the cast into an array of its own")
+    w = Tensor.full((N, 2), 2, dtype=dtypes.uint8, device=big.device)
+    got = big.reshape(1, N).cast(dtypes.int64) @ w.cast(dtypes.int64)
+    assert got.numpy().tolist() == [[2 * TOTAL, 2 * TOTAL]]
+
+
 def test_argmax_argmin(big):
     """The first maximum / minimum, as an int64 position past 2**31 (PyTorch's argmax is int64)."""
     am = big.argmax()
@@ -50,6 +68,8 @@ def test_indexing(big):
     assert big[ONLY_ZERO].item() == 0 and big[LAST_MAX].item() == 9 and big[-7].item() == 9
     idx = Tensor([THREE, FIRST_MAX, LAST_MAX, ONLY_ZERO], device=big.device)
     assert big[idx].numpy().tolist() == [3, 9, 9, 0]
+    assert big.gather(0, idx).numpy().tolist() == [3, 9, 9, 0]
+    assert big.reshape(1, N).gather(1, idx.reshape(1, 4)).numpy().tolist() == [[3, 9, 9, 0]]
     assert big[2**31 : 2**31 + 12].numpy().tolist() == [1, 1, 1, 9, 1, 1, 1, 1, 1, 1, 0, 1]
 
 

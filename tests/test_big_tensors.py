@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import open_or_skip
 from tgrad import Tensor, dtypes
-from tgrad.errors import ShapeError
+from tgrad.errors import DeviceError, ShapeError
 
 N = 2**31 + 1000
 FIRST_MAX, LAST_MAX, ONLY_ZERO, THREE = 2**31 + 3, N - 7, 2**31 + 10, 5
@@ -76,3 +76,37 @@ def test_indexing(big):
 def test_cumsum_names_its_limit(big):
     with pytest.raises(ShapeError, match="2147484648 elements, more than cumulative ops take"):
         big.cumsum()
+
+
+M = 46341  # M * M = 2**31 + 4633: a reduce over more elements than an int32 counts, from two small buffers
+
+
+def _rows_times_cols(device: str) -> tuple[Tensor, int]:
+    col = (np.arange(M) % 7 == 0).astype(np.int32)  # (a sum within int32: WEBGPU holds int64 as int32)
+    a = Tensor(col.reshape(M, 1), device=device)
+    b = Tensor(np.ones((1, M), np.int32), device=device)
+    return a * b, int(col.sum()) * M
+
+
+def test_cl_reduces_past_int32():
+    """OpenCL indexes with 64-bit integers where the bounds need them: a sum over 2**31 + 4633 elements
+    and a uint8 tensor of N elements are right."""
+    open_or_skip("CL")
+    x, want = _rows_times_cols("CL")
+    assert x.sum().item() == want
+    a = np.ones(N, np.uint8)
+    a[[FIRST_MAX, LAST_MAX]], a[ONLY_ZERO] = 9, 0
+    big = Tensor(a, device="CL").realize()
+    del a
+    assert big.argmax().item() == FIRST_MAX and big[ONLY_ZERO].item() == 0
+    assert (big * 2 + 1)[LAST_MAX].item() == 19
+
+
+def test_webgpu_names_its_index_limit():
+    """WGSL counts with 32-bit integers: a reduce over more elements raises a DeviceError naming the limit
+    (it failed shader validation); reducing one axis at a time works."""
+    open_or_skip("WEBGPU")
+    x, want = _rows_times_cols("WEBGPU")
+    with pytest.raises(DeviceError, match=r"reduces over 2147488281 elements, more than the 32-bit integers"):
+        x.sum().item()
+    assert x.sum(axis=1).sum().item() == want

@@ -87,3 +87,51 @@ def test_a_small_limit_names_it(device, monkeypatch):
     with pytest.raises(OutOfMemoryError, match="a test's limit of 1024 bytes") as e:
         (Tensor.ones(257, device=device) * 3).realize()
     assert "(257,)" in str(e.value) and "1028 bytes" in str(e.value)
+
+
+def _fail_allocations(device: str, monkeypatch) -> str:
+    """Make the device's allocator fail as its driver does when memory runs out; returns the driver's
+    message, which the OutOfMemoryError carries."""
+    rt = get_runtime(device)
+    message = "the driver ran out of memory"
+    if device == "CPU":
+        def fail(*args, **kwargs):
+            raise MemoryError(message)  # numpy's _ArrayMemoryError is a MemoryError
+
+        monkeypatch.setattr(rt.memory, "array", fail)
+    elif device == "CL":
+        cl = rt.cl
+
+        class Buffer:
+            def __init__(self, *args, **kwargs):
+                raise cl.MemoryError(cl._cl._ErrorRecord("clCreateBuffer", -4, message))
+
+        monkeypatch.setattr(cl, "Buffer", Buffer)
+    elif device == "WEBGPU":
+        def fail(*args, **kwargs):
+            raise rt.wgpu.GPUOutOfMemoryError(message)
+
+        monkeypatch.setattr(rt.device, "create_buffer", fail)
+    elif device == "TRITON":
+        def fail(*args, **kwargs):
+            raise rt.torch.OutOfMemoryError(message)
+
+        monkeypatch.setattr(rt.torch, "empty", fail)
+    else:
+        pytest.skip(f"{device} evaluates with numpy (its MemoryError: test_realize_too_big)")
+    return message
+
+
+def test_driver_out_of_memory_is_translated(device, monkeypatch):
+    """An allocation the size check lets through but the driver refuses (numpy's MemoryError, PoCL's
+    CL_MEM_OBJECT_ALLOCATION_FAILURE, wgpu's GPUOutOfMemoryError, torch's OutOfMemoryError) raises tgrad's
+    OutOfMemoryError naming the kernel, shape and the driver's message; afterwards allocations work."""
+    t = Tensor([1.0, 2.0, 3.0], device=device).realize()
+    x = Tensor.arange(6, device=device).reshape(2, 3).float().realize()
+    with monkeypatch.context() as m:
+        message = _fail_allocations(device, m)
+        with pytest.raises(OutOfMemoryError) as e:
+            (x * 2 + t).realize()
+    assert message in str(e.value) and "(2, 3)" in str(e.value) and "test_out_of_memory.py:" in str(e.value)
+    np.testing.assert_array_equal((x * 2 + t).numpy(), np.arange(6).reshape(2, 3) * 2 + [1.0, 2.0, 3.0])
+    _still_works(device)

@@ -78,7 +78,7 @@ class CLRuntime(Runtime):
         try:
             mem = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(1, size * dtype.itemsize))
         except self.cl.Error as e:  # the driver's allocation failures, as the MemoryError realize names
-            if e.code in _NO_MEMORY:
+            if isinstance(e, self.cl.MemoryError) or getattr(e, "code", None) in _NO_MEMORY:
                 raise MemoryError(f"OpenCL {self.device.name}: {e}") from e
             raise
         return Buffer(self.name, size, dtype, mem)

@@ -239,15 +239,17 @@ def host_memory_limit() -> tuple[int, str]:
     return total, f"this machine's memory and swap ({byte_size(total)})"
 
 
-def check_fits(rt: Runtime, shape: tuple[int, ...], dtype: DType, what: str) -> None:
+def check_fits(rt: Runtime, shape: tuple[int, ...], dtype: DType, what: str | Callable[[], str]) -> None:
     """Raise an OutOfMemoryError, before anything is allocated or computed, when a tensor of `shape` and
-    `dtype` (`what` made it: "Tensor.randn", "a SUM kernel") cannot fit in one buffer on `rt`'s device."""
+    `dtype` (`what` made it: "random draw", a kernel's name; or a function giving that, called only for
+    the message) cannot fit in one buffer on `rt`'s device."""
     size = 1
     for n in shape:
         size *= n
     nbytes = rt.buffer_bytes(size, dtype)
     limit, why = rt.buffer_limit()
     if nbytes > limit:
+        what = what if isinstance(what, str) else what()
         raise OutOfMemoryError(f"{what}: a tensor of shape {tuple(shape)} and dtype {dtype.name} needs "
                                f"{byte_size(nbytes)} on {rt.name}, more than {why}")
 

@@ -15,6 +15,7 @@ each host step, each host upload, each random draw, and each read back to the ho
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -385,7 +386,7 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
         if it.kernel not in rt.runners and _runs(it.kernel) and index not in later and index not in groups:
             new.setdefault(rt, []).append(it.kernel)
         if it.target is None and index not in private:  # before anything runs: nothing is half-written
-            check_fits(rt, it.out.shape, it.out.dtype, _what(it))
+            check_fits(rt, it.out.shape, it.out.dtype, functools.partial(_what, it))
     progress = _Progress(sum(len(ks) for ks in new.values()))
     t0 = time.perf_counter()
     for rt, kernels in new.items():

@@ -392,11 +392,48 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
     for rt, kernels in new.items():
         rt.prepare(kernels, runs.get(rt, []))
     progress.seconds += time.perf_counter() - t0
-    try:
-        for index, it in enumerate(items):
-            _run_item(index, it, groups, private, hidden, later, progress)
-    except MemoryError as e:  # (numpy's, or a driver's that the runtime turned into one)
-        raise out_of_memory(e, get_runtime(it.out.device), it.out.shape, it.out.dtype, _what(it)) from e
+    for index, it in enumerate(items):
+        rt = get_runtime(it.out.device)
+        k = it.kernel
+        if index in private:  # its group keeps it (nothing to allocate, record or realize)
+            continue
+        out = it.target.buffer if it.target is not None else _alloc(rt, it)
+        if index in later:  # written by its group's function, which runs at the group's last kernel
+            if RECORDER is not None:
+                RECORDER.launch(_LATER, out, [], fresh=it.target is None, node=it.out)
+        elif _runs(k):
+            fresh = index not in groups and k not in rt.runners
+            t0 = time.perf_counter()
+            if index in groups:
+                runner, nodes, _ = groups[index]
+                # (an output the group keeps: an empty buffer in its place, which tells its runner so)
+                inputs = [rt.alloc(0, n.dtype) if id(n) in hidden else n.buffer for n in nodes]
+            else:
+                runner, inputs = rt.runner(k), [n.buffer for n in it.inputs]
+                if _reads_target_elsewhere(it):
+                    tb = it.target.buffer
+                    inputs = [_copy(rt, b, n) if b is tb else b for n, b in zip(it.inputs, inputs)]
+            if fresh:
+                progress.compiled(time.perf_counter() - t0)
+            if device.DEBUG >= 3:
+                print(f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
+                      f"  expr   {pretty(k.expr, 9)}\n  reduce {pretty(k.reduce_expr, 9)}", file=sys.stderr)
+            if device.DEBUG >= 4:
+                print(runner.source, file=sys.stderr)
+            t0 = time.perf_counter()
+            runner(out, *inputs)
+            Stats.kernels_run += 1
+            if RECORDER is not None:
+                RECORDER.launch(runner, out, inputs, fresh=it.target is None, node=it.out)
+            if device.DEBUG >= 2:
+                rt.synchronize()
+                _debug_kernel(rt, it, out, time.perf_counter() - t0, runner)  # (a row group's name)
+        if it.out.op is Op.ASSIGN and RECORDER is None:  # TinyJit's checks walk what a capture wrote
+            it.out.written(out)
+        else:
+            it.out.buffer = out
+            if it.target is None:
+                out.computed = True
     if device.DEBUG >= 1 and items:
         ms = (time.perf_counter() - t_all) * 1e3
         where = user_frame() or "inside tgrad"
@@ -408,50 +445,13 @@ def _what(it: fuse.ScheduleItem) -> str:
     return f"realize, kernel {it.kernel.name} ({it.out.op.name})"
 
 
-def _run_item(index: int, it: fuse.ScheduleItem, groups: dict, private: set, hidden: set, later: set,
-              progress: _Progress) -> None:
-    """One step of run_schedule: allocate the item's output, launch its kernel, give its node the buffer."""
-    rt = get_runtime(it.out.device)
-    k = it.kernel
-    if index in private:  # its group keeps it (nothing to allocate, record or realize)
-        return
-    out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
-    if index in later:  # written by its group's function, which runs at the group's last kernel
-        if RECORDER is not None:
-            RECORDER.launch(_LATER, out, [], fresh=it.target is None, node=it.out)
-    elif _runs(k):
-        fresh = index not in groups and k not in rt.runners
-        t0 = time.perf_counter()
-        if index in groups:
-            runner, nodes, _ = groups[index]
-            # (an output the group keeps: an empty buffer in its place, which tells its runner so)
-            inputs = [rt.alloc(0, n.dtype) if id(n) in hidden else n.buffer for n in nodes]
-        else:
-            runner, inputs = rt.runner(k), [n.buffer for n in it.inputs]
-            if _reads_target_elsewhere(it):
-                tb = it.target.buffer
-                inputs = [_copy(rt, b, n) if b is tb else b for n, b in zip(it.inputs, inputs)]
-        if fresh:
-            progress.compiled(time.perf_counter() - t0)
-        if device.DEBUG >= 3:
-            print(f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
-                  f"  expr   {pretty(k.expr, 9)}\n  reduce {pretty(k.reduce_expr, 9)}", file=sys.stderr)
-        if device.DEBUG >= 4:
-            print(runner.source, file=sys.stderr)
-        t0 = time.perf_counter()
-        runner(out, *inputs)
-        Stats.kernels_run += 1
-        if RECORDER is not None:
-            RECORDER.launch(runner, out, inputs, fresh=it.target is None, node=it.out)
-        if device.DEBUG >= 2:
-            rt.synchronize()
-            _debug_kernel(rt, it, out, time.perf_counter() - t0, runner)  # (a row group's name)
-    if it.out.op is Op.ASSIGN and RECORDER is None:  # TinyJit's checks walk what a capture wrote
-        it.out.written(out)
-    else:
-        it.out.buffer = out
-        if it.target is None:
-            out.computed = True
+def _alloc(rt: Runtime, it: fuse.ScheduleItem) -> Buffer:
+    """The buffer of a scheduled item's output; the device running out of memory (numpy's MemoryError, or
+    one its runtime made of the driver's error) raises an OutOfMemoryError naming the kernel."""
+    try:
+        return rt.alloc(prod(it.out.shape), it.out.dtype)
+    except MemoryError as e:
+        raise out_of_memory(e, rt, it.out.shape, it.out.dtype, _what(it)) from e
 
 
 def realize(nodes: list[Node]) -> None:
@@ -469,7 +469,7 @@ def realize(nodes: list[Node]) -> None:
                 rt.evaluate(group)
             else:
                 run_schedule(schedule_cache.schedule(group), group)
-        except MemoryError as e:  # (a reference device's numpy; run_schedule names the kernel itself)
+        except MemoryError as e:  # (a reference device's numpy, a kernel's scratch: else _alloc names it)
             raise out_of_memory(e, rt, group[0].shape, group[0].dtype, f"realize on {name}") from e
         except RecursionError as e:
             if isinstance(e, GraphDepthError):

@@ -73,9 +73,14 @@ def test_indexing(big):
     assert big[2**31 : 2**31 + 12].numpy().tolist() == [1, 1, 1, 9, 1, 1, 1, 1, 1, 1, 0, 1]
 
 
-def test_cumsum_names_its_limit(big):
-    with pytest.raises(ShapeError, match="2147484648 elements, more than cumulative ops take"):
+def test_pairwise_ops_name_their_limit(big):
+    """cumsum and sort compare every pair of positions: an axis this long raises, naming the limit."""
+    with pytest.raises(ShapeError, match="2147484648 elements, more than cumsum takes"):
         big.cumsum()
+    with pytest.raises(ShapeError, match="2147484648 elements, more than sort takes"):
+        big.sort()
+    with pytest.raises(ShapeError, match="more than sort takes"):
+        big.topk(3)
 
 
 M = 46341  # M * M = 2**31 + 4633: a reduce over more elements than an int32 counts, from two small buffers

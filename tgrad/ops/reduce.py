@@ -21,6 +21,16 @@ if TYPE_CHECKING:
 ARG_BLOCK = 1 << 16
 
 
+
+def _pairwise_limit(op: str, axis: int, n: int) -> None:
+    """Ops that compare every pair of positions along an axis (sort, topk, cumulative ops) take at most
+    2**31 - 1 of them: more raise a ShapeError naming the limit (their position tensors would hold 17 GB
+    of int64 before the n**2 comparisons)."""
+    if n > dtypes.int32.max:
+        raise ShapeError(f"{op}: axis {axis} has {n} elements, more than {op} takes ({dtypes.int32.max}); "
+                         "work on pieces of it (a reshape to (k, -1))")
+
+
 class ReduceOps:
     """Tensor's reductions (a mixin: tensor.py's Tensor is made of these)."""
 
@@ -131,6 +141,7 @@ class ReduceOps:
         """(values, indices) sorted along dim; stable (equal values keep their order); nan sorts last
         ascending, first descending, like PyTorch. Compares every pair: O(n**2) along dim."""
         d = _normalize_axis(dim, self.ndim, "sort")
+        _pairwise_limit("sort", d, self.shape[d] if self.ndim else 1)
         x = (self.reshape(1) if self.ndim == 0 else self).transpose(d, -1)
         a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # a: element i, b: element j
         before = (b > a) if descending else (b < a)
@@ -266,9 +277,7 @@ class ReduceOps:
         axis = _normalize_axis(axis, self.ndim, op)
         x = self.reshape(1) if self.ndim == 0 else self
         n = x.shape[axis]
-        if n > dtypes.int32.max:  # (positions are int32 numbers below; every pair of them is compared)
-            raise ShapeError(f"{op}: axis {axis} has {n} elements, more than cumulative ops take "
-                             f"({dtypes.int32.max}); compute it in pieces (a reshape to (k, -1))")
+        _pairwise_limit(op, axis, n)  # (positions are int32 numbers below)
         idx = type(self).arange(n, device=self.device, dtype=dtypes.int32)
         lower = idx.reshape(n, 1) >= idx.reshape(1, n)  # lower[i, j] = j <= i
         return lower.where(x.transpose(axis, -1).unsqueeze(-2), fill), axis

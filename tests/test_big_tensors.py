@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import open_or_skip
 from tgrad import Tensor, dtypes
 from tgrad.errors import DeviceError, ShapeError
+from tgrad.ops import reduce as reduce_ops
 
 N = 2**31 + 1000
 FIRST_MAX, LAST_MAX, ONLY_ZERO, THREE = 2**31 + 3, N - 7, 2**31 + 10, 5
@@ -115,3 +116,20 @@ def test_webgpu_names_its_index_limit():
     with pytest.raises(DeviceError, match=r"reduces over 2147488281 elements, more than the 32-bit integers"):
         x.sum().item()
     assert x.sum(axis=1).sum().item() == want
+
+
+def test_blocked_argmax_matches_numpy(device, monkeypatch):
+    """The blocked argmax / argmin that axes of 2**31+ elements take, run with blocks of 4 on small tensors
+    (ties, an axis not a multiple of the block, NaN, keepdim) on every device, against numpy."""
+    monkeypatch.setattr(reduce_ops, "ARG_BLOCK", 4)
+    rng = np.random.default_rng(0)
+    ints = rng.integers(0, 4, (3, 11, 2)).astype(np.int32)
+    floats = rng.standard_normal((5, 9)).astype(np.float32)
+    floats[2, [3, 6]] = np.nan
+    for a in (ints, floats):
+        t = Tensor(a, device=device)
+        for axis in range(a.ndim):
+            np.testing.assert_array_equal(t._arg_first_max_blocked(axis, False).numpy(), a.argmax(axis))
+            np.testing.assert_array_equal(t._arg_first_max_blocked(axis, True).numpy(),
+                                          np.expand_dims(a.argmax(axis), axis))
+        np.testing.assert_array_equal(t.reshape(-1)._arg_first_max_blocked(0, False).numpy(), a.argmax())

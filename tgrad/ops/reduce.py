@@ -17,8 +17,9 @@ from tgrad.ops.helpers import _exp_node, _expand_node, _log_node, _normalize_axi
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
 
-# argmax / argmin of an axis of 2**31 elements or more work in blocks of this many (_arg_first_max_blocked)
-ARG_BLOCK = 1 << 16
+# argmax / argmin of an axis of 2**31 elements or more work in blocks of this many (_arg_first_max_blocked;
+# its positions 1..ARG_BLOCK are int16)
+ARG_BLOCK = 1 << 14
 
 
 
@@ -175,7 +176,7 @@ class ReduceOps:
             arg[d] = (0, k)
         return values.shrink(arg), indices.shrink(arg)
 
-    def _arg_first_max(self, axis, keepdim: bool) -> Tensor:
+    def _arg_first_max(self, axis, keepdim: bool, positions=dtypes.int32) -> Tensor:
         if axis is None:
             return self.reshape(-1)._arg_first_max(0, keepdim=False)
         axis = _normalize_axis(axis, self.ndim, "argmax")
@@ -188,7 +189,7 @@ class ReduceOps:
         is_max = self == m
         if self.dtype.is_float:  # a NaN is the maximum (PyTorch: the first NaN's index)
             is_max = is_max | (self.isnan() & m.isnan())
-        rev = type(self).arange(n, 0, -1, device=self.device, dtype=dtypes.int32)
+        rev = type(self).arange(n, 0, -1, device=self.device, dtype=positions)
         rev = rev.reshape((n,) + (1,) * (self.ndim - axis - 1))
         best = is_max.where(rev, 0).max(axis, keepdim)
         return (n - best).cast(dtypes.default_int)
@@ -204,7 +205,7 @@ class ReduceOps:
         low = -math.inf if self.dtype.is_float else (False if self.dtype == dtypes.bool else self.dtype.min)
         x = x.pad([(0, 0)] * last + [(0, blocks * ARG_BLOCK - n)], value=low)
         x = x.reshape(*x.shape[:-1], blocks, ARG_BLOCK)
-        within = x._arg_first_max(-1, False)  # (..., blocks)
+        within = x._arg_first_max(-1, False, dtypes.int16)  # (..., blocks); (int16: NUMPY holds them all)
         block = x.max(-1)._arg_first_max(-1, True)  # (..., 1)
         out = block * ARG_BLOCK + within.gather(-1, block)
         out = out.reshape(self.shape[:axis] + self.shape[axis + 1 :])

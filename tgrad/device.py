@@ -20,7 +20,7 @@ import numpy as np
 
 from tgrad import config
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import DeviceError
+from tgrad.errors import DeviceError, OutOfMemoryError, byte_size
 from tgrad.opt import DeviceProps, optimize
 from tgrad.program import Program
 
@@ -156,6 +156,21 @@ class Runtime:
     def alloc(self, size: int, dtype: DType) -> Buffer:
         return Buffer(self.name, size, dtype)
 
+    # (bytes, what sets them): the largest buffer this device can hold, found on first use (buffer_limit)
+    max_buffer: tuple[int, str] | None = None
+
+    def buffer_limit(self) -> tuple[int, str]:
+        """The largest buffer this device can hold, in bytes, and what sets that limit (for the message of
+        an OutOfMemoryError). Host memory here: the machine's memory and swap, which every byte of a buffer
+        a kernel writes must fit in; a device with memory of its own overrides it."""
+        if self.max_buffer is None:
+            self.max_buffer = host_memory_limit()
+        return self.max_buffer
+
+    def buffer_bytes(self, size: int, dtype: DType) -> int:
+        """The bytes a buffer of `size` elements of `dtype` takes on this device."""
+        return size * dtype.itemsize
+
     def from_numpy(self, array: np.ndarray) -> Buffer:
         flat = np.ascontiguousarray(array).reshape(-1)
         return Buffer(self.name, flat.size, dtypes.from_any(flat.dtype), flat.copy())
@@ -208,6 +223,49 @@ class Runtime:
 
     def synchronize(self) -> None:
         pass
+
+
+def host_memory_limit() -> tuple[int, str]:
+    """(bytes, description) of this machine's memory and swap (/proc/meminfo; else sysconf's pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.count(":") == 1}
+        total = info["MemTotal"] + info.get("SwapTotal", 0)
+    except (OSError, KeyError, ValueError, IndexError):
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return 2**63 - 1, "no limit known"
+    return total, f"this machine's memory and swap ({byte_size(total)})"
+
+
+def check_memory(rt: Runtime, shape: tuple[int, ...], dtype: DType, what: str | Callable[[], str]) -> None:
+    """Raise an OutOfMemoryError, before anything is allocated or computed, when a tensor of `shape` and
+    `dtype` (`what` made it: "random draw", a kernel's name; or a function giving that, called only for
+    the message) cannot fit in one buffer on `rt`'s device."""
+    size = 1
+    for n in shape:
+        size *= n
+    nbytes = rt.buffer_bytes(size, dtype)
+    limit, why = rt.buffer_limit()
+    if nbytes > limit:
+        what = what if isinstance(what, str) else what()
+        raise OutOfMemoryError(f"{what}: a tensor of shape {tuple(shape)} and dtype {dtype.name} needs "
+                               f"{byte_size(nbytes)} on {rt.name}, more than {why}")
+
+
+def out_of_memory(e: BaseException, rt: Runtime, shape: tuple[int, ...], dtype: DType,
+                  what: str) -> OutOfMemoryError:
+    """The OutOfMemoryError to raise (from `e`) where an allocation of that tensor failed on `rt`'s device
+    (a MemoryError from numpy, or one a runtime made of its driver's error)."""
+    if isinstance(e, OutOfMemoryError):
+        return e
+    size = 1
+    for n in shape:
+        size *= n
+    nbytes = rt.buffer_bytes(size, dtype)
+    return OutOfMemoryError(f"{what}: out of memory on {rt.name} for a tensor of shape {tuple(shape)} and "
+                            f"dtype {dtype.name} ({byte_size(nbytes)}): {type(e).__name__}: {e}")
 
 
 _runtimes: dict[str, Runtime] = {}

@@ -84,6 +84,23 @@ class DeviceError(TgradError, RuntimeError):
     pass
 
 
+class OutOfMemoryError(DeviceError, MemoryError):
+    """A tensor that does not fit: more bytes than the device's memory, or than the largest buffer it
+    allocates. A MemoryError, and a RuntimeError as PyTorch's torch.OutOfMemoryError; names the op, the
+    shape, dtype and bytes. Raised before anything is computed where the size is known to be too big, so
+    nothing is half-written and the process goes on."""
+
+
+def byte_size(nbytes: int) -> str:
+    """'3.64 TiB (4000000000000 bytes)': a byte count for error messages."""
+    size, unit = float(nbytes), "bytes"
+    for name in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, name
+    return f"{nbytes} bytes" if unit == "bytes" else f"{size:.2f} {unit} ({nbytes} bytes)"
+
+
 class AutogradError(TgradError, RuntimeError):
     pass
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tgrad import realize as driver
+from tgrad.errors import OutOfMemoryError
 from tgrad.graph import MOVEMENT, Node, Op, View, move
 
 # ops whose result is a view of their source's memory when the whole chain stays strided (PyTorch's view);
@@ -41,6 +42,8 @@ LAZY: dict[int, weakref.ref] = {}
 OUTSIDE: dict[int, weakref.ref] | None = None
 # ASSIGN nodes made by assign() and still alive (a realized one until the next realize drops it)
 ASSIGNS: weakref.WeakSet = weakref.WeakSet()
+# each of those ASSIGN nodes -> the node its tensor had before (a failed realize puts it back)
+_BEFORE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _purge_at = 4096
 
 Steps = tuple[tuple[Op | str, object], ...]  # view ops (op, arg), first first; (DETACH, None): detach()
@@ -323,9 +326,27 @@ def _to_compute(t) -> Node:
     return t.node
 
 
-def assigned(node: Node) -> None:
-    """Note an ASSIGN node made by assign(): realizes that reach it overwrite its target's buffer."""
+def assigned(node: Node, old: Node) -> None:
+    """Note an ASSIGN node made by assign() on a tensor whose node was `old`: realizes that reach it
+    overwrite its target's buffer."""
     ASSIGNS.add(node)
+    _BEFORE[node] = old
+
+
+def _drop_assigns(assigns: list[Node]) -> None:
+    """Undo assign() for ASSIGN nodes that a failed realize did not run (an OutOfMemoryError: checked before
+    anything ran), as PyTorch never made a write whose op failed: their tensors (and views) take their
+    node from before the assign again, and a later realize does not try them again."""
+    dropped = {id(a): a for a in assigns}
+    for ref in list(LAZY.values()):
+        t = ref()
+        if t is not None and id(t.node) in dropped and t.node.buffer is None:
+            old = _BEFORE.get(t.node)
+            if old is not None:
+                t.node = old
+                rebase(t, old)
+    for a in assigns:
+        ASSIGNS.discard(a)
 
 
 def _assigns_reached(nodes: list[Node]) -> list[Node]:
@@ -345,7 +366,12 @@ def _assigns_reached(nodes: list[Node]) -> list[Node]:
 def realize(nodes: list[Node]) -> None:
     """Compute the nodes, and first, where that runs assigns, the live tensors that read the old values of
     the buffers they overwrite (with_writes): every realize tgrad's API asks for comes through here."""
-    driver.realize(with_writes(nodes))
+    todo = with_writes(nodes)
+    try:
+        driver.realize(todo)
+    except OutOfMemoryError:
+        _drop_assigns(_assigns_reached(todo))
+        raise
 
 
 def to_numpy(node: Node, now: Callable[[], Node] | None = None) -> np.ndarray:

@@ -15,6 +15,7 @@ each host step, each host upload, each random draw, and each read back to the ho
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -23,7 +24,7 @@ import numpy as np
 
 from tgrad import device, fuse, schedule_cache
 from tgrad.blas import same_index
-from tgrad.device import Buffer, Runner, Runtime, Stats, get_runtime
+from tgrad.device import Buffer, Runner, Runtime, Stats, check_memory, get_runtime, out_of_memory
 from tgrad.dtype import DType, dtypes, round_bf16
 from tgrad.errors import GraphDepthError, user_frame
 from tgrad.graph import MOVEMENT, Node, Op, prod
@@ -384,6 +385,8 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
         rt = get_runtime(it.out.device)
         if it.kernel not in rt.runners and _runs(it.kernel) and index not in later and index not in groups:
             new.setdefault(rt, []).append(it.kernel)
+        if it.target is None and index not in private:  # before anything runs: nothing is half-written
+            check_memory(rt, it.out.shape, it.out.dtype, functools.partial(_what, it))
     progress = _Progress(sum(len(ks) for ks in new.values()))
     t0 = time.perf_counter()
     for rt, kernels in new.items():
@@ -394,7 +397,7 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
         k = it.kernel
         if index in private:  # its group keeps it (nothing to allocate, record or realize)
             continue
-        out = it.target.buffer if it.target is not None else rt.alloc(prod(it.out.shape), it.out.dtype)
+        out = it.target.buffer if it.target is not None else _alloc(rt, it)
         if index in later:  # written by its group's function, which runs at the group's last kernel
             if RECORDER is not None:
                 RECORDER.launch(_LATER, out, [], fresh=it.target is None, node=it.out)
@@ -438,6 +441,19 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
               f"{progress.seconds * 1e3:.2f} ms, the rest running) {where}", file=sys.stderr)
 
 
+def _what(it: fuse.ScheduleItem) -> str:
+    return f"realize, kernel {it.kernel.name} ({it.out.op.name})"
+
+
+def _alloc(rt: Runtime, it: fuse.ScheduleItem) -> Buffer:
+    """The buffer of a scheduled item's output; the device running out of memory (numpy's MemoryError, or
+    one its runtime made of the driver's error) raises an OutOfMemoryError naming the kernel."""
+    try:
+        return rt.alloc(prod(it.out.shape), it.out.dtype)
+    except MemoryError as e:
+        raise out_of_memory(e, rt, it.out.shape, it.out.dtype, _what(it)) from e
+
+
 def realize(nodes: list[Node]) -> None:
     """Compute exactly these nodes (grouped by device); movement ops over realized nodes stay views.
     (inplace.realize adds the live tensors its assigns would leave reading overwritten buffers.)"""
@@ -453,6 +469,8 @@ def realize(nodes: list[Node]) -> None:
                 rt.evaluate(group)
             else:
                 run_schedule(schedule_cache.schedule(group), group)
+        except MemoryError as e:  # (a reference device's numpy, a kernel's scratch: else _alloc names it)
+            raise out_of_memory(e, rt, group[0].shape, group[0].dtype, f"realize on {name}") from e
         except RecursionError as e:
             if isinstance(e, GraphDepthError):
                 raise

@@ -14,7 +14,7 @@ import numpy as np
 from tgrad import autodiff, inplace
 from tgrad import graph as g
 from tgrad import realize as driver
-from tgrad.device import Device, get_runtime
+from tgrad.device import Device, check_memory, get_runtime, out_of_memory
 from tgrad.dtype import (
     DType,
     check_fits,
@@ -466,7 +466,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
                 target = Node.from_buffer(buf, self.shape, self.dtype, self.device)
             self.node = Node(Op.ASSIGN, (target, x.node), None, self.shape, self.dtype, self.device)
             PENDING_ASSIGNS[id(self)] = self
-            inplace.assigned(self.node)
+            inplace.assigned(self.node, old)
         else:  # not realized (or realized with a history): the tensor takes the new value, no write
             self.node = x.node
         if self.node.buffer is None:
@@ -674,7 +674,13 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         shape = Tensor._shape_arg(shape)
         device = Device.canonicalize(device)
         dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.default_float, device)
-        return Tensor(Node.from_buffer(get_runtime(device).alloc(math.prod(shape), dt), shape, dt, device))
+        rt = get_runtime(device)
+        check_memory(rt, shape, dt, "Tensor.empty")
+        try:
+            buf = rt.alloc(math.prod(shape), dt)
+        except MemoryError as e:
+            raise out_of_memory(e, rt, shape, dt, "Tensor.empty") from e
+        return Tensor(Node.from_buffer(buf, shape, dt, device))
 
     def zeros_like(self, **kw) -> Tensor:
         return Tensor.full(self.shape, 0, **{"dtype": self.dtype, "device": self.device, **kw})
@@ -749,13 +755,23 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         return [Tensor(n) for n in driver.run_host(step, nodes)]
 
     @staticmethod
-    def _random(draw, dtype, device, requires_grad=None, default=None) -> Tensor:
-        """A tensor of host random numbers: draw(rng) -> ndarray, with Tensor._rng (see manual_seed).
-        Every random constructor comes through here, so that TinyJit can draw again on each replay."""
+    def _random(draw, shape, dtype, device, requires_grad=None, default=None) -> Tensor:
+        """A tensor of host random numbers: draw(rng, n) -> n numbers, with Tensor._rng (see manual_seed).
+        Every random constructor comes through here, so that TinyJit can draw again on each replay. A
+        tensor too big for its device is refused before anything is drawn."""
         dt = dtypes.from_any(dtype) if dtype is not None else (default or dtypes.default_float)
-        t = Tensor(draw(Tensor._rng), device=device, dtype=dt, requires_grad=requires_grad)
+        device = Device.canonicalize(device)
+        rt = get_runtime(device)
+        check_memory(rt, shape, dt, "random draw")
+        whole = functools.partial(_drawn, draw, shape, dt)
+        try:
+            # (dt given only where the array's own dtype does not say it: no second copy of the numbers)
+            node = _node_from_host(whole(Tensor._rng), device, dt if dt == dtypes.bfloat16 else None)
+        except MemoryError as e:
+            raise out_of_memory(e, rt, shape, dt, "random draw") from e
+        t = Tensor(node, requires_grad=requires_grad)
         if not t.requires_grad:
-            driver.report_random(t.node.buffer, draw, dt, t.device)
+            driver.report_random(t.node.buffer, whole, dt, t.device)
         return t
 
     @staticmethod
@@ -764,31 +780,32 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         # float16 and bfloat16 draw multiples of 2**-11 and 2**-8 (PyTorch's), so none rounds up to 1
         steps = {dtypes.float16: 2**11, dtypes.bfloat16: 2**8}.get(dtypes.from_any(dtype) if dtype else None)
         if steps:
-            return Tensor._random(lambda rng: np.floor(rng.random(shape) * steps) / steps, dtype, device,
-                                  requires_grad)
-        return Tensor._random(lambda rng: rng.random(shape), dtype, device, requires_grad)
+            return Tensor._random(lambda rng, n: np.floor(rng.random(n) * steps) / steps, shape, dtype,
+                                  device, requires_grad)
+        return Tensor._random(lambda rng, n: rng.random(n), shape, dtype, device, requires_grad)
 
     @staticmethod
     def randn(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
-        return Tensor._random(lambda rng: rng.standard_normal(shape), dtype, device, requires_grad)
+        return Tensor._random(lambda rng, n: rng.standard_normal(n), shape, dtype, device, requires_grad)
 
     @staticmethod
     def randint(*shape, low=0, high=10, dtype=None, device=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
         if low >= high:
             raise ArgumentError(f"randint: low ({low}) must be below high ({high})")
-        return Tensor._random(lambda rng: rng.integers(low, high, shape), dtype, device, default=dtypes.int32)
+        return Tensor._random(lambda rng, n: rng.integers(low, high, n), shape, dtype, device,
+                              default=dtypes.int32)
 
     @staticmethod
     def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
-        return Tensor._random(lambda rng: rng.uniform(low, high, shape), dtype, device, requires_grad)
+        return Tensor._random(lambda rng, n: rng.uniform(low, high, n), shape, dtype, device, requires_grad)
 
     @staticmethod
     def normal(*shape, mean=0.0, std=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
-        return Tensor._random(lambda rng: rng.normal(mean, std, shape), dtype, device, requires_grad)
+        return Tensor._random(lambda rng, n: rng.normal(mean, std, n), shape, dtype, device, requires_grad)
 
     @staticmethod
     def kaiming_uniform(*shape, a: float = 0.01, **kw) -> Tensor:
@@ -1011,6 +1028,23 @@ def _leaf_types(data: list | tuple, out: set[type]) -> None:
                 _leaf_types(x, out)
 
 
+# random numbers are drawn this many at a time (float64 from numpy's generator) and stored in the tensor's
+# dtype, so a draw never holds float64 numbers for the whole tensor
+_DRAW_CHUNK = 1 << 22
+
+
+def _drawn(draw, shape: tuple[int, ...], dtype: DType, rng) -> np.ndarray:
+    """draw(rng, n) for every element of `shape`, as dtype's host values (the same numbers as one call of
+    draw(rng, numel) for the sizes up to _DRAW_CHUNK)."""
+    n = math.prod(shape)
+    if n <= _DRAW_CHUNK:
+        return host_values(draw(rng, n), dtype).reshape(shape)
+    out = np.empty(n, dtype.np)
+    for start in range(0, n, _DRAW_CHUNK):
+        out[start : start + _DRAW_CHUNK] = host_values(draw(rng, min(_DRAW_CHUNK, n - start)), dtype)
+    return out.reshape(shape)
+
+
 def _node_from_host(data, device: str, dtype: DType | None) -> Node:
     if isinstance(data, np.ndarray):
         arr = data
@@ -1037,7 +1071,10 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
     if dtype is not None:
         arr = host_values(arr, dtype)
     dt = _dtype_on(dtype if dtype == dtypes.bfloat16 else dtypes.from_any(arr.dtype), device)
-    buf = driver.upload(arr, device)
+    try:
+        buf = driver.upload(arr, device)
+    except MemoryError as e:
+        raise out_of_memory(e, get_runtime(device), arr.shape, dt, "a copy of host data") from e
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
 
 

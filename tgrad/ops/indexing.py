@@ -399,10 +399,24 @@ class IndexingOps:
             raise ShapeError(f"gather: index has {index.ndim} dims, tensor has {self.ndim}")
         n = self.shape[d]
         type(self)._check_index(index, 0, n, "gather")
+        if n > dtypes.int32.max:  # a one-hot over the axis would be n times the index: take the elements
+            return self._gather_take(d, index)
         x = self.shrink(tuple((0, s) if i == d else (0, index.shape[i]) for i, s in enumerate(self.shape)))
         xe = x.unsqueeze(-1).transpose(d, -1)
         oh = index.unsqueeze(-1) == type(self).arange(n, device=self.device, dtype=index.dtype)
         return oh.where(xe, 0).sum(-1, dtype=self.dtype)
+
+    def _gather_take(self, d: int, index: Tensor) -> Tensor:
+        """gather along an axis of 2**31 elements or more: each element's int64 position in the flattened
+        tensor (the index along d, the element's own position along the other axes), taken as x[positions]."""
+        Tensor = type(self)
+        strides = [math.prod(self.shape[a + 1 :]) for a in range(self.ndim)]
+        pos = index.cast(dtypes.int64) * strides[d]
+        for a, size in enumerate(index.shape):
+            if a != d:
+                place = Tensor.arange(size, device=self.device, dtype=dtypes.int64) * strides[a]
+                pos = pos + place.reshape((size,) + (1,) * (index.ndim - a - 1))
+        return self.reshape(-1)[pos]
 
     def _scatter_mask(self, dim: int, index: Tensor, src, op: str) -> tuple[Tensor, Tensor, Tensor, int]:
         """For scatter ops: (mask, values, positions) of shape self.shape + (j,), where mask[..., k, ..., j]

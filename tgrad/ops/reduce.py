@@ -10,12 +10,26 @@ import numpy as np
 from tgrad import autodiff
 from tgrad import graph as g
 from tgrad.dtype import dtypes
-from tgrad.errors import DTypeError, IndexRangeError
+from tgrad.errors import DTypeError, IndexRangeError, ShapeError
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import _exp_node, _expand_node, _log_node, _normalize_axis, _shift_by_max
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
+
+# argmax / argmin of an axis of 2**31 elements or more work in blocks of this many (_arg_first_max_blocked;
+# its positions 1..ARG_BLOCK are int16)
+ARG_BLOCK = 1 << 14
+
+
+
+def _pairwise_limit(op: str, axis: int, n: int) -> None:
+    """Ops that compare every pair of positions along an axis (sort, topk, cumulative ops) take at most
+    2**31 - 1 of them: more raise a ShapeError naming the limit (their position tensors would hold 17 GB
+    of int64 before the n**2 comparisons)."""
+    if n > dtypes.int32.max:
+        raise ShapeError(f"{op}: axis {axis} has {n} elements, more than {op} takes ({dtypes.int32.max}); "
+                         "work on pieces of it (a reshape to (k, -1))")
 
 
 class ReduceOps:
@@ -128,6 +142,7 @@ class ReduceOps:
         """(values, indices) sorted along dim; stable (equal values keep their order); nan sorts last
         ascending, first descending, like PyTorch. Compares every pair: O(n**2) along dim."""
         d = _normalize_axis(dim, self.ndim, "sort")
+        _pairwise_limit("sort", d, self.shape[d] if self.ndim else 1)
         x = (self.reshape(1) if self.ndim == 0 else self).transpose(d, -1)
         a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # a: element i, b: element j
         before = (b > a) if descending else (b < a)
@@ -161,21 +176,40 @@ class ReduceOps:
             arg[d] = (0, k)
         return values.shrink(arg), indices.shrink(arg)
 
-    def _arg_first_max(self, axis, keepdim: bool) -> Tensor:
+    def _arg_first_max(self, axis, keepdim: bool, positions=dtypes.int32) -> Tensor:
         if axis is None:
             return self.reshape(-1)._arg_first_max(0, keepdim=False)
         axis = _normalize_axis(axis, self.ndim, "argmax")
         n = self.shape[axis]
         if n == 0:
             raise IndexRangeError(f"argmax/argmin: dimension {axis} of shape {self.shape} has size 0")
+        if n > dtypes.int32.max:  # its positions would not fit the int32 numbers below
+            return self._arg_first_max_blocked(axis, keepdim)
         m = self.max(axis, keepdim=True)
         is_max = self == m
         if self.dtype.is_float:  # a NaN is the maximum (PyTorch: the first NaN's index)
             is_max = is_max | (self.isnan() & m.isnan())
-        rev = type(self).arange(n, 0, -1, device=self.device, dtype=dtypes.int32)
+        rev = type(self).arange(n, 0, -1, device=self.device, dtype=positions)
         rev = rev.reshape((n,) + (1,) * (self.ndim - axis - 1))
         best = is_max.where(rev, 0).max(axis, keepdim)
         return (n - best).cast(dtypes.default_int)
+
+    def _arg_first_max_blocked(self, axis: int, keepdim: bool) -> Tensor:
+        """_arg_first_max along an axis of 2**31 elements or more: the axis (moved last) padded to blocks
+        of ARG_BLOCK with values that never win (they come last, so ties keep the first position), the
+        first maximum of each block and the first block holding the overall maximum; the int64 position
+        is block * ARG_BLOCK + the position in it."""
+        n, last = self.shape[axis], self.ndim - 1
+        x = self.permute([i for i in range(self.ndim) if i != axis] + [axis])
+        blocks = -(-n // ARG_BLOCK)
+        low = -math.inf if self.dtype.is_float else (False if self.dtype == dtypes.bool else self.dtype.min)
+        x = x.pad([(0, 0)] * last + [(0, blocks * ARG_BLOCK - n)], value=low)
+        x = x.reshape(*x.shape[:-1], blocks, ARG_BLOCK)
+        within = x._arg_first_max(-1, False, dtypes.int16)  # (..., blocks); (int16: NUMPY holds them all)
+        block = x.max(-1)._arg_first_max(-1, True)  # (..., 1)
+        out = block * ARG_BLOCK + within.gather(-1, block)
+        out = out.reshape(self.shape[:axis] + self.shape[axis + 1 :])
+        return out.unsqueeze(axis) if keepdim else out
 
     def argmax(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
@@ -244,6 +278,7 @@ class ReduceOps:
         axis = _normalize_axis(axis, self.ndim, op)
         x = self.reshape(1) if self.ndim == 0 else self
         n = x.shape[axis]
+        _pairwise_limit(op, axis, n)  # (positions are int32 numbers below)
         idx = type(self).arange(n, device=self.device, dtype=dtypes.int32)
         lower = idx.reshape(n, 1) >= idx.reshape(1, n)  # lower[i, j] = j <= i
         return lower.where(x.transpose(axis, -1).unsqueeze(-2), fill), axis

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tgrad.device import Buffer, Runtime
+from tgrad.device import Buffer, Runtime, check_memory
 from tgrad.dtype import dtypes, round_bf16
 from tgrad.fuse import reduce_identity
 from tgrad.graph import MOVEMENT, Node, Op
@@ -94,15 +94,29 @@ def movement(op: Op, arg, x: np.ndarray) -> np.ndarray:
 
 
 _SAVED = "saved buffers"  # memo key: id(buffer) -> its data before this realize's assigns wrote it
+_USES = "uses"  # memo key: node -> how many nodes not evaluated yet read it
+_KEEP = "keep"  # memo key: the nodes whose arrays stay (the requested ones, the assign targets' copies)
+
+
+def _widened_sum(node: Node) -> bool:
+    """A SUM of a cast that only widens (uint8 -> int64: PyTorch's integer sums): numpy sums the narrow
+    values into the wide dtype directly, the same numbers without a wide copy of every element."""
+    if node.op is not Op.REDUCE or node.arg[0] != "SUM" or node.srcs[0].op is not Op.CAST:
+        return False
+    src, wide = node.srcs[0].srcs[0].dtype, node.srcs[0].dtype
+    return (wide == node.dtype and src.is_int == wide.is_int and src != dtypes.bool and wide not in
+            (dtypes.float16, dtypes.bfloat16) and np.can_cast(src.np, wide.np, "safe"))
 
 
 def evaluate(node: Node, memo: dict) -> np.ndarray:
     hit = memo.get(node)
     if hit is not None:
         return hit
+    read = node.srcs  # the nodes this one's value is computed from (none for a buffer or a constant)
     if node.realized:
         saved = memo.get(_SAVED, {}).get(id(node.buffer))
         out = (node.buffer.data if saved is None else saved).reshape(node.shape)
+        read = ()
     elif node.op is Op.CONST:
         with np.errstate(over="ignore"):  # a float past float16's range is inf, as on the other devices
             out = np.broadcast_to(np.array(node.arg, dtype=node.dtype.np), node.shape)
@@ -110,6 +124,9 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
         out = movement(node.op, node.arg, evaluate(node.srcs[0], memo))
     elif node.op is Op.DETACH:
         out = evaluate(node.srcs[0], memo)
+    elif _widened_sum(node) and node.srcs[0] not in memo:  # no array of the widened values
+        out = _reduce("SUM", evaluate(node.srcs[0].srcs[0], memo), node.arg[1], node.dtype)
+        read = node.srcs[0].srcs
     else:
         srcs = [evaluate(s, memo) for s in node.srcs]
         with np.errstate(all="ignore"):
@@ -135,6 +152,13 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
         if node.dtype == dtypes.bfloat16:
             out = round_bf16(out)
     memo[node] = out
+    uses = memo.get(_USES)
+    if uses is not None:  # sources no other node will read: their arrays go (else all live to the end)
+        for src in read:
+            left = uses.get(src, 0) - 1
+            uses[src] = left
+            if left == 0 and src not in memo[_KEEP]:
+                memo.pop(src, None)
     return out
 
 
@@ -147,9 +171,14 @@ class NumpyRuntime(Runtime):
     def evaluate(self, nodes: list[Node]) -> None:
         # an ASSIGN overwrites its target's buffer: everything else in this realize reads the old value,
         # through the target or any other node realized before on that buffer (an earlier assign's)
-        targets = _assign_targets(nodes)
+        for node in nodes:  # each requested node becomes an array of its own (a constant's too)
+            if not node.base.realized:
+                _check_fits(self, node.base)
+        targets = _assign_targets(nodes, lambda n: _check_fits(self, n))
         memo: dict = {t: t.buffer.data.reshape(t.shape).copy() for t in targets}
         memo[_SAVED] = {id(t.buffer): memo[t] for t in targets}
+        memo[_USES] = _uses(nodes)
+        memo[_KEEP] = set(targets) | {n.base for n in nodes}
         for node in nodes:
             base = node.base
             if base.realized:
@@ -162,13 +191,36 @@ class NumpyRuntime(Runtime):
                 base.buffer.computed = True  # (see Buffer.computed)
 
 
-def _assign_targets(nodes: list[Node]) -> set[Node]:
+def _uses(nodes: list[Node]) -> dict[Node, int]:
+    """For each node under `nodes` not realized: how many of the nodes there read it."""
+    uses: dict[Node, int] = {}
+    seen, stack = set(), [n.base for n in nodes]
+    while stack:
+        n = stack.pop()
+        if n in seen or n.realized:
+            continue
+        seen.add(n)
+        for s in n.srcs:
+            uses[s] = uses.get(s, 0) + 1
+            stack.append(s)
+    return uses
+
+
+def _check_fits(rt, node: Node) -> None:
+    check_memory(rt, node.shape, node.dtype, f"realize ({node.op.name})")
+
+
+def _assign_targets(nodes: list[Node], check) -> set[Node]:
+    """The nodes the graph's ASSIGNs write; `check(node)` is called on each node evaluate() will compute into
+    an array of its own (before any is computed: an ASSIGN writes as soon as it is evaluated)."""
     targets, seen, stack = set(), set(), [n.base for n in nodes]
     while stack:
         n = stack.pop()
         if n in seen or n.realized:
             continue
         seen.add(n)
+        if n.op not in MOVEMENT and n.op is not Op.CONST and n.op is not Op.DETACH:
+            check(n)
         if n.op is Op.ASSIGN:
             targets.add(n.srcs[0])
         stack.extend(n.srcs)

@@ -13,18 +13,25 @@ from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import kernel_dtypes
 from tgrad.emit_opencl import OPENCL, QCOM
-from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
+from tgrad.errors import DeviceError, DTypeError, KernelError, byte_size, numbered
 from tgrad.fuse import Kernel
 from tgrad.opt import DeviceProps
 from tgrad.program import Program
+from tgrad.runtime.llvm_order import load_triton_first
 
 
 def _import_pyopencl():
+    load_triton_first()  # before an OpenCL driver (PoCL, Mesa's) loads its LLVM (see llvm_order)
     try:
         import pyopencl as cl
     except ImportError as e:
         raise DeviceError("the CL device needs pyopencl: pip install pyopencl (or tgrad[opencl])") from e
     return cl
+
+
+# OpenCL error codes of a failed allocation: MEM_OBJECT_ALLOCATION_FAILURE, OUT_OF_RESOURCES,
+# OUT_OF_HOST_MEMORY, INVALID_BUFFER_SIZE (beyond CL_DEVICE_MAX_MEM_ALLOC_SIZE)
+_NO_MEMORY = (-4, -5, -6, -61)
 
 
 class CLRuntime(Runtime):
@@ -69,8 +76,20 @@ class CLRuntime(Runtime):
         if not self.supports(dtype):
             ext = " (cl_khr_fp64)" if dtype == dtypes.float64 else ""
             raise DTypeError(f"OpenCL device {self.device.name} has no {dtype.name}{ext}; use float32")
-        mem = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(1, size * dtype.itemsize))
+        try:
+            mem = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(1, size * dtype.itemsize))
+        except self.cl.Error as e:  # the driver's allocation failures, as the MemoryError realize names
+            if isinstance(e, self.cl.MemoryError) or getattr(e, "code", None) in _NO_MEMORY:
+                raise MemoryError(f"OpenCL {self.device.name}: {e}") from e
+            raise
         return Buffer(self.name, size, dtype, mem)
+
+    def buffer_limit(self) -> tuple[int, str]:
+        if self.max_buffer is None:
+            most = int(self.device.max_mem_alloc_size)
+            self.max_buffer = (most, f"the largest buffer OpenCL device {self.device.name} allocates "
+                                     f"(CL_DEVICE_MAX_MEM_ALLOC_SIZE, {byte_size(most)})")
+        return self.max_buffer
 
     def from_numpy(self, array: np.ndarray) -> Buffer:
         flat = np.ascontiguousarray(array).reshape(-1)

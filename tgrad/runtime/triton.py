@@ -15,7 +15,7 @@ from tgrad import config, emit_triton
 from tgrad.device import Buffer, Runner, Runtime
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_triton import interpreting
-from tgrad.errors import DeviceError, KernelError, numbered
+from tgrad.errors import DeviceError, KernelError, byte_size, numbered
 from tgrad.fuse import Kernel
 from tgrad.opt import DeviceProps
 from tgrad.program import Program
@@ -102,8 +102,20 @@ class TritonRuntime(Runtime):
         self.props = DeviceProps(self.name, kind="triton", compute_units=int(sms))
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
-        t = self.torch.empty(size, dtype=getattr(self.torch, _TORCH_DTYPE[dtype]), device=self.torch_device)
+        torch_dtype = getattr(self.torch, _TORCH_DTYPE[dtype])
+        try:
+            t = self.torch.empty(size, dtype=torch_dtype, device=self.torch_device)
+        except RuntimeError as e:  # torch.OutOfMemoryError, or the CPU allocator's "can't allocate memory"
+            if isinstance(e, self.torch.OutOfMemoryError) or "allocate" in str(e):
+                raise MemoryError(f"torch on {self.torch_device}: {e}") from e
+            raise
         return Buffer(self.name, size, dtype, t)
+
+    def buffer_limit(self) -> tuple[int, str]:
+        if self.max_buffer is None and self.torch_device != "cpu":
+            most = int(self.torch.cuda.get_device_properties(self.torch.cuda.current_device()).total_memory)
+            self.max_buffer = (most, f"this GPU's memory ({byte_size(most)})")
+        return super().buffer_limit()
 
     def from_numpy(self, array: np.ndarray) -> Buffer:
         flat = np.ascontiguousarray(array).reshape(-1).copy()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 
@@ -11,11 +12,14 @@ import numpy as np
 from tgrad import config, emit_wgsl
 from tgrad.device import Buffer, Runner, Runtime
 from tgrad.dtype import DType, dtypes
+from tgrad.emit_cstyle import INT32_MAX
 from tgrad.emit_wgsl import Target
-from tgrad.errors import DeviceError, DTypeError, KernelError, numbered
-from tgrad.fuse import Kernel
+from tgrad.errors import DeviceError, DTypeError, KernelError, OutOfMemoryError, byte_size, numbered
+from tgrad.fuse import IDX_DT, INF, Kernel
+from tgrad.loop_axes import nodes
 from tgrad.opt import DeviceProps
 from tgrad.program import Program
+from tgrad.runtime.llvm_order import load_triton_first
 
 
 def _private_runtime_dir() -> None:
@@ -53,6 +57,24 @@ def device_props(limits: dict, info: dict | None = None) -> DeviceProps:
                        max_loop=max_loop(info or {}))
 
 
+def _check_index_range(kernel: Kernel) -> None:
+    """WGSL indexes with 32-bit integers (emit_wgsl): a kernel whose loops or index arithmetic go past
+    2**31 - 1 would wrap (or fail validation) there, so it raises a DeviceError naming the limit. Index
+    bounds that are not known (an index loaded from a tensor) are left to the loads' bounds checks."""
+    limit = f"more than the 32-bit integers WGSL indexes with hold ({INT32_MAX})"
+    advice = "reduce one axis at a time, split the tensor, or use another device (CPU, CL)"
+    parallel, reduce = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
+    for what, count in (("computes", parallel), ("reduces over", reduce)):
+        if count > INT32_MAX:
+            raise DeviceError(f"kernel {kernel.name} {what} {count} elements, {limit}; {advice}")
+    roots = [kernel.out_index]
+    roots += [s for e in nodes(kernel.expr, kernel.reduce_expr) if e.op == "LOAD" for s in e.srcs]
+    for e in nodes(*roots):
+        if e.dtype == IDX_DT and e.op != "LOAD" and (INT32_MAX < e.vmax < INF or -INF < e.vmin < -INT32_MAX):
+            raise DeviceError(f"kernel {kernel.name} computes indices up to {max(e.vmax, -e.vmin)}, {limit}; "
+                              f"{advice}")
+
+
 NO_ADAPTER = (
     "no WebGPU adapter found; install a Vulkan driver (Debian/Ubuntu: apt-get install mesa-vulkan-drivers "
     "libvulkan1 gives the llvmpipe CPU adapter)"
@@ -69,6 +91,7 @@ class WebGPURuntime(Runtime):
         held as int32; WEBGPU_INT64=1 turns it on). Mesa 22.3's lavapipe miscompiles i64 comparisons
         of converted 32-bit values with constants, so the default is the int32 rule."""
         super().__init__()
+        load_triton_first()  # before wgpu opens Mesa's LLVM (see llvm_order)
         try:
             import wgpu
         except ImportError as e:
@@ -116,13 +139,20 @@ class WebGPURuntime(Runtime):
         raw = size * self.target.itemsize(dtype)
         return max(4, -(-raw // 4) * 4)
 
+    def buffer_bytes(self, size: int, dtype: DType) -> int:
+        return self.nbytes(size, dtype)
+
+    def buffer_limit(self) -> tuple[int, str]:
+        if self.max_buffer is None:  # a kernel binds each buffer whole
+            most = min(self.limits["max-storage-buffer-binding-size"], self.limits["max-buffer-size"])
+            self.max_buffer = (most, f"the largest storage buffer this WEBGPU adapter binds "
+                                     f"({byte_size(most)}); split the tensor or use another device")
+        return self.max_buffer
+
     def _fits(self, nbytes: int) -> None:
-        limit = self.limits["max-storage-buffer-binding-size"]
+        limit, why = self.buffer_limit()
         if nbytes > limit:
-            raise DeviceError(
-                f"a {nbytes}-byte buffer is larger than this WEBGPU adapter binds ({limit} bytes); "
-                "split the tensor or use another device"
-            )
+            raise OutOfMemoryError(f"a buffer of {byte_size(nbytes)} is more than {why}")
 
     def supports(self, dtype: DType) -> bool:
         return super().supports(dtype) and (dtype != dtypes.float64 or self.target.float64)
@@ -130,7 +160,10 @@ class WebGPURuntime(Runtime):
     def alloc(self, size: int, dtype: DType) -> Buffer:
         self.target.check(dtype)
         self._fits(self.nbytes(size, dtype))
-        handle = self.device.create_buffer(size=self.nbytes(size, dtype), usage=self.usage)
+        try:
+            handle = self.device.create_buffer(size=self.nbytes(size, dtype), usage=self.usage)
+        except self.wgpu.GPUOutOfMemoryError as e:  # as the MemoryError realize names
+            raise MemoryError(f"WEBGPU: {e}") from e
         return Buffer(self.name, size, dtype, handle)
 
     def from_numpy(self, array: np.ndarray) -> Buffer:
@@ -149,7 +182,10 @@ class WebGPURuntime(Runtime):
         raw = flat.tobytes()
         raw += bytes(self.nbytes(flat.size, dtype) - len(raw))
         self._fits(len(raw))
-        handle = self.device.create_buffer_with_data(data=raw, usage=self.usage)
+        try:
+            handle = self.device.create_buffer_with_data(data=raw, usage=self.usage)
+        except self.wgpu.GPUOutOfMemoryError as e:
+            raise MemoryError(f"WEBGPU: {e}") from e
         return Buffer(self.name, flat.size, dtype, handle)
 
     def to_numpy(self, buf: Buffer) -> np.ndarray:
@@ -163,6 +199,7 @@ class WebGPURuntime(Runtime):
     # programs
 
     def render(self, kernel: Kernel) -> Program:
+        _check_index_range(kernel)
         return emit_wgsl.render(kernel, self.target, self.limits["max-compute-workgroups-per-dimension"])
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
@@ -183,6 +220,8 @@ class WebGPURuntime(Runtime):
         def run(out: Buffer, *inputs: Buffer) -> None:
             try:
                 launch(out, *inputs)
+            except self.wgpu.GPUOutOfMemoryError as e:  # (a copy of a buffer read and written)
+                raise MemoryError(f"WEBGPU: {e}") from e
             except Exception as e:
                 raise KernelError(
                     f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import open_or_skip
 from tgrad import Tensor, dtypes
-from tgrad.errors import DeviceError, ShapeError
+from tgrad.errors import DeviceError, KernelError, ShapeError
 from tgrad.ops import reduce as reduce_ops
 
 N = 2**31 + 1000
@@ -124,10 +124,11 @@ def test_cl_reduces_past_int32():
 
 def test_webgpu_names_its_index_limit():
     """WGSL counts with 32-bit integers: a reduce over more elements raises a DeviceError naming the limit
-    (it failed shader validation); reducing one axis at a time works."""
+    (it failed shader validation), or, on Mesa's software drivers, the KernelError of their loop limit,
+    which is met first (opt/limits.py); reducing one axis at a time works."""
     open_or_skip("WEBGPU")
     x, want = _rows_times_cols("WEBGPU")
-    with pytest.raises(DeviceError, match=r"reduces over 2147488281 elements, more than the 32-bit integers"):
+    with pytest.raises((DeviceError, KernelError), match=r"2147488281 elements"):
         x.sum().item()
     assert x.sum(axis=1).sum().item() == want
 

@@ -304,6 +304,14 @@ def test_gpu_script_smoke_run_in_the_interpreter():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split()[0] for line in proc.stdout.splitlines()[2:7]]
     assert rows == ["add", "(a*b+c).relu().sum()", "sum", "softmax", "matmul"], proc.stdout
+    # the same convention as the suite: time / PyTorch's time (tgrad ms / torch ms), lower is better
+    assert "time/torch" in proc.stdout.splitlines()[1] and "lower is better" in proc.stdout.splitlines()[1]
+    for line in proc.stdout.splitlines()[2:7]:
+        cells = line.split()
+        ours, theirs, ratio = float(cells[-5]), float(cells[-2]), float(cells[-1])
+        # (each ms is printed to 0.001 ms: the ratio lies within what the rounded values allow)
+        low, high = (ours - 5e-4) / (theirs + 5e-4), (ours + 5e-4) / max(theirs - 5e-4, 1e-9)
+        assert low - 0.005 <= ratio <= high + 0.005, line
 
 
 def test_gpu_kernel_profile_names_each_kernel(capsys):

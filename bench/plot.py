@@ -72,7 +72,8 @@ def figure(rows: list[dict], workloads: list, machine: dict, mode: str,
             bars = ax.bar(xs, ys, width, label=name, color=colors[name])
             heights += ys
             if labelled:
-                ax.bar_label(bars, [f"{y:.2g}" for y in ys], fontsize=6, rotation=90, padding=2)
+                ax.bar_label(bars, [f"{y:.0f}" if y >= 10 else f"{y:.2g}" for y in ys], fontsize=6,
+                             rotation=90, padding=2)
         ax.set_yscale("log")
         if heights:
             _room(ax, min(heights), max(heights), labelled)

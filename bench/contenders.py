@@ -26,6 +26,14 @@ from bench.workloads import Workload
 INTERP_MAX_ELEMS = 1 << 28
 
 
+SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "swiftshader", "portable computing language", "pocl", "interpret")
+
+
+def software_name(text: str) -> bool:
+    """True if a device description names a CPU implementation of a GPU API (Mesa, PoCL, SwiftShader)."""
+    return any(s in text.lower() for s in SOFTWARE_DEVICES)
+
+
 class Unavailable(Exception):
     """The contender cannot run on this machine; the message says why."""
 
@@ -47,6 +55,11 @@ class Contender:
 
     def version(self) -> str:
         return ""
+
+    def hardware(self) -> dict:
+        """What runs the work, for the header: {"hardware": text, "software": True where a CPU stands in
+        for a GPU or runs a reference interpreter}; {} when it is this machine's CPU and nothing more."""
+        return {}
 
     def build(self, wl: Workload, data: dict[str, np.ndarray]) -> Callable[[], object]:
         method = getattr(self, f"build_{wl.kind}", None)
@@ -527,6 +540,27 @@ class TgradContender(Contender):
 
     def version(self) -> str:
         return self.tgrad.__version__
+
+    def hardware(self) -> dict:
+        """The NUMPY reference, PoCL or another OpenCL CPU device, Mesa's lavapipe / llvmpipe or another CPU
+        WebGPU adapter, and Triton's interpreter are marked software: their times say how the emitted code
+        runs on this CPU, not how the device would (the plot's ratio panel leaves them out unless asked)."""
+        if self.device == "NUMPY":
+            return {"hardware": "numpy, node by node (the reference interpreter)", "software": True}
+        info = getattr(self.dev, "adapter_info", None)
+        if info is not None:  # WEBGPU
+            name = f"{info.get('device', '?')} ({info.get('backend_type', '?')})"
+            return {"hardware": name, "software": info.get("adapter_type") == "CPU" or software_name(name)}
+        cl = getattr(self.dev, "device", None)
+        if hasattr(cl, "platform"):  # CL: a pyopencl Device
+            import pyopencl
+
+            name = f"{cl.name} ({cl.platform.name})"
+            on_cpu = bool(cl.type & pyopencl.device_type.CPU)
+            return {"hardware": name, "software": on_cpu or software_name(name)}
+        if getattr(self.dev, "interpret", False):  # TRITON
+            return {"hardware": "Triton's interpreter on the CPU", "software": True}
+        return {}
 
     def build(self, wl: Workload, data):
         if _slow_device(self.device) and wl.interp_elems > INTERP_MAX_ELEMS:

@@ -70,7 +70,7 @@ def main() -> None:
     where = torch.cuda.get_device_name() if tdev == "cuda" else "interpreter"
     print(f"device {args.device} ({where})")
     header = f"{'workload':24s} {'first ms':>10s} {'tgrad ms':>10s} {'GB/s':>8s} {'GFLOP/s':>9s}"
-    print(header + f" {'torch ms':>9s}")
+    print(header + f" {'torch ms':>9s} {'time/torch':>10s}  (time / PyTorch's time: lower is better)")
     for name, fn, tfn, nbytes, flops in rows:
         sync()
         t0 = time.perf_counter()
@@ -80,7 +80,7 @@ def main() -> None:
         warm = best_of(fn, sync, repeats)
         ref = best_of(tfn, torch.cuda.synchronize if tdev == "cuda" else (lambda: None), repeats)
         print(f"{name:24s} {first * 1e3:10.1f} {warm * 1e3:10.3f} {nbytes / warm / 1e9:8.1f} "
-              f"{flops / warm / 1e9:9.1f} {ref * 1e3:9.3f}")
+              f"{flops / warm / 1e9:9.1f} {ref * 1e3:9.3f} {warm / ref:10.2f}")
     if args.small:
         print("(--small: the model rows take minutes in the interpreter; skipped)")
     else:
@@ -97,7 +97,7 @@ def model_rows(device: str, tdev: str, sync, repeats: int, profile: bool) -> Non
     ours, theirs = TgradContender(device, 1), TorchContender()
     ours.open()
     theirs.open()
-    print(f"{'model':24s} {'first ms':>10s} {'tgrad ms':>10s} {'torch ms':>10s} {'ratio':>7s}  losses")
+    print(f"{'model':24s} {'first ms':>10s} {'tgrad ms':>10s} {'torch ms':>10s} {'time/torch':>10s}  losses")
     for wl, tmodel in ((cnn(), torch_cnn), (gpt(), lambda t, d: torch_gpt(t, d, GPT_HEADS))):
         d = wl.make()
         run = ours.build(wl, d)
@@ -111,7 +111,7 @@ def model_rows(device: str, tdev: str, sync, repeats: int, profile: bool) -> Non
         ref = best_of(tstep, tsync, repeats)
         expect = float(wl.expected(d))
         ok = abs(loss0 - expect) <= 1e-3 * abs(expect) and abs(loss1 - ref1) <= 1e-3 * abs(ref1)
-        print(f"{wl.name:24s} {first * 1e3:10.1f} {warm * 1e3:10.3f} {ref * 1e3:10.3f} {warm / ref:7.2f}  "
+        print(f"{wl.name:24s} {first * 1e3:10.1f} {warm * 1e3:10.3f} {ref * 1e3:10.3f} {warm / ref:10.2f}  "
               f"{'ok' if ok else 'MISMATCH'}: step 1 {loss0:.6f} (numpy {expect:.6f}, torch {ref0:.6f}), "
               f"step 2 {loss1:.6f} (torch {ref1:.6f})")
         if profile:

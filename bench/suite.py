@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,11 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.contenders import Contender, NotApplicable, Skip, Unavailable, all_contenders, timed
+from bench.contenders import Contender, NotApplicable, Skip, Unavailable, all_contenders, software_name, timed
+from bench.plot import have_matplotlib, plot
 from bench.workloads import Workload, all_workloads, select
 
 TGRAD_DEVICES = ["CPU", "NUMPY", "CL", "WEBGPU", "TRITON"]
 BASELINES = ["numpy", "numba", "torch", "tinygrad"]
+ROOT = Path(__file__).resolve().parent.parent
+# the one convention of the table, the JSON (time_vs_numpy / time_vs_torch), the plot and bench/README.md
+CONVENTION = ("time/numpy, time/torch: this row's median time / numpy's, PyTorch's (lower is better: "
+              "0.5 = twice as fast, 2 = twice as slow)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,7 +53,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "contender's smaller size) to take longer than this (default 120)")
     p.add_argument("--show", default=None, metavar="JSON", help="print the table of a saved --json file")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
-    p.add_argument("--plot", default=None, help="write a log-scale bar chart (PNG) here")
+    p.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
+                   help="write log-scale bar charts here (PNG; no path: bench-DATE.png, or the --show file's "
+                   "name with .png)")
+    p.add_argument("--plot-all-ratios", action="store_true", help="keep the NUMPY reference and CPU-run GPU "
+                   "APIs (PoCL, lavapipe, Triton's interpreter) on the plot's time / PyTorch panel")
     args = p.parse_args(argv)
     args.quick = args.quick or args.tiny
     if args.size_scale is None:
@@ -111,6 +121,7 @@ def machine_info(threads: int) -> dict:
     except ImportError:
         numba_threads = None
     return {
+        "commit": commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -122,6 +133,28 @@ def machine_info(threads: int) -> dict:
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
         "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
     }
+
+
+def commit() -> str:
+    """The checkout's short commit hash, '+changes' when tracked files differ from it ('?' outside git)."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return (head + ("+changes" if dirty else "")) if head else "?"
+
+
+def mode(args: dict) -> str:
+    """How the sizes were chosen, for headers and the plot's title: '--quick (element counts x 1/8)'."""
+    scale = args.get("size_scale") or 1.0
+    flag = "--tiny" if args.get("tiny") else "--quick" if args.get("quick") else "full sizes"
+    if scale == 1.0:
+        return flag
+    frac = f"1/{round(1 / scale)}" if scale < 1 and abs(1 / scale - round(1 / scale)) < 1e-9 else f"{scale:g}"
+    return f"{flag} (element counts x {frac})" if flag != "full sizes" else f"--size-scale {frac}"
 
 
 def check(wl: Workload, data: dict, got: np.ndarray) -> str | None:
@@ -227,28 +260,46 @@ def predict_ms(done: dict, contender: str, wl: Workload) -> float:
 
 
 def add_ratios(rows: list[dict], references: dict[str, str] | None = None) -> None:
-    """x_numpy / x_torch: how many times faster than numpy / PyTorch (2.0 = half the time). A workload
-    PyTorch has no row for (mlp_step_jit: no TinyJit) is compared with PyTorch's row of its reference
-    workload (`references`: name -> reference name), marked by `torch_ref`."""
+    """time_vs_numpy / time_vs_torch: this row's median ms / numpy's, PyTorch's (0.5 = half the time;
+    lower is better, see CONVENTION). A workload PyTorch has no row for (mlp_step_jit: no TinyJit) is
+    compared with PyTorch's row of its reference workload (`references`: name -> reference name), marked
+    by `torch_ref`."""
     by = {(r["workload"], r["contender"]): r for r in rows}
     references = references or {}
     for r in rows:
-        for base, key in (("numpy", "x_numpy"), ("torch", "x_torch")):
+        for base, key in (("numpy", "time_vs_numpy"), ("torch", "time_vs_torch")):
             ref = by.get((r["workload"], base))
             if base == "torch" and not (ref and ref.get("ms")) and references.get(r["workload"]):
                 ref = by.get((references[r["workload"]], base))
                 if ref and ref.get("ms") and r.get("ms"):
                     r["torch_ref"] = references[r["workload"]]
             if r.get("ms") and ref and ref.get("ms"):
-                r[key] = ref["ms"] / r["ms"]
+                r[key] = r["ms"] / ref["ms"]
+
+
+def upgrade(rows: list[dict]) -> None:
+    """Results saved before the convention changed (x_numpy / x_torch were speed-ups, numpy's or PyTorch's
+    time / this row's): the same numbers as time_vs_numpy / time_vs_torch."""
+    for r in rows:
+        for old, new in (("x_numpy", "time_vs_numpy"), ("x_torch", "time_vs_torch")):
+            if r.get(old) and new not in r:
+                r[new] = 1 / r.pop(old)
 
 
 def _fmt(v, spec: str) -> str:
     return "" if v is None else format(v, spec)
 
 
-def table(rows: list[dict], workloads: list[str]) -> str:
-    head = ["workload", "contender", "median ms", "min ms", "x numpy", "x torch", "GFLOP/s", "GB/s", "note"]
+def _ratio(v) -> str:
+    """Two decimals, or two significant digits below 0.1 (a tiny row 300x faster than PyTorch's is 0.0033)."""
+    return "" if v is None else format(v, ".2f" if v >= 0.1 else ".2g")
+
+
+def table(rows: list[dict], workloads: list[str], sizes: dict[str, str] | None = None) -> str:
+    """The results as a markdown table; `sizes`: workload -> what ran (the size column)."""
+    sizes = sizes or {}
+    head = ["workload", "size", "contender", "median ms", "min ms", "time/numpy", "time/torch", "GFLOP/s",
+            "GB/s", "note"]
     lines = [head]
     for name in workloads:
         for r in (r for r in rows if r["workload"] == name and r["status"] != "n/a"):
@@ -258,89 +309,88 @@ def table(rows: list[dict], workloads: list[str]) -> str:
             if r["status"] == "ok" and r.get("first_ms") is not None and r["first_ms"] > 3 * r["ms"] + 50:
                 note = f"first run {r['first_ms']:.0f} ms"
             if r.get("torch_ref"):
-                note = f"x torch: vs PyTorch's {r['torch_ref']}" + (f"; {note}" if note else "")
+                note = f"time/torch: vs PyTorch's {r['torch_ref']}" + (f"; {note}" if note else "")
             if r.get("peak_mib") is not None:
                 peak = f"peak {r['peak_mib']:.1f} MiB"
                 if r.get("host_peak_mib") is not None:
                     peak += f" device, {r['host_peak_mib']:.1f} MiB host"
                 note = peak + (f"; {note}" if note else "")
             lines.append([
-                name, r["contender"], _fmt(r.get("ms"), ".3f"), _fmt(r.get("min_ms"), ".3f"),
-                _fmt(r.get("x_numpy"), ".2f"),
-                _fmt(r.get("x_torch"), ".2f"), _fmt(r.get("gflops"), ".2f"), _fmt(r.get("gbs"), ".2f"), note,
+                name, sizes.get(name, ""), r["contender"], _fmt(r.get("ms"), ".3f"),
+                _fmt(r.get("min_ms"), ".3f"), _ratio(r.get("time_vs_numpy")),
+                _ratio(r.get("time_vs_torch")), _fmt(r.get("gflops"), ".2f"), _fmt(r.get("gbs"), ".2f"),
+                note,
             ])
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head) - 1)]
     out = []
     for i, line in enumerate(lines):
-        cells = [str(c).ljust(w) if j < 2 else str(c).rjust(w) for j, (c, w) in enumerate(zip(line, widths))]
+        cells = [str(c).ljust(w) if j < 3 else str(c).rjust(w) for j, (c, w) in enumerate(zip(line, widths))]
         out.append("| " + " | ".join(cells + [line[-1]]) + " |")
         if i == 0:
             out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|---|")
     return "\n".join(out)
 
 
-def plot(rows: list[dict], workloads: list[Workload], path: str) -> bool:
-    """Two log-scale bar charts: median ms per workload and contender, and each contender's time divided
-    by PyTorch's (1 = as fast as PyTorch, 10 = ten times slower). False (and a message) without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"--plot {path}: matplotlib is not installed (pip install matplotlib); no plot written",
-              file=sys.stderr)
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = {r["contender"] for r in rows if r.get("ms")}
-    names = sorted(names, key=lambda n: (not n.startswith("tgrad"), n))
-    wls = [w.name for w in workloads if any(r["workload"] == w.name and r.get("ms") for r in rows)]
-    by = {(r["workload"], r["contender"]): r.get("ms") for r in rows}
-    ratio = {(r["workload"], r["contender"]): 1 / r["x_torch"] for r in rows if r.get("x_torch")}
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(wls)), 9), sharex=True)
-    width = 0.8 / max(1, len(names))
-    for ax, values in zip(axes, (by, ratio)):
-        for i, name in enumerate(names):
-            xs = [j + i * width for j, w in enumerate(wls) if values.get((w, name))]
-            ys = [values[(w, name)] for w in wls if values.get((w, name))]
-            bars = ax.bar(xs, ys, width, label=name)
-            if values is ratio:
-                ax.bar_label(bars, [f"{y:.2g}" for y in ys], fontsize=6, rotation=90, padding=2)
-        ax.set_yscale("log")
-    axes[0].set_ylabel("median ms (log scale, lower is better)")
-    axes[1].axhline(1.0, color="black", linewidth=0.8)
-    axes[1].set_ylabel("time / PyTorch's time (log scale; 1 = PyTorch)")
-    axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(wls))], wls, rotation=30, ha="right")
-    axes[0].legend(fontsize=8)
-    axes[0].set_title("tgrad bench")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+def software_of(status: list[dict]) -> dict[str, str]:
+    """Contender -> what runs it, for those whose times are not a device's speed (Contender.hardware)."""
+    out = {}
+    for c in status:
+        what = c.get("hardware", "")
+        if c.get("software") or software_name(what):
+            out[c["contender"]] = what
+        elif "software" not in c and c["contender"] == "tgrad NUMPY":  # (a file saved before the field)
+            out[c["contender"]] = "the reference interpreter"
+    return out
 
 
-def show_saved(path: str, plot_path: str | None = None) -> int:
-    """Print the table of a results file written by --json (and plot it with plot_path)."""
+def plot_path(args: argparse.Namespace) -> str | None:
+    """--plot PATH, or for a bare --plot: the --show file's name with .png, else bench-DATE-TIME.png."""
+    if args.plot is None or args.plot:
+        return args.plot
+    if args.show:
+        return str(Path(args.show).with_suffix(".png"))
+    return datetime.datetime.now(datetime.timezone.utc).strftime("bench-%Y%m%d-%H%M%S.png")
+
+
+def print_contender(c: dict) -> None:
+    what = c["version"] if c["available"] else "unavailable: " + c["reason"]
+    where = f" on {c['hardware']}" if c.get("hardware") else ""
+    soft = " (software: not a device's speed)" if c.get("software") else ""
+    print(f"  {c['contender']:14s} {what}{where}{soft}")
+
+
+def show_saved(path: str, plot_to: str | None = None, all_ratios: bool = False) -> int:
+    """Print the table of a results file written by --json (and plot it to plot_to)."""
     saved = json.loads(Path(path).read_text())
     m = saved["machine"]
-    print(f"tgrad bench {m['date']}: {m['cpu']}, {m['cores']} cores, {m['threads']} threads; "
-          f"load average {m['load_average'][0]} at start, {m.get('load_average_end', ['?'])[0]} at end")
+    how = mode(saved.get("args", {}))
+    print(f"tgrad bench {m['date']} ({how}, tgrad {m.get('commit', '?')}): {m['cpu']}, {m['cores']} cores, "
+          f"{m['threads']} threads; load average {m['load_average'][0]} at start, "
+          f"{m.get('load_average_end', ['?'])[0]} at end")
     for pool in m["thread_pools"]:
         print(f"  thread pool {pool['internal_api']} {pool['version']} kernel={pool['architecture']} "
               f"threads={pool['num_threads']}")
-    for s in saved["contenders"]:
-        print(f"  {s['contender']:14s} {s['version'] if s['available'] else 'unavailable: ' + s['reason']}")
-    print(table(saved["results"], [w["name"] for w in saved["workloads"]]))
-    if plot_path:
+    for c in saved["contenders"]:
+        print_contender(c)
+    upgrade(saved["results"])
+    print(CONVENTION)
+    print(table(saved["results"], [w["name"] for w in saved["workloads"]],
+                {w["name"]: w.get("size", "") for w in saved["workloads"]}))
+    if plot_to:
         from types import SimpleNamespace
 
-        plot(saved["results"], [SimpleNamespace(**w) for w in saved["workloads"]], plot_path)
+        plot(saved["results"], [SimpleNamespace(**w) for w in saved["workloads"]], plot_to, m, how,
+             software_of(saved["contenders"]), all_ratios)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.plot = plot_path(args)
+    if args.plot is not None and not have_matplotlib():
+        return 2  # said before minutes of runs, not after
     if args.show:
-        return show_saved(args.show, args.plot)
+        return show_saved(args.show, args.plot, args.plot_all_ratios)
     limiter = set_threads(args.threads)
     devices = [d.upper() for d in _split(args.device)] or TGRAD_DEVICES
     baselines = _split(args.baselines)
@@ -363,13 +413,15 @@ def main(argv: list[str] | None = None) -> int:
         for c in all_contenders(devices, baselines, args.threads):
             try:
                 c.open()
-                status.append({"contender": c.name, "available": True, "version": c.version()})
+                status.append({"contender": c.name, "available": True, "version": c.version(),
+                               **c.hardware()})
                 contenders.append(c)
             except Unavailable as e:
                 status.append({"contender": c.name, "available": False, "reason": str(e).splitlines()[0]})
         info = machine_info(args.threads)
-        print(f"tgrad bench {info['date']}: {info['cpu']}, {info['cores']} cores, "
-              f"{args.threads} threads for every contender (numba {info['numba_threads']})")
+        print(f"tgrad bench {info['date']} ({mode(vars(args))}, tgrad {info['commit']}): {info['cpu']}, "
+              f"{info['cores']} cores, {args.threads} threads for every contender "
+              f"(numba {info['numba_threads']})")
         for pool in info["thread_pools"]:
             print(f"  thread pool {pool['internal_api']} {pool['version']} kernel={pool['architecture']} "
                   f"threads={pool['num_threads']}")
@@ -380,12 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         if info["OPENBLAS_CORETYPE"]:
             print(f"  OPENBLAS_CORETYPE={info['OPENBLAS_CORETYPE']} is set: numpy's BLAS runs that kernel")
         for s in status:
-            what = s["version"] if s["available"] else "unavailable: " + s["reason"]
-            print(f"  {s['contender']:14s} {what}")
+            print_contender(s)
         rows = []
         for wl in workloads:
             data = wl.make()
-            print(f"{wl.name}: {wl.description}", file=sys.stderr, flush=True)
+            print(f"{wl.name} ({wl.size}): {wl.description}", file=sys.stderr, flush=True)
             for c in contenders:
                 rows.append(measure(c, wl, data, args))
             cross_check(wl, rows)
@@ -399,16 +450,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     info["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     add_ratios(rows, {w.name: w.reference for w in workloads if w.reference})
-    print(table(rows, [w.name for w in workloads]))
-    print("x numpy / x torch: times faster than numpy / PyTorch (higher is better); "
-          "medians of timed runs after warm-up")
+    print(f"{CONVENTION}; medians of timed runs after warm-up; size: what ran ({mode(vars(args))})")
+    print(table(rows, [w.name for w in workloads], {w.name: w.size for w in workloads}))
     if args.json_path:
-        out = {"machine": info, "contenders": status, "args": {k: v for k, v in vars(args).items()
+        out = {"convention": {"time_vs_numpy": "this row's median ms / numpy's (lower is better)",
+                              "time_vs_torch": "this row's median ms / PyTorch's (lower is better)"},
+               "machine": info, "contenders": status, "args": {k: v for k, v in vars(args).items()
                                                               if k not in ("compile_dirs", "done")},
-               "workloads": [{"name": w.name, "description": w.description, "flops": w.flops,
+               "workloads": [{"name": w.name, "size": w.size, "description": w.description, "flops": w.flops,
                               "bytes": w.nbytes} for w in workloads],
                "results": rows}
         Path(args.json_path).write_text(json.dumps(out, indent=1))
     if args.plot:
-        plot(rows, workloads, args.plot)
+        plot(rows, workloads, args.plot, info, mode(vars(args)), software_of(status), args.plot_all_ratios)
     return 0

@@ -35,6 +35,9 @@ class Workload:
     # compared across contenders (suite.cross_check) against PyTorch's in this row or in `reference`
     training: bool = False
     reference: str | None = None
+    # what one run works on, as it ran: names stay those of the full sizes (`matmul_1024` under --quick is a
+    # 512x512 matmul), so tables and plots print this next to the name
+    size: str = ""
 
 
 def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -43,6 +46,14 @@ def _rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 def _scaled(n: int, scale: float, lo: int = 8) -> int:
     return max(lo, int(n * scale))
+
+
+def _count(n: int) -> str:
+    """4194304 -> '4M', 8192 -> '8K' (binary prefixes, as the sizes are powers of two)."""
+    for shift, unit in ((20, "M"), (10, "K")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n:,}"
 
 
 def elementwise(scale: float = 1.0) -> Workload:
@@ -55,7 +66,7 @@ def elementwise(scale: float = 1.0) -> Workload:
     return Workload(
         "elementwise", "elementwise", n, make, flops=4 * n, nbytes=3 * 4 * n,
         expected=lambda d: np.maximum(d["a"] * d["b"] + d["c"], 0).sum(dtype=np.float64).astype(np.float32),
-        rtol=1e-3, interp_elems=n, description=f"(a*b+c).relu().sum(), {n:,} float32",
+        rtol=1e-3, interp_elems=n, description=f"(a*b+c).relu().sum(), {n:,} float32", size=_count(n),
     )
 
 
@@ -73,6 +84,7 @@ def softmax(scale: float = 1.0) -> Workload:
     return Workload(
         "softmax", "softmax", (rows, cols), make, flops=5 * rows * cols, nbytes=2 * 4 * rows * cols,
         expected=expected, interp_elems=rows * cols, description=f"softmax over rows of {rows}x{cols}",
+        size=f"{rows}x{cols}",
     )
 
 
@@ -87,7 +99,7 @@ def reduce(axis: int, scale: float = 1.0) -> Workload:
     return Workload(
         f"reduce_axis{axis}", "reduce", axis, make, flops=n, nbytes=4 * (n + n // side),
         expected=lambda d: d["x"].sum(axis), interp_elems=n,
-        description=f"sum over axis {axis} of {side}x{side}x{side}",
+        description=f"sum over axis {axis} of {side}x{side}x{side}", size=f"{side}x{side}x{side}",
     )
 
 
@@ -101,7 +113,7 @@ def matmul(size: int, scale: float = 1.0) -> Workload:
     return Workload(
         f"matmul_{size}", "matmul", n, make, flops=2 * n**3, nbytes=3 * 4 * n * n,
         expected=lambda d: d["a"] @ d["b"], rtol=2e-3, interp_elems=n**3,
-        description=f"{n}x{n} @ {n}x{n} float32",
+        description=f"{n}x{n} @ {n}x{n} float32", size=f"{n}x{n}",
     )
 
 
@@ -122,6 +134,7 @@ def conv(scale: float = 1.0) -> Workload:
         "conv2d_fwd_bwd", "conv", batch, make, flops=3 * fwd, nbytes=None,
         interp_elems=batch * 32 * 20 * 20 * 32 * 25,
         description=f"2 conv2d layers (1->32->32, 5x5) on {batch}x1x28x28, forward+backward",
+        size=f"batch {batch}",
     )
 
 
@@ -154,7 +167,7 @@ def mlp(jit: bool, scale: float = 1.0) -> Workload:
     return Workload(
         name, "mlp_jit" if jit else "mlp", batch, make, flops=flops, nbytes=None,
         expected=expected, rtol=1e-4, interp_elems=batch * 784 * 128, training=True,
-        reference="eager_mlp_step" if jit else None,
+        reference="eager_mlp_step" if jit else None, size=f"batch {batch}",
         description=f"MLP 784-128-10 training step, batch {batch}, Adam" + (", TinyJit" if jit else ""),
     )
 
@@ -173,6 +186,7 @@ def cnn(scale: float = 1.0) -> Workload:
     return Workload(
         "cnn_step", "cnn", batch, lambda: cnn_data(batch), flops=6 * macs * batch, nbytes=None,
         expected=cnn_loss_numpy, rtol=1e-4, interp_elems=batch * 20 * 20 * 32 * 25, training=True,
+        size=f"batch {batch}",
         description=f"beautiful_mnist CNN training step (4 conv, 2 BatchNorm, 2 max_pool), batch {batch}, "
         "28x28, Adam; TinyJit for tgrad/tinygrad, eager PyTorch",
     )
@@ -193,7 +207,7 @@ def gpt(scale: float = 1.0) -> Workload:
     return Workload(
         "gpt_step", "gpt", (batch, ctx), lambda: gpt_data(batch, ctx, v, c, n), flops=flops, nbytes=None,
         expected=lambda d: gpt_loss_numpy(d, GPT_HEADS), rtol=1e-4,
-        interp_elems=batch * GPT_HEADS * ctx * ctx * 4, training=True,
+        interp_elems=batch * GPT_HEADS * ctx * ctx * 4, training=True, size=f"batch {batch}, ctx {ctx}",
         description=f"char GPT training step: {n} blocks, width {c}, {GPT_HEADS} heads, context {ctx}, "
         f"batch {batch}, vocab {v}, Adam; TinyJit for tgrad/tinygrad, eager PyTorch",
     )
@@ -220,7 +234,7 @@ def peak_memory(scale: float = 1.0) -> Workload:
 
     return Workload(
         "peak_memory", "peak_memory", (rows, PEAK_COLS), make, flops=4 * n, nbytes=4 * n,
-        expected=expected, rtol=1e-3, interp_elems=n,
+        expected=expected, rtol=1e-3, interp_elems=n, size=f"{rows}x{PEAK_COLS}",
         description=f"((a*2+1).exp()*b).sum(), a {rows}x{PEAK_COLS} float32 ({4 * n / 2**30:.3g} GiB), "
         f"b {PEAK_COLS}: peak memory above the inputs",
     )
@@ -228,7 +242,7 @@ def peak_memory(scale: float = 1.0) -> Workload:
 
 def compile_time(phase: str) -> Workload:
     return Workload(
-        f"compile_{phase}", "compile", phase, dict, nbytes=None,
+        f"compile_{phase}", "compile", phase, dict, nbytes=None, size=f"batch {MLP_BATCH}",
         description=f"first 3 MLP training steps in a new process, {phase} kernel cache",
     )
 

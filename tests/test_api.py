@@ -227,6 +227,34 @@ def test_debug1_names_compile_time_and_user_line(device, monkeypatch, capsys):
     assert "compiled in" in err and "test_api.py" in err and "Tensor.item" in err
 
 
+def test_debug2_times_a_row_groups_build_apart(monkeypatch, capsys):
+    """A CPU row group's function is built (compiled, or loaded from the kernel cache) at its first run in
+    a process: DEBUG=2 reports that time apart, not as the kernel's time (a 0-compiled realize once showed
+    ~200 ms of loading as kernel time). The build is slowed here so that the two cannot be confused."""
+    import re
+    import time
+
+    from tgrad import device as device_module
+
+    rt = device_module.get_runtime("CPU")
+    build = rt._build
+
+    def slow_build(*args, **kwargs):
+        time.sleep(0.3)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(rt, "_build", slow_build)
+    monkeypatch.setattr(device_module, "DEBUG", 2)
+    x = np.random.default_rng(3).standard_normal((29, 173)).astype(np.float32)  # a shape no other test runs
+    got = Tensor(x, device="CPU").softmax(1).numpy()
+    compare("softmax", got, torch.softmax(torch.tensor(x), 1).numpy(), 1e-5, 1e-6)
+    err = capsys.readouterr().err
+    line = re.search(r"rows_\S+ +\(29, 173\) +([\d.]+) ms .*built first: ([\d.]+) ms", err)
+    assert line is not None, err
+    assert float(line[1]) < 250 and float(line[2]) >= 300, line[0]
+    assert re.search(r"1 row group functions built in [\d.]+ ms", err), err
+
+
 def test_lstm(device):
     batch_first = True  # (N, T, in); two layers
     x = np.random.default_rng(0).standard_normal((3, 2, 4)).astype(np.float32)  # (T, N, in) or (N, T, in)

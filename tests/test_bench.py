@@ -19,24 +19,31 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def run_bench(tmp_path: Path, *args: str) -> dict:
+def run_bench(tmp_path: Path, *args: str, cwd: Path = ROOT, stdout: list | None = None) -> dict:
     out = tmp_path / "out.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--tiny", "--json", str(out), *args],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+        capture_output=True, text=True, cwd=cwd, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| workload" in proc.stdout
+    if stdout is not None:
+        stdout.append(proc.stdout)
     return json.loads(out.read_text())
 
 
 def test_quick_elementwise_rows(tmp_path):
     pytest.importorskip("threadpoolctl")
-    extra = ["--plot", str(tmp_path / "bench.png")] if _has("matplotlib") else []
-    res = run_bench(tmp_path, "--only", "elementwise", "--device", "CPU,NUMPY,NOSUCH", *extra)
+    extra = ["--plot"] if _has("matplotlib") else []  # a bare --plot picks a file name and says which
+    printed = []
+    res = run_bench(tmp_path, "--only", "elementwise", "--device", "CPU,NUMPY,NOSUCH", *extra, cwd=tmp_path,
+                    stdout=printed)
     if extra:
-        assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+        written = [line.split("wrote plot to ", 1)[1] for line in printed[0].splitlines()
+                   if line.startswith("wrote plot to ")]
+        assert len(written) == 1 and written[0].startswith("bench-") and written[0].endswith(".png"), printed
+        assert (tmp_path / written[0]).read_bytes()[:4] == b"\x89PNG"
     rows = {r["contender"]: r for r in res["results"]}
     available = {c["contender"]: c["available"] for c in res["contenders"]}
     reasons = {c["contender"]: c.get("reason", "") for c in res["contenders"]}
@@ -50,7 +57,24 @@ def test_quick_elementwise_rows(tmp_path):
         if available.get(name):
             assert rows[name]["status"] == "ok", rows[name]
             assert rows[name]["ms"] > 0
-    assert rows["numpy"]["x_numpy"] == pytest.approx(1.0)
+    assert rows["numpy"]["time_vs_numpy"] == pytest.approx(1.0)
+    # one convention: time / numpy's (PyTorch's) time, lower is better, in the JSON and the table header
+    cpu = rows["tgrad CPU"]
+    assert cpu["time_vs_numpy"] == pytest.approx(cpu["ms"] / rows["numpy"]["ms"])
+    if available.get("torch"):
+        assert cpu["time_vs_torch"] == pytest.approx(cpu["ms"] / rows["torch"]["ms"])
+    assert not any("x_numpy" in r or "x_torch" in r for r in res["results"])
+    assert "lower is better" in res["convention"]["time_vs_torch"]
+    header = next(line for line in printed[0].splitlines() if line.startswith("| workload"))
+    assert "time/numpy" in header and "time/torch" in header and "x torch" not in header
+    assert "lower is better" in printed[0].split("| workload")[0].splitlines()[-1]
+    # --tiny runs 2**22 / 512 elements under the full-size name: the size column and the JSON say so
+    assert res["workloads"][0]["size"] == "8K"
+    assert any(line.startswith("| elementwise | 8K ") for line in printed[0].splitlines()), printed
+    assert "--tiny" in printed[0].splitlines()[0]
+    # the NUMPY reference interpreter is marked software (left off the plot's ratio panel)
+    status = {c["contender"]: c for c in res["contenders"]}
+    assert status["tgrad NUMPY"]["software"] is True and not status["tgrad CPU"].get("software")
     assert res["machine"]["threads"] == 2
     assert res["machine"]["thread_pools"], "threadpoolctl found no BLAS/OpenMP pool to report"
 
@@ -75,16 +99,24 @@ def test_show_prints_a_saved_table(tmp_path, capsys):
                        {"contender": "tgrad CL", "available": False, "reason": "no OpenCL"}],
         "workloads": [{"name": "elementwise"}],
         "results": [{"workload": "elementwise", "contender": "numpy", "status": "ok", "ms": 2.0,
-                     "min_ms": 1.5, "x_numpy": 1.0}],
+                     "min_ms": 1.5, "x_numpy": 1.0},
+                    # a file saved before the convention changed: x_torch was PyTorch's time / this row's
+                    {"workload": "elementwise", "contender": "tgrad CPU", "status": "ok", "ms": 1.0,
+                     "min_ms": 0.9, "x_torch": 4.0}],
     }
     (tmp_path / "r.json").write_text(json.dumps(saved))
     assert show_saved(str(tmp_path / "r.json")) == 0
     out = capsys.readouterr().out
-    assert "| elementwise | numpy" in out and "2.000" in out and "1.500" in out
+    assert "| elementwise |      | numpy" in out and "2.000" in out and "1.500" in out
     assert "unavailable: no OpenCL" in out
-    if _has("matplotlib"):  # --show r.json --plot p.png plots the saved results
-        assert show_saved(str(tmp_path / "r.json"), str(tmp_path / "p.png")) == 0
-        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    cpu_row = next(line for line in out.splitlines() if "| tgrad CPU" in line)
+    assert [c.strip() for c in cpu_row.split("|")][6:8] == ["", "0.25"]  # time/numpy, time/torch
+    if _has("matplotlib"):  # --show r.json --plot (no path) plots the saved results to r.png
+        from bench.suite import main
+
+        assert main(["--show", str(tmp_path / "r.json"), "--plot"]) == 0
+        assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"wrote plot to {tmp_path / 'r.png'}" in capsys.readouterr().out
 
 
 def test_skips_say_why(tmp_path):
@@ -104,6 +136,10 @@ def test_select_and_sizes():
     assert "matmul_2048" not in [w.name for w in all_workloads(quick=True)]
     assert elementwise().arg == 1 << 22 and matmul(1024).arg == 1024
     assert matmul(1024).flops == 2 * 1024**3
+    # --quick keeps the full-size names; the size says what runs: 1024**3 / 8 multiply-adds is 512x512
+    quick = {w.name: w for w in all_workloads(1 / 8, quick=True)}
+    assert quick["matmul_1024"].size == "512x512" and quick["matmul_1024"].arg == 512
+    assert quick["eager_mlp_step"].size == "batch 16" and all_workloads()[0].size == "4M"
 
 
 def test_check_catches_a_wrong_answer():
@@ -141,7 +177,7 @@ def test_model_rows_agree_with_torch(tmp_path):
         assert pt["status"] == "ok" and tg["status"] == "ok", (tg, pt)
         assert tg["losses"][1] < tg["losses"][0]  # the step learned something
         np.testing.assert_allclose(tg["losses"], pt["losses"], rtol=2e-3)
-        assert tg["x_torch"] > 0
+        assert tg["time_vs_torch"] == pytest.approx(tg["ms"] / pt["ms"])
 
 
 def test_cross_check_catches_a_wrong_step():
@@ -170,22 +206,92 @@ def test_old_row_names_still_select():
 
 
 def test_plot_ratios_or_skip(tmp_path, monkeypatch, capsys):
-    from bench.suite import add_ratios, plot
+    from bench.plot import plot
+    from bench.suite import add_ratios
     from bench.workloads import mlp
 
     rows = [{"workload": "eager_mlp_step", "contender": "torch", "status": "ok", "ms": 2.0},
             {"workload": "eager_mlp_step", "contender": "tgrad CPU", "status": "ok", "ms": 4.0},
             {"workload": "mlp_step_jit", "contender": "tgrad CPU", "status": "ok", "ms": 1.0}]
     add_ratios(rows, {"mlp_step_jit": "eager_mlp_step"})
-    assert rows[1]["x_torch"] == pytest.approx(0.5) and rows[2]["x_torch"] == pytest.approx(2.0)
+    # time / PyTorch's time: twice PyTorch's time is 2, half of it 0.5
+    assert rows[1]["time_vs_torch"] == pytest.approx(2.0) and rows[2]["time_vs_torch"] == pytest.approx(0.5)
     assert rows[2]["torch_ref"] == "eager_mlp_step"
     out = tmp_path / "p.png"
     if _has("matplotlib"):
         assert plot(rows, [mlp(False), mlp(True)], str(out))
         assert out.read_bytes()[:4] == b"\x89PNG"
+        assert f"wrote plot to {out}" in capsys.readouterr().out
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     assert plot(rows, [mlp(False), mlp(True)], str(tmp_path / "q.png")) is False
     assert "matplotlib is not installed" in capsys.readouterr().err
+
+
+def test_plot_title_panels_and_notes():
+    """The title says where and how it ran; the software contenders stay off the ratio panel unless asked;
+    a row without a PyTorch counterpart says so; every value label stays inside its panel."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from bench.plot import figure
+    from bench.suite import add_ratios
+    from bench.workloads import all_workloads, select
+
+    wls = select(all_workloads(1 / 8, quick=True), ["matmul_1024", "compile_cold"])
+    rows = [{"workload": "matmul_1024", "contender": c, "status": "ok", "ms": ms}
+            for c, ms in (("torch", 2.0), ("tgrad CPU", 1.0), ("tgrad NUMPY", 900.0),
+                          ("tgrad WEBGPU", 0.004))]
+    rows.append({"workload": "compile_cold", "contender": "tgrad CPU", "status": "ok", "ms": 2000.0})
+    add_ratios(rows)
+    machine = {"date": "2026-12-06 20:00 UTC", "cpu": "Some CPU v2", "cores": 2, "threads": 2,
+               "commit": "abc1234"}
+    software = {"tgrad NUMPY": "the reference interpreter", "tgrad WEBGPU": "llvmpipe (Vulkan)"}
+    fig = figure(rows, wls, machine, "--quick (element counts x 1/8)", software)
+    try:
+        top, ratio = fig.axes[:2]
+        title = fig._suptitle.get_text()
+        for part in ("2026-12-06 20:00 UTC", "Some CPU v2", "2 cores", "--quick", "abc1234"):
+            assert part in title, title
+        assert {b.get_label() for b in ratio.containers} == {"torch", "tgrad CPU"}
+        everyone = {"torch", "tgrad CPU", "tgrad NUMPY", "tgrad WEBGPU"}
+        assert {b.get_label() for b in top.containers} == everyone
+        ticks = [t.get_text() for t in ratio.get_xticklabels()]
+        assert ticks == ["matmul_1024\n512x512", "compile_cold\nbatch 128"]
+        assert "no PyTorch row" in [t.get_text() for t in ratio.texts]
+        assert "compile_cold" in ratio.get_xlabel() and "tgrad NUMPY" in ratio.get_xlabel()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        frame = ratio.get_window_extent(renderer)
+        labels = [t for t in ratio.texts if t.get_text() in ("0.5", "1")]
+        assert len(labels) == 2
+        for t in ratio.texts:
+            box = t.get_window_extent(renderer)
+            assert frame.y0 <= box.y0 and box.y1 <= frame.y1 and frame.x0 <= box.x0 and box.x1 <= frame.x1, t
+    finally:
+        plt.close(fig)
+    fig = figure(rows, wls, machine, "--quick", software, all_ratios=True)
+    try:
+        assert {b.get_label() for b in fig.axes[1].containers} == everyone
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        frame = fig.axes[1].get_window_extent(renderer)
+        for t in fig.axes[1].texts:  # 450 and 0.002 on one log axis: the labels still fit
+            box = t.get_window_extent(renderer)
+            assert frame.y0 <= box.y0 and box.y1 <= frame.y1, t
+    finally:
+        plt.close(fig)
+
+
+def test_missing_matplotlib_is_said_before_the_run(tmp_path, monkeypatch, capsys):
+    from bench.suite import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    argv = ["--tiny", "--only", "elementwise", "--baselines", "", "--plot", str(tmp_path / "x.png")]
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert "matplotlib is not installed" in out.err and "pip install matplotlib" in out.err
+    assert "| workload" not in out.out and "elementwise" not in out.err  # nothing ran
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_gpu_script_smoke_run_in_the_interpreter():
@@ -198,6 +304,14 @@ def test_gpu_script_smoke_run_in_the_interpreter():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split()[0] for line in proc.stdout.splitlines()[2:7]]
     assert rows == ["add", "(a*b+c).relu().sum()", "sum", "softmax", "matmul"], proc.stdout
+    # the same convention as the suite: time / PyTorch's time (tgrad ms / torch ms), lower is better
+    assert "time/torch" in proc.stdout.splitlines()[1] and "lower is better" in proc.stdout.splitlines()[1]
+    for line in proc.stdout.splitlines()[2:7]:
+        cells = line.split()
+        ours, theirs, ratio = float(cells[-5]), float(cells[-2]), float(cells[-1])
+        # (each ms is printed to 0.001 ms: the ratio lies within what the rounded values allow)
+        low, high = (ours - 5e-4) / (theirs + 5e-4), (ours + 5e-4) / max(theirs - 5e-4, 1e-9)
+        assert low - 0.005 <= ratio <= high + 0.005, line
 
 
 def test_gpu_kernel_profile_names_each_kernel(capsys):

@@ -133,6 +133,13 @@ class Runner:
     def __call__(self, out: Buffer, *inputs: Buffer) -> None:
         self.fn(out, *inputs)
 
+    def build(self) -> bool:
+        """Make now what the first call would make (a CPU row group's function: compiled, or loaded from
+        the kernel cache); True if that happened now. realize times it apart from the run, so that DEBUG=2
+        does not report a process's first call of a row group as kernel time."""
+        build = getattr(self.fn, "build", None)
+        return bool(build is not None and build())
+
 
 class Runtime:
     """One device's runtime. A subclass sets `name` and implements `render` (its emitter) and `compile`;

@@ -132,7 +132,8 @@ def report_random(buf: Buffer, draw: Callable, dtype: DType, device: str) -> Non
         RECORDER.random(buf, draw, dtype, device)
 
 
-def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float, runner) -> None:
+def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: float, runner,
+                  built: float | None = None) -> None:
     k, name = item.kernel, runner.name
     # (an input a pair group kept in its threads' caches has no buffer: not counted as memory traffic)
     nbytes = out.size * out.dtype.itemsize + sum(n.buffer.size * n.dtype.itemsize for n in item.inputs
@@ -141,7 +142,8 @@ def _debug_kernel(rt: Runtime, item: fuse.ScheduleItem, out: Buffer, seconds: fl
     opts = " ".join(map(repr, getattr(runner, "opts", ())))  # (a row group's runner has none)
     print(f"  {rt.name:6s} {name:30s} {str(k.shape):24s} {seconds * 1e3:9.3f} ms "
           f"{flops / seconds / 1e9 if seconds else 0:8.2f} GFLOP/s "
-          f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s {opts}",
+          f"{nbytes / seconds / 1e9 if seconds else 0:8.2f} GB/s {opts}"
+          + ("" if built is None else f"(its function built first: {built * 1e3:.3f} ms, not counted)"),
           file=sys.stderr)
 
 
@@ -171,6 +173,8 @@ class _Progress:
 
     def __init__(self, to_compile: int):
         self.total, self.done, self.seconds, self.shown = to_compile, 0, 0.0, 0.0
+        # row groups whose function was built (compiled, or loaded from the cache) at their first run
+        self.groups, self.group_seconds = 0, 0.0
 
     def compiled(self, seconds: float) -> None:
         self.done, self.seconds = self.done + 1, self.seconds + seconds
@@ -415,6 +419,10 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
                     inputs = [_copy(rt, b, n) if b is tb else b for n, b in zip(it.inputs, inputs)]
             if fresh:
                 progress.compiled(time.perf_counter() - t0)
+            built, t0 = None, time.perf_counter()
+            if index in groups and runner.build():  # (else its run would time this)
+                built = time.perf_counter() - t0
+                progress.groups, progress.group_seconds = progress.groups + 1, progress.group_seconds + built
             if device.DEBUG >= 3:
                 print(f"kernel {k.name}: shape {k.shape} global {k.global_shape} reduce {k.reduce_op}\n"
                       f"  expr   {pretty(k.expr, 9)}\n  reduce {pretty(k.reduce_expr, 9)}", file=sys.stderr)
@@ -427,7 +435,7 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
                 RECORDER.launch(runner, out, inputs, fresh=it.target is None, node=it.out)
             if device.DEBUG >= 2:
                 rt.synchronize()
-                _debug_kernel(rt, it, out, time.perf_counter() - t0, runner)  # (a row group's name)
+                _debug_kernel(rt, it, out, time.perf_counter() - t0, runner, built)  # (a row group's name)
         if it.out.op is Op.ASSIGN and RECORDER is None:  # TinyJit's checks walk what a capture wrote
             it.out.written(out)
         else:
@@ -437,8 +445,10 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
     if device.DEBUG >= 1 and items:
         ms = (time.perf_counter() - t_all) * 1e3
         where = user_frame() or "inside tgrad"
+        groups = (f", {progress.groups} row group functions built in {progress.group_seconds * 1e3:.2f} ms"
+                  if progress.groups else "")
         print(f"realize: {len(items)} kernels in {ms:.2f} ms ({progress.total} compiled in "
-              f"{progress.seconds * 1e3:.2f} ms, the rest running) {where}", file=sys.stderr)
+              f"{progress.seconds * 1e3:.2f} ms{groups}, the rest running) {where}", file=sys.stderr)
 
 
 def _what(it: fuse.ScheduleItem) -> str:

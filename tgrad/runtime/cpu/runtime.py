@@ -510,18 +510,18 @@ class CPURuntime(Runtime):
 
     def _built_on_first_call(self, program: Program):
         built: list = []
+        def build() -> bool:  # True when this call built it (Runner.build: DEBUG=2 times that apart)
+            return not built and not built.append(self._build(program, program.name))
 
         def run(out: Buffer, *inputs: Buffer) -> None:
-            if not built:
-                built.append(self._build(program, program.name))
+            build()
             built[0](out.data, *[b.data for b in inputs])
 
         def bind(out: np.ndarray, inputs: list[np.ndarray]) -> tuple:
-            if not built:
-                built.append(self._build(program, program.name))
+            build()
             return built[0].bind(out, inputs)
 
-        run.bind = bind
+        run.bind, run.build = bind, build
         return run
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:

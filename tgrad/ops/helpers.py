@@ -93,9 +93,9 @@ def _log_node(x: Node) -> Node:
 
 
 def _matmul_node(x: Node, w: Node) -> Node:
-    """x @ w for nodes of one float dtype, at least 2-d, x's last axis as long as w's second-to-last: the
-    nodes Tensor.matmul's general path builds (x (..., n, 1, k) times w transposed (..., 1, m, k), summed
-    over k), built without a tensor for each step (a third of the Python time)."""
+    """x @ w for nodes of one dtype, at least 2-d, x's last axis as long as w's second-to-last: x
+    (..., n, 1, k) times w transposed (..., 1, m, k), summed over k. Tensor.matmul (and through it linear)
+    builds its product here, as nodes: a tensor for each step was a third of the op's Python time."""
     k = x.shape[-1]
     a = g.move(x, Op.RESHAPE, x.shape[:-1] + (1, k))
     order = list(range(len(w.shape)))

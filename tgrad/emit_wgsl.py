@@ -242,6 +242,8 @@ def _compare(op: str, sym: str):
         ty = d.type_name(e.srcs[0].dtype)
         if ty in ("f32", "f64"):
             return f"{op}{ty[1:]}({a}, {b})"
+        if ty == "bool" and sym == "<":  # (WGSL orders no bools: false < true)
+            return f"(!{a} && {b})"
         return f"({a} {sym} {b})" if sym == "<" else f"!({a} == {b})"
 
     return rule

@@ -111,11 +111,36 @@ class ReduceOps:
         n = math.prod(self.shape[a] for a in axes)
         if n:  # shifted by one element (var does not change): no overflowing mean of [3e38, 3e38]
             x = x - x.shrink(tuple((0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape))).detach()
-        sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return sq / max(0, n - correction)  # n <= correction: x / 0, inf or nan like PyTorch
+        d = x - x.mean(axis, keepdim=True)
+        out = d.square().sum(axis, keepdim) / max(0, n - correction)  # n <= correction: x / 0, inf or nan
+        if n - correction > 0 or type(self).no_grad or not x.requires_grad:
+            return out
+        # no degrees of freedom: PyTorch's gradients (its var_backward). Over every element: g * inf, nan
+        # where x is the mean; over axes: g * 2 / (n - correction) * (x - mean), unclamped (inf times x -
+        # mean for n == correction, finite past it). The composed gradient would add the mean's path,
+        # inf - inf: nan everywhere
+        Tensor, d_node, every = type(self), d.node, axis is None or x.ndim == 0
+        kept = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        scale = 2 / (n - correction) if n != correction else math.inf
+
+        def rule(grad: Node) -> tuple[Node]:
+            g_, dd = Tensor(grad).reshape(kept), Tensor(d_node)
+            return ((g_ * (dd == 0).where(math.nan, math.inf) if every else g_ * scale * dd).node,)
+
+        return x._from(autodiff.custom_gradient(out.node, (x.node,), rule, "var"))
 
     def std(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
-        return self.var(axis, keepdim, correction, dim, unbiased).sqrt()
+        var = self.var(axis, keepdim, correction, dim, unbiased)
+        out = var.sqrt()
+        if type(self).no_grad or not var.requires_grad:
+            return out
+        Tensor = type(self)
+
+        def rule(grad: Node, std: Node) -> tuple[Node]:  # PyTorch's: 0 where the deviation is 0 (not nan)
+            s = Tensor(std)
+            return (((s == 0).where(0, Tensor(grad) / (s * 2))).node,)
+
+        return var._from(autodiff.custom_gradient(out.node, (var.node,), rule, "std", reads_output=True))
 
     def std_mean(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None) -> tuple[Tensor, ...]:
         axis = dim if dim is not None else axis

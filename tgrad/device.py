@@ -150,7 +150,9 @@ class Runtime:
 
     def supports(self, dtype: DType) -> bool:
         """Whether this device holds and computes `dtype` (where not, using it raises a DTypeError).
-        bfloat16 lives on the host devices (CPU, NUMPY) only."""
+        bfloat16 lives on the host devices (CPU, NUMPY) only, fp8 on NUMPY only."""
+        if dtype in dtypes.fp8s:
+            return self.name in dtypes.FP8_DEVICES
         return dtype not in dtypes.HOST_FLOATS or self.name in dtypes.HOST_DEVICES
 
     def alloc(self, size: int, dtype: DType) -> Buffer:

@@ -82,6 +82,9 @@ def backward_roots() -> list[Tensor]:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
+    if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
+        raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
+                         f"{device}; cast to float16 or bfloat16 first")
     if device not in dtypes.HOST_DEVICES and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
         instead = "float32 or float16" if dtype.is_float else "a signed integer type"
         raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
@@ -233,6 +236,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     def element_size(self) -> int:
         return self.dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a float one (PyTorch's and tinygrad's method)."""
+        return self.dtype.is_float
 
     @property
     def requires_grad(self) -> bool | None:
@@ -1035,8 +1042,8 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
-        arr = host_values(arr, dtype)
-    dt = _dtype_on(dtype if dtype == dtypes.bfloat16 else dtypes.from_any(arr.dtype), device)
+        arr = host_values(arr, _dtype_on(dtype, device))
+    dt = _dtype_on(dtype if dtype in dtypes.HOST_FLOATS + dtypes.fp8s else dtypes.from_any(arr.dtype), device)
     buf = driver.upload(arr, device)
     return Node.from_buffer(buf, tuple(arr.shape), dt, device)
 

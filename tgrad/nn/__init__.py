@@ -10,6 +10,7 @@ import numpy as np
 
 from tgrad.dtype import dtypes
 from tgrad.errors import DTypeError, ShapeError
+from tgrad.nn import optim, state  # noqa: F401  (tinygrad's `from tgrad import nn; nn.state.get_parameters`)
 from tgrad.nn.module import Module
 from tgrad.ops.helpers import _tuple
 from tgrad.ops.nn import note_eval_mode
@@ -253,14 +254,14 @@ class LSTM(Module):
         hs, cs = [], []
         for layer in range(self.num_layers):
             cell = self._cell(layer)
-            state = None if hc is None else (hc[0][layer], hc[1][layer])
+            hc_layer = None if hc is None else (hc[0][layer], hc[1][layer])
             outs = []
             for t in range(x.shape[0]):
-                state = cell(x[t], state)
-                outs.append(state[0])
+                hc_layer = cell(x[t], hc_layer)
+                outs.append(hc_layer[0])
             x = Tensor.stack(outs)
-            hs.append(state[0])
-            cs.append(state[1])
+            hs.append(hc_layer[0])
+            cs.append(hc_layer[1])
         return (x.transpose(0, 1) if self.batch_first else x), (Tensor.stack(hs), Tensor.stack(cs))
 
 

@@ -12,7 +12,7 @@ from tgrad.dtype import dtypes
 from tgrad.errors import DTypeError, ShapeError
 from tgrad.nn import optim, state  # noqa: F401  (tinygrad's `from tgrad import nn; nn.state.get_parameters`)
 from tgrad.nn.module import Module
-from tgrad.ops.helpers import _tuple
+from tgrad.ops.helpers import _tuple, conv_padding
 from tgrad.ops.nn import note_eval_mode
 from tgrad.tensor import Tensor
 
@@ -50,6 +50,7 @@ class Conv2d(Module):
         if in_channels % groups or out_channels % groups:
             raise ShapeError(f"Conv: channels {in_channels}->{out_channels} and groups={groups} differ")
         self.kernel_size = _tuple(kernel_size, self.spatial)
+        conv_padding(padding, self.kernel_size, stride, dilation, type(self).__name__)  # (checks a string)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         bound = 1 / math.sqrt(in_channels // groups * math.prod(self.kernel_size))
         self.weight = _uniform((out_channels, in_channels // groups, *self.kernel_size), bound)

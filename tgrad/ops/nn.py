@@ -16,7 +16,14 @@ from tgrad import graph as g
 from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, ShapeError, user_stacklevel
 from tgrad.graph import Node, Op
-from tgrad.ops.helpers import _normalize_axis, _position_dtype, _spatial_pads, _spread_node, _tuple
+from tgrad.ops.helpers import (
+    _normalize_axis,
+    _position_dtype,
+    _spatial_pads,
+    _spread_node,
+    _tuple,
+    conv_padding,
+)
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -110,7 +117,7 @@ class NNOps:
         # CNN's relu(conv1 + bias); measured: bench/HISTORY.md)
         computed = keep and self.node.op is not Op.BUFFER and not self.node.base.realized
         src = self.contiguous() if computed else self
-        xp = src._pad_spatial(padding, nk)
+        xp = src._pad_spatial(conv_padding(padding, ks, stride, dilation), nk)
         x = xp._pool(ks, stride, dilation)  # (bs, cin_all, *out, *ks)
         # the CPU runs a conv whose windows are big in pieces of images (blas.Chunk), copying each piece's
         # windows where BLAS reads them from cache, instead of writing them all to memory. The pieces copy

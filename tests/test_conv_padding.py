@@ -1,0 +1,60 @@
+"""Convolutions with PyTorch's padding strings ('same', 'valid') against torch, forward and gradients,
+on every device; 'same' with a stride > 1 and unknown strings raise an ArgumentError (PyTorch's
+ValueError) from the functional op and from the layer's constructor."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tgrad import Tensor, nn
+from tgrad.errors import ArgumentError
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel")  # (torch's own)
+
+CASES = [  # input shape, weight shape, dilation, padding
+    ((2, 3, 11), (4, 3, 4), 1, "same"),
+    ((2, 3, 11), (4, 3, 3), 2, "same"),
+    ((1, 2, 9, 8), (3, 2, 3, 4), 1, "same"),
+    ((1, 2, 9, 8), (3, 2, 5, 2), (2, 3), "same"),
+    ((1, 2, 9, 8), (3, 2, 3, 4), 1, "valid"),
+    ((1, 2, 5, 6, 4), (2, 2, 2, 3, 3), 1, "same"),
+]
+
+
+@pytest.mark.parametrize("xs,ws,dilation,padding", CASES)
+def test_padding_strings_match_torch(device, xs, ws, dilation, padding):
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[len(xs)]
+    ref = conv(tx, tw, padding=padding, dilation=dilation)
+    ref.square().sum().backward()
+    gx, gw = Tensor(x, device=device, requires_grad=True), Tensor(w, device=device, requires_grad=True)
+    out = gx.conv2d(gw, padding=padding, dilation=dilation)
+    out.square().sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gx.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(gw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_same_padding_layers_match_torch(device):
+    x = np.random.default_rng(1).standard_normal((2, 3, 10, 7)).astype(np.float32)
+    layer = nn.Conv2d(3, 5, (4, 3), padding="same", dilation=(1, 2))
+    ref = torch.nn.Conv2d(3, 5, (4, 3), padding="same", dilation=(1, 2))
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(layer.weight.numpy()))
+        ref.bias.copy_(torch.tensor(layer.bias.numpy()))
+    out = layer(Tensor(x, device=device))
+    np.testing.assert_allclose(out.numpy(), ref(torch.tensor(x)).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_padding_strings_raise():
+    with pytest.raises(ArgumentError, match="Conv2d: padding='same' is not supported for strided"):
+        nn.Conv2d(16, 32, 2, stride=2, padding="same")
+    with pytest.raises(ArgumentError, match="Conv2d: invalid padding string 'not_same'"):
+        nn.Conv2d(16, 32, 2, padding="not_same")
+    with pytest.raises(ArgumentError, match="conv2d: invalid padding string 'full'"):
+        Tensor.ones(1, 1, 5, 5).conv2d(Tensor.ones(1, 1, 3, 3), padding="full")
+    with pytest.raises(ValueError):  # PyTorch's exception type
+        Tensor.ones(1, 1, 5, 5).conv2d(Tensor.ones(1, 1, 3, 3), stride=(1, 2), padding="same")

@@ -783,6 +783,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     @staticmethod
     def randint(*shape, low=0, high=10, dtype=None, device=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
+        if not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in (low, high)):
+            raise DTypeError(f"randint: low and high must be ints, got low={low!r}, high={high!r} (PyTorch's "
+                             "TypeError)")
         if low >= high:
             raise ArgumentError(f"randint: low ({low}) must be below high ({high})")
         return Tensor._random(lambda rng: rng.integers(low, high, shape), dtype, device, default=dtypes.int32)
@@ -790,6 +793,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     @staticmethod
     def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
+        if low > high:  # (PyTorch's uniform_ takes low == high: every value is low)
+            raise ArgumentError(f"uniform: low ({low}) must not be above high ({high})")
         return Tensor._random(lambda rng: rng.uniform(low, high, shape), dtype, device, requires_grad)
 
     @staticmethod

@@ -1,5 +1,5 @@
-"""Convolutions with PyTorch's padding strings ('same', 'valid') against torch, forward and gradients,
-on every device; 'same' with a stride > 1 and unknown strings raise an ArgumentError (PyTorch's
+"""Convolutions with PyTorch's padding strings ('same', 'valid') and InstanceNorm against torch, forward
+and gradients, on every device; 'same' with a stride > 1 and unknown strings raise an ArgumentError (PyTorch's
 ValueError) from the functional op and from the layer's constructor."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tgrad import Tensor, nn
-from tgrad.errors import ArgumentError
+from tgrad.errors import ArgumentError, ShapeError
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding=.same. with even kernel")  # (torch's own)
 
@@ -58,3 +58,34 @@ def test_bad_padding_strings_raise():
         Tensor.ones(1, 1, 5, 5).conv2d(Tensor.ones(1, 1, 3, 3), padding="full")
     with pytest.raises(ValueError):  # PyTorch's exception type
         Tensor.ones(1, 1, 5, 5).conv2d(Tensor.ones(1, 1, 3, 3), stride=(1, 2), padding="same")
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7), (2, 3, 5, 6), (1, 3, 2, 3, 4)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_instance_norm_matches_torch(device, shape, affine):
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32) * 3 + 1
+    torch_cls = {3: torch.nn.InstanceNorm1d, 4: torch.nn.InstanceNorm2d,
+                 5: torch.nn.InstanceNorm3d}[len(shape)]
+    ref = torch_cls(3, affine=affine)
+    ours = nn.InstanceNorm(3, affine=affine) if affine else nn.InstanceNorm2d(3)
+    if affine:
+        w, b = np.array([0.5, -1.0, 2.0], np.float32), np.array([0.1, 0.2, -0.3], np.float32)
+        with torch.no_grad():
+            ref.weight.copy_(torch.tensor(w))
+            ref.bias.copy_(torch.tensor(b))
+        ours.weight, ours.bias = Tensor(w, device=device, requires_grad=True), Tensor(b, device=device,
+                                                                                        requires_grad=True)
+    tx = torch.tensor(x, requires_grad=True)
+    gx = Tensor(x, device=device, requires_grad=True)
+    out, tout = ours(gx), ref(tx)
+    (out * out).sum().backward()
+    (tout * tout).sum().backward()
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gx.grad.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-3)
+    if affine:
+        np.testing.assert_allclose(ours.weight.grad.numpy(), ref.weight.grad.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_instance_norm_refuses_unbatched_input():
+    with pytest.raises(ShapeError, match=r"InstanceNorm2d: input \(3, 7\) needs \(N, 3, \*spatial\)"):
+        nn.InstanceNorm2d(3)(Tensor.ones(3, 7))

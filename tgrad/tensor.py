@@ -447,10 +447,14 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         return self._from(node)
 
     def assign(self, x: Tensor | Any) -> Tensor:
-        """Replace this tensor's value (same shape and dtype); writes into its buffer when it has one."""
+        """Replace this tensor's value (x broadcast to its shape and cast to its dtype, as PyTorch's copy_);
+        writes into its buffer when it has one."""
         x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape:
-            raise ShapeError(f"assign: shape {x.shape} does not match {self.shape}")
+            pairs = zip(x.shape[::-1], self.shape[::-1])
+            if len(x.shape) > self.ndim or any(a not in (1, b) for a, b in pairs):
+                raise ShapeError(f"assign: shape {x.shape} does not match {self.shape} nor broadcasts to it")
+            x = x.expand(self.shape)
         if x.device != self.device:
             raise DeviceError(f"assign: value on {x.device}, tensor on {self.device}; use .to()")
         x = x.cast(self.dtype)

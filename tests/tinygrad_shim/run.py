@@ -229,9 +229,10 @@ def reason(text: str) -> str:
 def run_file(path: Path, args, env: dict) -> tuple[list[str], dict[str, dict], int]:
     """Every user-facing case of one file: (names, results, how many were excluded as internal)."""
     cases = test_cases(path)
+    excluded = sum(internal is not None for _, internal in cases)
     names = [n for n, internal in cases if internal is None and args.k in n]
     if not names:
-        return names, {}, len(cases)
+        return names, {}, excluded
     results = run_workers(path, names, args.jobs, args.timeout, env)
     failed = [n for n in names if results[n]["kind"] in ("fail", "error")]
     if failed:  # the int64 rule: rerun with int32 as the default integer
@@ -239,7 +240,7 @@ def run_file(path: Path, args, env: dict) -> tuple[list[str], dict[str, dict], i
         for n in failed:
             if again[n]["kind"] == "pass":
                 results[n] = {**results[n], "kind": "pass_int64"}
-    return names, results, len(cases) - len(names)
+    return names, results, excluded
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from tgrad.dtype import dtypes
-from tgrad.errors import DTypeError, ShapeError
+from tgrad.errors import DTypeError, ModeError, ShapeError
 from tgrad.nn import optim, state  # noqa: F401  (tinygrad's `from tgrad import nn; nn.state.get_parameters`)
 from tgrad.nn.module import Module
 from tgrad.ops.helpers import _tuple, conv_padding
@@ -179,6 +179,33 @@ class GroupNorm(Module):
         return y * self.weight.reshape(shape) + self.bias.reshape(shape)
 
 
+class InstanceNorm(GroupNorm):
+    """tinygrad's nn.InstanceNorm: each channel of each sample normalised over its spatial axes (a
+    GroupNorm with one group per channel); affine by default, as in tinygrad."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True):
+        super().__init__(num_features, num_features, eps, affine)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim < 3 or x.shape[1] != self.num_channels:  # (PyTorch's unbatched (C, L) form is not taken)
+            want = f"(N, {self.num_channels}, *spatial)"
+            raise ShapeError(f"{type(self).__name__}: input {x.shape} needs {want}")
+        return super().forward(x)
+
+
+class InstanceNorm2d(InstanceNorm):
+    """PyTorch's nn.InstanceNorm1d/2d/3d (no running statistics): affine=False by default, as there."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
+                 track_running_stats: bool = False):
+        if track_running_stats:
+            raise ModeError("InstanceNorm: track_running_stats=True is not supported")
+        super().__init__(num_features, eps, affine)
+
+
+InstanceNorm1d = InstanceNorm3d = InstanceNorm2d
+
+
 class RMSNorm(Module):
     """x / sqrt(mean(x**2 over the last len(normalized_shape) axes) + eps) * weight (PyTorch's nn.RMSNorm;
     eps=None is the dtype's machine epsilon, as there)."""
@@ -282,5 +309,6 @@ class Embedding(Module):
 
 
 __all__ = ["Module", "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout",
+           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "InstanceNorm",
+           "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "RMSNorm", "Dropout",
            "LSTMCell", "LSTM", "Embedding"]

@@ -36,13 +36,10 @@ def _to_np_dtype(dtype):
     return dtypes.from_any(dtype).np
 
 
-_TORCH_NAMES = {"fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2", "fp8e4m3fnuz": "float8_e4m3fnuz",
-                "fp8e5m2fnuz": "float8_e5m2fnuz", "bool": "bool"}
-
-
 def _to_torch_dtype(dtype):
+    """As tinygrad's: fp8 dtypes are their codes, torch.uint8."""
     name = dtypes.from_any(dtype).name
-    return getattr(torch, _TORCH_NAMES.get(name, name))
+    return torch.uint8 if name.startswith("fp8") else getattr(torch, name)
 
 
 def _fp8_scalar(fn):

@@ -1,0 +1,42 @@
+"""Input forms PyTorch (or tinygrad) takes: assign / setitem of a value that broadcasts to the target
+(PyTorch's copy_ and x[...] = v), checked against torch; and device=(name,) (tinygrad's
+one-device tuple). Shapes that do not broadcast and tuples of several devices raise, naming them."""
+
+import numpy as np
+import pytest
+import torch
+
+from tgrad import Tensor
+from tgrad.errors import DeviceError, ShapeError
+
+
+@pytest.mark.parametrize("value_shape", [(5,), (1, 5), (3, 1), (1, 1), ()])
+def test_assign_broadcasts_like_copy_(device, value_shape):
+    v = np.arange(1, 1 + int(np.prod(value_shape)), dtype=np.float32).reshape(value_shape)
+    ref = torch.zeros(3, 5)
+    ref.copy_(torch.tensor(v))
+    a = Tensor.zeros(3, 5, device=device).contiguous().realize()
+    a.assign(Tensor(v, device=device))
+    np.testing.assert_array_equal(a.numpy(), ref.numpy())
+    if value_shape == (3, 1):  # (does not broadcast to the rows 1: of setitem below)
+        return
+    b = Tensor.zeros(3, 5, device=device).contiguous().realize()
+    tb = torch.zeros(3, 5)
+    b[1:] = Tensor(v, device=device)
+    tb[1:] = torch.tensor(v)
+    np.testing.assert_array_equal(b.numpy(), tb.numpy())
+
+
+@pytest.mark.parametrize("value_shape", [(3,), (2, 3, 5), (4, 5)])
+def test_assign_refuses_shapes_that_do_not_broadcast(value_shape):
+    with pytest.raises(RuntimeError):
+        torch.zeros(3, 5).copy_(torch.ones(value_shape))
+    with pytest.raises(ShapeError, match=r"assign: shape .* does not match \(3, 5\) nor broadcasts to it"):
+        Tensor.zeros(3, 5).contiguous().realize().assign(Tensor.ones(*value_shape))
+
+
+def test_one_device_tuple(device):
+    t = Tensor([1.0], device=(device,)) + Tensor([2.0], device=device)
+    assert t.device == device and t.numpy().tolist() == [3.0]
+    with pytest.raises(DeviceError, match=r"device=\('NUMPY', 'NUMPY'\): a tensor on several devices"):
+        Tensor([1.0], device=("NUMPY", "NUMPY"))

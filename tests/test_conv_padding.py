@@ -89,3 +89,27 @@ def test_instance_norm_matches_torch(device, shape, affine):
 def test_instance_norm_refuses_unbatched_input():
     with pytest.raises(ShapeError, match=r"InstanceNorm2d: input \(3, 7\) needs \(N, 3, \*spatial\)"):
         nn.InstanceNorm2d(3)(Tensor.ones(3, 7))
+
+
+@pytest.mark.parametrize("axis", [1, (0, 2), (1, 3, 4)])
+def test_batchnorm_axes_match_torch(device, axis):
+    """Tensor.batchnorm (tinygrad's) with statistics over one or several axes, against torch's
+    F.batch_norm on the tensor with those axes moved to the channel axis and merged."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 4, 3, 2, 2)).astype(np.float32)
+    axes = (axis,) if isinstance(axis, int) else axis
+    dims = tuple(x.shape[a] for a in axes)
+    w, b, m = (rng.standard_normal(dims).astype(np.float32) for _ in range(3))
+    invstd = rng.uniform(0.5, 2.0, dims).astype(np.float32)
+    stats = (Tensor(v, device=device) for v in (w, b, m, invstd))
+    out = Tensor(x, device=device).batchnorm(*stats, axis=axis)
+    rest = [a for a in range(5) if a not in axes]
+    tx = torch.tensor(x).permute(rest[0], *axes, *rest[1:])
+    tx = tx.reshape(tx.shape[0], -1, *tx.shape[1 + len(axes):])
+    ref = F.batch_norm(tx, torch.tensor(m).flatten(), 1.0 / torch.tensor(invstd).flatten() ** 2,
+                       torch.tensor(w).flatten(), torch.tensor(b).flatten(), eps=0.0)
+    ref = ref.reshape(x.shape[rest[0]], *dims, *(x.shape[a] for a in rest[1:]))
+    ref = ref.permute(*np.argsort([rest[0], *axes, *rest[1:]]))
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ShapeError, match="batchnorm: mean has shape"):
+        Tensor(x).batchnorm(None, None, Tensor.ones(*(d + 1 for d in dims)), Tensor(invstd), axis=axis)

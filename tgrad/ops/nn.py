@@ -381,15 +381,25 @@ class NNOps:
         return x
 
     def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
-                  axis: int = 1) -> Tensor:
-        """(x - mean) * invstd * weight + bias, with the 1-d statistics laid along `axis` (tinygrad's)."""
-        ax = _normalize_axis(axis, self.ndim, "batchnorm")
-        shape = tuple(s if i == ax else 1 for i, s in enumerate(self.shape))
-        x = self - mean.reshape(shape)
+                  axis: int | tuple[int, ...] = 1) -> Tensor:
+        """(x - mean) * invstd * weight + bias, with the statistics laid along `axis` (tinygrad's): one axis
+        and 1-d statistics, or several axes and statistics shaped like them (axis=(0, 2): (x.shape[0],
+        x.shape[2])). An invstd of another rank broadcasts as it is."""
+        axes = sorted({_normalize_axis(a, self.ndim, "batchnorm") for a in (axis if isinstance(axis, tuple)
+                                                                             else (axis,))})
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        dims = tuple(self.shape[a] for a in axes)
+
+        def lay(stat: Tensor, name: str) -> Tensor:
+            if stat.shape not in (dims, shape):
+                raise ShapeError(f"batchnorm: {name} has shape {stat.shape}; axis={axis} needs {dims}")
+            return stat.reshape(shape)
+
+        x = self - lay(mean, "mean")
         if weight is not None:
-            x = x * weight.reshape(shape)
-        x = x * (invstd.reshape(shape) if invstd.ndim == 1 else invstd)
-        return x + bias.reshape(shape) if bias is not None else x
+            x = x * lay(weight, "weight")
+        x = x * (lay(invstd, "invstd") if invstd.ndim == len(axes) else invstd)
+        return x + lay(bias, "bias") if bias is not None else x
 
     def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
         """Normalise to mean 0, variance 1 over `axis` (no affine part; nn.LayerNorm adds it)."""

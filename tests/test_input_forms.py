@@ -40,3 +40,13 @@ def test_one_device_tuple(device):
     assert t.device == device and t.numpy().tolist() == [3.0]
     with pytest.raises(DeviceError, match=r"device=\('NUMPY', 'NUMPY'\): a tensor on several devices"):
         Tensor([1.0], device=("NUMPY", "NUMPY"))
+
+
+def test_empty_like(device):
+    x = Tensor.ones(2, 3, dtype="int16", device=device)
+    ref = torch.empty_like(torch.ones(2, 3, dtype=torch.int16))
+    e = Tensor.empty_like(x)
+    assert e.shape == tuple(ref.shape) and e.dtype.name == str(ref.dtype).split(".")[1] and e.device == device
+    assert x.empty_like(dtype="float32").dtype.name == "float32"
+    e.assign(x + 1)  # an empty tensor is a buffer to write into (tinygrad's use under TinyJit)
+    np.testing.assert_array_equal(e.numpy(), (torch.ones(2, 3, dtype=torch.int16) + 1).numpy())

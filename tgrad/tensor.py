@@ -687,6 +687,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.default_float, device)
         return Tensor(Node.from_buffer(get_runtime(device).alloc(math.prod(shape), dt), shape, dt, device))
 
+    def empty_like(self, **kw) -> Tensor:
+        """An uninitialised tensor of this shape, dtype and device (PyTorch's empty_like)."""
+        return Tensor.empty(self.shape, **{"dtype": self.dtype, "device": self.device, **kw})
+
     def zeros_like(self, **kw) -> Tensor:
         return Tensor.full(self.shape, 0, **{"dtype": self.dtype, "device": self.device, **kw})
 

@@ -11,6 +11,7 @@ import tempfile
 from types import SimpleNamespace
 from typing import TypeVar
 
+from tgrad import Tensor, dtypes
 from tinygrad._internal import module_getattr
 
 T = TypeVar("T")
@@ -31,9 +32,17 @@ DEV = SimpleNamespace(interface="", renderer="", device=os.environ.get("DEVICE",
 
 @contextlib.contextmanager
 def Context(**kwargs):  # noqa: N802 - tinygrad's name
-    """Sets the named flags as environment variables for the block (NOOPT=1 reaches tgrad this way)."""
+    """Sets the named flags as environment variables for the block (NOOPT=1 reaches tgrad this way);
+    TRAINING sets tgrad's Tensor.training, DEFAULT_FLOAT / DEFAULT_INT its dtypes.default_*."""
     old = {k: os.environ.get(k) for k in kwargs}
     os.environ.update({k: str(v) for k, v in kwargs.items()})
+    attrs = {"TRAINING": (Tensor, "training", bool),
+             "DEFAULT_FLOAT": (dtypes, "default_float", dtypes.from_any),
+             "DEFAULT_INT": (dtypes, "default_int", dtypes.from_any)}
+    saved = {k: getattr(*attrs[k][:2]) for k in kwargs if k in attrs}
+    for k in saved:
+        owner, name, convert = attrs[k]
+        setattr(owner, name, convert(kwargs[k]))
     try:
         yield
     finally:
@@ -42,6 +51,8 @@ def Context(**kwargs):  # noqa: N802 - tinygrad's name
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        for k, v in saved.items():
+            setattr(*attrs[k][:2], v)
 
 
 class ContextVar:

@@ -2,6 +2,7 @@
 hyperparameters (negative learning rate, momentum, weight decay, epsilon; betas not below 1), randint with
 float bounds, uniform with low > high. Each case checks that PyTorch raises the same exception type."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,3 +57,22 @@ def test_uniform_low_above_high_raises(device):
         Tensor.uniform(3, 4, low=5.0, high=3.0, device=device)
     same = Tensor.uniform(3, low=1.0, high=1.0, device=device).numpy()  # PyTorch: every value is low
     assert (same == torch.empty(3).uniform_(1.0, 1.0).numpy()).all()
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_int_learning_rate_is_a_float_rate(device, name):
+    """lr=10 (an int) steps as lr=10.0 does in PyTorch, and a later opt.lr = 0.5 is 0.5 (an int lr tensor
+    truncated it to 0; on NUMPY Adam's step was computed in int64)."""
+    ours, theirs = getattr(optim, name), getattr(torch.optim, name)
+    x, tx = Tensor([1.0, -2.0], device=device), torch.tensor([1.0, -2.0], requires_grad=True)
+    opt, topt = ours([x], lr=10), theirs([tx], lr=10)
+    for lr in (10, 0.5):
+        opt.lr, topt.param_groups[0]["lr"] = lr, lr
+        opt.zero_grad()
+        topt.zero_grad()
+        (x * Tensor([3.0, 5.0], device=device)).sum().backward()
+        (tx * torch.tensor([3.0, 5.0])).sum().backward()
+        opt.step()
+        topt.step()
+        np.testing.assert_allclose(x.numpy(), tx.detach().numpy(), rtol=1e-4, atol=1e-4)  # (WebGPU sqrt)
+    assert opt.lr.dtype.is_float

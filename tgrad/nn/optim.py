@@ -58,7 +58,10 @@ class Optimizer:
                 "(or is not floating point); pass the tensors to train"
             )
         Tensor.realize(*self.params, *self.buffers)
-        # lr is a tensor so that changing it also works under TinyJit (see the lr property)
+        # lr is a tensor so that changing it also works under TinyJit (see the lr property); a float one
+        # even from an int (lr=10 made an int64 tensor: a later opt.lr = 0.5 truncated to 0, NUMPY's Adam
+        # step multiplied in int64)
+        lr = float(lr) if isinstance(lr, (int, float)) else lr
         self._lr = Tensor([lr], device=self.params[0].device).realize()
 
     @property

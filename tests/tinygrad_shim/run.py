@@ -125,27 +125,30 @@ def test_cases(path: Path) -> list[tuple[str, str | None]]:
         out.update({n.name: n for n in c.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))})
         return out
 
-    def text(node, ms: dict, seen: set, depth: int = 0) -> str:
-        """The node's source with that of the same-file functions and methods it calls (3 levels)."""
-        t = (ast.get_source_segment(src, node) or "") + "".join(ast.unparse(d) for d in node.decorator_list)
-        if depth < 4:
-            for name in set(re.findall(r"\b(\w+)\(", t)) | set(re.findall(r"self\.(\w+)", t)):
+    def text(node, ms: dict) -> str:
+        """The node's source with that of every same-file function and method it reaches by calls."""
+        out, todo, seen = [], [node], {id(node)}
+        while todo:
+            n = todo.pop()
+            t = (ast.get_source_segment(src, n) or "") + "".join(ast.unparse(d) for d in n.decorator_list)
+            out.append(t)
+            for name in sorted(set(re.findall(r"\b(\w+)\(", t)) | set(re.findall(r"self\.(\w+)", t))):
                 f = ms.get(name) or funcs.get(name)
-                if name not in seen and f is not None and f is not node:
-                    seen.add(name)
-                    t += text(f, ms, seen, depth + 1)
-        return t
+                if f is not None and id(f) not in seen:
+                    seen.add(id(f))
+                    todo.append(f)
+        return "\n".join(out)
 
     cases = []
     for c in classes.values():
         if not is_testcase(c):
             continue
         ms = methods(c)
-        setup = "".join(text(ms[k], ms, set()) for k in ("setUp", "setUpClass") if k in ms)
+        setup = "".join(text(ms[k], ms) for k in ("setUp", "setUpClass") if k in ms)
         setup += "".join(ast.unparse(d) for d in c.decorator_list)
         for name, node in ms.items():
             if name.startswith("test"):
-                t = text(node, ms, {name}) + setup
+                t = text(node, ms) + setup
                 t = "\n".join(ln for ln in t.splitlines() if not re.search(SKIP_LINES, ln))
                 hit = INTERNAL.search(t)
                 cases.append((f"{c.name}.{name}", hit.group(0) if hit else None))

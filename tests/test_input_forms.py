@@ -1,12 +1,13 @@
 """Input forms PyTorch (or tinygrad) takes: assign / setitem of a value that broadcasts to the target
 (PyTorch's copy_ and x[...] = v), checked against torch; and device=(name,) (tinygrad's
-one-device tuple). Shapes that do not broadcast and tuples of several devices raise, naming them."""
+one-device tuple), Tensor.empty_like, softmax / log_softmax with dtype= (PyTorch's). Shapes that do not
+broadcast and tuples of several devices raise, naming them."""
 
 import numpy as np
 import pytest
 import torch
 
-from tgrad import Tensor
+from tgrad import Device, Tensor, dtypes
 from tgrad.errors import DeviceError, ShapeError
 
 
@@ -50,3 +51,15 @@ def test_empty_like(device):
     assert x.empty_like(dtype="float32").dtype.name == "float32"
     e.assign(x + 1)  # an empty tensor is a buffer to write into (tinygrad's use under TinyJit)
     np.testing.assert_array_equal(e.numpy(), (torch.ones(2, 3, dtype=torch.int16) + 1).numpy())
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("src,dst", [("float16", "float32"), ("int64", "float32"), ("float32", "float64")])
+def test_softmax_dtype_argument(device, name, src, dst):
+    if not Device[device].supports(dtypes.from_any(dst)):
+        pytest.skip(f"{device} has no {dst}")
+    data = [[1, 2, 3], [0, -1, 4]]
+    ref = getattr(torch.tensor(data, dtype=getattr(torch, src)), name)(1, dtype=getattr(torch, dst))
+    out = getattr(Tensor(data, dtype=src, device=device), name)(1, dtype=dst)
+    assert out.dtype.name == dst
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)

@@ -157,7 +157,9 @@ class Runtime:
 
     def supports(self, dtype: DType) -> bool:
         """Whether this device holds and computes `dtype` (where not, using it raises a DTypeError).
-        bfloat16 lives on the host devices (CPU, NUMPY) only."""
+        bfloat16 lives on the host devices (CPU, NUMPY) only, fp8 on NUMPY only."""
+        if dtype in dtypes.fp8s:
+            return self.name in dtypes.FP8_DEVICES
         return dtype not in dtypes.HOST_FLOATS or self.name in dtypes.HOST_DEVICES
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
@@ -280,7 +282,13 @@ _opening = threading.RLock()  # held while a runtime opens (get_runtime)
 
 
 def canonical(name: str) -> str:
-    """'cpu', 'CPU:0', 'cl' -> 'CPU', 'CL'; unknown names raise a DeviceError listing the known ones."""
+    """'cpu', 'CPU:0', 'cl' -> 'CPU', 'CL'; unknown names raise a DeviceError listing the known ones. A
+    tuple of one device is that device (tinygrad's multi-device form); of several, a DeviceError."""
+    if isinstance(name, tuple):
+        if len(name) != 1:
+            raise DeviceError(f"device={name!r}: a tensor on several devices (tinygrad's shard) is not "
+                              "supported; pass one device")
+        name = name[0]
     base = str(name).split(":")[0].upper()
     base = ALIASES.get(base, base)
     if base not in RUNTIMES:

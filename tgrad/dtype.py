@@ -25,8 +25,9 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
-        """The numpy dtype of this dtype's values on the host (bfloat16, which numpy lacks: float32)."""
-        if self.name == "bfloat16":
+        """The numpy dtype of this dtype's values on the host (bfloat16 and fp8, which numpy lacks:
+        float32)."""
+        if self.name == "bfloat16" or self.name.startswith("fp8"):
             return np.dtype(np.float32)
         return np.dtype(self.name if self.name != "bool" else np.bool_)
 
@@ -74,12 +75,25 @@ class dtypes:
     uint16 = DType("uint16", 2, "u", 9)
     uint32 = DType("uint32", 4, "u", 10)
     uint64 = DType("uint64", 8, "u", 11)
+    # the 8-bit float formats (PyTorch's float8_e4m3fn, float8_e5m2 and the AMD "fnuz" ones): names and
+    # rounding (round_fp8, float_to_fp8, fp8_to_float) only; a tensor of one is refused (tensor._dtype_on)
+    fp8e4m3 = DType("fp8e4m3", 1, "f", 12)
+    fp8e5m2 = DType("fp8e5m2", 1, "f", 12)
+    fp8e4m3fnuz = DType("fp8e4m3fnuz", 1, "f", 12)
+    fp8e5m2fnuz = DType("fp8e5m2fnuz", 1, "f", 12)
+    fp8s = (fp8e4m3, fp8e5m2, fp8e4m3fnuz, fp8e5m2fnuz)
     half = float16
     bf16 = bfloat16
     float = float32
     double = float64
     int = int32
     long = int64
+    short = int16
+    char = int8
+    uchar = uint8
+    ushort = uint16
+    uint = uint32
+    ulong = uint64
     default_float = float32
     default_int = int64
     all = (bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64,
@@ -88,6 +102,33 @@ class dtypes:
     HOST_ONLY = (uint16, uint32, uint64)
     HOST_FLOATS = (bfloat16,)
     HOST_DEVICES = ("CPU", "NUMPY")
+    FP8_DEVICES = ("NUMPY",)  # fp8 tensors (float32 storage rounded to fp8 after every op)
+    floats = (float16, bfloat16, float32, float64)
+    sints = (int8, int16, int32, int64)
+    uints = (uint8, uint16, uint32, uint64)
+    ints = uints + sints
+
+    @staticmethod
+    def is_float(dtype) -> bool:
+        """Whether dtype (a DType or a name) is a floating-point dtype (tinygrad's `dtypes.is_float`)."""
+        return dtypes.from_any(dtype).kind == "f"
+
+    @staticmethod
+    def is_int(dtype) -> bool:
+        """Whether dtype is a signed or unsigned integer dtype (bool is not)."""
+        return dtypes.from_any(dtype).kind in "iu"
+
+    @staticmethod
+    def is_unsigned(dtype) -> bool:
+        return dtypes.from_any(dtype).kind == "u"
+
+    @staticmethod
+    def finfo(dtype) -> tuple[int, int]:
+        """(exponent bits, mantissa bits) of a float dtype, as tinygrad's dtypes.finfo."""
+        dtype = dtypes.from_any(dtype)
+        if dtype.kind != "f":
+            raise DTypeError(f"finfo: {dtype.name} is not a floating-point dtype")
+        return _FINFO[dtype.name]
 
     @staticmethod
     def from_any(x) -> DType:
@@ -101,7 +142,7 @@ class dtypes:
                 name = np.dtype(x).name
             except TypeError:
                 name = str(x).split(".")[-1]
-        for dt in dtypes.all:
+        for dt in dtypes.all + dtypes.fp8s:
             if dt.name == name:
                 return dt
         raise DTypeError(f"unsupported dtype {x!r}; tgrad supports {', '.join(d.name for d in dtypes.all)}")
@@ -116,12 +157,19 @@ class dtypes:
         return dtypes.default_float
 
 
+_FINFO = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52), "fp8e4m3": (4, 3),
+          "fp8e5m2": (5, 2), "fp8e4m3fnuz": (4, 3), "fp8e5m2fnuz": (5, 2)}
+
 # (low, high) of each dtype's values: for floats the largest finite one (bfloat16's is its own, not float32's)
 _LIMITS = {
     d.name: (d.min, d.max) if d.kind in "iub"
     else (None, 3.3895313892515355e38 if d.name == "bfloat16" else float(np.finfo(d.np).max))
     for d in dtypes.all
 }
+
+# fp8: the largest finite value (e4m3fn saturates past it, e5m2 gives inf, the fnuz formats NaN)
+_LIMITS.update({"fp8e4m3": (None, 448.0), "fp8e5m2": (None, 57344.0), "fp8e4m3fnuz": (None, 240.0),
+                "fp8e5m2fnuz": (None, 57344.0)})
 
 # the magnitude from which a value rounds to inf (the largest finite one and half its last step)
 _INF_FROM = {"float16": 65520.0, "bfloat16": 2.0**128 - 2.0**119, "float32": 2.0**128 - 2.0**103}
@@ -195,6 +243,9 @@ def promote(a: DType, b: DType) -> DType:
     """PyTorch's promotion of two tensor dtypes (e.g. uint8 + int8 -> int16, int32 + float16 -> float16)."""
     if a == b:
         return a
+    if a in dtypes.fp8s or b in dtypes.fp8s:
+        raise DTypeError(f"promoting {a.name} with {b.name} is not supported (PyTorch has no promotion for "
+                         "float8 types); cast one first")
     if a in dtypes.HOST_ONLY or b in dtypes.HOST_ONLY:
         raise DTypeError(f"promoting {a.name} with {b.name} is not supported (as in PyTorch); cast one first")
     if a.kind == "f" or b.kind == "f":
@@ -235,11 +286,78 @@ def round_bf16(x) -> np.ndarray:
     return np.where(a != a, nan, kept).astype(np.uint32).view(np.float32)
 
 
+def _fp8_table(dtype: DType) -> np.ndarray:
+    """The values of the 256 codes of an fp8 dtype, as float64 (NaN codes: nan)."""
+    if dtype.name not in _FP8_TABLES:
+        e, m = _FINFO[dtype.name]
+        fnuz = dtype.name.endswith("fnuz")
+        bias = (1 << (e - 1)) - 1 + fnuz
+        code = np.arange(256)
+        exp, mant = (code >> m) & ((1 << e) - 1), code & ((1 << m) - 1)
+        mag = np.where(exp == 0, mant * 2.0 ** (1 - bias - m), (1 + mant / 2**m) * 2.0 ** (exp - bias))
+        val = np.where(code >> 7, -mag, mag)
+        if fnuz:  # no negative zero, no infinities: 0x80 is the NaN
+            val[0x80] = np.nan
+        elif e == 4:  # e4m3fn: no infinities, S.1111.111 is NaN
+            val[[0x7F, 0xFF]] = np.nan
+        else:  # e5m2: IEEE-like
+            val[(exp == 31) & (mant != 0)] = np.nan
+            val[[0x7C, 0xFC]] = [np.inf, -np.inf]
+        _FP8_TABLES[dtype.name] = val
+    return _FP8_TABLES[dtype.name]
+
+
+_FP8_TABLES: dict[str, np.ndarray] = {}
+
+
+def float_to_fp8(x, dtype: DType) -> np.ndarray:
+    """The fp8 codes (uint8) of values x, as PyTorch's casts make them: through float32, to the nearest
+    code (ties to the even code); past the largest finite value e4m3fn saturates, e5m2 gives inf, the fnuz
+    formats give their NaN (0x80, as they do for inf); nan is 0x7F with its sign (fnuz: 0x80)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.asarray(x).astype(np.float32).astype(np.float64)
+    table, fnuz = _fp8_table(dtype), dtype.name.endswith("fnuz")
+    top = 0x7B if dtype.name == "fp8e5m2" else 0x7E if dtype.name == "fp8e4m3" else 0x7F
+    pos = table[: top + 1]  # the finite non-negative values, ascending with the code
+    step = pos[top] - pos[top - 1]
+    ext = np.append(pos, pos[top] + step)  # the code after the largest: where overflow starts
+    mag = np.abs(a)
+    hi = np.clip(np.searchsorted(ext, mag, side="left"), 1, top + 1)
+    lo = hi - 1
+    dlo, dhi = mag - ext[lo], ext[hi] - mag
+    code = np.where((dlo < dhi) | ((dlo == dhi) & (lo % 2 == 0)), lo, hi)
+    code = np.where(mag > ext[-1], top + 1, code)  # beyond the notional next code, inf included
+    over = code > top
+    neg = np.signbit(a)
+    if dtype.name == "fp8e4m3":
+        code = np.where(over, top, code)
+    elif dtype.name == "fp8e5m2":
+        code = np.where(over, 0x7C, code)
+    code = code | np.where(neg & ~(fnuz & (code == 0)), 0x80, 0)
+    nan_code = np.where(neg, 0xFF, 0x7F) if not fnuz else 0x80
+    code = np.where(a != a, nan_code, code)
+    if fnuz:
+        code = np.where(over, 0x80, code)
+    return code.astype(np.uint8)
+
+
+def fp8_to_float(code, dtype: DType) -> np.ndarray:
+    """The float32 values of fp8 codes (ints 0..255)."""
+    return _fp8_table(dtype)[np.asarray(code).astype(np.int64) & 0xFF].astype(np.float32)
+
+
+def round_fp8(x, dtype: DType) -> np.ndarray:
+    """Values rounded to an fp8 dtype as PyTorch's cast does (float_to_fp8), as float32."""
+    return fp8_to_float(float_to_fp8(x, dtype), dtype)
+
+
 def to_bytes(values: np.ndarray, dtype: DType) -> np.ndarray:
     """The bytes of dtype's values (host arrays as dtype.np holds them; bfloat16 as its 2 bytes each)."""
     values = np.ascontiguousarray(values)
     if dtype == dtypes.bfloat16:
         values = (values.astype(np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    if dtype in dtypes.fp8s:
+        values = float_to_fp8(values, dtype)
     return values.reshape(-1).view(np.uint8)
 
 
@@ -250,6 +368,8 @@ def from_bytes(raw: np.ndarray, dtype: DType) -> np.ndarray:
         return (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
     if dtype == dtypes.bool:
         return raw != 0
+    if dtype in dtypes.fp8s:
+        return fp8_to_float(raw, dtype)
     return raw.view(dtype.np)
 
 
@@ -257,4 +377,12 @@ def host_values(x, dtype: DType) -> np.ndarray:
     """x as a numpy array of dtype's host values (dtype.np; rounded to bfloat16 for bfloat16)."""
     with np.errstate(over="ignore", invalid="ignore"):
         out = np.asarray(x).astype(dtype.np)
-    return round_bf16(out) if dtype == dtypes.bfloat16 else out
+    return round_to(out, dtype)
+
+
+def round_to(x, dtype: DType):
+    """float32 values x rounded to dtype where dtype's values are float32 ones rounded (bfloat16, fp8);
+    other dtypes: x unchanged."""
+    if dtype == dtypes.bfloat16:
+        return round_bf16(x)
+    return round_fp8(x, dtype) if dtype in dtypes.fp8s else x

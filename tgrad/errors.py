@@ -67,6 +67,10 @@ class ArgumentError(TgradError, ValueError, RuntimeError):
     """A bad argument value (a mode or reduction name, a count); a RuntimeError too, like PyTorch's."""
 
 
+class PatternError(ArgumentError, AssertionError):
+    """A malformed einops pattern (rearrange): also an AssertionError, as tinygrad's asserts raise."""
+
+
 class ModeError(ArgumentError, NotImplementedError):
     """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
 

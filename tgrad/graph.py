@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from tgrad.dtype import DType, dtypes, round_bf16
+from tgrad.dtype import DType, dtypes, round_to
 
 
 class Op(Enum):
@@ -375,8 +375,8 @@ def const(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> Node
         low, span = _INT_SPAN[dtype.name]
         if not low <= value < low + span:
             value = (value - low) % span + low
-    if dtype == dtypes.bfloat16:  # the bfloat16 nearest the value (through float32, as in PyTorch)
-        value = float(round_bf16(value))
+    if dtype in dtypes.HOST_FLOATS + dtypes.fp8s:  # the nearest bfloat16 / fp8 (through float32, as PyTorch)
+        value = float(round_to(value, dtype))
     return Node(Op.CONST, (), value, tuple(shape), dtype, device)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from tgrad import device, fuse, schedule_cache
 from tgrad.blas import same_index
 from tgrad.device import Buffer, Runner, Runtime, Stats, check_memory, get_runtime, out_of_memory
-from tgrad.dtype import DType, dtypes, round_bf16
+from tgrad.dtype import DType, dtypes, round_to
 from tgrad.errors import GraphDepthError, user_frame
 from tgrad.graph import MOVEMENT, Node, Op, prod
 from tgrad.runtime.numpy import movement
@@ -105,8 +105,8 @@ class HostStep:
         outs = [b.data if isinstance(b.data, np.ndarray) else np.empty(b.size, b.dtype.np) for b in bufs]
         self.fn(arrays, [o.reshape(shape) for o, (shape, _) in zip(outs, self.outputs)])
         for o, (_, dtype) in zip(outs, self.outputs):
-            if dtype == dtypes.bfloat16:  # float32 arrays holding bfloat16 values
-                o[:] = round_bf16(o)
+            if dtype in dtypes.HOST_FLOATS + dtypes.fp8s:  # float32 arrays holding bfloat16 / fp8 values
+                o[:] = round_to(o, dtype)
         return [b if b.data is o else rt.from_numpy(o) for b, o in zip(bufs, outs)]
 
     def __repr__(self) -> str:

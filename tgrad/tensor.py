@@ -82,6 +82,9 @@ def backward_roots() -> list[Tensor]:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
+    if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
+        raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
+                         f"{device}; cast to float16 or bfloat16 first")
     if device not in dtypes.HOST_DEVICES and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
         instead = "float32 or float16" if dtype.is_float else "a signed integer type"
         raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
@@ -233,6 +236,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     def element_size(self) -> int:
         return self.dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a float one (PyTorch's and tinygrad's method)."""
+        return self.dtype.is_float
 
     @property
     def requires_grad(self) -> bool | None:
@@ -440,10 +447,14 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         return self._from(node)
 
     def assign(self, x: Tensor | Any) -> Tensor:
-        """Replace this tensor's value (same shape and dtype); writes into its buffer when it has one."""
+        """Replace this tensor's value (x broadcast to its shape and cast to its dtype, as PyTorch's copy_);
+        writes into its buffer when it has one."""
         x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape:
-            raise ShapeError(f"assign: shape {x.shape} does not match {self.shape}")
+            pairs = zip(x.shape[::-1], self.shape[::-1])
+            if len(x.shape) > self.ndim or any(a not in (1, b) for a, b in pairs):
+                raise ShapeError(f"assign: shape {x.shape} does not match {self.shape} nor broadcasts to it")
+            x = x.expand(self.shape)
         if x.device != self.device:
             raise DeviceError(f"assign: value on {x.device}, tensor on {self.device}; use .to()")
         x = x.cast(self.dtype)
@@ -682,6 +693,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             raise out_of_memory(e, rt, shape, dt, "Tensor.empty") from e
         return Tensor(Node.from_buffer(buf, shape, dt, device))
 
+    def empty_like(self, **kw) -> Tensor:
+        """An uninitialised tensor of this shape, dtype and device (PyTorch's empty_like)."""
+        return Tensor.empty(self.shape, **{"dtype": self.dtype, "device": self.device, **kw})
+
     def zeros_like(self, **kw) -> Tensor:
         return Tensor.full(self.shape, 0, **{"dtype": self.dtype, "device": self.device, **kw})
 
@@ -792,6 +807,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     @staticmethod
     def randint(*shape, low=0, high=10, dtype=None, device=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
+        if not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in (low, high)):
+            raise DTypeError(f"randint: low and high must be ints, got low={low!r}, high={high!r} (PyTorch's "
+                             "TypeError)")
         if low >= high:
             raise ArgumentError(f"randint: low ({low}) must be below high ({high})")
         return Tensor._random(lambda rng, n: rng.integers(low, high, n), shape, dtype, device,
@@ -800,6 +818,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     @staticmethod
     def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
+        if low > high:  # (PyTorch's uniform_ takes low == high: every value is low)
+            raise ArgumentError(f"uniform: low ({low}) must not be above high ({high})")
         return Tensor._random(lambda rng, n: rng.uniform(low, high, n), shape, dtype, device, requires_grad)
 
     @staticmethod
@@ -1069,8 +1089,8 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
-        arr = host_values(arr, dtype)
-    dt = _dtype_on(dtype if dtype == dtypes.bfloat16 else dtypes.from_any(arr.dtype), device)
+        arr = host_values(arr, _dtype_on(dtype, device))
+    dt = _dtype_on(dtype if dtype in dtypes.HOST_FLOATS + dtypes.fp8s else dtypes.from_any(arr.dtype), device)
     try:
         buf = driver.upload(arr, device)
     except MemoryError as e:

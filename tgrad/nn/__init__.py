@@ -9,9 +9,10 @@ import math
 import numpy as np
 
 from tgrad.dtype import dtypes
-from tgrad.errors import DTypeError, ShapeError
+from tgrad.errors import DTypeError, ModeError, ShapeError
+from tgrad.nn import optim, state  # noqa: F401  (tinygrad's `from tgrad import nn; nn.state.get_parameters`)
 from tgrad.nn.module import Module
-from tgrad.ops.helpers import _tuple
+from tgrad.ops.helpers import _tuple, conv_padding
 from tgrad.ops.nn import note_eval_mode
 from tgrad.tensor import Tensor
 
@@ -49,6 +50,7 @@ class Conv2d(Module):
         if in_channels % groups or out_channels % groups:
             raise ShapeError(f"Conv: channels {in_channels}->{out_channels} and groups={groups} differ")
         self.kernel_size = _tuple(kernel_size, self.spatial)
+        conv_padding(padding, self.kernel_size, stride, dilation, type(self).__name__)  # (checks a string)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         bound = 1 / math.sqrt(in_channels // groups * math.prod(self.kernel_size))
         self.weight = _uniform((out_channels, in_channels // groups, *self.kernel_size), bound)
@@ -177,6 +179,33 @@ class GroupNorm(Module):
         return y * self.weight.reshape(shape) + self.bias.reshape(shape)
 
 
+class InstanceNorm(GroupNorm):
+    """tinygrad's nn.InstanceNorm: each channel of each sample normalised over its spatial axes (a
+    GroupNorm with one group per channel); affine by default, as in tinygrad."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True):
+        super().__init__(num_features, num_features, eps, affine)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim < 3 or x.shape[1] != self.num_channels:  # (PyTorch's unbatched (C, L) form is not taken)
+            want = f"(N, {self.num_channels}, *spatial)"
+            raise ShapeError(f"{type(self).__name__}: input {x.shape} needs {want}")
+        return super().forward(x)
+
+
+class InstanceNorm2d(InstanceNorm):
+    """PyTorch's nn.InstanceNorm1d/2d/3d (no running statistics): affine=False by default, as there."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
+                 track_running_stats: bool = False):
+        if track_running_stats:
+            raise ModeError("InstanceNorm: track_running_stats=True is not supported")
+        super().__init__(num_features, eps, affine)
+
+
+InstanceNorm1d = InstanceNorm3d = InstanceNorm2d
+
+
 class RMSNorm(Module):
     """x / sqrt(mean(x**2 over the last len(normalized_shape) axes) + eps) * weight (PyTorch's nn.RMSNorm;
     eps=None is the dtype's machine epsilon, as there)."""
@@ -253,14 +282,14 @@ class LSTM(Module):
         hs, cs = [], []
         for layer in range(self.num_layers):
             cell = self._cell(layer)
-            state = None if hc is None else (hc[0][layer], hc[1][layer])
+            hc_layer = None if hc is None else (hc[0][layer], hc[1][layer])
             outs = []
             for t in range(x.shape[0]):
-                state = cell(x[t], state)
-                outs.append(state[0])
+                hc_layer = cell(x[t], hc_layer)
+                outs.append(hc_layer[0])
             x = Tensor.stack(outs)
-            hs.append(state[0])
-            cs.append(state[1])
+            hs.append(hc_layer[0])
+            cs.append(hc_layer[1])
         return (x.transpose(0, 1) if self.batch_first else x), (Tensor.stack(hs), Tensor.stack(cs))
 
 
@@ -280,5 +309,6 @@ class Embedding(Module):
 
 
 __all__ = ["Module", "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout",
+           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "InstanceNorm",
+           "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "RMSNorm", "Dropout",
            "LSTMCell", "LSTM", "Embedding"]

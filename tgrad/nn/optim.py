@@ -34,8 +34,16 @@ def _state(t: Tensor, value: float = 0.0) -> Tensor:
     return Tensor(np.full(t.shape, value, t.dtype.np), device=t.device)
 
 
+def _check(op: str, what: str, value, below: float | None = None) -> None:
+    """PyTorch's ValueError for a negative hyperparameter (or a beta not below 1); tensors pass."""
+    if isinstance(value, (int, float)) and not (0 <= value and (below is None or value < below)):
+        bounds = f"in [0, {below})" if below is not None else "at least 0"
+        raise ArgumentError(f"{op}: invalid {what} {value}; it must be {bounds}")
+
+
 class Optimizer:
     def __init__(self, params: list[Tensor], lr: float):
+        _check(type(self).__name__, "learning rate", lr)
         params = list(params)
         if not params:
             raise ValueError("optimizer got an empty parameter list; pass get_parameters(model)")
@@ -50,7 +58,10 @@ class Optimizer:
                 "(or is not floating point); pass the tensors to train"
             )
         Tensor.realize(*self.params, *self.buffers)
-        # lr is a tensor so that changing it also works under TinyJit (see the lr property)
+        # lr is a tensor so that changing it also works under TinyJit (see the lr property); a float one
+        # even from an int (lr=10 made an int64 tensor: a later opt.lr = 0.5 truncated to 0, NUMPY's Adam
+        # step multiplied in int64)
+        lr = float(lr) if isinstance(lr, (int, float)) else lr
         self._lr = Tensor([lr], device=self.params[0].device).realize()
 
     @property
@@ -136,6 +147,8 @@ class SGD(Optimizer):
     def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         super().__init__(params, lr)
+        _check("SGD", "momentum", momentum)
+        _check("SGD", "weight_decay", weight_decay)
         if nesterov and momentum <= 0:
             raise ValueError("SGD: nesterov needs momentum > 0")
         self.momentum, self.wd, self.nesterov = momentum, weight_decay, nesterov
@@ -166,6 +179,9 @@ class LAMB(Optimizer):
     def __init__(self, params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False):
         super().__init__(params, lr)
+        for what, value, top in (("b1", b1, 1), ("b2", b2, 1), ("epsilon", eps, None),
+                                 ("weight_decay", weight_decay, None)):
+            _check(type(self).__name__, what, value, top)
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
         self.t = Tensor([0.0], device=self.params[0].device)
         self.m = [_state(t) for t in self.params]
@@ -242,6 +258,7 @@ class Adam(LAMB):
     def __init__(self, params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(params, lr, b1, b2, eps, 0.0, adam=True)
+        _check("Adam", "weight_decay", weight_decay)
         self.l2 = weight_decay
 
     def _grad(self, t: Tensor) -> Tensor:

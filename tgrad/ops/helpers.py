@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from tgrad import graph as g
 from tgrad.dtype import DType, dtypes
-from tgrad.errors import IndexRangeError, ShapeError
+from tgrad.errors import ArgumentError, IndexRangeError, ShapeError
 from tgrad.graph import Node, Op
 
 if TYPE_CHECKING:
@@ -55,6 +55,23 @@ def _spatial_pads(padding, nk: int) -> tuple[int, ...]:
     if len(padding) == 2 * nk:
         return padding
     raise ShapeError(f"padding {padding} needs 1, {nk} or {2 * nk} values for {nk} spatial axes")
+
+
+def conv_padding(padding, kernel: tuple[int, ...], stride, dilation, op: str = "conv2d"):
+    """A convolution's padding with PyTorch's strings resolved: 'valid' is none, 'same' pads
+    dilation*(k-1) per axis, the odd one on the right (F.pad order, see _spatial_pads); 'same' with a
+    stride > 1 and other strings raise an ArgumentError (PyTorch's ValueError). Other paddings: as given."""
+    if not isinstance(padding, str):
+        return padding
+    nk = len(kernel)
+    if padding == "valid":
+        return 0
+    if padding != "same":
+        raise ArgumentError(f"{op}: invalid padding string {padding!r}, should be one of 'same', 'valid'")
+    if any(s != 1 for s in _tuple(stride, nk)):
+        raise ArgumentError(f"{op}: padding='same' is not supported for strided convolutions ({stride=})")
+    total = [d * (k - 1) for d, k in zip(_tuple(dilation, nk), kernel)]
+    return tuple(p for t in reversed(total) for p in (t // 2, t - t // 2))
 
 
 def _position_dtype(*extents: int) -> DType:

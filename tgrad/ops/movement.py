@@ -11,7 +11,7 @@ import numpy as np
 from tgrad import graph as g
 from tgrad import inplace
 from tgrad.dtype import check_fits, dtypes, promote
-from tgrad.errors import ArgumentError, IndexRangeError, ModeError, ShapeError
+from tgrad.errors import ArgumentError, IndexRangeError, ModeError, PatternError, ShapeError
 from tgrad.graph import Op
 from tgrad.ops.helpers import _normalize_axis, _position_dtype
 
@@ -75,6 +75,64 @@ class MovementOps:
     def unflatten(self, dim: int, sizes) -> Tensor:
         d = _normalize_axis(dim, self.ndim, "unflatten")
         return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1 :])
+
+    def rearrange(self, formula: str, **sizes) -> Tensor:
+        """einops' rearrange ("b c (h w) -> b (c h) w", h=2): split the parenthesised input groups (sizes
+        give all but one factor), permute, merge the output groups; `...` stands for the axes not named,
+        `()` or `1` for a new axis of size 1 (tinygrad's Tensor.rearrange)."""
+
+        def check(ok: bool, why: str) -> None:
+            if not ok:
+                raise PatternError(f"rearrange: {why} in {formula!r}")
+
+        def side(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+            """(axis names, the (start, end) of each parenthesised group in them)."""
+            spaced = f" {text} ".replace("…", "...").replace("(", " ( ").replace(")", " ) ")
+            tokens = spaced.replace(" ", "  ").replace(" 1 ", " ( ) ").split()
+            names, groups, start = [], [], None
+            for tok in tokens:
+                if tok == "(":
+                    check(start is None, "nested or unbalanced brackets")
+                    start = len(names)
+                elif tok == ")":
+                    check(start is not None, "unbalanced brackets")
+                    groups.append((start, len(names)))
+                    start = None
+                else:
+                    names.append(tok)
+            check(start is None, "unbalanced brackets")
+            return names, groups
+
+        check(formula.count("->") == 1, 'need exactly one "->"')
+        (lhs, split), (rhs, merge) = (side(part) for part in formula.split("->"))
+        check(not (set(sizes) - set(lhs)), f"axes {sorted(set(sizes) - set(lhs))} given sizes but not used")
+        check(sorted(lhs) == sorted(rhs) and len(lhs) == len(set(lhs)), "axis names differ between the sides")
+        for name in lhs:
+            check(name == "..." or (name.isidentifier() and "_" not in (name[0], name[-1])),
+                  f"invalid axis name {name!r}")
+        check(all("..." not in lhs[a:b] for a, b in split), "a parenthesised ... on the input side")
+        if "..." in lhs:  # the ellipsis becomes one name per axis it covers
+            n = self.ndim - len(lhs) + 1 + sum(b - a - 1 for a, b in split)
+            check(n >= 0, f"{self.ndim} axes are fewer than the pattern names")
+
+            def expand(names: list[str], groups: list[tuple[int, int]]):
+                i = names.index("...")
+                shift = [(a + (n - 1 if a > i else 0), b + (n - 1 if b > i else 0)) for a, b in groups]
+                return names[:i] + [f"...{j}" for j in range(n)] + names[i + 1 :], shift
+
+            (lhs, split), (rhs, merge) = expand(lhs, split), expand(rhs, merge)
+        check(len(lhs) - sum(b - a - 1 for a, b in split) == self.ndim,
+              f"the input side names {len(lhs)} axes but the tensor has shape {self.shape}")
+        t = self
+        for a, b in split:  # (left to right: the axes before group a are already one per name)
+            t = t.unflatten(a, [sizes.get(lhs[i], -1) for i in range(a, b)])
+        for i, name in enumerate(lhs):
+            size = t.shape[i]
+            check(sizes.get(name, size) == size, f"axis {name} has size {size}, not {sizes.get(name)}")
+        t = t.permute([lhs.index(name) for name in rhs])
+        for a, b in reversed(merge):
+            t = t.flatten(a, b - 1) if a < b else t.unsqueeze(a)
+        return t
 
     def squeeze(self, dim=None) -> Tensor:
         if dim is None:

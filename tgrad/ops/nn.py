@@ -16,7 +16,14 @@ from tgrad import graph as g
 from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, ShapeError, user_stacklevel
 from tgrad.graph import Node, Op
-from tgrad.ops.helpers import _normalize_axis, _position_dtype, _spatial_pads, _spread_node, _tuple
+from tgrad.ops.helpers import (
+    _normalize_axis,
+    _position_dtype,
+    _spatial_pads,
+    _spread_node,
+    _tuple,
+    conv_padding,
+)
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -110,7 +117,7 @@ class NNOps:
         # CNN's relu(conv1 + bias); measured: bench/HISTORY.md)
         computed = keep and self.node.op is not Op.BUFFER and not self.node.base.realized
         src = self.contiguous() if computed else self
-        xp = src._pad_spatial(padding, nk)
+        xp = src._pad_spatial(conv_padding(padding, ks, stride, dilation), nk)
         x = xp._pool(ks, stride, dilation)  # (bs, cin_all, *out, *ks)
         # the CPU runs a conv whose windows are big in pieces of images (blas.Chunk), copying each piece's
         # windows where BLAS reads them from cache, instead of writing them all to memory. The pieces copy
@@ -374,15 +381,25 @@ class NNOps:
         return x
 
     def batchnorm(self, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
-                  axis: int = 1) -> Tensor:
-        """(x - mean) * invstd * weight + bias, with the 1-d statistics laid along `axis` (tinygrad's)."""
-        ax = _normalize_axis(axis, self.ndim, "batchnorm")
-        shape = tuple(s if i == ax else 1 for i, s in enumerate(self.shape))
-        x = self - mean.reshape(shape)
+                  axis: int | tuple[int, ...] = 1) -> Tensor:
+        """(x - mean) * invstd * weight + bias, with the statistics laid along `axis` (tinygrad's): one axis
+        and 1-d statistics, or several axes and statistics shaped like them (axis=(0, 2): (x.shape[0],
+        x.shape[2])). An invstd of another rank broadcasts as it is."""
+        axes = sorted({_normalize_axis(a, self.ndim, "batchnorm") for a in (axis if isinstance(axis, tuple)
+                                                                             else (axis,))})
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        dims = tuple(self.shape[a] for a in axes)
+
+        def lay(stat: Tensor, name: str) -> Tensor:
+            if stat.shape not in (dims, shape):
+                raise ShapeError(f"batchnorm: {name} has shape {stat.shape}; axis={axis} needs {dims}")
+            return stat.reshape(shape)
+
+        x = self - lay(mean, "mean")
         if weight is not None:
-            x = x * weight.reshape(shape)
-        x = x * (invstd.reshape(shape) if invstd.ndim == 1 else invstd)
-        return x + bias.reshape(shape) if bias is not None else x
+            x = x * lay(weight, "weight")
+        x = x * (lay(invstd, "invstd") if invstd.ndim == len(axes) else invstd)
+        return x + lay(bias, "bias") if bias is not None else x
 
     def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:
         """Normalise to mean 0, variance 1 over `axis` (no affine part; nn.LayerNorm adds it)."""

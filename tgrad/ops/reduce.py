@@ -250,7 +250,10 @@ class ReduceOps:
     def all(self, axis=None, keepdim: bool = False) -> Tensor:
         return self.bool().logical_not().any(axis, keepdim).logical_not()
 
-    def softmax(self, axis: int = -1, dim=None) -> Tensor:
+    def softmax(self, axis: int = -1, dim=None, dtype=None) -> Tensor:
+        """PyTorch's softmax; dtype: the input is cast to it first (as F.softmax's dtype=)."""
+        if dtype is not None:
+            return self.cast(dtype).softmax(axis, dim)
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         axis = dim if dim is not None else axis
         x = self._float()
@@ -271,7 +274,10 @@ class ReduceOps:
 
         return x._from(autodiff.custom_gradient(p.node, (x.node,), rule, "softmax", reads_output=True))
 
-    def log_softmax(self, axis: int = -1, dim=None) -> Tensor:
+    def log_softmax(self, axis: int = -1, dim=None, dtype=None) -> Tensor:
+        """PyTorch's log_softmax; dtype: the input is cast to it first (as F.log_softmax's dtype=)."""
+        if dtype is not None:
+            return self.cast(dtype).log_softmax(axis, dim)
         axis = dim if dim is not None else axis
         x = self._float()
         ax = _normalize_axis(axis, x.ndim, "log_softmax")

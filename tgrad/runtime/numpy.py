@@ -3,7 +3,7 @@
 No fusion and no generated code, so it checks fuse.py and every emitter independently. Each primitive
 op's numpy form stands here with the same semantics the emitters implement (C-style integer division,
 float16 and bfloat16 reductions accumulated in float32, nan propagating through MAX). bfloat16 values are
-float32 arrays; every bfloat16 node's result is rounded to bfloat16 (`round_bf16`).
+float32 arrays; every bfloat16 (fp8) node's result is rounded to its dtype (`round_to`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tgrad.device import Buffer, Runtime, check_memory
-from tgrad.dtype import dtypes, round_bf16
+from tgrad.dtype import dtypes, round_to
 from tgrad.fuse import reduce_identity
 from tgrad.graph import MOVEMENT, Node, Op
 
@@ -58,7 +58,7 @@ BINARY = {
 
 
 def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], dtype) -> np.ndarray:
-    acc = np.float32 if dtype in (dtypes.float16, dtypes.bfloat16) else dtype.np
+    acc = np.float32 if dtype in (dtypes.float16, dtypes.bfloat16, *dtypes.fp8s) else dtype.np
     if op == "SUM":
         out = (
             np.sum(x, axis=axes, keepdims=True, dtype=acc)
@@ -149,8 +149,7 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
         out = np.asarray(out)
         if out.dtype != node.dtype.np:
             out = out.astype(node.dtype.np)
-        if node.dtype == dtypes.bfloat16:
-            out = round_bf16(out)
+        out = round_to(out, node.dtype)  # bfloat16 and fp8: float32 values rounded
     memo[node] = out
     uses = memo.get(_USES)
     if uses is not None:  # sources no other node will read: their arrays go (else all live to the end)

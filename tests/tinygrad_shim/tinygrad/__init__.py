@@ -9,10 +9,17 @@ import os
 
 from tgrad import Tensor, dtypes
 from tgrad.jit import TinyJit
+from tinygrad import _internal, nn  # noqa: F401  (tinygrad's `from tinygrad import nn`)
 from tinygrad.device import Device
+from tinygrad.helpers import Context, GlobalCounters
+
+# tinygrad.uop, tinygrad.engine, ...: stand-ins that fail when used (tests of internals are not counted)
+_internal.install()
 
 # the runner's int64 rule: rerun a failing case with tinygrad's default integer (see run.py)
 if os.environ.get("TGRAD_SHIM_DEFAULT_INT"):
     dtypes.default_int = dtypes.from_any(os.environ["TGRAD_SHIM_DEFAULT_INT"])
 
-__all__ = ["Tensor", "TinyJit", "Device", "dtypes"]
+__all__ = ["Tensor", "TinyJit", "Device", "dtypes", "Context", "GlobalCounters"]
+# Variable, UOp, ...: internals here (Variable is issue 43's symbolic shapes, counted as failures)
+__getattr__ = _internal.module_getattr(__name__)

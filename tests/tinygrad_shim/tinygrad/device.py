@@ -30,3 +30,8 @@ class _DeviceShim:
 
 Device = _DeviceShim()
 __all__ = ["Device", "dtypes"]
+
+
+from tinygrad._internal import module_getattr  # noqa: E402
+
+__getattr__ = module_getattr(__name__)

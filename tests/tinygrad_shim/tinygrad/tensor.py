@@ -10,3 +10,8 @@ def _to_np_dtype(dtype) -> np.dtype:
 
 
 __all__ = ["Tensor", "_to_np_dtype"]
+
+
+from tinygrad._internal import module_getattr  # noqa: E402
+
+__getattr__ = module_getattr(__name__)

@@ -1,6 +1,7 @@
 """Renderer stubs: tinygrad's tests only ask a renderer which dtypes it supports."""
 
 from tgrad import dtypes
+from tgrad.device import Device
 
 
 class Renderer:
@@ -8,5 +9,6 @@ class Renderer:
         self.device = device
 
     def supported_dtypes(self) -> list:
-        """Every dtype tgrad has (float16 computes in float32 on some devices; the tests accept that)."""
-        return list(dtypes.all)
+        """Every dtype tgrad has on the device (float16 computes in float32 on some devices; the tests
+        accept that)."""
+        return [dt for dt in (*dtypes.all, *dtypes.fp8s) if Device[self.device].supports(dt)]

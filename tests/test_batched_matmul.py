@@ -119,10 +119,10 @@ def test_big_or_unbatched_matmuls_keep_blas(shape_a, shape_b):
     _close(out, torch.from_numpy(a) @ torch.from_numpy(b), 1e-4)
 
 
-def test_matmul_and_linear_are_written_once():
-    """linear is matmul of the transposed weight plus the bias, and matmul's 1-d, batched and promoted
-    forms are its 2-d product around reshapes and casts: the same graph nodes (hash-consed), so the same
-    kernels, whatever the form."""
+def test_matmul_forms_and_linear_build_the_same_nodes():
+    """linear builds the nodes of matmul of the transposed weight plus the bias, and matmul's 1-d, batched
+    and promoted forms its 2-d product around reshapes and casts: the same graph nodes (hash-consed), so
+    the same kernels, whatever the form."""
     rng = np.random.default_rng(3)
     x, w, b = (Tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True)
                for s in ((2, 3, 4), (5, 4), (5,)))

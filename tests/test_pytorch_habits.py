@@ -289,10 +289,8 @@ def test_param_groups_scale_lr_and_extra_keys(device):
         opt.param_groups[0]["params"] = []
 
 
-def test_param_groups_under_tinyjit(device):
-    x = np.array([0.5, -1.0, 2.0], np.float32)
-    w, tw = Tensor([1.0, 2.0, -1.0], requires_grad=True), torch.tensor([1.0, 2.0, -1.0], requires_grad=True)
-    opt, topt = SGD([w], lr=0.1), torch.optim.SGD([tw], lr=0.1)
+def _jitted_step(opt, w: Tensor, scheduler=None) -> TinyJit:
+    """A TinyJit of one step of ((w * x) ** 2).sum() with opt (and the scheduler's step, if given)."""
 
     @TinyJit
     def step(xt):
@@ -300,8 +298,18 @@ def test_param_groups_under_tinyjit(device):
         loss = (w * xt).square().sum()
         loss.backward()
         opt.step()
+        if scheduler is not None:
+            scheduler.step()
         return loss
 
+    return step
+
+
+def test_param_groups_under_tinyjit(device):
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    w, tw = Tensor([1.0, 2.0, -1.0], requires_grad=True), torch.tensor([1.0, 2.0, -1.0], requires_grad=True)
+    opt, topt = SGD([w], lr=0.1), torch.optim.SGD([tw], lr=0.1)
+    step = _jitted_step(opt, w)
     for i in range(6):
         if i == 4:
             opt.param_groups[0]["lr"] = topt.param_groups[0]["lr"] = 0.01
@@ -468,16 +476,7 @@ def test_scheduler_stepped_inside_tinyjit(device, sched):
         s, ts = StepLR(opt, 2, 0.5), torch.optim.lr_scheduler.StepLR(topt, 2, 0.5)
     else:
         s, ts = CosineAnnealingLR(opt, 5), torch.optim.lr_scheduler.CosineAnnealingLR(topt, 5)
-
-    @TinyJit
-    def step(xt):
-        opt.zero_grad()
-        loss = (w * xt).square().sum()
-        loss.backward()
-        opt.step()
-        s.step()
-        return loss
-
+    step = _jitted_step(opt, w, s)
     for i in range(7):
         loss = step(Tensor(x))
         topt.zero_grad()

@@ -485,11 +485,18 @@ def _structure_recursive(roots, through, special):
 
     def visit(node: Node) -> None:  # post-order: a node is numbered once its sources are
         buf = node.buffer
-        if buf is None or through:
+        walk = buf is None or through
+        if walk:
             srcs = node.srcs
             for s in srcs:
                 if s not in position:
                     visit(s)
+        if buf is not None:  # (its buffer numbered once its sources' are, as the iterative walk does)
+            number = buffers.get(id(buf))
+            if number is None:
+                number = buffers[id(buf)] = len(buffers)
+                holders.append(node)
+        if walk:
             # names, not Op and DType objects: a str caches its hash (Enums, dataclasses hash in Python)
             op, arg = node.op, node.arg
             if op is buffer_op:
@@ -499,18 +506,8 @@ def _structure_recursive(roots, through, special):
             elif special is not None and buf is None and op in asked:
                 arg = special(node, at)
             entry = (op._value_, arg, node.shape, node.dtype.name, node.device, tuple(map(getpos, srcs)))
-            if buf is not None:
-                number = buffers.get(id(buf))
-                if number is None:
-                    number = buffers[id(buf)] = len(buffers)
-                    holders.append(node)
-                entry += (number,)
-            entries.append(entry)
+            entries.append(entry if buf is None else entry + (number,))
         else:
-            number = buffers.get(id(buf))
-            if number is None:
-                number = buffers[id(buf)] = len(buffers)
-                holders.append(node)
             entries.append((LEAF, number, node.shape, node.dtype.name, node.device))
         position[node] = len(nodes)
         nodes.append(node)

@@ -43,10 +43,16 @@ class Stats:
     replays = 0  # backward() calls answered by a replay
 
 
+def _no_programs() -> bool:
+    """Whether eager work gets no program here: inside a TinyJit function (the outer capture takes it)
+    or under JIT=0."""
+    return driver.RECORDER is not None or not config.on("JIT")
+
+
 def lazy() -> bool:
     """Whether backward() leaves the gradients lazy here (inside a TinyJit function, JIT=0,
     TGRAD_BACKWARD_REPLAY=0) instead of computing them when it returns."""
-    return driver.RECORDER is not None or not config.on("JIT") or not config.on("TGRAD_BACKWARD_REPLAY")
+    return _no_programs() or not config.on("TGRAD_BACKWARD_REPLAY")
 
 
 def backward(loss: Tensor, gradient: Tensor | None) -> bool:
@@ -265,7 +271,7 @@ def update(opt, run: Callable[[object], None]) -> TinyJit | None:
     realizes the update. Its key is the optimizer's attributes (`_frozen`): a change to any of them (betas,
     eps, weight decay, the parameter lists) starts a new program. The gradients are its inputs (TinyJit's
     rules: the parameters and the optimizer's state are written in place)."""
-    if driver.RECORDER is not None or not config.on("JIT"):
+    if _no_programs():
         return None
     key = tuple((name, _frozen(v)) for name, v in vars(opt).items() if name not in ("_update", "_key"))
     if key != getattr(opt, "_key", None):

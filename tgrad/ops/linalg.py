@@ -144,7 +144,7 @@ class LinalgOps:
             raise ShapeError(
                 f"linear: input {self.shape} has {self.shape[-1]} features, weight {wshape} (out_features, "
                 f"in_features) takes {wshape[1]} (mat1 and mat2 shapes cannot be multiplied "
-                f"({rows}x{self.shape[-1]} and {wshape[1]}x{wshape[0]}))"
+                f"({_x((rows, self.shape[-1]))} and {_x(wshape[::-1])}))"
             )
         out = self.matmul(weight.T)
         return out + bias if bias is not None else out

@@ -5,6 +5,7 @@ default: DEVICE if set, else every device tgrad has). A device that cannot start
 reason, unless TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -27,7 +28,7 @@ try:
 except ImportError:
     pass
 
-from tgrad.device import DEVICES, VARIANT_OF
+from tgrad.device import DEVICES, VARIANT_OF, get_runtime
 from tgrad.errors import DeviceError
 from tgrad.runtime.cpu.compile import use_cpu_features
 
@@ -86,3 +87,21 @@ def lazy_backward(monkeypatch):
     """backward() leaves the gradients lazy (TGRAD_BACKWARD_REPLAY=0), for tests that read the gradient
     graph (its kernels, its schedule) instead of its values."""
     monkeypatch.setenv("TGRAD_BACKWARD_REPLAY", "0")
+
+
+@pytest.fixture
+def cpu_tuning():
+    """cpu_tuning(pair_min_result=1 << 16, ...): the CPU device's HostTuning (opt/host.py) with these
+    fields for one test (Runtime.set_props), and its properties (`native_pieces=...`) the same way; the
+    device's own properties come back after it."""
+    rt = get_runtime("CPU")
+    old = rt.props
+
+    def tune(native_pieces: bool | None = None, **fields) -> None:
+        props = dataclasses.replace(rt.props, host=dataclasses.replace(rt.props.host, **fields))
+        if native_pieces is not None:
+            props = dataclasses.replace(props, native_pieces=native_pieces)
+        rt.set_props(props)
+
+    yield tune
+    rt.set_props(old)

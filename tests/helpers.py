@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from tgrad import Device, Tensor, dtypes
+from tgrad.device import get_runtime
 from tgrad.errors import DTypeError
+from tgrad.opt.host import piece_pair, plan_for
+from tgrad.runtime.cpu import runtime as cpu_runtime
 
 TOL = {  # (atol, rtol) for forward values, per dtype
     dtypes.float32: (1e-5, 1e-4),
@@ -85,3 +88,20 @@ def float64_or_raises(fn, device: str | None = None):
     with pytest.raises(DTypeError, match="float64"):
         fn()
     return None
+
+
+def cpu_plan(kernel):
+    """The BLAS plan the CPU device runs a scheduled kernel with (its optimizer's choice: opt/host.py), or
+    None where it runs the generated loop."""
+    return plan_for(get_runtime("CPU").optimize(kernel))
+
+
+def cpu_render(kernel):
+    """The Program the CPU device renders a scheduled kernel as (with the opts its optimizer chooses)."""
+    return cpu_runtime._render(get_runtime("CPU").optimize(kernel))
+
+
+def cpu_pair(k1, k2, reads):
+    """The piece pair (opt.host.piece_pair) the CPU device runs two scheduled kernels as, or None."""
+    rt = get_runtime("CPU")
+    return piece_pair(rt.optimize(k1), k2, reads, rt.props)

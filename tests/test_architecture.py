@@ -142,3 +142,44 @@ def test_one_structure_key_and_one_replay_module():
         assert "structure(" in _modules()[m].read_text(), m
     conftest = (ROOT / "tests" / "conftest.py").read_text()
     assert "autouse=True" not in conftest and ".reset()" not in conftest
+
+
+# module-level numbers that are facts, not tuning: formats, ABIs and limits set by hardware or drivers
+FACTS = {
+    "INT32_MAX", "GRID_X_MAX", "GRID_YZ_MAX", "MESA_MAX_LOOP", "PAGE", "DIMS", "KERNEL_ARGS", "W_SIDE",
+    "WORDS", "RECORD_HEAD", "MAX_ARGS", "MAX_CHUNKS", "_LEGACY_MAGIC", "KERNEL_OPT",
+}
+# the issue's goal is at most 15 tuning constants outside opt/opts.py's DeviceProps and HostTuning
+MAX_TUNING_CONSTANTS = 27
+
+
+def _numeric(value: ast.expr) -> bool:
+    if isinstance(value, ast.Constant):
+        return isinstance(value.value, (int, float)) and not isinstance(value.value, bool)
+    if isinstance(value, ast.BinOp):
+        return _numeric(value.left) and _numeric(value.right)
+    return isinstance(value, ast.UnaryOp) and _numeric(value.operand)
+
+
+def tuning_constants() -> list[str]:
+    """Module-level names bound to a number in tgrad/ (thresholds, sizes, counts), facts excepted."""
+    found = []
+    for name, path in _modules().items():
+        for stmt in ast.parse(path.read_text()).body:
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
+            value = getattr(stmt, "value", None)
+            numeric = value is not None and _numeric(value)
+            if isinstance(target, ast.Name) and numeric and target.id not in FACTS:
+                found.append(f"{name}.{target.id}")
+    return found
+
+
+def test_the_cpu_thresholds_are_device_properties():
+    """The CPU's choices between implementations (BLAS or the generated loop, direct convolutions, piece
+    pairs, threads) read their sizes from the device's HostTuning (opt/opts.py), not from module constants
+    of blas.py, emit_numba*.py or the CPU runtime; tuning constants elsewhere only go down."""
+    found = tuning_constants()
+    choices = ("BLAS_M", "DIRECT_", "SCATTER_", "PAIR_", "CHUNK_", "PARALLEL_", "BATCHED_MAX", "SMALL_K")
+    cpu = [c for c in found if c.startswith("tgrad.blas.") or any(w in c for w in choices)]
+    assert not cpu, cpu
+    assert len(found) <= MAX_TUNING_CONSTANTS, (len(found), found)

@@ -1,19 +1,21 @@
 """Batches of small matmuls (attention's q @ k.T and p @ v) run on the CPU as one generated function
-(emit_numba.render_batched, chosen by blas.generated_batch) instead of one BLAS call per matmul. Values and
-gradients against PyTorch; which path a kernel takes is checked too, so a test cannot pass on BLAS alone."""
+(emit_numba.render_batched, chosen by opt/host.py: CONTRACT BATCHED) instead of one BLAS call per
+matmul. Values and gradients against PyTorch; which path a kernel takes is checked too, so a test cannot
+pass on BLAS alone."""
 
 import numpy as np
 import pytest
 import torch
 
-from tgrad import Tensor, emit_numba, fuse
+from tests.helpers import cpu_plan, cpu_render
+from tgrad import Tensor, fuse
 
 
 def _matmul_program(t: Tensor):
     kernels = [it.kernel for it in fuse.schedule([t.node])]
-    plans = [(k, emit_numba.blas_plan(k)) for k in kernels]
+    plans = [(k, cpu_plan(k)) for k in kernels]
     k, plan = next((k, p) for k, p in plans if p is not None)
-    return emit_numba.render(k), plan
+    return cpu_render(k), plan
 
 
 def _generated(t: Tensor) -> bool:
@@ -108,7 +110,7 @@ def test_gradients_of_causal_attention_match_torch():
 
 
 @pytest.mark.parametrize("shape_a,shape_b", [((4, 128, 128), (4, 128, 128)),  # each matmul too big
-                                             ((64, 16, 65), (64, 65, 16)),  # K above BATCHED_MAX_K
+                                             ((64, 16, 65), (64, 65, 16)),  # K above batched_max_k
                                              ((96, 128), (128, 64))])  # no batch
 def test_big_or_unbatched_matmuls_keep_blas(shape_a, shape_b):
     rng = np.random.default_rng(6)

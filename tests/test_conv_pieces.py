@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from tgrad import Tensor, blas, emit_numba, emit_numba_conv, fuse
+from tests.helpers import cpu_pair, cpu_plan
+from tgrad import Tensor, blas, fuse
+from tgrad.device import get_runtime
+from tgrad.opt import HostTuning, host
 from tgrad.runtime.cpu import blas as cpu_blas
 from tgrad.runtime.cpu import gemm as cpu_gemm
 
@@ -17,18 +20,19 @@ pytestmark = pytest.mark.usefixtures("lazy_backward")
 
 
 @pytest.fixture(autouse=True, params=["1", "0"], ids=["native", "numpy"])
-def native(request, monkeypatch):
+def native(request, monkeypatch, cpu_tuning):
     """Every test here runs both ways: pieces as cpu_gemm's compiled functions calling BLAS (where numpy's
     BLAS has the ILP64 gemm they call) and as numpy calls on Python threads."""
     monkeypatch.setenv("TGRAD_NATIVE_GEMM", request.param)
+    cpu_tuning(native_pieces=request.param == "1" and cpu_gemm.available())
     return request.param
 
 
 def _plans(nodes):
-    return [p for p in (emit_numba.blas_plan(it.kernel) for it in fuse.schedule(nodes)) if p is not None]
+    return [p for p in (cpu_plan(it.kernel) for it in fuse.schedule(nodes)) if p is not None]
 
 
-CASES = [  # (N, Cin, H, W), (Cout, k, k), stride, padding, dilation, groups: windows over blas.CHUNK_MIN
+CASES = [  # (N, Cin, H, W), (Cout, k, k), stride, padding, dilation, groups: windows to cut in pieces
     ((8, 16, 24, 24), (8, 5, 5), 1, 0, 1, 1),
     ((5, 32, 64, 61), (8, 3, 3), 2, 1, 1, 1),  # odd batch: pieces of one image
     ((4, 32, 40, 40), (12, 3, 3), 1, 2, 2, 1),
@@ -109,7 +113,7 @@ def test_float64_conv_in_pieces():
 
 
 def test_small_convs_keep_one_matmul():
-    """Below blas.CHUNK_MIN elements of windows nothing is cut (the windows are kept for the weight's
+    """Below opt.host.conv_pieces's size of windows nothing is cut (the windows are kept for the weight's
     gradient, as before)."""
     x = Tensor(np.ones((2, 4, 10, 10), np.float32), device="CPU")
     w = Tensor(np.ones((4, 4, 3, 3), np.float32), device="CPU", requires_grad=True)
@@ -119,8 +123,10 @@ def test_small_convs_keep_one_matmul():
     assert np.all(out.numpy() == 36.0) and np.all(w.grad.numpy() == 2 * 64)
 
 
-def test_chunk_choice():
-    """The piece axis is one every copied operand indexes, and a piece's copies fit blas.CHUNK_ELEMS."""
+def test_chunk_choice(cpu_tuning):
+    """The piece axis is one every copied operand indexes, and a piece's copies fit opt.host.chunk_elems
+    (without compiled pieces, which take one image a piece: the next test)."""
+    cpu_tuning(native_pieces=False)
     x = Tensor(np.zeros((128, 32, 24, 24), np.float32), device="CPU")
     w = Tensor(np.zeros((32, 32, 5, 5), np.float32), device="CPU", requires_grad=True)
     out = x.conv2d(w)
@@ -135,7 +141,8 @@ def test_chunk_choice():
     x1 = Tensor(np.zeros((128, 2, 28, 28), np.float32), device="CPU")
     out1 = x1.conv2d(Tensor(np.zeros((32, 2, 5, 5), np.float32), device="CPU"))
     per_image = 50 * 24 * 24
-    size = max(d for d in range(1, 129) if 128 % d == 0 and d * per_image <= blas.CHUNK_ELEMS)
+    elems = host.chunk_elems(get_runtime("CPU").props)
+    size = max(d for d in range(1, 129) if 128 % d == 0 and d * per_image <= elems)
     assert _plans([out1.node])[-1].chunk == blas.Chunk(0, size)
 
 
@@ -149,14 +156,14 @@ SHIFTED = [  # (N, Cin, H, W), (Cout, kh, kw), stride, padding, dilation, dtype:
 
 @pytest.mark.parametrize("case", SHIFTED, ids=[f"case{i}" for i in range(len(SHIFTED))])
 @pytest.mark.parametrize("threads", ["1", "3"])
-def test_shifted_pieces_match_torch(case, threads, native, monkeypatch):
+def test_shifted_pieces_match_torch(case, threads, native, monkeypatch, cpu_tuning):
     """A stride-1 (along H) conv whose pieces copy each image row once and shift it per kernel row (forward:
     products summed; weight gradient: one slice of the result per kernel row): values and gradients as
     PyTorch's, nan and inf included, on 1 and 3 threads; as cpu_gemm's compiled function calling BLAS
     (where numpy's BLAS has the ILP64 gemm it calls) and as numpy calls. (Forwards like these run as
     direct convolutions, tests/test_direct_conv.py; BLAS takes them here, as it takes those that path
     does not.)"""
-    monkeypatch.setattr(emit_numba_conv, "direct_conv", lambda kernel, plan: False)
+    cpu_tuning(direct_min_channels=1 << 30)  # no direct convolutions
     monkeypatch.setenv("TGRAD_THREADS", threads)
     ran = []
     real = cpu_gemm.shifted_spec
@@ -220,31 +227,31 @@ def test_openblas_thread_count_is_restored_after_pieces():
 
 
 def _pairs(nodes):
-    """(k1, k2) names of consecutive scheduled kernels that blas.piece_pair accepts."""
+    """(k1, k2) names of consecutive scheduled kernels that the CPU runs as a piece pair."""
     items = fuse.schedule(nodes)
     found = []
     for a, b in zip(items, items[1:]):
         reads = tuple(j for j, n in enumerate(b.inputs) if n is a.out)
-        if reads and blas.piece_pair(a.kernel, b.kernel, reads) is not None:
+        if reads and cpu_pair(a.kernel, b.kernel, reads) is not None:
             found.append((a.kernel.name, b.kernel.name))
     return found
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 @pytest.mark.parametrize("threads", ["1", "2"])
-def test_conv_input_gradient_as_a_piece_pair(case, threads, native, monkeypatch):
+def test_conv_input_gradient_as_a_piece_pair(case, threads, native, monkeypatch, cpu_tuning):
     """The col2im matmul and the sum that shifts its shares into place run image by image (a piece pair:
     the sum reads each image's shares while they are in cache); the input's gradient against PyTorch,
-    with the relu of the layer below fused into the sum. (Pairs start at blas.PAIR_MIN_RESULT elements of
+    with the relu of the layer below fused into the sum. (Pairs start at pair_min_result elements of
     window shares: lowered so that these small convs pair.) Natively: cpu_gemm's pair_pieces calls the
     sum's compiled function after each piece's gemm. (The direct input gradient that takes such pairs
     where it can is turned off here: tests/test_direct_conv.py tests it.)"""
     monkeypatch.setenv("TGRAD_THREADS", threads)
-    monkeypatch.setattr(emit_numba_conv, "direct_input_grad", lambda k1, k2, reads: None)
+    cpu_tuning(scatter_max_taps=0, pair_min_result=1 << 16)  # no direct input gradients
     ran = []
     real = cpu_gemm.pair_words
     monkeypatch.setattr(cpu_gemm, "pair_words", lambda *a: ran.append(real(*a)) or ran[-1])
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     shape, (cout, *ks), stride, padding, dilation, groups = case
     ks = tuple(ks[0]) if isinstance(ks[0], tuple) else tuple(ks)
     rng = np.random.default_rng(8)
@@ -266,10 +273,10 @@ def test_conv_input_gradient_as_a_piece_pair(case, threads, native, monkeypatch)
     assert bool(pairs_ran) == (groups == 1 and native == "1" and cpu_gemm.available()), ran
 
 
-def test_piece_pair_refuses_reads_of_other_images(monkeypatch):
+def test_piece_pair_refuses_reads_of_other_images(monkeypatch, cpu_tuning):
     """A kernel after a batched matmul that reads the next image's result, or picks images by number,
     is not run piece by piece (its piece would read rows not computed yet); values as numpy's."""
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     rng = np.random.default_rng(9)
     a = rng.standard_normal((16, 200, 64)).astype(np.float32)
     b = rng.standard_normal((64, 300)).astype(np.float32)
@@ -308,10 +315,10 @@ def test_index_range_under_a_mask():
     assert blas._index_range(odd, mask, (5, 10)) == (None, None)
 
 
-def test_piece_pair_checks_every_read_stays_in_its_image(monkeypatch):
+def test_piece_pair_checks_every_read_stays_in_its_image(monkeypatch, cpu_tuning):
     """The conv's pair, with the sum's reads of the shares moved by one element either way (so that an
     image's first or last read falls in the neighbouring image): refused."""
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     from tgrad.fuse import IDX_DT, Expr, iadd
 
     x = Tensor(np.ones((8, 16, 24, 24), np.float32), device="CPU", requires_grad=True)
@@ -319,7 +326,7 @@ def test_piece_pair_checks_every_read_stays_in_its_image(monkeypatch):
     items = fuse.schedule([x.grad.node])
     k1, k2, reads = next((a.kernel, b.kernel, r) for a, b in zip(items, items[1:])
                          for r in [tuple(j for j, n in enumerate(b.inputs) if n is a.out)]
-                         if r and blas.piece_pair(a.kernel, b.kernel, r) is not None)
+                         if r and cpu_pair(a.kernel, b.kernel, r) is not None)
 
     def moved(e, by, memo):
         if e not in memo:
@@ -335,7 +342,7 @@ def test_piece_pair_checks_every_read_stays_in_its_image(monkeypatch):
 
     for by in (1, -1):
         k2b = dataclasses.replace(k2, expr=moved(k2.expr, by, {}))
-        assert blas.piece_pair(k1, k2b, reads) is None, by
+        assert cpu_pair(k1, k2b, reads) is None, by
 
 
 def test_piece_pair_with_a_computed_operand_matches_torch():
@@ -354,8 +361,8 @@ def test_piece_pair_with_a_computed_operand_matches_torch():
     items = fuse.schedule([loss.node, tw1.grad.node])
     paired = [a.kernel for a, b in zip(items, items[1:])
               for r in [tuple(j for j, n in enumerate(b.inputs) if n is a.out)]
-              if r and blas.piece_pair(a.kernel, b.kernel, r) is not None]
-    assert len(paired) == 1 and emit_numba.blas_plan(paired[0]).prologues, [it.kernel.name for it in items]
+              if r and cpu_pair(a.kernel, b.kernel, r) is not None]
+    assert len(paired) == 1 and cpu_plan(paired[0]).prologues, [it.kernel.name for it in items]
     rw1 = torch.tensor(w1, requires_grad=True)
     conv = torch.nn.functional.conv2d
     ref = conv(conv(torch.tensor(x), rw1).relu(), torch.tensor(w2)).relu().sum()
@@ -364,18 +371,18 @@ def test_piece_pair_with_a_computed_operand_matches_torch():
     np.testing.assert_allclose(tw1.grad.numpy(), rw1.grad.numpy(), rtol=1e-4, atol=1e-2)
 
 
-def test_a_small_matmul_and_the_kernel_after_it_are_not_a_pair(monkeypatch):
+def test_a_small_matmul_and_the_kernel_after_it_are_not_a_pair(monkeypatch, cpu_tuning):
     """An MLP layer's matmul and a kernel after it that reads its rows (here flipped, so not an
-    epilogue) stay one BLAS call and one kernel: under blas.PAIR_MIN_RESULT elements a pair only costs
+    epilogue) stay one BLAS call and one kernel: under HostTuning.pair_min_result elements a pair only costs
     a thread hand-off. With the bound lowered they pair, with the same values."""
     rng = np.random.default_rng(12)
     a = rng.standard_normal((128, 784)).astype(np.float32)
     w = rng.standard_normal((784, 128)).astype(np.float32)
     want = a @ w
     want = want * 0.5 + want[:, ::-1]
-    for bound, paired, rows in ((blas.PAIR_MIN_RESULT, False, 128), (1 << 10, True, 96)):
+    for bound, paired, rows in ((HostTuning.pair_min_result, False, 128), (1 << 10, True, 96)):
         # (other shapes with the bound lowered: the runtime remembers each pair of kernels it looked at)
-        monkeypatch.setattr(blas, "PAIR_MIN_RESULT", bound)
+        cpu_tuning(pair_min_result=bound)
         h = Tensor(a[:rows], device="CPU") @ Tensor(w, device="CPU")
         z = h * 0.5 + h.flip(1)
         assert bool(_pairs([z.node])) == paired, [it.kernel.name for it in fuse.schedule([z.node])]
@@ -385,10 +392,10 @@ def test_a_small_matmul_and_the_kernel_after_it_are_not_a_pair(monkeypatch):
         np.testing.assert_allclose(h.numpy(), a[:rows] @ w, rtol=1e-4, atol=1e-3)
 
 
-def test_a_pair_writes_a_result_that_is_read_elsewhere(monkeypatch):
+def test_a_pair_writes_a_result_that_is_read_elsewhere(monkeypatch, cpu_tuning):
     """The first kernel's result of a pair is written whole when the caller reads it too, or a later
     kernel of the schedule does."""
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 10)
+    cpu_tuning(pair_min_result=1 << 10)
     rng = np.random.default_rng(13)
     a = rng.standard_normal((64, 300)).astype(np.float32)
     w = rng.standard_normal((300, 96)).astype(np.float32)
@@ -524,11 +531,11 @@ def _conv_relu_sin_reference(x, w, stride, padding):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_float64_and_float32_pieces_and_pairs_match_torch(dtype, native, monkeypatch):
+def test_float64_and_float32_pieces_and_pairs_match_torch(dtype, native, monkeypatch, cpu_tuning):
     """Pieces of rows and of K, and piece pairs (a batch of images per piece included), in float64 (the
     compiled pieces call dgemm) and float32, strided and padded, against a float64 numpy reference (whose
     strided-window reading is checked against PyTorch's float64 forward)."""
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 12)
+    cpu_tuning(pair_min_result=1 << 12)
     ran = []
     for name in ("pieces_spec", "pair_words"):
         real = getattr(cpu_gemm, name)
@@ -553,20 +560,21 @@ def test_float64_and_float32_pieces_and_pairs_match_torch(dtype, native, monkeyp
     assert bool([r for r in ran if r is not None]) == (native == "1" and cpu_gemm.available()), ran
 
 
-def test_single_pieces_cut_one_image_a_piece_where_each_has_the_work():
-    """blas.single_pieces (what the CPU runtime runs with its compiled pieces): pieces of one image, with
-    the shift a stride-1 conv then allows; a plan whose one-image pieces would be too small is kept."""
+def test_single_pieces_cut_one_image_a_piece_where_each_has_the_work(cpu_tuning):
+    """With compiled pieces (props.native_pieces) the optimizer cuts one image a piece, with the shift a
+    stride-1 conv then allows, where a one-image piece keeps one_index_min_work; a plan whose one-image
+    pieces would be too small keeps its pieces."""
     x = Tensor(np.zeros((128, 32, 10, 10), np.float32), device="CPU")
     w = Tensor(np.zeros((64, 32, 3, 3), np.float32), device="CPU")
-    out = x.conv2d(w)
-    item = fuse.schedule([out.node])[-1]
-    plan = emit_numba.blas_plan(item.kernel)
-    assert plan.chunk.size > 1 and plan.chunk.shift is None, plan.chunk  # several images a piece
-    one = blas.single_pieces(item.kernel, plan)
-    assert one.chunk.axis == plan.chunk.axis and one.chunk.size == 1 and one.chunk.shift is not None
-    assert (one.a, one.b, one.m, one.n) == (plan.a, plan.b, plan.m, plan.n)
+    kernel = fuse.schedule([x.conv2d(w).node])[-1].kernel
     small = Tensor(np.zeros((128, 4, 6, 6), np.float32), device="CPU").conv2d(
         Tensor(np.zeros((4, 4, 3, 3), np.float32), device="CPU"))
-    small_plan = emit_numba.blas_plan(fuse.schedule([small.node])[-1].kernel)
-    if small_plan is not None and small_plan.chunk is not None:
-        assert blas.single_pieces(fuse.schedule([small.node])[-1].kernel, small_plan) == small_plan
+    small_kernel = fuse.schedule([small.node])[-1].kernel
+    cpu_tuning(native_pieces=False)
+    plan, small_plan = cpu_plan(kernel), cpu_plan(small_kernel)
+    assert plan.chunk.size > 1 and plan.chunk.shift is None, plan.chunk  # several images a piece
+    cpu_tuning(native_pieces=True)
+    one = cpu_plan(kernel)
+    assert one.chunk.axis == plan.chunk.axis and one.chunk.size == 1 and one.chunk.shift is not None
+    assert (one.a, one.b, one.m, one.n) == (plan.a, plan.b, plan.m, plan.n)
+    assert cpu_plan(small_kernel) == small_plan

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import cpu_plan, cpu_render
 from tgrad import Tensor
 
 # (these tests read which kernels gradient graphs become: backward() leaves them lazy)
@@ -111,18 +112,17 @@ def test_masked_row_max_matches_torch(op):
 
 
 def _cpu_programs(fn):
-    from tgrad import emit_numba
     from tgrad.fuse import schedule
 
     out = fn()
-    return [emit_numba.render(item.kernel) for item in schedule([out.node]) if hasattr(item, "kernel")]
+    return [cpu_render(item.kernel) for item in schedule([out.node]) if hasattr(item, "kernel")]
 
 
 def test_column_sum_with_per_row_scalars_is_interchanged():
     """A LayerNorm weight's gradient: sum over rows of dy * (x - mean[row]) * rstd[row]. The per-row scalars
     have unit stride along the reduce axis but none along the kept one, so the reduce loops still go outside
     (a row of accumulators, unit-stride loads) instead of a stride-64 walk per output."""
-    from tgrad import emit_numba, fuse
+    from tgrad import fuse
 
     rng = np.random.default_rng(4)
     dy, x = (rng.standard_normal((1024, 64)).astype(F32) for _ in range(2))
@@ -130,7 +130,7 @@ def test_column_sum_with_per_row_scalars_is_interchanged():
     dy_t, x_t, mean_t, rstd_t = (Tensor(a, device="CPU") for a in (dy, x, mean, rstd))
     t = dy_t * ((x_t - mean_t) * rstd_t)
     (item,) = fuse.schedule([t.sum(0).node])
-    assert "accs[" in emit_numba.render(item.kernel).source
+    assert "accs[" in cpu_render(item.kernel).source
     ref = (dy.astype(np.float64) * (x - mean) * rstd).sum(0)
     np.testing.assert_allclose(t.sum(0).numpy(), ref, rtol=1e-4, atol=1e-4)
 
@@ -183,7 +183,7 @@ def test_inputs_a_kernel_does_not_read_are_left_out_of_its_source():
         in_dtypes=(dtypes.int32, dtypes.float64, *kernel.in_dtypes),
     )
     assert emit_numba.used_inputs(wider) == (2,)
-    assert emit_numba.render(wider).source == emit_numba.render(kernel).source
+    assert cpu_render(wider).source == cpu_render(kernel).source
     dev = get_runtime("CPU")
     out = dev.alloc(6, dtypes.float32)
     unused = [dev.alloc(1, dtypes.int32), dev.alloc(1, dtypes.float64)]
@@ -224,13 +224,13 @@ def test_threaded_reductions_over_each_axis(axis, threads, monkeypatch):
     """Reductions big enough for threads (each runs a range [lo, hi) of the outer loop; 3 threads split
     64 rows unevenly), including the interchanged ones whose row of accumulators is scratch memory: each
     thread needs rows of its own (a shared row raced), and full reductions (partials, then one combine)."""
-    from tgrad import emit_numba, fuse
+    from tgrad import fuse
 
     monkeypatch.setenv("TGRAD_THREADS", threads)
     x = np.random.default_rng(axis or 3).standard_normal((64, 128, 256)).astype(F32)
     t = Tensor(x, device="CPU")
     (item,) = fuse.schedule([t.sum(axis).node])
-    program = emit_numba.render(item.kernel)
+    program = cpu_render(item.kernel)
     assert "range(lo, hi)" in program.source and program.launch["split"] > 1, program.source
     if axis is not None and axis < 2:
         assert "accs[i0 * " in program.source, program.source  # interchanged, a row of accumulators each
@@ -245,14 +245,14 @@ def test_threaded_reductions_over_each_axis(axis, threads, monkeypatch):
 def test_convolutions_run_as_blas_matmuls(stride, padding, dilation, groups):
     """A conv's reduce over (channels, kh, kw) is one BLAS matmul: the input windows are copied out
     (im2col; padded ones through a generated prologue kernel). Forward and both gradients vs PyTorch."""
-    from tgrad import emit_numba, fuse
+    from tgrad import fuse
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal((8, 4, 20, 20)).astype(F32)
     w = (rng.standard_normal((16, 4 // groups, 3, 3)) * 0.3).astype(F32)
     tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
     out = tx.conv2d(tw, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    plans = [emit_numba.blas_plan(it.kernel) for it in fuse.schedule([out.node])]
+    plans = [cpu_plan(it.kernel) for it in fuse.schedule([out.node])]
     assert any(p is not None for p in plans), "the forward conv did not become a BLAS matmul"
     (out.relu() * out).sum().backward()
     rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
@@ -267,11 +267,11 @@ def test_convolutions_run_as_blas_matmuls(stride, padding, dilation, groups):
     (1, 32, 5, 1, 0, 1, 30, False), (3, 16, 3, 1, 1, 1, 30, False), (3, 32, 3, 2, 0, 1, 64, False),
     (4, 8, 3, 1, 2, 2, 30, False), (3, 128, 3, 1, 1, 1, 30, True), (2, 32, 5, 1, 0, 1, 30, True)])
 def test_convs_with_few_taps_read_the_input_in_place(cin, cout, k, stride, padding, dilation, size, blas):
-    """A conv forward whose windows would be copied (big: in pieces) with K = cin * k * k <=
-    blas.SMALL_K_MAX (a first layer over 1-4 channels) and at most SMALL_K_MAX_N output channels is the
-    generated loop over the input (no im2col copy, no BLAS); bigger ones keep BLAS. Values and gradients
-    as PyTorch's, nan and inf included."""
-    from tgrad import emit_numba, fuse
+    """A conv forward whose windows would be copied (big: in pieces) with K = cin * k * k at most
+    windows_max_k (HostTuning: a first layer over 1-4 channels) and at most windows_max_n output channels
+    is the generated loop over the input (no im2col copy, no BLAS); bigger ones keep BLAS. Values and
+    gradients as PyTorch's, nan and inf included."""
+    from tgrad import fuse
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal((64, cin, size, size)).astype(F32)
@@ -279,7 +279,7 @@ def test_convs_with_few_taps_read_the_input_in_place(cin, cout, k, stride, paddi
     w = (rng.standard_normal((cout, cin, k, k)) * 0.3).astype(F32)
     tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
     out = tx.conv2d(tw, stride=stride, padding=padding, dilation=dilation)
-    plan = emit_numba.blas_plan(fuse.schedule([out.node])[-1].kernel)
+    plan = cpu_plan(fuse.schedule([out.node])[-1].kernel)
     assert (plan is not None) == blas, plan
     g = rng.standard_normal(out.shape).astype(F32)
     (out * Tensor(g, device="CPU")).sum().backward()
@@ -296,8 +296,8 @@ def test_convs_with_few_taps_read_the_input_in_place(cin, cout, k, stride, paddi
 def test_conv_input_gradient_is_col2im_without_window_copies(stride, dilation, groups):
     """The input gradient of a conv is one matmul per image over the output channels, whose operands are
     read where they are stored (no prologue, no window copy) and whose result lands in its output's order
-    (`blas._lead_batch`), then a sum of shifted shares; values against PyTorch."""
-    from tgrad import emit_numba, fuse
+    (`blas.lead_axes`), then a sum of shifted shares; values against PyTorch."""
+    from tgrad import fuse
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal((4, 16, 24, 23)).astype(F32)
@@ -305,7 +305,7 @@ def test_conv_input_gradient_is_col2im_without_window_copies(stride, dilation, g
     tx = Tensor(x, device="CPU", requires_grad=True)
     out = tx.conv2d(Tensor(w, device="CPU"), stride=stride, dilation=dilation, groups=groups)
     (out * out).sum().backward()
-    plans = [emit_numba.blas_plan(it.kernel) for it in fuse.schedule([tx.grad.node])]
+    plans = [cpu_plan(it.kernel) for it in fuse.schedule([tx.grad.node])]
     plans = [p for p in plans if p is not None]  # the forward conv's and the gradient's
     col2im = [p for p in plans if p.batch == ((0, 1) if groups > 1 else (0,)) and p.epilogue is None]
     assert len(col2im) == 1 and not any(p.prologues for p in plans), plans
@@ -319,12 +319,12 @@ def test_conv_input_gradient_is_col2im_without_window_copies(stride, dilation, g
 def test_broadcast_matmul_runs_per_batch_in_the_output_order(a, b, batched):
     """A (M, K) @ B (N, K, P): the result's rows (m) come out between N and P, so BLAS runs once per n with A
     broadcast (when each matmul is big enough) instead of once with the result copied back transposed."""
-    from tgrad import emit_numba, fuse
+    from tgrad import fuse
 
     rng = np.random.default_rng(2)
     an, bn = rng.standard_normal(a).astype(F32), rng.standard_normal(b).astype(F32)
     out = Tensor(an, device="CPU") @ Tensor(bn, device="CPU")
-    plan = emit_numba.blas_plan(fuse.schedule([out.node])[-1].kernel)
+    plan = cpu_plan(fuse.schedule([out.node])[-1].kernel)
     assert plan is not None and (plan.batch == (0,)) == batched, plan
     np.testing.assert_allclose(out.numpy(), (torch.from_numpy(an) @ torch.from_numpy(bn)).numpy(), rtol=1e-4,
                                atol=1e-4)
@@ -358,14 +358,15 @@ def test_blas_with_an_operand_stored_column_by_column(shapes, monkeypatch):
 @pytest.mark.parametrize("a,b,blas", [((1024, 64), (64,), False), ((2, 512, 64), (64,), False),
                                       ((64,), (64, 1024), True), ((1024, 1024), (1024,), True)])
 def test_matrix_times_vector_below_a_million_is_the_generated_loop(a, b, blas):
-    """A matrix times a vector whose rows lie along memory is the generated reduce loop (no BLAS plan) below
-    BLAS_MIN_MATVEC_WORK; a vector times a matrix, and bigger ones, keep BLAS. Same values as PyTorch."""
-    from tgrad import emit_numba, fuse
+    """A matrix times a vector whose rows lie along memory is the generated reduce loop (no BLAS plan)
+    below HostTuning.blas_min_matvec_work; a vector times a matrix, and bigger ones, keep BLAS.
+    Same values as PyTorch."""
+    from tgrad import fuse
 
     rng = np.random.default_rng(4)
     an, bn = rng.standard_normal(a).astype(F32), rng.standard_normal(b).astype(F32)
     out = (Tensor(an, device="CPU") @ Tensor(bn, device="CPU")) * 2
-    plan = emit_numba.blas_plan(fuse.schedule([out.node])[-1].kernel)
+    plan = cpu_plan(fuse.schedule([out.node])[-1].kernel)
     assert (plan is not None) == blas, plan
     ref = (torch.from_numpy(an) @ torch.from_numpy(bn)) * 2
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
@@ -415,7 +416,6 @@ def test_sigmoid_family_takes_one_exp_forward_and_backward(fn):
     """sigmoid(x) is 1 / (1 + e) or e / (1 + e) with e = exp(-|x|): one exp per element in the forward
     kernel and one in the gradient's (the form with exp(x) and exp(-x) took two and a guarded division),
     with PyTorch's values and gradients over the whole range, inf and nan included."""
-    from tgrad import emit_numba
     from tgrad.fuse import schedule
 
     x = np.concatenate([np.linspace(-100, 100, 2001, dtype=F32), F32([-np.inf, np.inf, np.nan, -0.0, 1e-30])])
@@ -423,7 +423,7 @@ def test_sigmoid_family_takes_one_exp_forward_and_backward(fn):
     y = getattr(t, fn)()
     y.sum().backward()
     for node in (y.node, t.grad.node):
-        sources = [emit_numba.render(it.kernel).source for it in schedule([node])]
+        sources = [cpu_render(it.kernel).source for it in schedule([node])]
         assert sum(src.count("_exp2f(") for src in sources) == 1, sources
     tx = torch.tensor(x, requires_grad=True)
     ty = getattr(torch, fn) if fn != "silu" else torch.nn.functional.silu
@@ -433,15 +433,14 @@ def test_sigmoid_family_takes_one_exp_forward_and_backward(fn):
     np.testing.assert_allclose(t.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=2e-7)
 
 
-def test_attention_matmuls_read_heads_in_place(monkeypatch):
+def test_attention_matmuls_read_heads_in_place(monkeypatch, cpu_tuning):
     """q @ k.T and att @ v over heads split out of one qkv buffer: batch axes (batch, head) that do not
     merge are handed to numpy's matmul with their own strides, not copied out; values and gradients as
     PyTorch's. (Matmuls this small run as generated code, tests/test_batched_matmul.py; BLAS takes them
     here, as it takes bigger ones.)"""
-    from tgrad import emit_numba
     from tgrad.runtime.cpu import blas as cpu
 
-    monkeypatch.setattr(emit_numba, "generated_batch", lambda kernel, plan: False)
+    cpu_tuning(batched_max_work=0)  # no generated batches
     copies = []
     original = cpu._Side.buffer
 
@@ -507,12 +506,12 @@ def test_openblas_threads_sleep_soon_after_a_matmul(user):
 
 
 @pytest.mark.parametrize("case", ["merge_heads", "split_heads", "reduce", "threaded", "pool"])
-def test_axes_divided_by_a_constant_become_two_loops(case, monkeypatch):
+def test_axes_divided_by_a_constant_become_two_loops(case, monkeypatch, cpu_tuning):
     """An axis that indices divide by a constant (attention's heads merged into one axis of 64 as i // 16
     and i % 16) is two loops in the CPU source (no division per element), for elementwise kernels, reduce
     axes and a threaded outer axis; the values are numpy's. A small divisor splits an outer axis only
     (max_pool's gradient reads rows as i // 2; its innermost axis keeps its loop of 8+)."""
-    from tgrad import emit_numba, fuse
+    from tgrad import fuse
 
     rng = np.random.default_rng(5)
     if case == "pool":
@@ -525,7 +524,7 @@ def test_axes_divided_by_a_constant_become_two_loops(case, monkeypatch):
         return
     x = rng.standard_normal((8, 4, 32, 16)).astype(F32)  # (batch, heads, time, head size)
     if case == "threaded":
-        monkeypatch.setattr(emit_numba, "PARALLEL_MIN_WORK", 1024)
+        cpu_tuning(parallel_min_work=1024)
         x = rng.standard_normal((4, 64, 32, 16)).astype(F32)  # 64 heads: axis 0 is split (1024 = 64 x 16)
     t = Tensor(x, device="CPU")
     b, h, s, d = x.shape
@@ -539,7 +538,7 @@ def test_axes_divided_by_a_constant_become_two_loops(case, monkeypatch):
         out = t.permute(0, 2, 1, 3).reshape(b, s, h * d).sum(2)
         ref = x.transpose(0, 2, 1, 3).reshape(b, s, h * d).astype(np.float64).sum(2)
     (item,) = fuse.schedule([out.node])
-    program = emit_numba.render(item.kernel)
+    program = cpu_render(item.kernel)
     assert "_idiv(" not in program.source, program.source
     if case == "threaded":
         assert "range(lo, hi)" in program.source and program.launch["split"] == 64, program.source
@@ -552,7 +551,7 @@ def test_a_concatenation_along_a_split_axis_tests_the_outer_loop(pieces):
     k, v gradients into one operand): where a piece's bounds are multiples of the inner loop, its test is
     on the outer loop counter alone (`i2 < 2`, not `i2 * 16 + i3 < 32`); elsewhere the full index. Values
     are numpy's either way."""
-    from tgrad import emit_numba, fuse
+    from tgrad import fuse
 
     rng = np.random.default_rng(6)
     xs = [rng.standard_normal((4, 8, w // 8, 8)).astype(F32) for w in pieces]  # (b, t, heads, head size)
@@ -560,7 +559,7 @@ def test_a_concatenation_along_a_split_axis_tests_the_outer_loop(pieces):
     out = Tensor.cat(*[t.reshape(4, 8, -1) for t in ts], dim=-1) * 2
     ref = np.concatenate([x.reshape(4, 8, -1) for x in xs], -1) * 2
     items = fuse.schedule([out.node])
-    source = emit_numba.render(items[-1].kernel).source
+    source = cpu_render(items[-1].kernel).source
     bounds = np.cumsum(pieces)[:-1]
     if all(b % 8 == 0 for b in bounds) and "_idiv(" not in source:
         assert not any(f"< {b})" in source or f"({b - 1} <" in source for b in bounds), source

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.helpers import cpu_render
 from tgrad import Tensor
 from tgrad.runtime.cpu import threads as cpu_threads
 
@@ -166,13 +167,13 @@ def test_two_threads_loading_one_function_share_the_first_stored(monkeypatch):
     storing the second over it freed the first's code while the other thread ran it (a segfault)."""
     import gc
 
-    from tgrad import emit_numba, fuse
+    from tgrad import fuse
     from tgrad.device import get_runtime
 
     rt = get_runtime("CPU")
     x = Tensor(np.arange(12, dtype=np.float32), device="CPU").realize()
     kernel = fuse.schedule([(x * 3.0 + 0.8125).node])[-1].kernel  # (a constant no other test uses)
-    program = emit_numba.render(kernel)
+    program = cpu_render(kernel)
     load = rt._load
 
     def slow_load(nat, name):  # both threads miss the table before either stores

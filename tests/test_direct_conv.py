@@ -8,7 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tgrad import Tensor, blas, emit_numba_conv, fuse
+from tests.helpers import cpu_pair, cpu_render
+from tgrad import Tensor, emit_numba_conv, fuse
+from tgrad.device import get_runtime
+from tgrad.opt import host
 from tgrad.runtime.cpu import runtime as cpu
 
 
@@ -21,7 +24,7 @@ def _lazy_gradients(monkeypatch):
 
 def _paths(t: Tensor) -> list[bool]:
     """For each BLAS-planned kernel computing t: whether it runs as a direct convolution."""
-    programs = [cpu._render(it.kernel) for it in fuse.schedule([t.node])]
+    programs = [cpu_render(it.kernel) for it in fuse.schedule([t.node])]
     return ["direct" in p.launch for p in programs if "blas" in p.launch]
 
 
@@ -55,8 +58,8 @@ def test_forward_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation,
     x, wt, b = _conv_inputs(0, n, cin, cout, h, w, *k)
     out = Tensor(x).conv2d(Tensor(wt), Tensor(b), stride=stride, padding=padding, dilation=dilation).relu()
     assert _paths(out) == [True]
-    sources = [cpu._render(it.kernel).launch["direct"].source for it in fuse.schedule([out.node])
-               if "direct" in cpu._render(it.kernel).launch]
+    sources = [cpu_render(it.kernel).launch["direct"].source for it in fuse.schedule([out.node])
+               if "direct" in cpu_render(it.kernel).launch]
     assert ("conv_tile(" in sources[0]) == bool(tiles and cout % (tiles // 4) == 0)
     tx, tw, tb = map(torch.from_numpy, (x, wt, b))
     ref = F.conv2d(tx, tw, tb, stride, padding, dilation).relu()
@@ -106,7 +109,7 @@ def test_grouped_few_channels_or_big_kernels_keep_blas(groups, cout, k):
 def _weight_grad_paths(t: Tensor) -> list[str]:
     """For each BLAS-planned kernel computing t: 'wgrad' (a direct weight gradient), 'direct' (a direct
     forward convolution) or 'blas'."""
-    programs = [cpu._render(it.kernel) for it in fuse.schedule([t.node])]
+    programs = [cpu_render(it.kernel) for it in fuse.schedule([t.node])]
     return [p.launch["direct"].name.endswith("_wgrad") and "wgrad" or "direct" if "direct" in p.launch
             else "blas" for p in programs if "blas" in p.launch]
 
@@ -148,7 +151,7 @@ def test_weight_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, d
     assert "wgrad" in paths
     tw = Tensor(wt, requires_grad=True)
     (Tensor(x).conv2d(tw, stride=stride, padding=padding, dilation=dilation) * Tensor(g)).sum().backward()
-    programs = [cpu._render(it.kernel) for it in fuse.schedule([tw.grad.node])]
+    programs = [cpu_render(it.kernel) for it in fuse.schedule([tw.grad.node])]
     sources = [p.launch["direct"].source for p in programs
                if "direct" in p.launch and p.launch["direct"].name.endswith("_wgrad")]
     assert ("wgrad_tile(" in sources[0]) == bool(tiles and cout % (tiles // 4) == 0)
@@ -203,13 +206,15 @@ def test_small_weight_gradients_keep_blas():
 
 def _input_grad_pairs(t: Tensor) -> list[bool]:
     """For each piece pair (blas.piece_pair: a col2im matmul and its sum) computing t: whether it runs as
-    a direct input gradient (emit_numba_conv.direct_input_grad)."""
+    a direct input gradient (opt.host.scatter_input_grad)."""
     items = fuse.schedule([t.node])
     found = []
     for a, b in zip(items, items[1:]):
         reads = tuple(j for j, n in enumerate(b.inputs) if n is a.out)
-        if reads and blas.piece_pair(a.kernel, b.kernel, reads) is not None:
-            found.append(emit_numba_conv.direct_input_grad(a.kernel, b.kernel, reads) is not None)
+        if reads and cpu_pair(a.kernel, b.kernel, reads) is not None:
+            rt = get_runtime("CPU")
+            grad = host.scatter_input_grad(rt.optimize(a.kernel), b.kernel, reads, rt.props)
+            found.append(grad is not None)
     return found
 
 
@@ -236,9 +241,10 @@ def _input_grads(x, wt, relu_below=True, dtype=np.float32, **conv):
     (16, 32, 32, 14, 15, (1, 3), 1, 0, 1, True),  # 1x3 kernel (spots along a row only)
     (8, 32, 33, 12, 12, (3, 3), 1, 0, 1, True),  # an odd number of output channels (one a pass)
 ])
-def test_input_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation, relu, monkeypatch):
-    # (pairs start at blas.PAIR_MIN_RESULT elements of window shares: lowered so that these small convs pair)
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+def test_input_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, dilation, relu, monkeypatch,
+                                      cpu_tuning):
+    # (pairs start at pair_min_result elements of window shares: lowered so that these small convs pair)
+    cpu_tuning(pair_min_result=1 << 16)
     x, wt, _ = _conv_inputs(14, n, cin, cout, h, w, *k)
     got, want, paths = _input_grads(x, wt, relu, stride=stride, padding=padding, dilation=dilation)
     assert paths == [True]
@@ -246,8 +252,8 @@ def test_input_gradient_matches_torch(n, cin, cout, h, w, k, stride, padding, di
 
 
 @pytest.mark.parametrize("dtype,special,tol", [(np.float64, False, 1e-12), (np.float32, True, 1e-4)])
-def test_input_gradient_float64_and_nan_inf_match_torch(dtype, special, tol, monkeypatch):
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+def test_input_gradient_float64_and_nan_inf_match_torch(dtype, special, tol, monkeypatch, cpu_tuning):
+    cpu_tuning(pair_min_result=1 << 16)
     x, wt, _ = _conv_inputs(15, 16, 32, 32, 12, 12, 3, 3, dtype)
     if special:  # an inf and a nan in the input reach the output gradient (out * out) and spread back
         x[0, 0, 3, 3], x[1, 5, 6, 6], wt[2, 1, 1, 1] = np.inf, np.nan, 0.0
@@ -256,10 +262,10 @@ def test_input_gradient_float64_and_nan_inf_match_torch(dtype, special, tol, mon
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.nanmax(np.abs(want[np.isfinite(want)])))
 
 
-def test_padded_grouped_or_few_channel_input_gradients_keep_the_pair(monkeypatch):
+def test_padded_grouped_or_few_channel_input_gradients_keep_the_pair(monkeypatch, cpu_tuning):
     """A padded conv (its sum leaves out the padding: not every share lands), groups (no image axis), fewer
     than 16 input channels: the pair as before (or no pair), same values."""
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     for cin, conv in ((32, {"padding": 1}), (32, {"groups": 2}), (8, {})):
         x, wt, _ = _conv_inputs(16, 16, cin, 32, 14, 14, 3, 3)
         wt = wt[:, : cin // conv.get("groups", 1)].copy()
@@ -269,25 +275,25 @@ def test_padded_grouped_or_few_channel_input_gradients_keep_the_pair(monkeypatch
 
 
 @pytest.mark.parametrize("cin,cout,hw,k", [(16, 32, 40, 7), (32, 128, 18, 3), (32, 64, 18, 3)])
-def test_input_gradients_where_the_pair_is_faster_keep_it(cin, cout, hw, k, monkeypatch):
-    """Where BLAS's matmul and col2im beat the scatter (emit_numba_conv.SCATTER_*): 7x7 kernels (49 weight
+def test_input_gradients_where_the_pair_is_faster_keep_it(cin, cout, hw, k, monkeypatch, cpu_tuning):
+    """Where BLAS's matmul and col2im beat the scatter (HostTuning.scatter_*): 7x7 kernels (49 weight
     vectors spill: 97 ms against 21), more than 64 output channels, or 64 on images over 144 output
     pixels; same values."""
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     x, wt, _ = _conv_inputs(17, 8, cin, cout, hw, hw, k, k)
     got, want, paths = _input_grads(x, wt, True)
     assert paths == [False]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def test_input_gradient_whose_shares_are_written_keeps_the_pair(monkeypatch):
+def test_input_gradient_whose_shares_are_written_keeps_the_pair(monkeypatch, cpu_tuning):
     """The scatter runs where nothing but the pair's sum needs the window shares (the group keeps them,
     realize._private_of); where the shares get a buffer, the pair computes them and their sum as before.
     Counted by calls of the scatter's compiled function; the same values either way."""
     from tgrad import realize
     from tgrad.runtime.cpu import runtime as cpu_runtime
 
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     calls = []
     build = cpu_runtime.CPURuntime._build
 
@@ -365,7 +371,7 @@ class _FakePool:
         pass
 
 
-def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, monkeypatch):
+def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, monkeypatch, cpu_tuning):
     """With compile workers (cpu.TIERED), a direct convolution's function (here a weight gradient's and an
     input gradient's scatter) is compiled as an optional job while its BLAS path runs; once compiled, the
     next call (a TinyJit replay too) runs it. PyTorch's gradients at every call."""
@@ -379,7 +385,7 @@ def test_direct_gradients_run_blas_until_their_functions_are_compiled(tmp_path, 
     monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())  # (no runners of other tests)
     monkeypatch.setattr(cpu_runtime, "TIERED", True)
     monkeypatch.setattr(cpu_pool, "default_workers", lambda: 1)
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     rt = cpu_runtime.CPURuntime()
     pool = _FakePool()
     rt.pool = pool
@@ -422,6 +428,7 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
     """Where the pair's window shares get a buffer (the scatter then never runs), the scatter's function is
     not queued for the compile workers; where the pair keeps them, it is."""
     import collections
+    import dataclasses
 
     from tgrad import device as tdevice
     from tgrad import realize, schedule_cache
@@ -431,7 +438,6 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
     monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_runtime, "TIERED", True)
     monkeypatch.setattr(cpu_pool, "default_workers", lambda: 1)
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
     scatters = []
     real = emit_numba_conv.render_input_grad
     monkeypatch.setattr(emit_numba_conv, "render_input_grad",
@@ -442,6 +448,8 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
         keep = private if kept else lambda items, groups, requested: set()
         monkeypatch.setattr(realize, "_private_of", keep)
         rt = cpu_runtime.CPURuntime()
+        tuned = dataclasses.replace(rt.props.host, pair_min_result=1 << 16)
+        rt.set_props(dataclasses.replace(rt.props, host=tuned))
         rt.pool = pool = _FakePool()
         monkeypatch.setitem(tdevice._runtimes, "CPU", rt)
         x, wt, _ = _conv_inputs(20, 16, 32, 32, size, size, 3, 3)
@@ -451,7 +459,7 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
         assert (cpu_runtime._native(scatters[-1]).key in pool.optional) == kept, pool.optional
 
 
-def test_a_failing_scatter_names_both_kernels(monkeypatch):
+def test_a_failing_scatter_names_both_kernels(monkeypatch, cpu_tuning):
     """An error inside the input gradient's scatter is a KernelError naming the pair and showing the
     scatter's source, as the pair's own errors are."""
     import collections
@@ -460,7 +468,7 @@ def test_a_failing_scatter_names_both_kernels(monkeypatch):
     from tgrad.errors import KernelError
     from tgrad.runtime.cpu import runtime as cpu_runtime
 
-    monkeypatch.setattr(blas, "PAIR_MIN_RESULT", 1 << 16)
+    cpu_tuning(pair_min_result=1 << 16)
     monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())
     build = cpu_runtime.CPURuntime._build
 

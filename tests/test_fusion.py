@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import cpu_plan, cpu_render
 from tgrad import Tensor
 from tgrad.device import Stats
 from tgrad.fuse import schedule
@@ -94,11 +95,10 @@ def test_training_step_kernel_count(cpu, lazy_backward):
 
 
 def test_cpu_matmul_goes_to_blas_with_fused_epilogue(cpu):
-    from tgrad import emit_numba
 
     a, b = Tensor.rand(64, 48), Tensor.rand(48, 80)
     (item,) = kernels((a @ b).relu() * 2)
-    plan = emit_numba.blas_plan(item.kernel)
+    plan = cpu_plan(item.kernel)
     assert plan is not None and plan.epilogue is not None
     np.testing.assert_allclose(
         ((a @ b).relu() * 2).numpy(), np.maximum(a.numpy() @ b.numpy(), 0) * 2, rtol=1e-5
@@ -106,31 +106,29 @@ def test_cpu_matmul_goes_to_blas_with_fused_epilogue(cpu):
     # strided and flipped operands, batched
     x, y = Tensor.rand(3, 40, 64), Tensor.rand(64, 3, 50)
     out = x[:, ::-1] @ y.permute(1, 0, 2)
-    assert emit_numba.blas_plan(kernels(out)[0].kernel) is not None
+    assert cpu_plan(kernels(out)[0].kernel) is not None
     ref = x.numpy()[:, ::-1] @ y.numpy().transpose(1, 0, 2)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
 
 
 def test_large_full_reduction_is_split_across_threads(cpu):
-    from tgrad import emit_numba
 
     x = Tensor.rand(1 << 20)
     (item,) = kernels((x * 2).sum())
-    program = emit_numba.render(item.kernel)  # threads each reduce chunks [lo, hi); one call combines
+    program = cpu_render(item.kernel)  # threads each reduce chunks [lo, hi); one call combines
     assert "for p in range(lo, hi):" in program.source and program.launch["combine"]
     np.testing.assert_allclose((x * 2).sum().item(), (x.numpy().astype(np.float64) * 2).sum(), rtol=1e-4)
     np.testing.assert_allclose(x.max().item(), x.numpy().max())
 
 
 def test_expensive_work_is_not_recomputed_under_a_big_expand(cpu):
-    from tgrad import emit_numba
 
     q, k, v = Tensor.rand(64, 32), Tensor.rand(64, 32), Tensor.rand(64, 64)
     att = (q @ k.T).softmax(-1) @ v
     items = kernels(att)
     # q@k, max, sum(exp), softmax (realized once), then a plain matmul that BLAS can take
     assert len(items) == 5
-    assert emit_numba.blas_plan(items[-1].kernel) is not None
+    assert cpu_plan(items[-1].kernel) is not None
     s = q.numpy() @ k.numpy().T
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(att.numpy(), (e / e.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
@@ -174,25 +172,23 @@ def test_empty_tensors_lower_without_index_math(cpu):
 
 
 def test_cpu_matmul_with_computed_operand_uses_a_prologue_and_blas(cpu):
-    from tgrad import emit_numba
 
     x = Tensor.rand(64, 96) - 0.5
     w = Tensor.rand(96, 48)
     out = (x.relu() * 2) @ w.exp()  # both operands computed inside the reduce
     (item,) = kernels(out)
-    plan = emit_numba.blas_plan(item.kernel)
+    plan = cpu_plan(item.kernel)
     assert plan is not None and len(plan.prologues) == 2
     np.testing.assert_allclose(out.numpy(), (np.maximum(x.numpy(), 0) * 2) @ np.exp(w.numpy()), rtol=1e-4)
 
 
 def test_cpu_plain_matmul_writes_the_output_directly(cpu):
-    from tgrad import emit_numba
 
     rng = np.random.default_rng(3)
     A, B = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 48)).astype(np.float32)
     a, b = Tensor(A), Tensor(B)
     (item,) = kernels(a @ b)
-    plan = emit_numba.blas_plan(item.kernel)
+    plan = cpu_plan(item.kernel)
     assert plan is not None and plan.epilogue is None  # BLAS writes the output, no copy kernel
     np.testing.assert_allclose((a @ b).numpy(), A @ B, rtol=1e-5, atol=1e-5)
     w = Tensor(A.copy()).realize()

@@ -99,7 +99,7 @@ def test_free_blocks_are_kept_up_to_the_limit():
 
 def test_cpu_kernels_on_reused_blocks_match_numpy():
     # every kernel output, im2col copy and BLAS result of these convolutions comes from reused blocks
-    # (windows under blas.CHUNK_MIN elements: one im2col copy of 1.8 MB, not pieces of it)
+    # (windows under opt.host.conv_pieces's size: one im2col copy of 1.8 MB, not pieces of it)
     from tgrad import Tensor, dtypes
     from tgrad.device import get_runtime
 

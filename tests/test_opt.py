@@ -50,7 +50,8 @@ def test_triton_split_follows_the_compute_units():
 
     # 4 programs per unit wanted: split in 8 shares (at most: each keeps 4+ tiles), 4, or not at all
     assert (split(128), split(8), split(2)) == (8, 4, 0)
-    interpreted = DeviceProps("TRITON", kind="triton", compute_units=128, interpreted=True)
+    interpreted = DeviceProps("TRITON", kind="triton", compute_units=128, interpreted=True,
+                              tile_elements=1 << 16)
     assert find(triton_opts(channel_sums, interpreted, False), OptOps.SPLIT) == 0
 
 
@@ -68,7 +69,7 @@ ODD = {
     "CL": dict(preferred_local=8, max_local=32, group_size=32, group_min_reduce=64, register_tiles=2),
     "WEBGPU": dict(preferred_local=16, max_local=32, group_size=32, group_min_reduce=64),
     # a GPU's block sizes run in the interpreter, and split reduces (the interpreter itself never splits)
-    "TRITON": dict(interpreted=False, compute_units=4096),
+    "TRITON": dict(interpreted=False, compute_units=4096, tile_elements=4096),
 }
 EXPECTED = {"CL": Opt(OptOps.GROUP, 32), "WEBGPU": Opt(OptOps.GROUP, 32), "TRITON": Opt(OptOps.SPLIT, 4)}
 

@@ -30,7 +30,7 @@ def kernels(t: Tensor) -> list[Kernel]:
 
 
 GPU = DeviceProps("CUDA", kind="triton", compute_units=128)  # a data-centre GPU's multiprocessors
-INTERPRETER = DeviceProps("TRITON", kind="triton", interpreted=True)
+INTERPRETER = DeviceProps("TRITON", kind="triton", interpreted=True, tile_elements=1 << 16)
 
 
 def choose_blocks(k: Kernel, interpret: bool | None = None, noopt: bool = False) -> et.Blocks:

@@ -1,8 +1,10 @@
-"""Matmul-shaped kernels as BLAS calls (the CPU device): `blas_plan` recognises a kernel whose reduce is
-sum_r A[g, r] * B[g, r] over strided (or computed) operands and says how to run it as a batched matmul
-(numpy.matmul on strided views, tgrad/runtime/cpu/blas.py `BlasCall`), with generated functions around it:
-prologues that compute computed operands, an epilogue that computes the stored value from the result.
-Pure planning over the Kernel IR, like the emitters: no runtime, no device package."""
+"""Matmul-shaped kernels as BLAS calls (the CPU device): `analyse` finds how a kernel whose reduce is
+sum_r A[g, r] * B[g, r] over strided (or computed) operands runs as a batched matmul (numpy.matmul on
+strided views, tgrad/runtime/cpu/blas.py `BlasCall`), with generated functions around it: prologues that
+compute computed operands, an epilogue that computes the stored value from the result. The functions
+here measure a plan (its copies, windows, pieces); which plan runs is the optimizer's choice
+(opt/host.py), with the sizes it passes in. Pure analysis over the Kernel IR, like the emitters: no
+runtime, no device package."""
 
 from __future__ import annotations
 
@@ -13,31 +15,6 @@ import numpy as np
 
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_const, is_true, linear_terms
-
-BLAS_MIN_WORK = 1 << 16  # multiply-adds below which the generated loop beats a BLAS call
-# a matrix times a vector whose rows are read along memory runs as the generated reduce loop below this
-# (as fast or faster; it also takes the epilogue); a vector times a matrix (columns read across rows)
-# goes to BLAS from BLAS_MIN_WORK, faster there (measured: bench/HISTORY.md)
-BLAS_MIN_MATVEC_WORK = 1 << 20
-# a conv's overlapping windows copied (im2col) for a K of at most this many (channels x kernel taps),
-# multiplied by at most SMALL_K_MAX_N columns (output channels), run as the generated loop, which reads
-# the input in place, faster than the copy and BLAS (MNIST conv1, RGB 3x3 convs); with a larger K or 128
-# output channels BLAS was faster (measured: bench/HISTORY.md)
-SMALL_K_MAX = 36
-SMALL_K_MAX_N = 64
-BLAS_MIN_BATCH_WORK = 1 << 14  # multiply-adds per matmul below which batch axes are not made (_lead_batch)
-# a batch of matmuls of at most this many multiply-adds each, K at most BATCHED_MAX_K, runs as generated code
-# (`generated_batch`, emit_numba.render_batched) instead of one BLAS call per matmul: OpenBLAS's cost per
-# call is most of its time at these sizes (attention's batched matmuls; measured: bench/HISTORY.md)
-BATCHED_MAX_WORK = 1 << 17
-BATCHED_MAX_K = 64
-# elements of an operand laid out as a matrix (a conv's windows are copied out, im2col) above which the
-# generated loop runs instead: 256 MiB of float32
-BLAS_MAX_OPERAND = 1 << 26
-# elements of an operand's im2col copy from which the matmul runs in chunks (`Chunk`), and the elements
-# a chunk's copy aims at: it stays in a core's L2 (2 MiB here) while BLAS reads it
-CHUNK_MIN = 1 << 19
-CHUNK_ELEMS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -114,13 +91,22 @@ def _row_major(shape: tuple[int, ...], axes: int) -> Expr:
     return index
 
 
-def blas_plan(kernel: Kernel) -> BlasPlan | None:
+def contraction(kernel: Kernel) -> bool:
+    """Whether the kernel's reduce is a float32 or float64 sum of products (what `analyse` may plan)."""
     k = kernel
-    if k.reduce_op != "SUM" or k.reduce_expr.op != "MUL":
+    return k.reduce_op == "SUM" and k.reduce_expr.op == "MUL" and k.reduce_expr.dtype in (dtypes.float32,
+                                                                                          dtypes.float64)
+
+
+def analyse(kernel: Kernel) -> BlasPlan | None:
+    """The kernel's reduce sum_r A[g, r] * B[g, r] as a matmul: its operands (strided loads, or computed
+    ones a prologue writes), the global axes split into batch, M (A only) and N (B only), the epilogue; or
+    None where it is not one. Structure only: which of these run as BLAS, in which pieces, is the
+    optimizer's choice (opt/host.py), applied by `plan_for`."""
+    k = kernel
+    if not contraction(k):
         return None
     dtype = k.reduce_expr.dtype
-    if dtype not in (dtypes.float32, dtypes.float64) or math.prod(k.shape) < BLAS_MIN_WORK:
-        return None
     naxes = len(k.shape)
     prologues: list[Kernel] = []
 
@@ -179,12 +165,6 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
         return None
     if not m and n:  # keep A the operand with the M axes
         a, b, m, n = b, a, n, m
-    if not n and a.strides[-1] == 1 and math.prod(k.shape) < BLAS_MIN_MATVEC_WORK:
-        return None  # a matrix times a vector, rows read along memory
-    batch, m, n = _lead_batch(k, batch, m, n)
-    rows = max(math.prod(k.shape[x] for x in (*batch, *side)) for side in (m, n))
-    if rows * math.prod(k.reduce_shape) > BLAS_MAX_OPERAND:
-        return None
     epilogue = None
     row_major = _row_major(k.shape, k.n_global)
     if not (k.expr.op == "ACC" and same_index(k.out_index, row_major)):
@@ -200,29 +180,52 @@ def blas_plan(kernel: Kernel) -> BlasPlan | None:
             out_dtype=k.out_dtype,
             in_dtypes=(*k.in_dtypes, dtype),
         )
-    r = list(range(ng, naxes))
-    copied = _copied(a, b, m, n, r, k.shape)
-    if sum(copied) == 1 and math.prod(k.reduce_shape) <= SMALL_K_MAX and not batch:
-        win, rows, cols = (a, m, r) if copied[0] else (b, r, n)
-        columns = math.prod(k.shape[x] for x in (n if copied[0] else m))
-        if columns <= SMALL_K_MAX_N and _overlaps(win, [*rows, *cols], k.shape):
-            return None
-    chunk = _chunk(k, a, b, batch, m, n, copied)
-    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues), chunk)
+    return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues))
 
 
-def generated_batch(k: Kernel, plan: BlasPlan) -> bool:
-    """Whether a plan's matmuls are run by a generated function (emit_numba.render_batched) instead of
-    BLAS: a batch of at least two small matmuls (BATCHED_MAX_WORK, BATCHED_MAX_K) over one M, one N and
-    one K axis, with operands read in place and the result stored as it comes (no prologue, epilogue or
-    chunk)."""
+def matvec(kernel: Kernel, plan: BlasPlan) -> bool:
+    """Whether the plan is a matrix times a vector whose rows are read along memory."""
+    return not plan.n and plan.a.strides[-1] == 1
+
+
+def operand_elements(kernel: Kernel, plan: BlasPlan) -> int:
+    """Elements of the larger operand as a matrix (batch x rows x K)."""
+    rows = max(math.prod(kernel.shape[x] for x in (*plan.batch, *side)) for side in (plan.m, plan.n))
+    return rows * math.prod(kernel.reduce_shape)
+
+
+def copied(kernel: Kernel, plan: BlasPlan) -> list[bool]:
+    """Whether A and B must each be copied to be a matrix (im2col), see `_copied`."""
+    r = list(range(kernel.n_global, len(kernel.shape)))
+    return _copied(plan.a, plan.b, plan.m, plan.n, r, kernel.shape)
+
+
+def windows(kernel: Kernel, plan: BlasPlan) -> tuple[int, int] | None:
+    """(K, the other side's columns) of a plan that copies one operand whose matrix reads its memory more
+    than once (a conv's overlapping windows) and has no batch axes; else None."""
+    k, (a, b, m, n) = kernel, (plan.a, plan.b, plan.m, plan.n)
+    copy = copied(k, plan)
+    if sum(copy) != 1 or plan.batch:
+        return None
+    r = list(range(k.n_global, len(k.shape)))
+    win, rows, cols = (a, m, r) if copy[0] else (b, r, n)
+    if not _overlaps(win, [*rows, *cols], k.shape):
+        return None
+    return math.prod(k.reduce_shape), math.prod(k.shape[x] for x in (n if copy[0] else m))
+
+
+def small_batch(k: Kernel, plan: BlasPlan) -> tuple[int, int] | None:
+    """(multiply-adds per matmul, K) of a plan that is a batch of at least two matmuls over one M, one N and
+    one K axis, operands read in place and the result stored as it comes (no prologue, epilogue or chunk),
+    which emit_numba.render_batched can run; else None."""
     if not plan.batch or plan.prologues or plan.epilogue is not None or plan.chunk is not None:
-        return False
+        return None
     if len(plan.m) != 1 or len(plan.n) != 1 or len(k.reduce_shape) != 1:
-        return False
+        return None
+    if math.prod(k.shape[b] for b in plan.batch) < 2:
+        return None
     kk = k.reduce_shape[0]
-    work = k.shape[plan.m[0]] * k.shape[plan.n[0]] * kk
-    return kk <= BATCHED_MAX_K and work <= BATCHED_MAX_WORK and math.prod(k.shape[b] for b in plan.batch) >= 2
+    return k.shape[plan.m[0]] * k.shape[plan.n[0]] * kk, kk
 
 
 def _overlaps(op: Operand, axes, shape) -> bool:
@@ -245,31 +248,35 @@ def _merges(op: Operand, axes, shape) -> bool:
     return all(op.strides[x] == op.strides[y] * shape[y] for x, y in zip(axes, axes[1:]))
 
 
-def _chunk(k: Kernel, a: Operand, b: Operand, batch, m, n, copied: list[bool]) -> Chunk | None:
-    """How to cut a matmul whose operands are copied (im2col) into pieces (`Chunk`), or None: no big
-    copy, or no axis that every copied operand indexes. Global axis 0 (pieces of the result's rows) where
-    its pieces fit CHUNK_ELEMS, else whichever of it and the first reduce axis has the smaller pieces (a
-    grouped conv's weight gradient has the groups first, the images in K; 5 images of 286K window
-    elements each are cut along the channels instead). `copied`: which of A and B (`_copied`)."""
+def chunk_for(kernel: Kernel, plan: BlasPlan, least: int, elems: int) -> Chunk | None:
+    """How to cut a matmul whose operands are copied (im2col) into pieces (`Chunk`, without its shift), or
+    None: copies of fewer than `least` elements, or no axis that every copied operand indexes. Global axis
+    0 (pieces of the result's rows) where its pieces fit `elems`, else whichever of it and the first
+    reduce axis has the smaller pieces (a grouped conv's weight gradient has the groups first, the images
+    in K; 5 images of 286K window elements each are cut along the channels instead)."""
+    k, (a, b, m, n, batch) = kernel, (plan.a, plan.b, plan.m, plan.n, plan.batch)
     r = list(range(k.n_global, len(k.shape)))
     copies = [(math.prod(k.shape[x] for x in (*batch, *rows, *cols)), op)
-              for copy, (op, rows, cols) in zip(copied, ((a, m, r), (b, r, n))) if copy]
-    elems = sum(e for e, _ in copies)
-    if elems < CHUNK_MIN:
+              for copy, (op, rows, cols) in zip(copied(k, plan), ((a, m, r), (b, r, n))) if copy]
+    total = sum(e for e, _ in copies)
+    if total < least:
         return None
     best = None  # (elements a piece copies, Chunk): the smaller pieces win, global axis 0 on a tie
     for axis in (0, k.n_global):
         length = k.shape[axis] if axis < len(k.shape) else 0
         if length > 1 and all(op.strides[axis] for _, op in copies):
-            per = elems // length  # the copies' elements per index of the axis
-            size = _piece_size(length, per)
-            if best is None or size * per < best[0] and best[0] > CHUNK_ELEMS:
+            per = total // length  # the copies' elements per index of the axis
+            size = piece_size(length, per, elems)
+            if best is None or size * per < best[0] and best[0] > elems:
                 best = (size * per, Chunk(axis, size))
-    if best is None:
-        return None
-    chunk = best[1]
-    shift = None if batch else _shift_pair(k, a, b, m, n, chunk)
-    return Chunk(chunk.axis, chunk.size, shift) if shift else chunk
+    return None if best is None else best[1]
+
+
+def with_chunk(kernel: Kernel, plan: BlasPlan, axis: int, size: int) -> BlasPlan:
+    """The plan run in pieces of `size` indices of `axis`, with the shift that allows (`_shift_pair`)."""
+    chunk = Chunk(axis, size)
+    shift = None if plan.batch else _shift_pair(kernel, plan.a, plan.b, plan.m, plan.n, chunk)
+    return replace(plan, chunk=Chunk(axis, size, shift) if shift else chunk)
 
 
 def _shift_pair(k: Kernel, a: Operand, b: Operand, m, n, chunk: Chunk) -> tuple[int, int] | None:
@@ -308,48 +315,36 @@ def _shift_pair(k: Kernel, a: Operand, b: Operand, m, n, chunk: Chunk) -> tuple[
     return None
 
 
-ONE_INDEX_MIN_WORK = 1 << 18  # multiply-adds of a one-index piece below which single_pieces keeps the plan
+def piece_size(length: int, per: int, elems: int) -> int:
+    """The most indices of an axis of `length` per piece (a divisor) whose `per` elements each fit `elems`,
+    at least 1."""
+    return max([d for d in range(1, length) if length % d == 0 and d * per <= elems] or [1])
 
 
-def single_pieces(k: Kernel, plan: BlasPlan) -> BlasPlan:
-    """`plan` with pieces of one index of its chunk axis (one image), and the shift that allows
-    (`_shift_pair`), where a piece still has ONE_INDEX_MIN_WORK multiply-adds: what the CPU's compiled
-    pieces (runtime/cpu/gemm.py) run fastest. A piece costs them a call, not the Python the numpy path
-    pays per piece, so smaller copies, which stay in cache, win (one image's output gradient is a matrix
-    as it is, four images' a copy; MNIST CNN convs measured: bench/HISTORY.md)."""
-    ch = plan.chunk
-    if ch is None or ch.size == 1:
-        return plan
-    if math.prod(k.shape) // k.shape[ch.axis] < ONE_INDEX_MIN_WORK:
-        return plan
-    one = Chunk(ch.axis, 1)
-    shift = None if plan.batch else _shift_pair(k, plan.a, plan.b, plan.m, plan.n, one)
-    return replace(plan, chunk=Chunk(ch.axis, 1, shift) if shift else one)
-
-
-def _piece_size(length: int, per: int) -> int:
-    """The most indices of an axis of `length` per piece (a divisor) whose `per` elements each fit
-    CHUNK_ELEMS, at least 1."""
-    return max([d for d in range(1, length) if length % d == 0 and d * per <= CHUNK_ELEMS] or [1])
-
-
-def _lead_batch(k: Kernel, batch: list[int], m: list[int], n: list[int]):
+def lead_axes(k: Kernel, plan: BlasPlan, least: int) -> int:
     """A result whose rows would come out in another order than the output's (it would be copied there,
     transposed) loops over its leading axes as batch axes instead, where that puts it in order and each
-    matmul stays big: numpy's matmul broadcasts the operand those axes do not index. A conv's col2im matmul
-    cols[n, c, k, p] = sum_o w[o, c, k] * g[n, o, p] runs per image (M = c*k, N = p) and writes its
-    output where it belongs (164 MB not copied for the MNIST CNN's conv2): the many smaller matmuls ran
-    faster than one with the copy (measured: bench/HISTORY.md)."""
-    ng = k.n_global
+    matmul keeps `least` multiply-adds: numpy's matmul broadcasts the operand those axes do not index. A
+    conv's col2im matmul cols[n, c, k, p] = sum_o w[o, c, k] * g[n, o, p] runs per image (M = c*k,
+    N = p) and writes its output where it belongs (164 MB not copied for the MNIST CNN's conv2): the many
+    smaller matmuls ran faster than one with the copy (measured: bench/HISTORY.md). The number of leading
+    axes, or 0."""
+    ng, (batch, m, n) = k.n_global, (plan.batch, plan.m, plan.n)
     if [*batch, *m, *n] == list(range(ng)):
-        return batch, m, n
+        return 0
     for lead in range(len(batch) + 1, ng):
         rest_m, rest_n = [x for x in m if x >= lead], [x for x in n if x >= lead]
         in_order = [*range(lead), *rest_m, *rest_n] == list(range(ng))
         work = math.prod(k.shape[x] for x in (*rest_m, *rest_n)) * math.prod(k.reduce_shape)
-        if set(batch) <= set(range(lead)) and rest_m and rest_n and in_order and work >= BLAS_MIN_BATCH_WORK:
-            return list(range(lead)), rest_m, rest_n
-    return batch, m, n
+        if set(batch) <= set(range(lead)) and rest_m and rest_n and in_order and work >= least:
+            return lead
+    return 0
+
+
+def with_lead(plan: BlasPlan, lead: int) -> BlasPlan:
+    """The plan with its leading `lead` global axes as batch axes (`lead_axes`)."""
+    return replace(plan, batch=tuple(range(lead)), m=tuple(x for x in plan.m if x >= lead),
+                   n=tuple(x for x in plan.n if x >= lead))
 
 
 def _ops(e: Expr, seen: set | None = None) -> set[str]:
@@ -414,27 +409,23 @@ class PiecePair:
     out_shift: int
 
 
-PAIR_MAX_POINTS = 1 << 22  # points of one image of k2 up to which its reads are checked (piece_pair)
-# elements of k1's result from which a pair pays (the CNN's conv3 and conv4 col2im, 2.4M and 2.6M, ran
-# faster as pairs; measured: bench/HISTORY.md); below, it stays in the caches between the two kernels
-# (and a matmul cut in two for threads is slower than one: an MLP's x @ w then a kernel after it)
-PAIR_MIN_RESULT = 1 << 21
-
-
-def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> PiecePair | None:
-    """k1 (a BLAS kernel) then k2 (elementwise, reading k1's result as its inputs `reads`) as a PiecePair,
-    or None. Only where it gives the same values: k1's plan writes its result row-major with no copies
-    and no epilogue (computed operands are made whole first); k2's axis 0 (images, the length of k1's)
-    appears in its indices only as a term n * shift of a load or store index, one shift per input; and
-    k2 reads k1's result only within the image it computes (checked at every point of one image, masks
-    applied: `_index_range`)."""
-    plan = blas_plan(k1)
+def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan | None, least: int, most: int,
+               elems: int) -> PiecePair | None:
+    """k1 (a BLAS kernel, `plan` its plan) then k2 (elementwise, reading k1's result as its inputs `reads`)
+    as a PiecePair in pieces of `elems` result elements, or None. Only where k1's result has `least`
+    elements (below, it stays in the caches between the two kernels, and a matmul cut in two for threads
+    is slower than one) and one image of k2 at most `most` points (its reads are checked at each), and
+    where it gives the same values: k1's plan writes its result row-major with no copies and no epilogue
+    (computed operands are made whole first); k2's axis 0 (images, the length of k1's) appears in its
+    indices only as a term n * shift of a load or store index, one shift per input; and k2 reads k1's
+    result only within the image it computes (checked at every point of one image, masks applied:
+    `_index_range`)."""
     if plan is None or plan.epilogue is not None or plan.chunk is not None:
         return None
     if k2.reduce_expr is not None or not k2.shape or k2.shape[0] != k1.shape[0] or k2.shape[0] < 2:
         return None
-    if k1.n_global < 1 or math.prod(k2.shape[1:]) > PAIR_MAX_POINTS or k2.out_dtype == dtypes.float16 or \
-            dtypes.float16 in k2.in_dtypes or math.prod(k1.global_shape) < PAIR_MIN_RESULT:
+    if k1.n_global < 1 or math.prod(k2.shape[1:]) > most or k2.out_dtype == dtypes.float16 or \
+            dtypes.float16 in k2.in_dtypes or math.prod(k1.global_shape) < least:
         return None
     shifts: dict[int, int] = {}
     loads: list[Expr] = []
@@ -464,7 +455,7 @@ def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> PiecePair | No
             lo, hi = _index_range(e.srcs[0], e.srcs[1], k2.shape)
             if lo is None or lo < 0 or hi >= per_image:
                 return None
-    size = _piece_size(k1.shape[0], per_image)
+    size = piece_size(k1.shape[0], per_image, elems)
     moves = tuple(shifts.get(j, 0) for j in range(len(k2.in_dtypes)))
     return PiecePair(Chunk(0, size), _resize_axis0(k2, size), moves, out_shift)
 
@@ -494,12 +485,13 @@ class Col2Im:
     epilogue: Kernel | None
 
 
-def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan) -> Col2Im | None:
+def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan, most: int) -> Col2Im | None:
     """The Col2Im a piece pair (k1, k2) computes, or None: k2's value is a sum of loads of k1's result
     (input `reads`) and nothing else, both results row-major, and the loads of one image, evaluated at
     every point with their masks, read every element of k1's result once, at the spot a convolution's
     geometry (some kernel width, output width, strides and dilations) puts it, the same for every
-    channel. Checked at every point, so a k2 that is anything else is not taken for one. `plan`: k1's."""
+    channel. Checked at every point, so a k2 that is anything else is not taken for one. `plan`: k1's;
+    `most`: the points of one image of either kernel up to which it checks."""
     if plan.epilogue is not None or plan.batch != (0,):
         return None
     if k1.n_global != 4 or len(k1.reduce_shape) != 1 or len(reads) != 1 or k2.reduce_expr is not None:
@@ -527,7 +519,7 @@ def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan) -> Co
         else:
             loads.append(e)
     per1, per2 = chans * taps * pixels, chans * ih * iw
-    if max(per1, per2) > PAIR_MAX_POINTS:
+    if max(per1, per2) > most:
         return None
     g1 = np.indices((1, chans, taps, pixels), dtype=np.int64).reshape(4, -1)
     g2 = np.indices((1, chans, ih, iw), dtype=np.int64).reshape(4, -1)
@@ -674,3 +666,54 @@ def _index_range(index: Expr, mask: Expr, shape: tuple[int, ...]) -> tuple[int |
         return 0, 0
     picked = values[valid]
     return int(picked.min()), int(picked.max())
+
+
+# ---------------------------------------------------------------------------------------------------
+# convolutions a direct loop nest computes (emit_numba_conv renders them; opt/host.py decides when)
+
+
+def float_dtype(k: Kernel, plan: BlasPlan, *operands) -> DType | None:
+    """The kernel's sum dtype where it is float32 or float64 and every operand (a kernel input, or after
+    them a prologue's result) has it too; else None."""
+    dt = k.reduce_expr.dtype
+    dtypes_of = (*k.in_dtypes, *(p.out_dtype for p in plan.prologues))
+    ok = dt in (dtypes.float32, dtypes.float64) and all(dtypes_of[op.input] == dt for op in operands)
+    return dt if ok else None
+
+
+def conv_forward(kernel: Kernel, plan: BlasPlan) -> bool:
+    """Whether a plan is a 2-d convolution's forward product that emit_numba_conv.render_direct renders:
+    global axes (n, o, y, x), reduce axes (c, kh, kw), the windows (A) read in place from one input and
+    the weight (B) from another, one float dtype, no groups (no batch axes)."""
+    k = kernel
+    if plan.prologues or plan.batch or plan.m != (0, 2, 3) or plan.n != (1,) or k.n_global != 4:
+        return False
+    if len(k.reduce_shape) != 3 or plan.a.input == plan.b.input:
+        return False
+    return float_dtype(k, plan, plan.a, plan.b) is not None
+
+
+def conv_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
+    """Whether a plan is a 2-d convolution's weight gradient that emit_numba_conv.render_weight_grad
+    renders: global axes (o, c, kh, kw), reduce axes (n, y, x), the output gradient (A) read by o and the
+    reduce axes, the input's windows (B) by the rest, both in place, one float dtype."""
+    k = kernel
+    if plan.batch or plan.m != (0,) or plan.n != (1, 2, 3) or k.n_global != 4:
+        return False
+    if len(k.reduce_shape) != 3 or plan.a.input == plan.b.input:
+        return False
+    return float_dtype(k, plan, plan.a, plan.b) is not None
+
+
+def conv_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan,
+                    most: int) -> Col2Im | None:
+    """The Col2Im of a piece pair (k1, k2) that emit_numba_conv.render_input_grad renders as one function
+    (a convolution's input gradient: `col2im`, `most` as there), or None; one float dtype throughout."""
+    if k1.n_global != 4:
+        return None
+    g = col2im(k1, k2, reads, plan, most)
+    if g is None:
+        return None
+    summed = k2.out_dtype if g.epilogue is None else g.epilogue.in_dtypes[-1]
+    dt = float_dtype(k1, plan, g.weight, g.grad)
+    return g if dt is not None and k1.out_dtype == summed == dt else None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgrad import config
+from tgrad import config, schedule_cache
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError, OutOfMemoryError, byte_size
 from tgrad.opt import DeviceProps, optimize
@@ -152,6 +152,7 @@ class Runtime:
 
     def __init__(self):
         self.runners: dict = {}  # Kernel -> Runner
+        self.optimized: dict = {}  # Kernel -> the Kernel with this device's opts
         # what the optimizer knows of this device (a subclass sets its limits and tuning defaults)
         self.props = DeviceProps(self.name, kind="host")
 
@@ -191,10 +192,26 @@ class Runtime:
         """The kernel compiled for this device (rendered and compiled once per kernel)."""
         hit = self.runners.get(kernel)
         if hit is None:
-            optimized = optimize(kernel, self.props)
+            optimized = self.optimize(kernel)
             hit = self.runners[kernel] = self.compile(self.render(optimized), optimized)
             if optimized.opts:
                 hit.opts = optimized.opts
+        return hit
+
+    def set_props(self, props: DeviceProps) -> None:
+        """Give the optimizer other properties for this device (e.g. HostTuning values to try): kernels
+        compiled from now on use them (what was chosen with the old ones is forgotten; a TinyJit's capture
+        keeps its kernels)."""
+        self.props = props
+        self.optimized.clear()
+        self.runners.clear()
+        schedule_cache.clear()
+
+    def optimize(self, kernel):
+        """The kernel with the opts the optimizer chooses for this device (opt/), chosen once per kernel."""
+        hit = self.optimized.get(kernel)
+        if hit is None:
+            hit = self.optimized[kernel] = optimize(kernel, self.props)
         return hit
 
     def batch(self, launches: list[tuple], varying: set[int]) -> Callable[[dict], None] | None:

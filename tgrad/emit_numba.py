@@ -22,7 +22,7 @@ import math
 import re
 from pathlib import Path
 
-from tgrad.blas import BlasPlan, Operand, _affine, blas_plan, generated_batch  # noqa: F401 (re-exported)
+from tgrad.blas import BlasPlan, Operand, _affine  # noqa: F401 (re-exported)
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import (
     Expr,
@@ -35,14 +35,12 @@ from tgrad.fuse import (
 )
 from tgrad.graph import strides_for
 from tgrad.loop_axes import flatten, merge_axes, nodes, split_axes
+from tgrad.opt.host import plan_for, sub_threads, threads
+from tgrad.opt.opts import Contract, HostTuning, OptOps, find
 from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
 BLOCK_SUM = 4096  # elements of each block a chunk of a full float sum adds on its own (then adds the blocks)
-# iterations (global x reduce) below which threads cost more than they save: GELU-sized kernels whose
-# operands come from the shared cache already run at one core's bandwidth on one thread (the GPT step ran
-# faster with 2**18, the MLP and CNN steps the same; measured: bench/HISTORY.md)
-PARALLEL_MIN_WORK = 1 << 18
 
 # the helpers kernels call live in tgrad/runtime/cpu/numba_rt.py; a digest of that file is part of every
 # kernel's source, so kernels cached on disk are rebuilt when the helpers change (the file is read, not
@@ -360,19 +358,23 @@ def _loads(e: Expr, seen: set | None = None) -> list[Expr]:
 
 
 def render(kernel: Kernel) -> Program:
-    """The kernel as a CPU Program. A matmul-shaped kernel (see `blas_plan`) becomes a BLAS call: its
-    launch facts hold the plan (`blas`) and the generated functions around it (`prologues` computing
-    computed operands, `epilogue` the stored value from the matmul result, or None when BLAS writes the
-    output itself). Any other kernel is one generated function (`render_loops`)."""
-    plan = blas_plan(kernel)
-    if plan is None:
+    """The kernel as a CPU Program, as its opts say (opt/host.py). A contraction (CONTRACT BLAS, DIRECT,
+    WGRAD) becomes a BLAS call: its launch facts hold the plan (`blas`, opt.host.plan_for) and the
+    generated functions around it (`prologues` computing computed operands, `epilogue` the stored value
+    from the matmul result, or None when BLAS writes the output itself); the runtime adds a direct
+    convolution's function. CONTRACT BATCHED is one generated function over a batch of small matmuls
+    (`render_batched`); any other kernel one generated function (`render_loops`)."""
+    impl = find(kernel.opts, OptOps.CONTRACT)
+    if not impl:
         return render_loops(kernel)
-    if generated_batch(kernel, plan):
+    plan = plan_for(kernel)
+    if impl == Contract.BATCHED:
         return render_batched(kernel, plan)
-    prologues = tuple(render_loops(p) for p in plan.prologues)
-    epilogue = None if plan.epilogue is None else render_loops(plan.epilogue)
+    n = len(plan.prologues)
+    prologues = tuple(render_loops(p, sub_threads(kernel, j)) for j, p in enumerate(plan.prologues))
+    epilogue = None if plan.epilogue is None else render_loops(plan.epilogue, sub_threads(kernel, n))
     what = "the reduce is a BLAS matmul" if epilogue is not None else "a BLAS matmul"
-    source = f"# {kernel.name}: {what} (see emit_numba.blas_plan)\n" + (epilogue.source if epilogue else "")
+    source = f"# {kernel.name}: {what} (see opt/host.py)\n" + (epilogue.source if epilogue else "")
     launch = {"blas": plan, "prologues": prologues, "epilogue": epilogue}
     return Program(kernel.name, source, launch=launch)
 
@@ -381,14 +383,14 @@ BATCHED_ROWS = 2  # rows of C a generated batched matmul computes at once (rende
 
 
 def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
-    """A batch of small matmuls (blas.generated_batch: attention's) as one function, the matmuls split over
-    threads. Each matmul copies its B to `pack` row by row where B's rows are not contiguous, then computes
-    BATCHED_ROWS rows of C at a time: for each column j an accumulator per row, the K products added one
-    statement each (K is a constant, so the loop over j is the innermost loop: LLVM vectorizes it, each
-    accumulator a vector of columns, B's row a vector load, A's element broadcast), each product added with
-    one rounding (`_fma`), as BLAS does. At attention's sizes that runs faster than a BLAS call per matmul,
-    whose fixed cost is most of its time (measured: bench/HISTORY.md); BATCHED_ROWS 1 or 4 were slower
-    (4 no longer vectorizes for K = 64)."""
+    """A batch of small matmuls (CONTRACT BATCHED, opt/host.py: attention's) as one function, the matmuls
+    split over threads. Each matmul copies its B to `pack` row by row where B's rows are not contiguous,
+    then computes BATCHED_ROWS rows of C at a time: for each column j an accumulator per row, the K
+    products added one statement each (K is a constant, so the loop over j is the innermost loop: LLVM
+    vectorizes it, each accumulator a vector of columns, B's row a vector load, A's element broadcast),
+    each product added with one rounding (`_fma`), as BLAS does. At attention's sizes that runs faster
+    than a BLAS call per matmul, whose fixed cost is most of its time (measured: bench/HISTORY.md);
+    BATCHED_ROWS 1 or 4 were slower (4 no longer vectorizes for K = 64)."""
     k = kernel
     reads = tuple(sorted({plan.a.input, plan.b.input}))
     name = {i: f"in{j}" for j, i in enumerate(reads)}
@@ -440,7 +442,7 @@ def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
     source = "\n".join(["@kernel()", f"def {k.name}({args}):", *("    " + line for line in body)])
     temps = ((count * depth * cols, storage_dtype(dt)),) if pack else ()
     ins = tuple(storage_dtype(k.in_dtypes[i]) for i in reads)
-    parallel = count * rows_m * cols * depth >= PARALLEL_MIN_WORK
+    parallel = find(kernel.opts, OptOps.THREADS) > 0
     launch = {"storage": (storage_dtype(k.out_dtype), *ins, *(t for _, t in temps)),
               "split": count if parallel else 0, "combine": False}
     return Program(k.name, HEADER + "\n\n" + source + "\n", reads=reads, scratch=temps,
@@ -500,10 +502,8 @@ def compact(kernel: Kernel, used: tuple[int, ...] | None = None) -> Kernel:
 
 
 def want_parallel(kernel: Kernel) -> bool:
-    """Threads for kernels of at least PARALLEL_MIN_WORK iterations whose outer axis can be split."""
-    if not kernel.shape or kernel.shape[0] < 2:
-        return False
-    return math.prod(kernel.shape) >= PARALLEL_MIN_WORK
+    """Whether the kernel's opts put its outer loop on threads (THREADS, opt/host.py)."""
+    return any(o.op is OptOps.THREADS and o.axis is None for o in kernel.opts)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -522,7 +522,8 @@ def _row_local(index: Expr, row: int) -> bool:
 Member = tuple[Kernel, tuple[int, ...], int | None]  # a kernel of a row group (see render_rows)
 
 
-def render_rows(members: list[Member], sizes: dict[int, int], aliases: dict | None = None) -> Program | None:
+def render_rows(members: list[Member], sizes: dict[int, int], aliases: dict | None = None,
+                tuning: HostTuning = HostTuning()) -> Program | None:
     """Kernels run one after another (a softmax's max, its sum of exponentials, its normalisation) as one
     function whose loop over rows runs each kernel's work for that row in turn, so a row read three times
     is read from the cache, not from memory; where the last kernel recomputes the values an earlier one
@@ -533,7 +534,8 @@ def render_rows(members: list[Member], sizes: dict[int, int], aliases: dict | No
     another's output outside the row being computed (or is a BLAS call, an interchanged reduce...): the
     kernels then run one by one. aliases: group input -> the group input (-1: `out`) that is the same
     buffer (an assign's target and its new value), read through that one name so that LLVM sees one
-    pointer and vectorizes (two names for one buffer fail its overlap checks)."""
+    pointer and vectorizes (two names for one buffer fail its overlap checks). tuning: the device's (the
+    loop over rows runs on threads as opt.host.threads says)."""
     ks, rows, dtype_at = [], None, {}
     for kernel, inputs, out_at in members:
         k = _row_kernel(kernel)
@@ -581,23 +583,23 @@ def render_rows(members: list[Member], sizes: dict[int, int], aliases: dict | No
     name = "rows_" + "_".join("E_n" if flat else m.name for m, _, _ in members)
     source = "\n".join(["@kernel()", f"def {name}({args}):", *pre, "    for i0 in range(lo, hi):", *bodies])
     storage = tuple(storage_dtype(d) for d in (members[-1][0].out_dtype, *(dtype_at[i] for i in range(n_in))))
-    threaded = rows > 1 and sum(math.prod(k.shape) for k in ks) >= PARALLEL_MIN_WORK  # else lo, hi = 0, rows
+    threaded = threads(sum(math.prod(k.shape) for k in ks), rows, tuning)  # else lo, hi = 0, rows
     launch = {"storage": storage, "split": rows if threaded else 0, "combine": False}
     return Program(name, HEADER + "\n\n" + source + "\n", reads=tuple(range(n_in)),
                    args=() if threaded else (0, rows), launch=launch)
 
 
 def row_count(kernel: Kernel) -> int | None:
-    """The rows of a kernel that could be in a row group (its outer loop with merge_axes(rows=True); a 1-D
-    elementwise kernel has one element per row), else None: a BLAS call, a full or interchanged reduce,
-    float16 (widened by the runtime)."""
-    k = _row_kernel(kernel)
+    """The rows of a kernel (optimized: opt/host.py) that could be in a row group (its outer loop with
+    merge_axes(rows=True); a 1-D elementwise kernel has one element per row), else None: a contraction
+    (any CONTRACT opt but LOOP), a full or interchanged reduce, float16 (widened by the runtime)."""
+    k = None if find(kernel.opts, OptOps.CONTRACT) else _row_kernel(kernel)
     return None if k is None else k.shape[0]
 
 
 def _row_kernel(kernel: Kernel) -> Kernel | None:
     """The kernel as a row group renders it (axes merged, rows first), or None where it cannot be in one."""
-    if dtypes.float16 in (kernel.out_dtype, *kernel.in_dtypes) or blas_plan(kernel):
+    if dtypes.float16 in (kernel.out_dtype, *kernel.in_dtypes):
         return None
     k = merge_axes(kernel, rows=True)
     if k.n_global == 0 or (k.reduce_expr is not None and want_interchange(k)):

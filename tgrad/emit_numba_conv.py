@@ -2,15 +2,15 @@
 over copied windows (tgrad/blas.py, runtime/cpu/blas.py): the forward (`render_direct`), the weight
 gradient (`render_weight_grad`) and the input gradient as one scatter (`render_input_grad`).
 
-Each renders a kernel that `blas.blas_plan` already recognises (a matmul over (c, kh, kw) of windows read
-in place from the input; for the input gradient, the col2im piece pair that blas.col2im proves) as a
-function over a range of images, which the runtime's threads split. The rule: the loop over the output
-channels is innermost, so that LLVM vectorizes it (each accumulator a vector of output channels) with the
-kernel taps as constants in its body; where the output channels fill whole vectors, numba_rt's register
-tile intrinsics keep the sums in registers over the whole reduction instead (`_render_tiles`,
-`_weight_grad_tiles`), since LLVM keeps a vectorized loop's accumulators in registers only within one
-pass of it. The direct functions are used only on the shapes where they beat the BLAS path (the DIRECT_*
-and SCATTER_* thresholds below, which were measured).
+Each renders a kernel that the optimizer made DIRECT or WGRAD (opt/host.py: a matmul over (c, kh, kw) of
+windows read in place from the input; for the input gradient, the col2im piece pair that blas.col2im
+proves) as a function over a range of images, which the runtime's threads split. The rule: the loop over
+the output channels is innermost, so that LLVM vectorizes it (each accumulator a vector of output
+channels) with the kernel taps as constants in its body; where the output channels fill whole vectors,
+numba_rt's register tile intrinsics keep the sums in registers over the whole reduction instead
+(`_render_tiles`, `_weight_grad_tiles`), since LLVM keeps a vectorized loop's accumulators in registers
+only within one pass of it. The optimizer chooses them only on the shapes where they beat the BLAS path
+(HostTuning's direct_* and scatter_* sizes, which were measured).
 
 These functions are slow to compile (and every generated value has a name of its own: Numba's SSA pass is
 quadratic in the assignments of one name): the CPU runtime compiles them as optional jobs of its compile
@@ -21,48 +21,34 @@ CPU"; what each choice measured: bench/HISTORY.md, "Figures that were in source 
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
-from tgrad.blas import BlasPlan, Col2Im, blas_plan, col2im
-from tgrad.dtype import DType, dtypes
+from tgrad import emit_numba
+from tgrad.blas import BlasPlan, Col2Im
+from tgrad.dtype import dtypes
 from tgrad.emit_numba import HEADER, render_const, storage_dtype
 from tgrad.fuse import Kernel
+from tgrad.opt.opts import Contract, OptOps, find
 from tgrad.program import Program
 
-DIRECT_MAX_TAPS = 49  # kernel taps (kh * kw) up to which the taps are written out (a 7x7 kernel)
-# output channels from which the loop over them pays (a vector of 16 floats: with fewer, the vector is
-# mostly empty and BLAS wins), and multiply-adds per output value (c * kh * kw) from which it does (below,
-# BLAS's call costs less than the loads of the direct loop); measured: see bench/HISTORY.md, "Figures that
-# were in source comments"
-DIRECT_MIN_CHANNELS = 16
-DIRECT_MIN_DEPTH = 256
-DIRECT_MIN_WORK = 1 << 20  # multiply-adds below which the BLAS path's overheads are no matter
 
-
-def _float_dtype(k: Kernel, plan: BlasPlan, *operands) -> DType | None:
-    """The kernel's sum dtype where it is float32 or float64 and every operand (a kernel input, or after
-    them a prologue's result) has it too; else None."""
-    dt = k.reduce_expr.dtype
-    dtypes_of = (*k.in_dtypes, *(p.out_dtype for p in plan.prologues))
-    ok = dt in (dtypes.float32, dtypes.float64) and all(dtypes_of[op.input] == dt for op in operands)
-    return dt if ok else None
-
-
-def direct_conv(kernel: Kernel, plan: BlasPlan) -> bool:
-    """Whether a BLAS-planned kernel is a 2-d convolution's forward product that `render_direct` renders:
-    global axes (n, o, y, x), reduce axes (c, kh, kw), the windows (A) read in place from one input and
-    the weight (B) from another, one float dtype, no groups (no batch axes)."""
-    k = kernel
-    if plan.prologues or plan.batch or plan.m != (0, 2, 3) or plan.n != (1,) or k.n_global != 4:
-        return False
-    if len(k.reduce_shape) != 3 or plan.a.input == plan.b.input:
-        return False
-    if _float_dtype(k, plan, plan.a, plan.b) is None:
-        return False
-    _, channels, _, _ = k.global_shape
-    cin, kh, kw = k.reduce_shape
-    big = math.prod(k.shape) >= DIRECT_MIN_WORK and cin * kh * kw >= DIRECT_MIN_DEPTH
-    return kh * kw <= DIRECT_MAX_TAPS and channels >= DIRECT_MIN_CHANNELS and big
+def render(kernel: Kernel, vector_bytes: int, parts: int) -> Program:
+    """emit_numba's Program for the (optimized) kernel; a convolution's forward product or weight gradient
+    that the optimizer made DIRECT or WGRAD also gets its direct convolution (for `vector_bytes` wide
+    registers; the weight gradient's partial sums in `parts`, one per thread), which runs instead of BLAS
+    (launch fact `direct`)."""
+    program = emit_numba.render(kernel)
+    impl, plan = find(kernel.opts, OptOps.CONTRACT), program.launch.get("blas")
+    if impl == Contract.DIRECT:
+        direct = render_direct(kernel, plan, vector_bytes)
+    elif impl == Contract.WGRAD:
+        direct = render_weight_grad(kernel, plan, parts, vector_bytes=vector_bytes)
+    else:
+        return program
+    epilogue = program.launch["epilogue"]
+    source = f"# {kernel.name}: a direct convolution (see emit_numba_conv), then its epilogue if any\n"
+    source += direct.source + ("" if epilogue is None else "\n" + epilogue.source)
+    return dataclasses.replace(program, source=source, launch={**program.launch, "direct": direct})
 
 
 # the kernel axes (c, kh, kw, o) in the order the runtime packs the weight for `render_direct`'s function
@@ -207,22 +193,6 @@ def _per_image(name: str, args: str, body: list[str], images: int, chans: int, p
                    launch={"storage": (st, st, st, st), "split": images, "combine": False, "pack": pack})
 
 
-def direct_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
-    """Whether a BLAS-planned kernel is a 2-d convolution's weight gradient that `render_weight_grad`
-    renders: global axes (o, c, kh, kw), reduce axes (n, y, x), the output gradient (A) read by o and the
-    reduce axes, the input's windows (B) by the rest, both in place, one float dtype."""
-    k = kernel
-    if plan.batch or plan.m != (0,) or plan.n != (1, 2, 3) or k.n_global != 4:
-        return False
-    if len(k.reduce_shape) != 3 or plan.a.input == plan.b.input:
-        return False
-    if _float_dtype(k, plan, plan.a, plan.b) is None:
-        return False
-    chans, cin, kh, kw = k.global_shape
-    big = math.prod(k.shape) >= DIRECT_MIN_WORK and cin * kh * kw >= DIRECT_MIN_DEPTH
-    return kh * kw <= DIRECT_MAX_TAPS and chans >= DIRECT_MIN_CHANNELS and big
-
-
 def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: int | None = None,
                        tile_cols: int | None = None, vector_bytes: int = 64) -> Program:
     """The weight gradient's function: (out, output gradient, input, partial sums, scratch, lo, hi) over
@@ -328,36 +298,6 @@ def _weight_grad_tiles(plan: BlasPlan, k: Kernel, lanes: int, registers: int) ->
                     f"{t0}, {n}, {blocks}, {f64}, {lanes})\n")
         lines.append(f"    _wt{j}(part, pc + {t0 * chans} + ob, dyt, db + ob, inp, bc)")
     return prelude, lines
-
-
-# where the scatter beats the pair (its BLAS matmul of K = output channels, then col2im), measured alone on
-# MNIST's shapes and larger ones: at most 25 taps (a 7x7 kernel's 49 weight vectors spill out of the
-# registers), at most 32 output channels, or 64 on small images (on bigger ones the pair's GEMM wins);
-# the measurements: bench/HISTORY.md, "Figures that were in source comments"
-SCATTER_MAX_TAPS = 25
-SCATTER_MAX_K = 32
-SCATTER_SMALL_IMAGE = 144  # output pixels up to which 64 output channels still scatter
-
-
-def direct_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...]) -> Col2Im | None:
-    """The geometry of a piece pair that `render_input_grad` renders as one function (blas.col2im: a
-    convolution's input gradient), or None: one float dtype, at least 16 input channels (the vectorized
-    loop), 2**20 multiply-adds, and a shape where the scatter is faster (SCATTER_*)."""
-    plan = blas_plan(k1)
-    if plan is None or k1.n_global != 4:
-        return None
-    _, chans, taps, pixels = k1.global_shape
-    if chans < DIRECT_MIN_CHANNELS or taps > SCATTER_MAX_TAPS or math.prod(k1.shape) < DIRECT_MIN_WORK:
-        return None
-    cout = k1.reduce_shape[0]
-    if cout > 2 * SCATTER_MAX_K or (cout > SCATTER_MAX_K and pixels > SCATTER_SMALL_IMAGE):
-        return None
-    g = col2im(k1, k2, reads, plan)
-    if g is None:
-        return None
-    summed = k2.out_dtype if g.epilogue is None else g.epilogue.in_dtypes[-1]
-    dt = _float_dtype(k1, plan, g.weight, g.grad)
-    return g if dt is not None and k1.out_dtype == summed == dt else None
 
 
 def render_input_grad(k1: Kernel, g: Col2Im, tile: int | None = None, rows: int | None = None) -> Program:

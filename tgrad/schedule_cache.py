@@ -33,6 +33,12 @@ class Cached(list):
     memo: dict
 
 
+def clear() -> None:
+    """Forget every schedule (their memos hold what a device's row_count and pairs said: after its
+    properties change, Runtime.set_props)."""
+    _cache.clear()
+
+
 def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
     """fuse.schedule(outputs), from the cache when a graph of the same structure was scheduled before."""
     key, nodes, index, _ = structure(outputs)

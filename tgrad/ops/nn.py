@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tgrad import autodiff, blas
+from tgrad import autodiff
 from tgrad import graph as g
+from tgrad.device import get_runtime
 from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, ShapeError, user_stacklevel
 from tgrad.graph import Node, Op
@@ -24,6 +25,7 @@ from tgrad.ops.helpers import (
     _tuple,
     conv_padding,
 )
+from tgrad.opt.host import conv_pieces
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -123,7 +125,7 @@ class NNOps:
         # windows where BLAS reads them from cache, instead of writing them all to memory. The pieces copy
         # windows of a buffer: a padded or computed input is made one first (1/k^2 of the windows' size;
         # as a prologue the whole windows would be computed into memory again)
-        pieces = self.device == "CPU" and math.prod(x.shape) >= blas.CHUNK_MIN
+        pieces = conv_pieces(get_runtime(self.device).props, math.prod(x.shape))
         buffer = src.node.base.realized or src.node.op is Op.BUFFER
         if pieces and (xp.node is not src.node or not buffer):
             xp = xp.contiguous()

@@ -1,4 +1,5 @@
-"""The default opts of a kernel, chosen from the device's properties (tinygrad's hand-coded heuristic).
+"""The default opts of a kernel, chosen from the device's properties (tinygrad's hand-coded heuristic;
+the CPU's: host.py).
 
 C-style devices (OpenCL, Metal, WGSL):
 - a reduction of at least `group_min_reduce` elements into at most `group_max_outputs` outputs (not bool,
@@ -11,15 +12,16 @@ C-style devices (OpenCL, Metal, WGSL):
 - LOCAL: `preferred_local` work-items per work-group, within the device's limit;
 - then, on a device with a loop limit (`max_loop`), limits.fit_loops: an UNROLL, bigger or new GROUPs.
 
-Triton: a tile holds at most TILE elements (GPU: 4096; interpreter: 65536, as its cost grows with the
-programs launched). An elementwise program takes min(next_pow2(G), TILE / 4 on a GPU, TILE in the
-interpreter) outputs. A reduce steps BLOCK_R = min(next_pow2(R), TILE / 4) elements (the whole TILE for a
-single output) over BLOCK_G = min(next_pow2(G), TILE / BLOCK_R) outputs; 8 warps for tiles of 4096 or more,
-else 4. NOOPT=1: one output per program, BLOCK_R = min(next_pow2(R), TILE / 16). A matmul-shaped kernel
-gets tl.dot tiles (sides 16-64 on a GPU, 128 in the interpreter), unless it is an implicit GEMM with few
-programs over a long K, which runs better as a split reduce. A reduce that would use fewer programs than
-four per compute unit while each loops over 8+ tiles is SPLIT into shares of 4+ tiles (a 16M-float sum as
-one program used a small part of the GPU's bandwidth; measured: bench/HISTORY.md).
+Triton: a tile holds at most TILE = props.tile_elements elements (GPU: 4096; interpreter: 65536, as its
+cost grows with the programs launched). An elementwise program takes min(next_pow2(G), TILE / 4 on a GPU,
+TILE in the interpreter) outputs. A reduce steps BLOCK_R = min(next_pow2(R), TILE / 4) elements (the
+whole TILE for a single output) over BLOCK_G = min(next_pow2(G), TILE / BLOCK_R) outputs; 8 warps for
+tiles of 4096 or more, else 4. NOOPT=1: one output per program, BLOCK_R = min(next_pow2(R), TILE / 16). A
+matmul-shaped kernel gets tl.dot tiles (sides 16-64 on a GPU, 128 in the interpreter), unless it is an
+implicit GEMM with few programs over a long K, which runs better as a split reduce. A reduce that would
+use fewer programs than four per compute unit while each loops over 8+ tiles is SPLIT into shares of 4+
+tiles (a 16M-float sum as one program used a small part of the GPU's bandwidth; measured:
+bench/HISTORY.md).
 """
 
 from __future__ import annotations
@@ -31,11 +33,9 @@ from tgrad.dtype import dtypes
 from tgrad.fuse import Kernel
 from tgrad.loop_axes import nodes
 from tgrad.opt.contraction import axes_of, find_dot, implicit_gemm
+from tgrad.opt.host import host_opts
 from tgrad.opt.limits import fit_loops
 from tgrad.opt.opts import DeviceProps, Opt, OptOps
-
-TILE_GPU = 4096  # elements of a Triton tile on a GPU: fits the registers of 4-8 warps
-TILE_INTERPRET = 1 << 16  # in Triton's interpreter: few, big programs (its cost is per program)
 
 
 def next_pow2(n: int) -> int:
@@ -51,7 +51,9 @@ def optimize(kernel: Kernel, props: DeviceProps, noopt: bool | None = None) -> K
         opts = fit_loops(kernel, props, cstyle_opts(kernel, props, noopt))
     elif props.kind == "triton":
         opts = triton_opts(kernel, props, noopt)
-    else:  # host devices choose at render time (emit_numba, blas): not yet opts
+    elif props.kind == "cpu":
+        opts = host_opts(kernel, props)
+    else:  # a device that evaluates graphs itself (NUMPY) has nothing to choose
         return kernel
     return kernel.with_opts(opts)
 
@@ -103,7 +105,7 @@ def _blocks(block_g: int, block_r: int, warps: int, dot: int = 0, split: int = 0
 
 def triton_opts(kernel: Kernel, props: DeviceProps, noopt: bool) -> tuple[Opt, ...]:
     interpret = props.interpreted
-    tile = TILE_INTERPRET if interpret else TILE_GPU
+    tile = props.tile_elements
     g, r = math.prod(kernel.global_shape), math.prod(kernel.reduce_shape)
     if kernel.reduce_expr is None:
         block_g = min(next_pow2(g), tile if interpret else tile // 4)

@@ -10,7 +10,7 @@ same computation are two compiled programs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, IntEnum
 
 
 class OptOps(Enum):
@@ -22,6 +22,22 @@ class OptOps(Enum):
     SPLIT = "split"  # the reduction in `arg` shares, partial results added by a second pass (Triton)
     WARPS = "warps"  # Triton's num_warps
     UNROLL = "unroll"  # the innermost reduce loop (a GROUP's strided loop) does `arg` steps per iteration
+    # the CPU (emit_numba, opt/host.py):
+    CONTRACT = "contract"  # how a matmul-shaped reduce runs: `arg` a Contract
+    THREADS = "threads"  # the outer loop split over threads: the kernel's (axis None), or sub-kernel `axis`'s
+    # of a BLAS plan (its computed operands in order, then its epilogue)
+    CHUNK = "chunk"  # a BLAS matmul whose operand is copied runs in pieces of `arg` indices of axis `axis`
+    BATCH = "batch"  # a BLAS plan loops over the leading `arg` global axes as batch axes (blas.lead_axes)
+
+
+class Contract(IntEnum):
+    """How the CPU computes a matmul-shaped reduce (tgrad/blas.py analyses it)."""
+
+    LOOP = 0  # the generated reduce loop (emit_numba.render_loops)
+    BLAS = 1  # a BLAS matmul on strided views, generated functions around it (runtime/cpu/blas.py)
+    BATCHED = 2  # a batch of small matmuls as one generated function (emit_numba.render_batched)
+    DIRECT = 3  # a 2-d convolution's forward as a direct loop nest (emit_numba_conv; BLAS until compiled)
+    WGRAD = 4  # a 2-d convolution's weight gradient the same way
 
 
 @dataclass(frozen=True)
@@ -31,7 +47,8 @@ class Opt:
     axis: int | None = None
 
     def __repr__(self) -> str:
-        return f"{self.op.name}({self.arg}{'' if self.axis is None else f', axis={self.axis}'})"
+        arg = Contract(self.arg).name if self.op is OptOps.CONTRACT else self.arg
+        return f"{self.op.name}({arg}{'' if self.axis is None else f', axis={self.axis}'})"
 
 
 def find(opts: tuple[Opt, ...], op: OptOps, default: int = 0) -> int:
@@ -45,13 +62,40 @@ def upcasts(opts: tuple[Opt, ...]) -> dict[int, int]:
 
 
 @dataclass(frozen=True)
+class HostTuning:
+    """The CPU heuristic's defaults (opt/host.py): where one implementation starts to beat another. They
+    were measured on one machine (bench/HISTORY.md); a device may set others, a search may try others."""
+
+    parallel_min_work: int = 1 << 18  # iterations from which a kernel's outer loop runs on threads
+    blas_min_work: int = 1 << 16  # multiply-adds from which a BLAS call beats the generated loop
+    blas_min_matvec_work: int = 1 << 20  # ... for a matrix (rows along memory) times a vector
+    blas_max_operand: int = 1 << 26  # elements of an operand's matrix (an im2col copy) BLAS may take
+    windows_max_k: int = 36  # a conv whose K (channels x taps) and output channels are at most these reads
+    windows_max_n: int = 64  # its windows in place in the generated loop instead of copying them for BLAS
+    lead_min_work: int = 1 << 14  # multiply-adds per matmul from which leading axes become batch axes
+    batched_max_work: int = 1 << 17  # a batch of matmuls of at most this many multiply-adds each, K at
+    batched_max_k: int = 64  # most this, runs as one generated function (a BLAS call's cost dominates)
+    one_index_min_work: int = 1 << 18  # multiply-adds of a one-image piece from which pieces are one image
+    pair_min_result: int = 1 << 21  # elements of a matmul's result from which a piece pair pays
+    pair_max_points: int = 1 << 22  # points of one image up to which a pair's reads are checked
+    direct_min_work: int = 1 << 20  # a conv's multiply-adds from which a direct convolution pays,
+    direct_min_depth: int = 256  # its multiply-adds per output value,
+    direct_min_channels: int = 16  # its output channels (a vector of them),
+    direct_max_taps: int = 49  # its kernel taps at most (written out in the loop body)
+    scatter_max_taps: int = 25  # an input gradient scattered directly: taps at most (registers),
+    scatter_max_k: int = 32  # output channels at most (twice that on images of at most
+    scatter_small_image: int = 144  # this many output pixels; else the col2im pair wins)
+
+
+@dataclass(frozen=True)
 class DeviceProps:
     """What a device's runtime tells the optimizer. Limits come from the driver where it reports them;
     the `preferred_*` and `group_*` fields are the device's tuning defaults, with the reason in its
     runtime (a BEAM search would time alternatives instead)."""
 
     name: str
-    kind: str = "cstyle"  # which rules apply: "cstyle" (OpenCL, Metal, WGSL), "triton", "host" (CPU, NUMPY)
+    # which rules apply: "cstyle" (OpenCL, Metal, WGSL), "triton", "cpu" (opt/host.py), "host" (NUMPY: none)
+    kind: str = "cstyle"
     compute_units: int = 1  # cores / compute units / streaming multiprocessors
     max_local: int = 1024  # work-items in one work-group at most
     max_groups_per_dim: int = 2**31 - 1  # work-groups per launch dimension at most
@@ -62,6 +106,14 @@ class DeviceProps:
     group_max_outputs: int = 2048  # ... on kernels with at most this many outputs (more fill the device)
     group_bool: bool = False  # bool reductions cooperate too
     interpreted: bool = False  # kernels run in an interpreter whose cost grows with the programs launched
+    # Triton: elements of one program's tile (a GPU's: fits the registers of 4-8 warps; the interpreter's
+    # runtime sets 65536: few, big programs, as its cost is per program)
+    tile_elements: int = 4096
     # loop iterations one invocation may run in all (None: no limit); Mesa's llvmpipe and lavapipe stop a
     # shader's loops after 65535 of them in all and go on with wrong values (opt/limits.py keeps under it)
     max_loop: int | None = None
+    # the CPU: a core's L2 cache (a copied operand's pieces are sized to stay in it), whether compiled conv
+    # pieces (runtime/cpu/gemm.py) run, and the heuristic's defaults
+    cache_bytes: int = 1 << 21
+    native_pieces: bool = False
+    host: HostTuning = HostTuning()

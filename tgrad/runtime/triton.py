@@ -68,7 +68,8 @@ class TritonRuntime(Runtime):
     def __init__(self):
         super().__init__()
         self.interpret = interpreting()
-        self.props = DeviceProps(self.name, kind="triton", interpreted=self.interpret)
+        self.props = DeviceProps(self.name, kind="triton", interpreted=self.interpret,
+                                 tile_elements=1 << 16 if self.interpret else 4096)
         try:
             import torch
 

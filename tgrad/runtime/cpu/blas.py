@@ -1,4 +1,4 @@
-"""BLAS for the CPU runtime: the reduce of a matmul-shaped kernel (tgrad/blas.py `blas_plan`) as numpy.matmul
+"""BLAS for the CPU runtime: the reduce of a matmul-shaped kernel (opt/host.py `plan_for`) as numpy.matmul
 on strided views of its operands (`BlasCall`), copying out (im2col) only operands whose axes do not merge;
 a plan with a Chunk runs as matmuls over pieces of one axis, on threads each with a one-thread BLAS
 (`_run_pieces`). Also the settings of numpy's OpenBLAS that tgrad changes (its idle threads' spinning,
@@ -90,7 +90,7 @@ def _column_major(x: np.ndarray) -> bool:
 
 
 class BlasCall:
-    """A matmul-shaped kernel's reduce result (`plan`, tgrad/blas.py `blas_plan`), row-major over its global
+    """A matmul-shaped kernel's reduce result (`plan`, opt/host.py `plan_for`), row-major over its global
     axes, in an array from `memory` (the caller releases it). With `out` (the kernel's flat output) and a
     result already in that order, BLAS writes into it and the call returns None. `after(start, rows)` (a
     plan whose Chunk cuts axis 0 into rows) runs on each piece's thread with that piece's rows of the

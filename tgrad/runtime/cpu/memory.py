@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +29,20 @@ PAGE = 4096
 MIN_KEEP = 1 << 20  # smaller arrays come from malloc's free lists, already warm
 # bytes of free blocks kept at most (TGRAD_HOST_CACHE_MB; 0 keeps none)
 LIMIT = int(float(config.get("TGRAD_HOST_CACHE_MB")) * (1 << 20))
+
+
+def cache_bytes(cpu: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """A core's level-2 cache in bytes (Linux's sysfs; 2 MiB where it does not say): the optimizer sizes
+    the pieces of copied matmul operands to it (opt/host.py)."""
+    try:
+        for index in sorted(Path(cpu).glob("index*")):
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip().upper()
+                scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+                return int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return 1 << 21
 
 
 def page_aligned(size: int, dtype) -> np.ndarray:

@@ -33,6 +33,8 @@ from tgrad.dtype import DType, dtypes
 from tgrad.emit_numba import BlasPlan
 from tgrad.errors import DeviceError, KernelError, numbered
 from tgrad.fuse import Kernel
+from tgrad.opt import host
+from tgrad.opt.opts import DeviceProps
 from tgrad.program import Program
 from tgrad.runtime.cpu import batch as cpu_batch
 from tgrad.runtime.cpu import gemm as cpu_gemm
@@ -48,7 +50,7 @@ from tgrad.runtime.cpu.compile import (
     use_cpu_features,
     vector_bytes,
 )
-from tgrad.runtime.cpu.memory import MIN_KEEP, HostMemory
+from tgrad.runtime.cpu.memory import MIN_KEEP, HostMemory, cache_bytes
 from tgrad.runtime.cpu.pool import threads
 
 # ---------------------------------------------------------------------------------------------------
@@ -281,21 +283,7 @@ def _functions(program: Program) -> list[Program]:
 
 
 def _render(kernel: Kernel) -> Program:
-    """emit_numba's Program for the kernel; a convolution's forward product or weight gradient also gets
-    its direct convolution (emit_numba_conv; the weight gradient's partial sums one per thread), which runs
-    instead of BLAS (launch fact `direct`)."""
-    program = emit_numba.render(kernel)
-    plan = program.launch.get("blas")
-    if plan is not None and emit_numba_conv.direct_conv(kernel, plan):
-        direct = emit_numba_conv.render_direct(kernel, plan, vector_bytes())
-    elif plan is not None and emit_numba_conv.direct_weight_grad(kernel, plan):
-        direct = emit_numba_conv.render_weight_grad(kernel, plan, threads(), vector_bytes=vector_bytes())
-    else:
-        return program
-    epilogue = program.launch["epilogue"]
-    source = f"# {kernel.name}: a direct convolution (see emit_numba_conv), then its epilogue if any\n"
-    source += direct.source + ("" if epilogue is None else "\n" + epilogue.source)
-    return dataclasses.replace(program, source=source, launch={**program.launch, "direct": direct})
+    return emit_numba_conv.render(kernel, vector_bytes(), threads())
 
 
 class CPURuntime(Runtime):
@@ -314,11 +302,18 @@ class CPURuntime(Runtime):
         self.seen_groups: weakref.WeakSet[Runner] = weakref.WeakSet()  # row groups prepare() has seen
         if importlib.util.find_spec("numba") is None:  # imported only to compile (a warm cache needs none)
             raise DeviceError("the CPU device needs numba: pip install numba")
+        self.props = DeviceProps(self.name, kind="cpu", compute_units=threads(), cache_bytes=cache_bytes(),
+                                 native_pieces=cpu_gemm.enabled())
         self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
         self.memory = HostMemory()  # buffers and BLAS operands, big blocks reused (cpu/memory.py)
         openblas_idle_timeout()
         if _cold_cache():  # start them now: their set-up overlaps the program's own start
             self.pool.start(cpu_pool.default_workers())
+
+    def set_props(self, props: DeviceProps) -> None:
+        super().set_props(props)
+        for plans in (self.rendered, self.row_runners, self.row_counts, self.piece_pairs):
+            plans.clear()
 
     def alloc(self, size: int, dtype: DType) -> Buffer:
         return self._buffer(self.memory.array(size, dtype.np), dtype)
@@ -350,7 +345,7 @@ class CPURuntime(Runtime):
         if len(kernels) + len(groups) < 2 or not cpu_pool.default_workers():
             return
         parts, pieces = [], set()
-        for kernel in kernels:
+        for kernel in map(self.optimize, kernels):
             program = self.rendered[kernel] = _render(kernel)
             # (a direct convolution's function is queued when it is compiled, as optional: _when_ready)
             parts += [f for f in _functions(program) if not (TIERED and f is program.launch.get("direct"))]
@@ -377,7 +372,7 @@ class CPURuntime(Runtime):
         """The rows of a kernel that can be in a row group (emit_numba.row_count), remembered."""
         hit = self.row_counts.get(kernel, False)
         if hit is False:
-            hit = self.row_counts[kernel] = emit_numba.row_count(kernel)
+            hit = self.row_counts[kernel] = emit_numba.row_count(self.optimize(kernel))
         return hit
 
     def rows_runner(self, members: tuple, sizes: tuple, aliases: tuple = ()) -> Runner | None:
@@ -389,7 +384,8 @@ class CPURuntime(Runtime):
             if len(members) == 2 and self.pairs(members[0][0], members[1][0], _reads(members)):
                 hit = self.row_runners[key] = self._pair_runner(members)
                 return hit
-            program, runner = emit_numba.render_rows(list(members), dict(sizes), dict(aliases)), None
+            program = emit_numba.render_rows(list(members), dict(sizes), dict(aliases), self.props.host)
+            runner = None
             if program is not None:
                 runner = Runner(program, self._built_on_first_call(program), self.name)
             hit = self.row_runners[key] = runner
@@ -399,7 +395,7 @@ class CPURuntime(Runtime):
         key = (first, second, reads)
         hit = self.piece_pairs.get(key, False)
         if hit is False:
-            hit = self.piece_pairs[key] = blas.piece_pair(first, second, reads)
+            hit = self.piece_pairs[key] = host.piece_pair(self.optimize(first), second, reads, self.props)
         return hit is not None
 
     def _pair_runner(self, members: tuple) -> Runner:
@@ -408,7 +404,8 @@ class CPURuntime(Runtime):
         those images, its pointers moved to them."""
         (k1, ins1, at1), (k2, ins2, _) = members
         pair = self.piece_pairs[(k1, k2, _reads(members))]
-        plan = dataclasses.replace(blas.blas_plan(k1), chunk=pair.chunk)
+        k1 = self.optimize(k1)
+        plan = dataclasses.replace(host.plan_for(k1), chunk=pair.chunk)
         matmul = BlasCall(plan, k1, self._run_native)
         program = emit_numba.render_loops(pair.sub, parallel=False)
         built: list = []
@@ -422,7 +419,7 @@ class CPURuntime(Runtime):
             return made[0]
 
         scatter: list = []
-        conv = emit_numba_conv.direct_input_grad(k1, k2, _reads(members))
+        conv = host.scatter_input_grad(k1, k2, _reads(members), self.props)
         direct = None if conv is None else emit_numba_conv.render_input_grad(k1, conv)
         last = None if conv is None or conv.epilogue is None else emit_numba.render(conv.epilogue)
         if last is not None:  # (its function compiles with the scatter's: prepare() reads "parts")
@@ -533,8 +530,6 @@ class CPURuntime(Runtime):
             epilogue = program.launch["epilogue"]
             fn = None if epilogue is None else self._build(epilogue, plan.epilogue.name)
             direct = program.launch.get("direct")
-            if plan.chunk is not None and cpu_gemm.enabled():  # compiled pieces: one image a piece
-                plan = blas.single_pieces(kernel, plan)
             matmul = BlasCall(plan, kernel, self._run_native)
             if direct is not None:  # BLAS until the direct convolution's function is compiled
                 pack = direct.launch.get("pack")

@@ -1,0 +1,132 @@
+"""The CPU's optimizer (opt/host.py): its choices are opts on the kernel (what emit_numba renders), read
+their sizes from the device's properties (HostTuning, the cache size), and change with them; whichever it
+picks, values are PyTorch's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import cpu_plan, cpu_render
+from tgrad import Tensor, fuse
+from tgrad.device import get_runtime
+from tgrad.opt import Contract, HostTuning, OptOps, find, host
+from tgrad.runtime.cpu.memory import cache_bytes
+
+F32 = np.float32
+
+
+def _last_kernel(t: Tensor):
+    return fuse.schedule([t.node])[-1].kernel
+
+
+def _contract(t: Tensor) -> Contract:
+    return Contract(find(get_runtime("CPU").optimize(_last_kernel(t)).opts, OptOps.CONTRACT))
+
+
+@pytest.mark.parametrize("make,want", [
+    (lambda r: Tensor(r((256, 512)), device="CPU") @ Tensor(r((512, 128)), device="CPU"), Contract.BLAS),
+    (lambda r: Tensor(r((16, 16)), device="CPU") @ Tensor(r((16, 16)), device="CPU"), Contract.LOOP),
+    (lambda r: Tensor(r((1024, 64)), device="CPU") @ Tensor(r((64,)), device="CPU"), Contract.LOOP),
+    (lambda r: Tensor(r((4, 8, 64, 32)), device="CPU") @ Tensor(r((4, 8, 32, 64)), device="CPU"),
+     Contract.BATCHED),
+    (lambda r: Tensor(r((16, 32, 24, 24)), device="CPU").conv2d(Tensor(r((32, 32, 5, 5)), device="CPU")),
+     Contract.DIRECT),
+    (lambda r: Tensor(r((64, 1, 28, 28)), device="CPU").conv2d(Tensor(r((32, 1, 5, 5)), device="CPU")),
+     Contract.LOOP),  # K = 25 and 32 output channels: the windows read in place
+])
+def test_each_kind_of_contraction_gets_its_opt(make, want):
+    """The heuristic's CONTRACT for a big matmul, a small one, a matrix times a vector, attention's batch of
+    small matmuls, a conv big enough for the direct loop and a first conv layer; the rendered Program is
+    the one the opt names, and the values are PyTorch's."""
+    rng = np.random.default_rng(0)
+    inputs: list[np.ndarray] = []
+
+    def r(shape):
+        inputs.append(rng.standard_normal(shape).astype(F32))
+        return inputs[-1]
+
+    out = make(r)
+    assert _contract(out) == want
+    program = cpu_render(_last_kernel(out))
+    assert ("blas" in program.launch) == (want in (Contract.BLAS, Contract.DIRECT))
+    assert ("direct" in program.launch) == (want == Contract.DIRECT)
+    a, b = map(torch.from_numpy, inputs)
+    ref = torch.nn.functional.conv2d(a, b) if a.ndim == 4 and b.ndim == 4 and b.shape[-1] == 5 else a @ b
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_tuning_changes_the_choice_not_the_values(cpu_tuning):
+    """The same matmul and conv with HostTuning sizes that rule BLAS and the direct loop out run as the
+    generated loop; with sizes that let everything in, as BLAS; PyTorch's values both ways."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((8, 16, 12, 12)).astype(F32), rng.standard_normal((16, 16, 3, 3)).astype(F32)
+    a, b = rng.standard_normal((96, 80)).astype(F32), rng.standard_normal((80, 64)).astype(F32)
+    want_conv = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
+    for tuning, kinds in (({"blas_min_work": 1 << 40}, {Contract.LOOP}),
+                          ({"blas_min_work": 1, "windows_max_k": 0, "direct_min_work": 1 << 40},
+                           {Contract.BLAS})):
+        cpu_tuning(**tuning)
+        conv = Tensor(x, device="CPU").conv2d(Tensor(w, device="CPU"))
+        mm = Tensor(a, device="CPU") @ Tensor(b, device="CPU")
+        assert {_contract(conv), _contract(mm)} == kinds, tuning
+        np.testing.assert_allclose(conv.numpy(), want_conv, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(mm.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_threads_opt_follows_parallel_min_work(cpu_tuning):
+    """An elementwise kernel gets THREADS from parallel_min_work iterations; its source then loops over a
+    range [lo, hi) the runtime's threads split."""
+    x = np.arange(1 << 12, dtype=F32)
+    for least, threaded in ((1 << 20, False), (1 << 10, True)):
+        cpu_tuning(parallel_min_work=least)
+        out = Tensor(x, device="CPU") * 3 + 1
+        kernel = get_runtime("CPU").optimize(_last_kernel(out))
+        assert (find(kernel.opts, OptOps.THREADS) == 1) == threaded
+        assert ("lo, hi" in cpu_render(_last_kernel(out)).source) == threaded
+        np.testing.assert_array_equal(out.numpy(), x * 3 + 1)
+
+
+def test_pieces_are_sized_to_the_cache(cpu_tuning):
+    """A conv whose windows are copied in pieces: on a device with half the cache each piece copies half
+    as many images (chunk_elems), without compiled pieces (which take one image a piece); values as
+    PyTorch's."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((64, 8, 20, 20)).astype(F32), rng.standard_normal((8, 8, 3, 3)).astype(F32)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
+    rt, sizes = get_runtime("CPU"), []
+    base = rt.props
+    try:
+        for cache in (1 << 21, 1 << 20):
+            rt.set_props(dataclasses.replace(base, cache_bytes=cache, native_pieces=False,
+                                             host=dataclasses.replace(base.host, direct_min_work=1 << 40)))
+            out = Tensor(x, device="CPU").conv2d(Tensor(w, device="CPU"))
+            plan = cpu_plan(_last_kernel(out))
+            per_image = 8 * 9 * 18 * 18  # window elements of one image
+            assert plan.chunk.axis == 0 and plan.chunk.size * per_image <= host.chunk_elems(rt.props)
+            sizes.append(plan.chunk.size)
+            np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+    finally:
+        rt.set_props(base)
+    assert sizes[1] < sizes[0], sizes
+
+
+def test_cache_size_from_sysfs(tmp_path):
+    """cache_bytes reads the level-2 cache's size from Linux's sysfs, 2 MiB where it cannot."""
+    for index, level, size in (("index0", "1", "48K"), ("index2", "2", "1280K"), ("index3", "3", "30M")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(level + "\n")
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert cache_bytes(str(tmp_path)) == 1280 << 10
+    assert cache_bytes(str(tmp_path / "missing")) == 1 << 21
+
+
+def test_host_tuning_is_one_place():
+    """Every threshold the CPU's choices use is a HostTuning field with a default (a device or a search
+    may replace it); the CPU runtime's properties carry them."""
+    props = get_runtime("CPU").props
+    assert props.kind == "cpu" and isinstance(props.host, HostTuning)
+    assert all(isinstance(getattr(props.host, f.name), int) for f in dataclasses.fields(HostTuning))

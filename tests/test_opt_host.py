@@ -14,6 +14,7 @@ from tests.helpers import cpu_plan, cpu_render
 from tgrad import Tensor, fuse
 from tgrad.device import get_runtime
 from tgrad.opt import Contract, HostTuning, OptOps, find, host
+from tgrad.opt.contraction import find_dot
 from tgrad.runtime.cpu.memory import cache_bytes
 
 F32 = np.float32
@@ -130,3 +131,59 @@ def test_host_tuning_is_one_place():
     props = get_runtime("CPU").props
     assert props.kind == "cpu" and isinstance(props.host, HostTuning)
     assert all(isinstance(getattr(props.host, f.name), int) for f in dataclasses.fields(HostTuning))
+
+
+@pytest.mark.usefixtures("lazy_backward")  # (reads the gradients' kernels)
+def test_contractions_are_marked_by_the_op_not_recovered():
+    """matmul marks its reduce as a contraction (graph.CONTRACT on its product), and so do the reduces of
+    its gradients (the MUL's gradient rule keeps the mark); the same sum of products written out
+    elementwise is a plain reduce: the generated loop on the CPU, no tl.dot in Triton. Values as numpy's
+    both ways."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((128, 256)).astype(F32), rng.standard_normal((256, 64)).astype(F32)
+    ta = Tensor(a, device="CPU", requires_grad=True)
+    tb = Tensor(b, device="CPU", requires_grad=True)
+    by_op = ta @ tb
+    by_hand = (ta.reshape(128, 256, 1) * tb.reshape(1, 256, 64)).sum(1)
+    assert _last_kernel(by_op).contraction and not _last_kernel(by_hand).contraction
+    assert _contract(by_op) == Contract.BLAS and _contract(by_hand) == Contract.LOOP
+    assert find_dot(_last_kernel(by_op)) is not None and find_dot(_last_kernel(by_hand)) is None
+    np.testing.assert_allclose(by_op.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(by_hand.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    (by_op * by_op).sum().backward()
+    for grad in (ta.grad, tb.grad):
+        sums = [it.kernel for it in fuse.schedule([grad.node]) if it.kernel.reduce_op == "SUM"]
+        assert sums and all(k.contraction for k in sums), [k.name for k in sums]
+    g = 2 * (a @ b)
+    np.testing.assert_allclose(ta.grad.numpy(), g @ b.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(tb.grad.numpy(), a.T @ g, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.usefixtures("lazy_backward")
+@pytest.mark.parametrize("build", ["conv2d", "einsum"])
+def test_conv_and_einsum_gradients_are_contractions(build):
+    """conv2d's product, its weight gradient and its input gradient (col2im's matmul) are contractions, as
+    are einsum's and its gradients'; values and gradients as PyTorch's."""
+    rng = np.random.default_rng(4)
+    if build == "conv2d":
+        x = rng.standard_normal((8, 16, 12, 12)).astype(F32)
+        w = rng.standard_normal((16, 16, 3, 3)).astype(F32)
+        run = lambda p, q: p.conv2d(q)  # noqa: E731
+        ref = torch.nn.functional.conv2d
+    else:
+        x, w = rng.standard_normal((4, 32, 48)).astype(F32), rng.standard_normal((48, 40)).astype(F32)
+        run = lambda p, q: Tensor.einsum("bij,jk->bik", p, q)  # noqa: E731
+        ref = lambda p, q: torch.einsum("bij,jk->bik", p, q)  # noqa: E731
+    tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
+    out = run(tx, tw)
+    assert _last_kernel(out).contraction
+    (out * out).sum().backward()
+    for grad in (tx.grad, tw.grad):
+        items = fuse.schedule([grad.node])
+        assert any(it.kernel.contraction for it in items), [it.kernel.name for it in items]
+    rx, rw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    r = ref(rx, rw)
+    (r * r).sum().backward()
+    np.testing.assert_allclose(out.numpy(), r.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-2)

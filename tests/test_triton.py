@@ -91,8 +91,8 @@ def test_choose_blocks_rule():
 def test_implicit_gemm_with_few_programs_over_a_long_k_is_a_split_reduce(monkeypatch):
     monkeypatch.setenv("TGRAD_TRITON_IMPLICIT_GEMM", "1")
     for k, dot in ((64, True), (1 << 16, False)):  # 32 x 25 outputs: one 32 x 32 tile
-        a, b = T(np.ones((32, 1, k), np.float32)), T(np.ones((1, 25, k), np.float32))
-        blocks = choose_blocks(kernels((a * b).sum(2))[0], interpret=False, noopt=False)
+        a, b = T(np.ones((32, k), np.float32)), T(np.ones((25, k), np.float32))
+        blocks = choose_blocks(kernels(Tensor.einsum("ik,jk->ij", a, b))[0], interpret=False, noopt=False)
         assert (blocks.block_n > 0, blocks.split > 0) == (dot, not dot)
 
 

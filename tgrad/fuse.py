@@ -29,7 +29,7 @@ from typing import Any
 
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse_roots import kernel_body, kernel_roots
-from tgrad.graph import ALU, MOVEMENT, Node, Op, ShapeTracker, strides_for
+from tgrad.graph import ALU, CONTRACT, MOVEMENT, Node, Op, ShapeTracker, strides_for
 from tgrad.schedule_order import order_assigns
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
@@ -336,6 +336,9 @@ class Kernel:
     # how to compute it (tgrad/opt/): chosen by the optimizer for a device, rendered by its emitter; () is
     # the plain kernel (one output per work-item, no tiles)
     opts: tuple = ()
+    # the reduce sums the products of an op that said it is a contraction (graph.CONTRACT): a matmul, a
+    # convolution or their gradients, which the optimizer may run as such (opt/host.py)
+    contraction: bool = False
 
     def with_opts(self, opts: tuple) -> Kernel:
         return dataclasses.replace(self, opts=tuple(opts))
@@ -483,6 +486,17 @@ def _find_reduce(root: Node, realize: set[Node]) -> Node | None:
     return next((n for n in kernel_body(root, realize) if n.op is Op.REDUCE), None)
 
 
+def _contracts(red: Node | None, realize: set[Node]) -> bool:
+    """Whether a SUM reduces the products of a contraction (a MUL marked graph.CONTRACT, reached through
+    movement ops inside the kernel)."""
+    if red is None or red.arg[0] != "SUM":
+        return False
+    src = red.srcs[0]
+    while src.op in MOVEMENT and src not in realize and not src.realized:
+        src = src.srcs[0]
+    return src.op is Op.MUL and src.arg == CONTRACT and src not in realize and not src.realized
+
+
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
     out, acc = [], 1
     for s in reversed(shape):
@@ -523,7 +537,7 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
     reduce_op = red.arg[0] if red is not None else None
     kernel = Kernel(name=name, shape=kshape, n_global=n_global, reduce_op=reduce_op,
                     reduce_expr=reduce_expr, expr=expr, out_index=out_index, out_dtype=root.dtype,
-                    in_dtypes=tuple(n.dtype for n in lw.inputs))
+                    in_dtypes=tuple(n.dtype for n in lw.inputs), contraction=_contracts(red, realize))
     target = root.srcs[0] if root.op is Op.ASSIGN else None
     return ScheduleItem(kernel, root, lw.inputs, target)
 

@@ -347,15 +347,22 @@ _CACHE = Node._cache  # (the same dict, read as a global in Node.__new__)
 # node constructors with shape and dtype inference (tensor.py, ops/ and autodiff.py build graphs with these)
 
 
-def alu(op: Op, *srcs: Node) -> Node:
-    """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition)."""
+# the arg of a MUL whose products a reduce sums as a contraction (matmul, a convolution, their gradients):
+# the op that builds it says so, fusion marks the kernel (Kernel.contraction), and the optimizer may run
+# it as a matmul (opt/host.py) instead of recovering that shape from any fused sum of products
+CONTRACT = "contract"
+
+
+def alu(op: Op, *srcs: Node, arg: str | None = None) -> Node:
+    """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition). `arg`:
+    CONTRACT for a MUL that a contraction sums."""
     if op in (Op.CMPLT, Op.CMPNE):
         dtype = dtypes.bool
     elif op is Op.WHERE:
         dtype = srcs[1].dtype
     else:
         dtype = srcs[0].dtype
-    return Node(op, tuple(srcs), None, srcs[0].shape, dtype, srcs[0].device)
+    return Node(op, tuple(srcs), arg, srcs[0].shape, dtype, srcs[0].device)
 
 
 def cast(node: Node, dtype: DType) -> Node:

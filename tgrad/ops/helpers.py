@@ -120,7 +120,8 @@ def _matmul_node(x: Node, w: Node) -> Node:
     b = g.move(w, Op.PERMUTE, tuple(order))
     b = g.move(b, Op.RESHAPE, b.shape[:-2] + (1,) + b.shape[-2:])
     shape = _broadcast_shape(a.shape, b.shape)
-    total = g.reduce(g.alu(Op.MUL, _expand_node(a, shape), _expand_node(b, shape)), "SUM", (len(shape) - 1,))
+    product = g.alu(Op.MUL, _expand_node(a, shape), _expand_node(b, shape), arg=g.CONTRACT)
+    total = g.reduce(product, "SUM", (len(shape) - 1,))
     return g.move(total, Op.RESHAPE, shape[:-1])
 
 

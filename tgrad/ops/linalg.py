@@ -112,7 +112,8 @@ class LinalgOps:
             mine = [c for c in order if c in s]
             t = t.permute([s.index(c) for c in mine])
             t = t.reshape(tuple(t.shape[mine.index(c)] if c in s else 1 for c in order))
-            product = t if product is None else product * t
+            # (summed below: the products of a contraction, which may run as a matmul)
+            product = t if product is None else product._contract_mul(t)
         out = product._broadcast_to(tuple(sizes[c] for c in order))
         return out.sum(tuple(range(len(rhs), len(order))), dtype=dtype) if len(order) > len(rhs) else out
 

@@ -1,8 +1,8 @@
 """Matmul-shaped kernels: which reduces a tl.dot (or another contraction) can compute, and their M, N axes.
 
 A kernel analysis the optimizer uses to choose a contraction's implementation and the emitters use to
-render it. (For now it recognises the shape in the fused kernel; the redesign marks contractions where
-matmul and conv2d build them.)
+render it, for kernels the op that built them marked as contractions (Kernel.contraction: matmul,
+conv2d, einsum and their gradients); a sum of products written out elementwise stays a reduce.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def implicit_gemm() -> bool:
 
 
 def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ...]] | None:
-    """(A, B, M axes, N axes) when the kernel is matmul-shaped: a SUM over one reduce axis K of
+    """(A, B, M axes, N axes) when the kernel is a marked contraction (Kernel.contraction) that is
+    matmul-shaped: a SUM over one reduce axis K of
     LOAD_A * LOAD_B (float32 or float16, no masks), where M is the innermost global axis only A uses,
     N the innermost one only B uses, and every other global axis is a batch axis (one per program).
     With implicit_gemm(): a SUM over the reduce axes (K, flattened) of A * B, where A and B are any
@@ -39,7 +40,8 @@ def find_dot(kernel: Kernel) -> tuple[Expr, Expr, tuple[int, ...], tuple[int, ..
     one), the N axes those only B uses. Convolutions and their gradients are then this shape too:
     implicit GEMMs whose tiles gather the windows (masked loads for the padding)."""
     e = kernel.reduce_expr
-    if kernel.reduce_op != "SUM" or e is None or e.op != "MUL" or e.dtype not in DOT_DTYPES:
+    if not kernel.contraction or kernel.reduce_op != "SUM" or e is None or e.op != "MUL" or \
+            e.dtype not in DOT_DTYPES:
         return None
     x, y = e.srcs
     implicit = implicit_gemm()

@@ -1,7 +1,8 @@
 """The CPU's opts, chosen from its properties (tinygrad's hand-coded heuristic, for a host device).
 
 For every kernel: whether its outer loop runs on threads (THREADS: at least `parallel_min_work`
-iterations). For a sum of products that tgrad/blas.py can run as a matmul, how (CONTRACT, a Contract):
+iterations). For a contraction (Kernel.contraction: the reduce of a matmul, conv2d, einsum or their
+gradients, marked by the op that built it) that tgrad/blas.py can run as a matmul, how (CONTRACT):
 - the generated loop below `blas_min_work` multiply-adds (a matrix times a vector whose rows are read
   along memory: below `blas_min_matvec_work`), for an operand matrix over `blas_max_operand` elements, and
   for a conv whose small K and few output channels read its windows in place (`windows_max_*`);
@@ -52,7 +53,7 @@ def _loop_threads(kernel: Kernel, t: HostTuning, axis: int | None = None) -> tup
 def _blas(kernel: Kernel, t: HostTuning) -> tuple[BlasPlan, int] | None:
     """(the plan, its leading batch axes) where BLAS beats the generated loop, else None."""
     work = math.prod(kernel.shape)
-    if not blas.contraction(kernel) or work < t.blas_min_work:
+    if not kernel.contraction or not blas.contraction(kernel) or work < t.blas_min_work:
         return None
     plan = blas.analyse(kernel)
     if plan is None or (blas.matvec(kernel, plan) and work < t.blas_min_matvec_work):

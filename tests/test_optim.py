@@ -106,31 +106,6 @@ def test_adam_step_kernel_count():
     assert Stats.kernels_run - before == (2 if Device.DEFAULT == "CPU" else 4)
 
 
-def test_adam_update_from_graph_nodes_is_the_tensor_codes_graph():
-    """A float32 Adam parameter's update is built from graph nodes (LAMB._adam_nodes, its constants kept
-    per shape): the very nodes the Tensor code of LAMB._step's general branch builds (hash-consed: the same
-    objects), so the same kernels and values."""
-    import math
-
-    w = Tensor(RNG.standard_normal((3, 4)).astype(np.float32), requires_grad=True)
-    opt = Adam([w], lr=0.01)
-    for _ in range(2):  # (the second step reuses the kept constant nodes)
-        w.grad = None
-        (w * w).sum().backward()
-        m0, v0, w0, g0 = opt.m[0].node, opt.v[0].node, w.node, w.grad.node
-        opt.schedule_step()
-        step = Tensor(opt.t.node)
-        rc1 = (1 - (step * math.log2(0.9)).exp2()).reciprocal()
-        rc2 = (1 - (step * math.log2(0.999)).exp2()).reciprocal()
-        grad = Tensor(g0).detach()
-        assert opt.m[0].node.srcs[1] is (Tensor(m0) * 0.9 + grad * (1 - 0.9)).node
-        assert opt.v[0].node.srcs[1] is (Tensor(v0) * 0.999 + grad * grad * (1 - 0.999)).node
-        m, v = Tensor(opt.m[0].node), Tensor(opt.v[0].node)
-        up = m * rc1 * ((v * rc2).sqrt() + 1e-8).reciprocal()
-        assert w.node.srcs[1] is (Tensor(w0).detach() - opt.lr * up).node
-        Tensor.realize(w, *opt.m, *opt.v, opt.t)
-
-
 def test_gradients_stay_readable_after_the_step(device):
     # the gradient reads the parameter's old value; the step overwrites the parameter in place
     w0 = RNG.standard_normal((4, 4)).astype(np.float32)

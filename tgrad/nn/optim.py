@@ -11,11 +11,8 @@ import math
 
 import numpy as np
 
-from tgrad import graph as g
 from tgrad import replay
-from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
-from tgrad.graph import Op
 from tgrad.jit import TinyJit
 from tgrad.nn.param_groups import ParamGroup
 from tgrad.tensor import Tensor, backward_roots, pending_assigns
@@ -186,7 +183,6 @@ class LAMB(Optimizer):
         self.t = Tensor([0.0], device=self.params[0].device)
         self.m = [_state(t) for t in self.params]
         self.v = [_state(t) for t in self.params]
-        self._consts: dict[tuple, g.Node] = {}  # _adam_nodes' constant nodes, kept (they hold no buffer)
 
     def _step(self) -> list[Tensor]:
         step = self.t.assign(self.t + 1)
@@ -197,10 +193,6 @@ class LAMB(Optimizer):
         rc1, rc2 = c1.reciprocal(), c2.reciprocal()
         for t, m, v in zip(self.params, self.m, self.v):
             grad = self._grad(t)
-            fast = self.adam and t.ndim and isinstance(self.b1, float)
-            if fast and t.dtype == grad.dtype == dtypes.float32:
-                self._adam_nodes(t, m, v, grad, rc1, rc2)
-                continue
             m.assign(m * self.b1 + grad * (1 - self.b1))
             v.assign(v * self.b2 + grad * grad * (1 - self.b2))
             # multiplications by reciprocals: c1, c2 and the denominator are never tiny (>= 1 - b, >= eps),
@@ -214,34 +206,6 @@ class LAMB(Optimizer):
                 up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
             t.assign(t.detach() - self.lr * up)
         return [self.t, *self.m, *self.v]
-
-    def _adam_nodes(self, t: Tensor, m: Tensor, v: Tensor, grad: Tensor, rc1: Tensor, rc2: Tensor) -> None:
-        """The Adam / AdamW update of one float32 parameter, as _step's Tensor code builds it (the same
-        nodes, so the same kernels and values), from graph nodes: ~4x less Python per parameter, a
-        quarter of an eager MLP step's optimizer."""
-        shape, dt, dev = t.shape, t.dtype, t.device
-        consts = self._consts
-
-        def c(x: float) -> g.Node:  # (the node g.const gives, made once instead of at every step)
-            key = (repr(x), shape, dt.name, dev)
-            node = consts.get(key)
-            if node is None:
-                node = consts[key] = g.const(x, dt, dev, shape)
-            return node
-
-        def each(s: Tensor) -> g.Node:  # a 1-element tensor broadcast to the parameter's shape
-            return g.move(g.move(s.node, Op.RESHAPE, (1,) * len(shape)), Op.EXPAND, shape)
-
-        gn = grad.node
-        m.assign(Tensor(g.alu(Op.ADD, g.alu(Op.MUL, m.node, c(self.b1)), g.alu(Op.MUL, gn, c(1 - self.b1)))))
-        v.assign(Tensor(g.alu(Op.ADD, g.alu(Op.MUL, v.node, c(self.b2)),
-                              g.alu(Op.MUL, g.alu(Op.MUL, gn, gn), c(1 - self.b2)))))
-        denom = g.alu(Op.ADD, g.alu(Op.SQRT, g.alu(Op.MUL, v.node, each(rc2))), c(self.eps))
-        up = g.alu(Op.MUL, g.alu(Op.MUL, m.node, each(rc1)), g.alu(Op.RECIP, denom))
-        own = g.Node(Op.DETACH, (t.node,), None, shape, dt, dev)  # (t.detach()'s node)
-        if self.wd:
-            up = g.alu(Op.ADD, up, g.alu(Op.MUL, c(self.wd), own))
-        t.assign(Tensor(g.alu(Op.SUB, own, g.alu(Op.MUL, each(self.lr), up))))
 
     def _grad(self, t: Tensor) -> Tensor:
         return t.grad.detach()

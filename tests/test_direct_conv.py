@@ -288,9 +288,9 @@ def test_input_gradients_where_the_pair_is_faster_keep_it(cin, cout, hw, k, monk
 
 def test_input_gradient_whose_shares_are_written_keeps_the_pair(monkeypatch, cpu_tuning):
     """The scatter runs where nothing but the pair's sum needs the window shares (the group keeps them,
-    realize._private_of); where the shares get a buffer, the pair computes them and their sum as before.
-    Counted by calls of the scatter's compiled function; the same values either way."""
-    from tgrad import realize
+    runtime/cpu/groups.py _private_of); where the shares get a buffer, the pair computes them and their
+    sum as before. Counted by calls of the scatter's compiled function; the same values either way."""
+    from tgrad.runtime.cpu import groups as cpu_groups
     from tgrad.runtime.cpu import runtime as cpu_runtime
 
     cpu_tuning(pair_min_result=1 << 16)
@@ -308,7 +308,7 @@ def test_input_gradient_whose_shares_are_written_keeps_the_pair(monkeypatch, cpu
     got, want, paths = _input_grads(x, wt, True)
     assert paths == [True] and len(calls) == 1
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    monkeypatch.setattr(realize, "_private_of", lambda items, groups, requested: set())
+    monkeypatch.setattr(cpu_groups, "_private_of", lambda items, groups, requested: set())
     got, want, paths = _input_grads(x * 2, wt, True)
     assert paths == [True] and len(calls) == 1
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -431,7 +431,8 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
     import dataclasses
 
     from tgrad import device as tdevice
-    from tgrad import realize, schedule_cache
+    from tgrad import schedule_cache
+    from tgrad.runtime.cpu import groups as cpu_groups
     from tgrad.runtime.cpu import pool as cpu_pool
     from tgrad.runtime.cpu import runtime as cpu_runtime
 
@@ -442,11 +443,11 @@ def test_a_scatter_that_cannot_run_is_not_compiled(tmp_path, monkeypatch):
     real = emit_numba_conv.render_input_grad
     monkeypatch.setattr(emit_numba_conv, "render_input_grad",
                         lambda *a: scatters.append(real(*a)) or scatters[-1])
-    private = realize._private_of
+    private = cpu_groups._private_of
     monkeypatch.setattr(schedule_cache, "_cache", collections.OrderedDict())  # (no runners of other tests)
     for kept, size in ((True, 17), (False, 18)):  # (a size each: schedules of their own)
         keep = private if kept else lambda items, groups, requested: set()
-        monkeypatch.setattr(realize, "_private_of", keep)
+        monkeypatch.setattr(cpu_groups, "_private_of", keep)
         rt = cpu_runtime.CPURuntime()
         tuned = dataclasses.replace(rt.props.host, pair_min_result=1 << 16)
         rt.set_props(dataclasses.replace(rt.props, host=tuned))

@@ -1,4 +1,4 @@
-"""CPU row groups (emit_numba.render_rows, realize._row_groups): consecutive kernels that each work row
+"""CPU row groups (emit_numba.render_rows, runtime/cpu/groups.py): consecutive kernels that each work row
 by row (a softmax's max, its sum of exponentials, its normalisation) run as one function with one loop
 over rows, and a reduce stores the values the last kernel would compute again (the exponentials). Values
 against PyTorch; groups that would read another row's results must not form."""

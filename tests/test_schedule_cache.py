@@ -107,11 +107,13 @@ def test_row_groups_of_a_cached_schedule_are_found_once(monkeypatch):
     """The driver keeps a cached schedule's row groups with it (they depend on its structure alone): the
     same structure again gets the groups that finding them again gives (runner, nodes, first item),
     without finding them; an assign's target among a group's nodes included."""
-    from tgrad import realize
+    from tgrad.device import get_runtime
+    from tgrad.runtime.cpu import groups
 
+    rt = get_runtime("CPU")
     found = []
-    find = realize._row_groups
-    monkeypatch.setattr(realize, "_row_groups", lambda items: found.append(1) or find(items))
+    find = groups._row_groups
+    monkeypatch.setattr(groups, "_row_groups", lambda items, rt: found.append(1) or find(items, rt))
     rng = np.random.default_rng(3)
 
     def graph():  # the same structure each time: new buffers
@@ -120,12 +122,12 @@ def test_row_groups_of_a_cached_schedule_are_found_once(monkeypatch):
         return [p.assign(p * 0.9 + x.softmax(1) * 0.1).node]
 
     first = schedule_cache.schedule(graph())
-    assert realize._row_groups_of(first)
+    assert groups._row_groups_of(first, rt)
     again = schedule_cache.schedule(graph())
     calls = len(found)
-    kept = realize._row_groups_of(again)
+    kept = groups._row_groups_of(again, rt)
     assert len(found) == calls, "the groups were found again"
-    fresh = find(again)
+    fresh = find(again, rt)
     assert kept.keys() == fresh.keys()
     for last, (runner, nodes, start) in fresh.items():
         assert kept[last][0] is runner and kept[last][2] == start

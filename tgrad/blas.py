@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tgrad.dtype import DType, dtypes
-from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_const, is_true, linear_terms
+from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_true, linear_terms, same_index
 
 
 @dataclass(frozen=True)
@@ -384,12 +384,6 @@ def _remap_idx(e: Expr, remap: dict[int, Expr], memo: dict | None = None) -> Exp
     return hit
 
 
-def same_index(a: Expr, b: Expr) -> bool:
-    """Whether two index expressions are the same sum of terms (in any order)."""
-    diff = iadd(a, imul(b, -1))
-    return is_const(diff) and diff.arg == 0
-
-
 # ---------------------------------------------------------------------------------------------------
 # piece pairs: a matmul and the elementwise kernel after it that reads its result image by image
 
@@ -399,7 +393,7 @@ class PiecePair:
     """A BLAS kernel k1 run in pieces of its axis 0 (`chunk`), each piece followed at once by the next
     kernel k2 over the same images (`sub`: k2 over chunk.size images), which reads k1's result while it
     is in cache: a conv's col2im matmul (164 MB of window shares for the MNIST CNN's second conv) and
-    the sum that shifts them into place. Where nothing else reads k1's result (realize._private_of) it
+    the sum that shifts them into place. Where nothing else reads k1's result (runtime/cpu/groups.py) it
     is never written whole, else k1 writes it too; k2's pointers move by `shifts` elements per image (its
     output's by `out_shift`)."""
 

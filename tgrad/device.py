@@ -229,19 +229,16 @@ class Runtime:
         raise NotImplementedError
 
     def prepare(self, kernels: list, groups: list = ()) -> None:
-        """Called with the kernels a schedule will compile and the row groups (Runners from rows_runner)
+        """Called with the kernels a schedule will compile and the row groups (the Runners of its plan)
         it will run, before it runs (the CPU compiles them in parallel)."""
 
-    def row_count(self, kernel) -> int | None:
-        """The rows of a kernel that this device can run in a row group with its neighbours (None: never;
-        the CPU's row groups, see realize._row_groups); a device that returns a number has rows_runner."""
-        return None
-
-    def pairs(self, first, second, reads: tuple[int, ...]) -> bool:
-        """Whether this device runs kernel `first` and the kernel after it, which reads first's result as
-        its inputs `reads`, together as a group (rows_runner of the two): the CPU's piece pairs
-        (blas.piece_pair: a conv's col2im matmul and its sum, image by image)."""
-        return False
+    def plan(self, items: list, requested: list) -> tuple[dict, set]:
+        """How this device runs a schedule's items beyond one runner each (realize.run_schedule asks every
+        device of a schedule): {index of a group's last item: (a Runner for the group, the nodes it takes
+        after the last item's output, index of its first item)} for runs of consecutive items it runs as
+        one, and the indices of items whose output only such a group needs (it gets no buffer). The
+        default: none (the CPU's row groups and piece pairs: runtime/cpu/groups.py)."""
+        return {}, set()
 
     def evaluate(self, nodes: list) -> None:
         """(evaluates_graphs devices only) compute the nodes' values into buffers."""

@@ -21,6 +21,7 @@ Fusion rules (each kernel has one output):
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import threading
 import weakref
@@ -548,3 +549,45 @@ def schedule(outputs: list[Node]) -> list[ScheduleItem]:
     realize = set(roots)
     items = [lower_kernel(r, realize) for r in roots]
     return order_assigns(items)
+
+
+# ---------------------------------------------------------------------------------------------------
+# facts about scheduled items that the driver and the runtimes' plans ask
+
+
+def has_work(kernel: Kernel) -> bool:
+    """Whether a kernel has work (an empty output needs no launch, a 0-d one does)."""
+    return math.prod(kernel.global_shape) > 0 or not kernel.shape
+
+
+def same_index(a: Expr, b: Expr) -> bool:
+    """Whether two index expressions are the same sum of terms (in any order)."""
+    diff = iadd(a, imul(b, -1))
+    return is_const(diff) and diff.arg == 0
+
+
+_ELSEWHERE: dict[tuple[Kernel, int], bool] = {}  # (kernel, input) -> reads_target_elsewhere's answer
+
+
+def reads_target_elsewhere(it: ScheduleItem) -> bool:
+    """Whether an assign's kernel reads its target anywhere but at the element it writes (x.assign(x.flip(0)),
+    x.assign(x + x[0]), a reduce over x): written in place, later elements would read new values, so the
+    target is read from a copy (realize.run_schedule). Remembered per kernel."""
+    if it.target is None:
+        return False
+    k, buf = it.kernel, it.target.buffer
+    for p in (i for i, n in enumerate(it.inputs) if n.buffer is buf):  # the target, or a node aliasing it
+        hit = _ELSEWHERE.get((k, p))
+        if hit is None:
+            seen, stack, hit = set(), [k.expr] + ([k.reduce_expr] if k.reduce_expr is not None else []), False
+            while stack and not hit:
+                e = stack.pop()
+                if e not in seen:
+                    seen.add(e)
+                    stack.extend(e.srcs)
+                    if e.op == "LOAD" and e.arg == p:  # not exactly the element written: another one
+                        hit = not (is_true(e.srcs[1]) and same_index(e.srcs[0], k.out_index))
+            _ELSEWHERE[(k, p)] = hit
+        if hit:
+            return True
+    return False

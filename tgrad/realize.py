@@ -23,7 +23,6 @@ from collections.abc import Callable, Hashable, Iterator
 import numpy as np
 
 from tgrad import device, fuse, schedule_cache
-from tgrad.blas import same_index
 from tgrad.device import Buffer, Runner, Runtime, Stats, check_memory, get_runtime, out_of_memory
 from tgrad.dtype import DType, dtypes, round_to
 from tgrad.errors import GraphDepthError, user_frame
@@ -162,11 +161,6 @@ def pretty(expr, indent: int = 0, width: int = 100) -> str:
     return f"{expr.op}(\n{pad}{args}\n{' ' * indent})"
 
 
-def _runs(kernel: fuse.Kernel) -> bool:
-    """Whether a kernel has work (an empty output needs no launch, a 0-d one does)."""
-    return prod(kernel.global_shape) > 0 or not kernel.shape
-
-
 class _Progress:
     """Compile time of one realize; once it passes 2 s, a line per second on stderr (kernels compiled /
     to compile) when stderr is a terminal or DEBUG >= 1."""
@@ -184,90 +178,6 @@ class _Progress:
             print(f"tgrad: compiled {self.done}/{self.total} kernels ({self.seconds:.1f} s)", file=sys.stderr)
 
 
-def _row_groups(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[Node], int]]:
-    """Runs of consecutive kernels over the same rows that a runtime runs as one function
-    (the CPU's row groups: a softmax's three kernels in one loop over rows): the index of each run's last
-    item -> the run's runner, the nodes it takes after the last item's output (the earlier items'
-    outputs, which it writes too, and everyone's inputs) and the index of its first item."""
-    out: dict[int, tuple[Runner, list[Node], int]] = {}
-    start = 0
-    while start < len(items):
-        rt = get_runtime(items[start].out.device)
-        best, end = None, start
-        while end + 1 < len(items) and _chained(items, end, rt):
-            group = _group(items, start, end + 1, rt)
-            if group is None:
-                break
-            best, end = group, end + 1
-        if best is None and _paired(items, start, rt):
-            best = _group(items, start, start + 1, rt)
-            end = start + 1 if best is not None else start
-        it = items[start]
-        # an assign that reads its target (SGD's update): a group of one reads it through one name (_group)
-        if best is None and it.target in it.inputs and _runs(it.kernel) \
-                and rt.row_count(it.kernel) is not None and not _reads_target_elsewhere(it):
-            best = _group(items, start, start, rt)
-        if best is not None:
-            out[end] = (*best, start)
-        start = end + 1
-    return out
-
-
-def _row_groups_of(items: list[fuse.ScheduleItem]) -> dict[int, tuple[Runner, list[Node], int]]:
-    """_row_groups(items); for a schedule from schedule_cache, found once per cached schedule: they depend
-    on its structure alone, and finding them again was a visible cost of each eager MLP step (measured:
-    bench/HISTORY.md). Kept as each group's nodes' places in the items: (item, -1) its output, (item, -2)
-    its target, (item, j) input j."""
-    memo = getattr(items, "memo", None)
-    kept = None if memo is None else memo.get("row_groups")
-    if kept is None:
-        groups = _row_groups(items)
-        if memo is not None:
-            memo["row_groups"] = {last: (runner, _places(items, first, last, nodes), first)
-                                  for last, (runner, nodes, first) in groups.items()}
-        return groups
-    return {last: (runner, [items[i].out if j == -1 else items[i].target if j == -2 else items[i].inputs[j]
-                            for i, j in places], first) for last, (runner, places, first) in kept.items()}
-
-
-def _places(items: list[fuse.ScheduleItem], first: int, last: int, nodes: list[Node]) -> list[tuple]:
-    where: dict[int, tuple[int, int]] = {}
-    for i in range(first, last + 1):
-        it = items[i]
-        where.setdefault(id(it.out), (i, -1))
-        if it.target is not None:
-            where.setdefault(id(it.target), (i, -2))
-        for j, n in enumerate(it.inputs):
-            where.setdefault(id(n), (i, j))
-    return [where[id(n)] for n in nodes]
-
-
-def _group(items: list[fuse.ScheduleItem], start: int, last: int, rt: Runtime) -> tuple | None:
-    """items[start..last] as one row group: its runner and the nodes it takes (see _row_groups), or None."""
-    nodes: list[Node] = []
-    members, sizes = [], {}
-    # a node realized before on an assign's target buffer (an earlier assign's) is that target: one name,
-    # so the checks below see every read of the buffer the group overwrites
-    target_of = {id(it.target.buffer): it.target for it in items[start : last + 1] if it.target is not None}
-    for i, it in enumerate(items[start : last + 1]):
-        ins = tuple(_position(nodes, target_of.get(id(n.buffer), n) if n.buffer is not None else n)
-                    for n in it.inputs)
-        at = None if start + i == last else _position(nodes, it.out)
-        if at is not None:
-            sizes[at] = prod(it.out.shape)
-        members.append((it.kernel, ins, at))
-    # an assign overwrites its target row by row: every member must read the old value in the row being
-    # computed, and reads it through the new value's name (one buffer: LLVM vectorizes one pointer, not two)
-    aliases = []  # (the target's position, its assign's output position or -1: the group's out)
-    for i, it in enumerate(items[start : last + 1]):
-        for at, n in enumerate(nodes):
-            if n is it.target:
-                sizes[at] = prod(n.shape)
-                aliases.append((at, -1 if members[i][2] is None else members[i][2]))
-    runner = rt.rows_runner(tuple(members), tuple(sorted(sizes.items())), tuple(aliases))
-    return None if runner is None else (runner, nodes)
-
-
 class _Later:
     """What TinyJit records for a kernel that its row group's function computes (at the group's last)."""
 
@@ -278,33 +188,6 @@ class _Later:
 
 
 _LATER = _Later()
-
-
-_ELSEWHERE: dict[tuple[fuse.Kernel, int], bool] = {}
-
-
-def _reads_target_elsewhere(it: fuse.ScheduleItem) -> bool:
-    """Whether an assign's kernel reads its target anywhere but at the element it writes (x.assign(x.flip(0)),
-    x.assign(x + x[0]), a reduce over x): written in place, later elements would read new values, so the
-    target is read from a copy (run_schedule). Remembered per kernel."""
-    if it.target is None:
-        return False
-    k, buf = it.kernel, it.target.buffer
-    for p in (i for i, n in enumerate(it.inputs) if n.buffer is buf):  # the target, or a node aliasing it
-        hit = _ELSEWHERE.get((k, p))
-        if hit is None:
-            seen, stack, hit = set(), [k.expr] + ([k.reduce_expr] if k.reduce_expr is not None else []), False
-            while stack and not hit:
-                e = stack.pop()
-                if e not in seen:
-                    seen.add(e)
-                    stack.extend(e.srcs)
-                    if e.op == "LOAD" and e.arg == p:  # not exactly the element written: another one
-                        hit = not (fuse.is_true(e.srcs[1]) and same_index(e.srcs[0], k.out_index))
-            _ELSEWHERE[(k, p)] = hit
-        if hit:
-            return True
-    return False
 
 
 def _copy(rt: Runtime, buf: Buffer, node: Node) -> Buffer:
@@ -321,63 +204,24 @@ def _copy(rt: Runtime, buf: Buffer, node: Node) -> Buffer:
     return out
 
 
-def _chained(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
-    """Whether items i and i + 1 could be in one row group: the same rows on one device. (They need not
-    read each other: a BatchNorm backward's sums over a channel read the same rows of the same inputs.)"""
-    a, b = items[i], items[i + 1]
-    return (get_runtime(b.out.device) is rt and _runs(a.kernel) and _runs(b.kernel)
-            and not _reads_target_elsewhere(a) and not _reads_target_elsewhere(b)
-            and rt.row_count(a.kernel) is not None and rt.row_count(a.kernel) == rt.row_count(b.kernel))
-
-
-def _paired(items: list[fuse.ScheduleItem], i: int, rt: Runtime) -> bool:
-    """Whether items i and i + 1 run as the device's pair (Runtime.pairs): on one device, no assigns."""
-    if i + 1 >= len(items):
-        return False
-    a, b = items[i], items[i + 1]
-    reads = tuple(j for j, n in enumerate(b.inputs) if n is a.out)
-    return (bool(reads) and get_runtime(b.out.device) is rt and a.target is None and b.target is None
-            and _runs(a.kernel) and _runs(b.kernel) and rt.pairs(a.kernel, b.kernel, reads))
-
-
-def _position(nodes: list[Node], node: Node) -> int:
-    for i, n in enumerate(nodes):
-        if n is node:
-            return i
-    nodes.append(node)
-    return len(nodes) - 1
-
-
-def _private_of(items: list[fuse.ScheduleItem], groups: dict, requested: list[Node]) -> set[int]:
-    """The items whose output only their pair group needs (Runtime.pairs: the first kernel of a pair,
-    which the group then keeps in its threads' caches instead of writing it): no other item reads it and
-    no requested node is it or a view of it. Such an output gets no buffer and its node stays unrealized:
-    a graph built on it later computes it again. Remembered with a cached schedule (its structure fixes
-    them)."""
-    memo = getattr(items, "memo", None)
-    if memo is not None and "private" in memo:
-        return memo["private"]
-    private = set()
-    for last, (_, _, first) in groups.items():
-        if last != first + 1 or not _paired(items, first, get_runtime(items[first].out.device)):
-            continue
-        node = items[first].out
-        if any(r.base is node for r in requested) or any(
-                it.target is node or (j != last and any(n is node for n in it.inputs))
-                for j, it in enumerate(items)):
-            continue
-        private.add(first)
-    if memo is not None:
-        memo["private"] = private
-    return private
+def _plan(items: list[fuse.ScheduleItem], requested: list[Node]) -> tuple[dict, set[int]]:
+    """What the items' devices run together (Runtime.plan: the CPU's row groups and pairs): {index of a
+    group's last item: (its runner, the nodes it takes, index of its first item)}, and the items whose
+    output only such a group needs (no buffer, never realized)."""
+    groups: dict[int, tuple[Runner, list[Node], int]] = {}
+    private: set[int] = set()
+    for rt in dict.fromkeys(get_runtime(it.out.device) for it in items):
+        more, hidden = rt.plan(items, requested)
+        groups.update(more)
+        private |= hidden
+    return groups, private
 
 
 def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> None:
     """Run scheduled kernels in order; each item's output node gets its buffer (but the outputs that only
     a pair group needs, `_private_of`; `requested`, the nodes the caller reads, are never among them)."""
     t_all = time.perf_counter()
-    groups = _row_groups_of(items)
-    private = _private_of(items, groups, requested)
+    groups, private = _plan(items, requested)
     hidden = {id(items[i].out) for i in private}
     later = {i for last, (_, _, first) in groups.items() for i in range(first, last)}  # run by the group
     new: dict[Runtime, list] = {}  # kernels to compile, by device (the CPU compiles them in parallel)
@@ -387,7 +231,8 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
         new.setdefault(get_runtime(items[last].out.device), [])
     for index, it in enumerate(items):
         rt = get_runtime(it.out.device)
-        if it.kernel not in rt.runners and _runs(it.kernel) and index not in later and index not in groups:
+        grouped = index in later or index in groups
+        if it.kernel not in rt.runners and fuse.has_work(it.kernel) and not grouped:
             new.setdefault(rt, []).append(it.kernel)
         if it.target is None and index not in private:  # before anything runs: nothing is half-written
             check_memory(rt, it.out.shape, it.out.dtype, functools.partial(_what, it))
@@ -405,7 +250,7 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
         if index in later:  # written by its group's function, which runs at the group's last kernel
             if RECORDER is not None:
                 RECORDER.launch(_LATER, out, [], fresh=it.target is None, node=it.out)
-        elif _runs(k):
+        elif fuse.has_work(k):
             fresh = index not in groups and k not in rt.runners
             t0 = time.perf_counter()
             if index in groups:
@@ -414,7 +259,7 @@ def run_schedule(items: list[fuse.ScheduleItem], requested: list[Node] = ()) -> 
                 inputs = [rt.alloc(0, n.dtype) if id(n) in hidden else n.buffer for n in nodes]
             else:
                 runner, inputs = rt.runner(k), [n.buffer for n in it.inputs]
-                if _reads_target_elsewhere(it):
+                if fuse.reads_target_elsewhere(it):
                     tb = it.target.buffer
                     inputs = [_copy(rt, b, n) if b is tb else b for n, b in zip(it.inputs, inputs)]
             if fresh:

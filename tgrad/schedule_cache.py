@@ -34,7 +34,7 @@ class Cached(list):
 
 
 def clear() -> None:
-    """Forget every schedule (their memos hold what a device's row_count and pairs said: after its
+    """Forget every schedule (their memos hold a device's plan: the CPU's row groups and pairs, after its
     properties change, Runtime.set_props)."""
     _cache.clear()
 

@@ -38,6 +38,7 @@ from tgrad.opt.opts import DeviceProps
 from tgrad.program import Program
 from tgrad.runtime.cpu import batch as cpu_batch
 from tgrad.runtime.cpu import gemm as cpu_gemm
+from tgrad.runtime.cpu import groups as cpu_groups
 from tgrad.runtime.cpu import pool as cpu_pool
 from tgrad.runtime.cpu import threads as cpu_threads
 from tgrad.runtime.cpu.blas import BlasCall, DirectConv, Tiered, _view, openblas_idle_timeout
@@ -368,6 +369,9 @@ class CPURuntime(Runtime):
         if self.pool.live and len(jobs) >= 2:
             self.pool.submit(list(jobs.items()))
 
+    def plan(self, items: list, requested: list) -> tuple[dict, set]:
+        return cpu_groups.plan(self, items, requested)
+
     def row_count(self, kernel: Kernel) -> int | None:
         """The rows of a kernel that can be in a row group (emit_numba.row_count), remembered."""
         hit = self.row_counts.get(kernel, False)
@@ -478,7 +482,7 @@ class CPURuntime(Runtime):
 
             try:  # k1's computed operands are made whole first
                 operands, scratch = _with_prologues(plan, prologues(), [arrays[p] for p in ins1], memory)
-                # k1's output: an empty buffer when the group keeps it (realize._private_of)
+                # k1's output: an empty buffer when the group keeps it (groups._private_of)
                 first = arrays[at1] if arrays[at1].size else None
                 matmul(operands, memory, out=first, after=after)
                 for array in scratch:

@@ -183,3 +183,17 @@ def test_the_cpu_thresholds_are_device_properties():
     cpu = [c for c in found if c.startswith("tgrad.blas.") or any(w in c for w in choices)]
     assert not cpu, cpu
     assert len(found) <= MAX_TUNING_CONSTANTS, (len(found), found)
+
+
+def test_the_driver_is_device_neutral():
+    """realize.py asks a device one question about a schedule (Runtime.plan) and knows no device's way of
+    running it (the CPU's row groups and pairs live in runtime/cpu/groups.py); nothing above the runtimes
+    compares a device's name with "CPU" to choose how to compute."""
+    source = (PACKAGE / "realize.py").read_text()
+    assert not [w for w in ("row_count", "rows_runner", ".pairs(", '"CPU"') if w in source]
+    assert hasattr(device.Runtime, "plan") and not hasattr(device.Runtime, "row_count")
+    above = [p for p in PACKAGE.rglob("*.py")
+             if "runtime" not in p.parts and p.name not in ("device.py", "config.py")]
+    compares = [str(p.relative_to(ROOT)) for p in above
+                if re.search(r'(==|!=|\bin)\s*\(?"CPU"', p.read_text())]
+    assert not compares, compares

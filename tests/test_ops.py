@@ -634,14 +634,20 @@ def test_linear(device):
 
 def test_matmul_and_linear_build_the_general_paths_graph(device):
     """matmul and linear build their common case (one float dtype, 2-d or more) as graph nodes directly:
-    the same nodes as the general path (x (..., n, 1, k) times w transposed (..., 1, m, k), summed over k;
-    then + bias). Nodes are hash-consed, so the same graph is the same node object."""
+    the same nodes as the general path (x (..., n, 1, k) times w transposed (..., 1, m, k) as a
+    contraction's products, summed over k; then + bias). Nodes are hash-consed, so the same graph is the
+    same node object; the same sum of products written elementwise differs only by the product's mark
+    (graph.CONTRACT)."""
     x, w, b = Tensor.randn(2, 3, 4), Tensor.randn(5, 4), Tensor.randn(5)
     xb, wb = Tensor.randn(2, 1, 3, 4), Tensor.randn(3, 4, 2)
     for left, right in ((x, w.T), (xb, wb)):
-        general = (left.reshape(left.shape[:-1] + (1, 4)) * right.transpose(-1, -2).unsqueeze(-3)).sum(-1)
+        a, c = left.reshape(left.shape[:-1] + (1, 4)), right.transpose(-1, -2).unsqueeze(-3)
+        general = a._contract_mul(c).sum(-1)
         fast = left @ right
         assert fast.node is general.node and fast.shape == general.shape
+        written = (a * c).sum(-1)
+        assert written.node is not fast.node and written.node.srcs[0].srcs[0].arg is None
+        assert fast.node.srcs[0].srcs[0].arg == "contract"
     lin = x.linear(w, b)
     assert lin.node is (x.matmul(w.T) + b).node
 

@@ -150,7 +150,7 @@ FACTS = {
     "WORDS", "RECORD_HEAD", "MAX_ARGS", "MAX_CHUNKS", "_LEGACY_MAGIC", "KERNEL_OPT",
 }
 # the goal is at most 15 tuning constants outside opt/opts.py's DeviceProps and HostTuning
-MAX_TUNING_CONSTANTS = 27
+MAX_TUNING_CONSTANTS = 26
 
 
 def _numeric(value: ast.expr) -> bool:

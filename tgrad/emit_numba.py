@@ -36,7 +36,7 @@ from tgrad.fuse import (
 from tgrad.graph import strides_for
 from tgrad.loop_axes import flatten, merge_axes, nodes, split_axes
 from tgrad.opt.host import plan_for, sub_threads, threads
-from tgrad.opt.opts import Contract, HostTuning, OptOps, find
+from tgrad.opt.opts import Contract, HostTuning, OptOps, find, upcasts
 from tgrad.program import Program
 
 SPLIT = 64  # chunks a full reduction is split into for threads
@@ -379,18 +379,18 @@ def render(kernel: Kernel) -> Program:
     return Program(kernel.name, source, launch=launch)
 
 
-BATCHED_ROWS = 2  # rows of C a generated batched matmul computes at once (render_batched)
 
 
 def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
     """A batch of small matmuls (CONTRACT BATCHED, opt/host.py: attention's) as one function, the matmuls
-    split over threads. Each matmul copies its B to `pack` row by row where B's rows are not contiguous,
-    then computes BATCHED_ROWS rows of C at a time: for each column j an accumulator per row, the K
-    products added one statement each (K is a constant, so the loop over j is the innermost loop: LLVM
-    vectorizes it, each accumulator a vector of columns, B's row a vector load, A's element broadcast),
-    each product added with one rounding (`_fma`), as BLAS does. At attention's sizes that runs faster
-    than a BLAS call per matmul, whose fixed cost is most of its time (measured: bench/HISTORY.md);
-    BATCHED_ROWS 1 or 4 were slower (4 no longer vectorizes for K = 64)."""
+    split over threads. Each matmul copies its B to `pack` row by row where B's rows are not
+    contiguous, then computes rows of C a pass (its UPCAST on the M axis, opt/host.py:
+    HostTuning.batched_rows) at a time: for each column j an accumulator per row, the K products added
+    one statement each (K is a constant, so the loop over j is the innermost loop: LLVM vectorizes it,
+    each accumulator a vector of columns, B's row a vector load, A's element broadcast), each product
+    added with one rounding (`_fma`), as BLAS does. At attention's sizes that runs faster than a BLAS
+    call per matmul, whose fixed cost is most of its time (measured: bench/HISTORY.md); rows 1 or 4 a
+    pass were slower (4 no longer vectorizes for K = 64)."""
     k = kernel
     reads = tuple(sorted({plan.a.input, plan.b.input}))
     name = {i: f"in{j}" for j, i in enumerate(reads)}
@@ -432,10 +432,11 @@ def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
                       for j in range(rows)]
         return lines + [f"        out[o0 + {j * so[m]} + i{n}] = c{j}_{depth}" for j in range(rows)]
 
-    tail = rows_m % BATCHED_ROWS
-    if rows_m >= BATCHED_ROWS:
-        body.append(f"    for i{m} in range(0, {rows_m - tail}, {BATCHED_ROWS}):")
-        body += ["    " + line for line in block(f"i{m}", BATCHED_ROWS)]
+    per = upcasts(kernel.opts).get(m, 1)  # rows of C a pass
+    tail = rows_m % per
+    if rows_m >= per:
+        body.append(f"    for i{m} in range(0, {rows_m - tail}, {per}):")
+        body += ["    " + line for line in block(f"i{m}", per)]
     if tail:
         body += block(str(rows_m - tail), tail)
     args = ", ".join(["out", *name.values(), *(["pack"] if pack else []), "lo", "hi"])

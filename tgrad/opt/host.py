@@ -88,6 +88,7 @@ def host_opts(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
     small = blas.small_batch(kernel, plan)
     if small is not None and small[0] <= t.batched_max_work and small[1] <= t.batched_max_k:
         return (Opt(OptOps.CONTRACT, Contract.BATCHED), Opt(OptOps.BATCH, lead),
+                Opt(OptOps.UPCAST, t.batched_rows, plan.m[0]),
                 *((Opt(OptOps.THREADS, 1),) if math.prod(kernel.shape) >= t.parallel_min_work else ()))
     if blas.conv_forward(kernel, plan) and _direct(kernel, kernel.shape[1], *kernel.reduce_shape, t):
         impl = Contract.DIRECT

@@ -1,6 +1,6 @@
 """Run tinygrad's tests against tgrad through the import shim.
 
-    python tests/tinygrad_shim/run.py TEST_FILE... [--device NUMPY] [--jobs 2] [--timeout 120] [-k substr]
+    python tests/tinygrad_shim/run.py TEST_FILE... [--device NUMPY] [--jobs 2] [--timeout 120] [-k substr]...
         [--forward-only] [--json results.json] [--show N]
     python tests/tinygrad_shim/run.py --tinygrad /path/to/tinygrad    # the user-facing files (USER_FILES)
 
@@ -58,7 +58,7 @@ INTERNAL = re.compile(
 SKIP_LINES = r"\bif DEBUG\b|skipIf|skipUnless"  # debug prints and skip conditions do not test internals
 
 WORKER = r"""
-import importlib, importlib.util, json, os, signal, sys, traceback, unittest
+import importlib, importlib.util, json, os, signal, sys, time, traceback, unittest
 sys.path[:0] = [{shim!r}, {repo!r}]
 if {root!r}:  # after the shim (its tinygrad/ is the real one), before the standard library's `test`
     sys.path.insert(2, {root!r})
@@ -85,6 +85,7 @@ for name in names:
     case = loader.loadTestsFromName(name, module)
     result = unittest.TestResult()
     signal.alarm({timeout})
+    t0 = time.perf_counter()
     try:
         case.run(result)
     except Timeout as e:
@@ -98,7 +99,8 @@ for name in names:
         kind, text = "skip", result.skipped[0][1]
     else:
         kind, text = "pass", ""
-    print(json.dumps({{"name": name, "kind": kind, "text": text[-3000:]}}), flush=True)
+    seconds = round(time.perf_counter() - t0, 2)
+    print(json.dumps({{"name": name, "kind": kind, "text": text[-3000:], "s": seconds}}), flush=True)
 """
 
 
@@ -233,7 +235,7 @@ def run_file(path: Path, args, env: dict) -> tuple[list[str], dict[str, dict], i
     """Every user-facing case of one file: (names, results, how many were excluded as internal)."""
     cases = test_cases(path)
     excluded = sum(internal is not None for _, internal in cases)
-    names = [n for n, internal in cases if internal is None and args.k in n]
+    names = [n for n, internal in cases if internal is None and any(k in n for k in args.k or [""])]
     if not names:
         return names, {}, excluded
     results = run_workers(path, names, args.jobs, args.timeout, env)
@@ -253,7 +255,7 @@ def main() -> None:
     ap.add_argument("--device", default="NUMPY", help="tgrad device the cases run on (default NUMPY)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per case")
-    ap.add_argument("-k", default="", help="only cases whose name contains this")
+    ap.add_argument("-k", action="append", help="only cases whose name contains this (repeat: any of them)")
     ap.add_argument("--forward-only", action="store_true", help="FORWARD_ONLY=1: skip the gradient checks")
     ap.add_argument("--json", type=Path, help="write every case's result here")
     ap.add_argument("--show", type=int, default=0, help="print the traceback tail of this many failures")

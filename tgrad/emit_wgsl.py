@@ -33,7 +33,7 @@ from tgrad import emit_cstyle
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import MATH, Dialect
 from tgrad.errors import DTypeError, KernelError
-from tgrad.fuse import Expr, Kernel, is_const, reduce_identity
+from tgrad.fuse import Expr, Kernel, const, is_const, reduce_identity
 from tgrad.opt.opts import OptOps, find, upcasts
 from tgrad.program import Program
 
@@ -289,11 +289,26 @@ CODE_FOR_OP = {
 }
 
 
-def _folds_to_zero(e: Expr) -> bool:
-    """x * 0 and x - x: Mesa folds these to 0 (drivers may assume no NaN or inf), so they are written out."""
+def _bare(e: Expr) -> Expr:
+    """e without multiplications by 1 (Mesa drops them before it folds x - x)."""
+    while e.op == "MUL" and (is_const(e.srcs[0], 1) or is_const(e.srcs[1], 1)):
+        e = e.srcs[0] if is_const(e.srcs[1], 1) else e.srcs[1]
+    return e
+
+
+def _folds_to_zero(e: Expr) -> Expr | None:
+    """For x * 0, x - x and x + -x: the x that decides it. Mesa folds these to 0 (drivers may assume no
+    NaN or inf), which is wrong for an inf or nan x, so they are written out."""
     if e.op == "MUL":
-        return is_const(e.srcs[0], 0) or is_const(e.srcs[1], 0)
-    return e.op == "SUB" and e.srcs[0] == e.srcs[1]
+        return e.srcs[1] if is_const(e.srcs[0], 0) else e.srcs[0] if is_const(e.srcs[1], 0) else None
+    if e.op not in ("SUB", "ADD"):
+        return None
+    a, b = _bare(e.srcs[0]), _bare(e.srcs[1])
+    if e.op == "SUB":
+        return e.srcs[0] if a == b else None
+    if (b.op == "NEG" and _bare(b.srcs[0]) == a) or (a.op == "NEG" and _bare(a.srcs[0]) == b):
+        return e.srcs[0]
+    return None
 
 
 @dataclass(frozen=True)
@@ -378,8 +393,9 @@ class WGSLDialect(Dialect):
     def alu(self, e: Expr, srcs: list[str]) -> str:
         text = self.apply(e, srcs)
         ty = self.type_name(e.dtype)
-        if ty in ("f32", "f64") and _folds_to_zero(e):
-            x = srcs[1] if e.op == "MUL" and is_const(e.srcs[0], 0) else srcs[0]
+        decides = _folds_to_zero(e) if ty in ("f32", "f64") else None
+        if decides is not None:
+            x = srcs[list(e.srcs).index(decides)]
             zero, nan = self.const(0, e.dtype), self.const(math.nan, e.dtype)
             text = f"select({zero}, {nan}, !finite{ty[1:]}({x}))"
         elif ty in ("f32", "f64") and e.op in ("ADD", "SUB", "MUL") and any(
@@ -507,6 +523,24 @@ def _indices_as_int32(kernel: Kernel) -> Kernel:
                    out_index=index(kernel.out_index))
 
 
+def _without_empty_reduce(kernel: Kernel) -> Kernel:
+    """A reduce over no elements as its identity, written into the stored value: the accumulator of a loop
+    that never runs is a value Mesa knows, and it folds 0 * (1 / 0) to 0 (var over an empty axis)."""
+    if kernel.reduce_expr is None or 0 not in kernel.reduce_shape:
+        return kernel
+    ident = const(reduce_identity(kernel.reduce_op, kernel.acc_dtype), kernel.acc_dtype)
+    memo: dict = {}
+
+    def sub(e: Expr) -> Expr:
+        if id(e) not in memo:
+            memo[id(e)] = ident if e.op == "ACC" else e if not e.srcs else Expr(
+                e.op, tuple(sub(s) for s in e.srcs), e.arg, e.dtype)
+        return memo[id(e)]
+
+    return replace(kernel, shape=kernel.global_shape, reduce_op=None, reduce_expr=None, expr=sub(kernel.expr),
+                   opts=())
+
+
 def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int = 65535) -> Program:
     """One kernel as a WGSL compute shader: an entry point named after the kernel, `out` at binding 0 and
     the inputs `in0, in1, ...` at bindings 1.. (all in group 0), dispatched on `global_size` workgroups
@@ -516,6 +550,7 @@ def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int
         target.check(dt)
     if upcasts(kernel.opts):
         raise KernelError(f"kernel {kernel.name}: WGSL renders no register tiles (UPCAST opts)")
+    kernel = _without_empty_reduce(kernel)
     lowered = _indices_as_int32(kernel) if target.int64 else kernel
     tree = find(kernel.opts, OptOps.GROUP)
     local = tree or find(kernel.opts, OptOps.LOCAL, 1)

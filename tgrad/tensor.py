@@ -191,9 +191,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             if isinstance(data, Tensor):
                 node = data.node if device == data.device else data.to(device).node
                 if dtype is not None:
-                    node = g.cast(node, dtype)
+                    node = g.cast(node, _dtype_on(dtype, device))
             elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-                dtype = dtype or dtypes.from_py(data)
+                dtype = _dtype_on(dtype or dtypes.from_py(data), device)
                 node = g.const(check_fits(data, dtype, "Tensor"), dtype, device)
             else:
                 node = _node_from_host(data, device, dtype)

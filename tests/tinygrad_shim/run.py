@@ -110,6 +110,17 @@ def test_cases(path: Path) -> list[tuple[str, str | None]]:
     the same file."""
     src = path.read_text()
     tree = ast.parse(src)
+    lines = src.splitlines(keepends=True)  # (ast.get_source_segment splits the whole file on every call)
+
+    def segment(n) -> str:
+        if getattr(n, "end_lineno", None) is None:
+            return ""
+        if n.lineno == n.end_lineno:
+            return lines[n.lineno - 1].encode()[n.col_offset : n.end_col_offset].decode()
+        first = lines[n.lineno - 1].encode()[n.col_offset :].decode()
+        last = lines[n.end_lineno - 1].encode()[: n.end_col_offset].decode()
+        return first + "".join(lines[n.lineno : n.end_lineno - 1]) + last
+
     funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
 
@@ -132,7 +143,7 @@ def test_cases(path: Path) -> list[tuple[str, str | None]]:
         out, todo, seen = [], [node], {id(node)}
         while todo:
             n = todo.pop()
-            t = (ast.get_source_segment(src, n) or "") + "".join(ast.unparse(d) for d in n.decorator_list)
+            t = segment(n) + "".join(ast.unparse(d) for d in n.decorator_list)
             out.append(t)
             for name in sorted(set(re.findall(r"\b(\w+)\(", t)) | set(re.findall(r"self\.(\w+)", t))):
                 f = ms.get(name) or funcs.get(name)

@@ -699,12 +699,12 @@ def test_arange_overflow(device):
 
 @pytest.mark.parametrize("dt", [dtypes.uint16, dtypes.uint32, dtypes.uint64])
 def test_unsigned_dtypes(device, dt):
-    if device not in dtypes.HOST_DEVICES:
-        # a list, a Python scalar (tinygrad's Tensor(2**64 - 1, dtype=dtypes.uint64) made an int32 on WEBGPU,
-        # a KeyError on CL) and a tensor converted on creation are all refused, naming the dtype
+    if device not in dtypes.UINT_DEVICES:
+        # a list, a Python scalar (tinygrad's Tensor(2**64 - 1, dtype=dtypes.uint64) made an int32 on WEBGPU)
+        # and a tensor converted on creation are all refused, naming the dtype
         for make in (lambda: Tensor([1, 2], dtype=dt), lambda: Tensor(int(dt.max), dtype=dt),
                      lambda: Tensor(Tensor([1, 2]), dtype=dt), lambda: Tensor.full((2,), 7, dtype=dt)):
-            with pytest.raises(DTypeError, match=f"{dt.name} exists on CPU and NUMPY only"):
+            with pytest.raises(DTypeError, match=f"{dt.name} exists on CPU, NUMPY, CL and QCOM only"):
                 make()
         return
     big = int(dt.max) - 5
@@ -720,6 +720,9 @@ def test_unsigned_dtypes(device, dt):
     np.testing.assert_array_equal((ta << 3).numpy(), a << dt.np.type(3))
     np.testing.assert_array_equal((ta < tb).numpy(), a < b)
     np.testing.assert_array_equal(ta.max().numpy(), a.max())
+    np.testing.assert_array_equal((ta | int(dt.max)).numpy(), a | dt.np.type(dt.max))  # uint64: past int64
+    np.testing.assert_array_equal(Tensor(int(dt.max), dtype=dt).numpy(), np.array(dt.max, dt.np))
+    np.testing.assert_array_equal(ta.cast(dtypes.float32).numpy(), a.astype(np.float32))
     np.testing.assert_array_equal(Tensor([1.7, 300.2]).cast(dt).numpy(), np.array([1.7, 300.2]).astype(dt.np))
     with pytest.raises(DTypeError, match="promot"):
         ta + Tensor([1, 2, 3], dtype=dtypes.int32)

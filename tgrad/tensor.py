@@ -81,14 +81,15 @@ def backward_roots() -> list[Tensor]:
 
 
 def _dtype_on(dtype: DType, device: str) -> DType:
-    """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
+    """dtype, after checking that the device has it (uint16/32/64 live on CPU, NUMPY and CL only)."""
     if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
         raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
                          f"{device}; cast to float16 or bfloat16 first")
-    if device not in dtypes.HOST_DEVICES and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
+    homes = dtypes.UINT_DEVICES if dtype in dtypes.HOST_ONLY else dtypes.HOST_DEVICES
+    if device not in homes and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
         instead = "float32 or float16" if dtype.is_float else "a signed integer type"
-        raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
-                         f"cast to {instead} first")
+        where = f"{', '.join(homes[:-1])} and {homes[-1]}"
+        raise DTypeError(f"{dtype.name} exists on {where} only, not on {device}; cast to {instead} first")
     return dtype
 
 

@@ -704,7 +704,7 @@ def test_unsigned_dtypes(device, dt):
         # and a tensor converted on creation are all refused, naming the dtype
         for make in (lambda: Tensor([1, 2], dtype=dt), lambda: Tensor(int(dt.max), dtype=dt),
                      lambda: Tensor(Tensor([1, 2]), dtype=dt), lambda: Tensor.full((2,), 7, dtype=dt)):
-            with pytest.raises(DTypeError, match=f"{dt.name} exists on CPU, NUMPY, CL and QCOM only"):
+            with pytest.raises(DTypeError, match=f"{dt.name} exists on CPU, NUMPY, CL, .* only, not on"):
                 make()
         return
     big = int(dt.max) - 5

@@ -102,7 +102,8 @@ class dtypes:
     HOST_ONLY = (uint16, uint32, uint64)
     HOST_FLOATS = (bfloat16,)
     HOST_DEVICES = ("CPU", "NUMPY")
-    UINT_DEVICES = HOST_DEVICES + ("CL", "QCOM")  # HOST_ONLY's: OpenCL C has ushort, uint and ulong too
+    # HOST_ONLY's: OpenCL C has ushort, uint and ulong too, Triton uint16/32/64 (CUDA and AMD run Triton)
+    UINT_DEVICES = HOST_DEVICES + ("CL", "QCOM", "TRITON", "CUDA", "AMD")
     FP8_DEVICES = ("NUMPY",)  # fp8 tensors (float32 storage rounded to fp8 after every op)
     floats = (float16, bfloat16, float32, float64)
     sints = (int8, int16, int32, int64)

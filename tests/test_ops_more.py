@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import compare, helper_test_op
-from tgrad import Tensor, dtypes
+from tgrad import Device, Tensor, dtypes
 from tgrad.errors import ArgumentError, AutogradError, DTypeError, IndexRangeError, ShapeError
 
 S = (3, 4)
@@ -699,7 +699,7 @@ def test_arange_overflow(device):
 
 @pytest.mark.parametrize("dt", [dtypes.uint16, dtypes.uint32, dtypes.uint64])
 def test_unsigned_dtypes(device, dt):
-    if device not in dtypes.UINT_DEVICES:
+    if device not in (dtypes.UINT32_DEVICES if dt == dtypes.uint32 else dtypes.UINT_DEVICES):
         # a list, a Python scalar (tinygrad's Tensor(2**64 - 1, dtype=dtypes.uint64) made an int32 on WEBGPU)
         # and a tensor converted on creation are all refused, naming the dtype
         for make in (lambda: Tensor([1, 2], dtype=dt), lambda: Tensor(int(dt.max), dtype=dt),
@@ -727,6 +727,34 @@ def test_unsigned_dtypes(device, dt):
     with pytest.raises(DTypeError, match="promot"):
         ta + Tensor([1, 2, 3], dtype=dtypes.int32)
     assert Tensor([1, 2], dtype=dt.name).dtype == dt
+
+
+def test_uint32_values_past_int32_match_numpy(device):
+    """uint32 values past int32 through casts, compares, where, shifts and wrapping arithmetic (WEBGPU
+    computes them as WGSL u32); a sum or cumsum gives int64, which WEBGPU without shader-int64 refuses."""
+    if device not in dtypes.UINT32_DEVICES:
+        return
+    a = np.array([3, 7, 4294967290, 2147483648, 0], np.uint32)
+    i = np.array([-5, 7, 2**31 - 1, -(2**31), 0], np.int32)
+    f = np.array([1.7, 3e9, 4e9, 0.0, 2.2e9], np.float32)
+    ta, ti, tf = Tensor(a), Tensor(i), Tensor(f)
+    shifts = np.array([1, 2, 3, 31, 0], np.uint32)
+    u32 = dtypes.uint32
+    for got, want in [(ta.max(), a.max()), (ta.min(), a.min()), (ta.argmax(), a.argmax()),
+                      (ta < 2147483649, a < 2147483649), (ta.cast(dtypes.int32), a.astype(np.int32)),
+                      (ti.cast(u32), i.astype(np.uint32)), (tf.cast(u32), f.astype(np.uint32)),
+                      (ta.cast(dtypes.float32), a.astype(np.float32)),
+                      ((ta > 5).where(ta, 4294967295), np.where(a > 5, a, np.uint32(4294967295))),
+                      (ta >> Tensor(shifts), a >> shifts), (ta * 3, a * np.uint32(3)),
+                      (ta - 10, a - np.uint32(10))]:
+        assert got.dtype == dtypes.from_any(want.dtype)
+        np.testing.assert_array_equal(got.numpy(), want)
+    if device == "WEBGPU" and not Device[device].target.int64:
+        with pytest.raises(DTypeError, match="uint32 to int64 on WEBGPU"):
+            ta.sum().numpy()
+    else:
+        np.testing.assert_array_equal(ta.sum().numpy(), a.astype(np.int64).sum())
+        np.testing.assert_array_equal(ta.cumsum(0).numpy(), a.astype(np.int64).cumsum())
 
 
 def test_pow_overflowing_gradient(device):

@@ -104,6 +104,7 @@ class dtypes:
     HOST_DEVICES = ("CPU", "NUMPY")
     # HOST_ONLY's: OpenCL C has ushort, uint and ulong too, Triton uint16/32/64 (CUDA and AMD run Triton)
     UINT_DEVICES = HOST_DEVICES + ("CL", "QCOM", "TRITON", "CUDA", "AMD")
+    UINT32_DEVICES = UINT_DEVICES + ("WEBGPU",)  # WGSL's u32 (it has no 16-bit or 64-bit integers)
     FP8_DEVICES = ("NUMPY",)  # fp8 tensors (float32 storage rounded to fp8 after every op)
     floats = (float16, bfloat16, float32, float64)
     sints = (int8, int16, int32, int64)

@@ -13,9 +13,10 @@ invocation) the optimizer picks bigger GROUPs or UNROLL opts (opt/limits.py).
 Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage, so: bool, uint8, int8 are stored 4 per
 `u32` word and int16, float16 2 per word, as numpy lays them out (stores change their bytes with atomic
 and/or on the word, so neighbouring invocations never lose each other's writes); float16 computes in f32,
-rounded after each op; int64 is held as int32 on the device (out-of-range uploads and constants raise a
-DTypeError); float64 is `f64` only where the adapter has `shader-f64` and `shader-int64`; index
-expressions are i32. The details and why: docs/architecture.md, "WGSL's types (emit_wgsl.py)".
+rounded after each op; uint32 is `u32` (uint16 and uint64 raise); int64 is held as int32 on the device
+(out-of-range uploads and constants, and uint32 to int64, raise a DTypeError); float64 is `f64` only
+where the adapter has `shader-f64` and `shader-int64`; index expressions are i32. The details and why:
+docs/architecture.md, "WGSL's types (emit_wgsl.py)".
 
 Floats: WGSL lets drivers assume there are no NaNs, so NaN tests look at the bits, comparisons are
 written so that an ordered compare gives the right answer, and MAX propagates NaN explicitly.
@@ -160,6 +161,9 @@ class Target:
         self.int64, self.float64 = int64, float64
 
     def check(self, dtype: DType) -> None:
+        if dtype in (dtypes.uint16, dtypes.uint64):  # (an intermediate one: tensors of them are refused)
+            raise DTypeError(f"{dtype.name} values on WEBGPU: WGSL has no {dtype.itemsize * 8}-bit integers; "
+                             "cast to int32 or uint32 first")
         if dtype == dtypes.float64 and not self.float64:
             raise DTypeError(
                 "float64 on WEBGPU needs the adapter features shader-f64 and shader-int64 (this adapter "
@@ -174,7 +178,7 @@ class Target:
             return "f64"
         if dtype == dtypes.bool:
             return "bool"
-        if dtype == dtypes.uint8:
+        if dtype in (dtypes.uint8, dtypes.uint32):
             return "u32"
         return "f32" if dtype.is_float else "i32"
 
@@ -375,6 +379,10 @@ class WGSLDialect(Dialect):
 
     def cast(self, src: DType, dtype: DType, text: str) -> str:
         src_ty, dst_ty = self.type_name(src), self.type_name(dtype)
+        if src == dtypes.uint32 and dtype == dtypes.int64 and dst_ty == "i32":  # half of uint32 is past int32
+            raise DTypeError("uint32 to int64 on WEBGPU (a cast, or the sum / cumsum / prod of uint32): "
+                             "this adapter has no shader-int64 and holds int64 as int32; cast to float32 or "
+                             "use another device")
         if dst_ty == "bool":
             return text if src_ty == "bool" else f"!({text} == {self.const(0, src)})"
         if src_ty == "bool":
@@ -382,7 +390,10 @@ class WGSLDialect(Dialect):
         if dtype.is_float:
             text = text if src_ty == dst_ty else f"{dst_ty}({text})"
             return f"f16round({text})" if dtype == dtypes.float16 and src != dtypes.float16 else text
-        # integer targets: floats truncate through a signed integer, then wrap to the width
+        # integer targets: floats truncate through a signed integer, then wrap to the width (uint32: a
+        # float past int32 directly)
+        if src.is_float and dtype == dtypes.uint32:
+            return f"select(u32(i32({text})), u32({text}), {text} >= {self.const(0, src)})"
         if src.is_float:
             src_ty = "i64" if dst_ty == "i64" else "i32"
             text = f"{src_ty}({text})"

@@ -81,11 +81,12 @@ def backward_roots() -> list[Tensor]:
 
 
 def _dtype_on(dtype: DType, device: str) -> DType:
-    """dtype, after checking that the device has it (uint16/32/64 live on CPU, NUMPY and CL only)."""
+    """dtype, after checking that the device has it (dtype.py: UINT_DEVICES...)."""
     if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
         raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
                          f"{device}; cast to float16 or bfloat16 first")
-    homes = dtypes.UINT_DEVICES if dtype in dtypes.HOST_ONLY else dtypes.HOST_DEVICES
+    homes = dtypes.UINT32_DEVICES if dtype == dtypes.uint32 else dtypes.HOST_DEVICES
+    homes = dtypes.UINT_DEVICES if dtype in (dtypes.uint16, dtypes.uint64) else homes
     if device not in homes and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
         instead = "float32 or float16" if dtype.is_float else "a signed integer type"
         where = f"{', '.join(homes[:-1])} and {homes[-1]}"

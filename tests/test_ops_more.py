@@ -761,3 +761,15 @@ def test_pow_overflowing_gradient(device):
     """Where the result overflows the gradient is inf, as in PyTorch (not nan)."""
     helper_test_op(None, lambda x: x**101.0, lambda x: x**101.0, vals=[[-3.0, 0.5, 2.5]], forward_only=False)
     helper_test_op(None, lambda x, y: x**y, vals=[[0.5, 2.5, 3.0], [101.0, 101.0, 3.0]])
+
+
+def test_integer_division_of_constants_matches_pytorch(device):
+    """Division and remainder of a constant by a constant (one kernel of literals: the Triton emitter wrote
+    Python's flooring `-5 // 2` for a truncating division, tinygrad's test_idiv_shift_rewrite_negative)."""
+    for a in (-7, -5, -1, 5, 7):
+        for b in (2, -2, 4):
+            for mode in ("trunc", "floor"):
+                got = Tensor(a).div(b, rounding_mode=mode).item()
+                assert got == torch.tensor(a).div(b, rounding_mode=mode).item(), (a, b, mode)
+            assert (Tensor(a) % b).item() == (torch.tensor(a) % b).item(), (a, b)
+            assert Tensor(a).contiguous().div(b, rounding_mode="trunc").item() == int(a / b), (a, b)

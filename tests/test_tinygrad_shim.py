@@ -25,14 +25,15 @@ EVERYWHERE = {
     "test_prod_dtype_arg": "prod(dtype='') raises DTypeError (a TypeError); tinygrad's, AttributeError",
     "test_sigmoid_alt_extreme": "exp(300) overflows and the formula's gradient is nan; tinygrad rewrites it",
 }
-# what a device cannot do (each raises a DTypeError naming the dtype or the value): uint16/32/64 tensors
-# exist on CPU and NUMPY only; WEBGPU without shader-int64 holds int64 as int32
-HOST_UINTS = {
-    "test_div_int": "a uint64 tensor", "test_and": "a uint64 tensor", "test_lshift": "uint32 tensors",
-    "test_rshift": "uint32 tensors",
+# what a device cannot do, each raising a DTypeError that names the dtype or the values: WGSL has no 64-bit
+# integers (uint64 tensors are refused; int64 is held as int32, so values past it are refused); METAL,
+# untested here, holds no uint16/32/64
+CANNOT = {
+    "WEBGPU": {"test_div_int": "a uint64 tensor", "test_and": "a uint64 tensor",
+               "test_arange": "arange(2**31, 2**31 + 3): int64 values past int32"},
+    "METAL": {"test_div_int": "a uint64 tensor", "test_and": "a uint64 tensor", "test_lshift": "uint32",
+              "test_rshift": "uint32"},
 }
-CANNOT = {"CL": HOST_UINTS, "TRITON": HOST_UINTS, "METAL": HOST_UINTS,
-          "WEBGPU": {**HOST_UINTS, "test_arange": "arange(2**31, 2**31 + 3): int64 values past int32"}}
 
 # the cases CI runs per device (-k substrings): those that differed between devices (comparisons and
 # minimum on bools, var/std at 0 or 1 elements, unsigned and 64-bit integers), the failures above, and one
@@ -43,8 +44,10 @@ SUBSET = (
     "test_sigmoid", "test_matmul", "test_where", "test_cumsum", "test_gather", "test_softmax", "test_pow_",
     "test_exp", "test_abs", "test_floor", "test_mod", "test_cast", "test_idiv",
 )
-# passing cases of SUBSET, measured per device (tinygrad_shim/README.md); a device may only do better
-MIN_PASS = {"NUMPY": 0, "CPU": 0, "CL": 0, "TRITON": 0, "WEBGPU": 0, "METAL": 0}
+# passing cases of SUBSET (82, 1 skipped by the file everywhere, 3 on WEBGPU), measured per device
+# (WEBGPU over Vulkan and OpenGL alike; tinygrad_shim/README.md); a device may only do better. METAL: not
+# measured (no Apple GPU here)
+MIN_PASS = {"NUMPY": 76, "CPU": 76, "CL": 76, "TRITON": 76, "WEBGPU": 71, "METAL": 0}
 
 
 def test_shim_reexports_tgrad_and_adds_no_ops():

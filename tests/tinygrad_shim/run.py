@@ -4,9 +4,10 @@
         [--forward-only] [--json results.json] [--show N]
     python tests/tinygrad_shim/run.py --tinygrad /path/to/tinygrad    # the user-facing files (USER_FILES)
 
-Get the tests from tinygrad's repository (MIT licensed; not vendored here), e.g. at a9069c17. Each case
-runs in a worker process whose sys.path starts with this folder, so `import tinygrad` finds the shim (tgrad
-under tinygrad's names); the worker refuses to run if the real tinygrad package would be imported instead.
+vendor/tinygrad_test_ops.py is tinygrad's test_ops.py at a9069c17 (MIT); the user-facing files need a
+tinygrad checkout. Each case runs in a worker process whose sys.path starts with this folder, so `import
+tinygrad` finds the shim (tgrad under tinygrad's names); the worker refuses to run if the real tinygrad
+package would be imported instead.
 Cases are listed from the source (test_* methods of TestCase classes, inherited ones included). A case that
 tests tinygrad's internals is excluded, mechanically: its source, with the same-file helpers it calls,
 mentions one of INTERNAL (UOps, schedules, kernel counts, GlobalCounters, the JIT's captured kernels), not

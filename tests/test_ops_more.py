@@ -773,3 +773,17 @@ def test_integer_division_of_constants_matches_pytorch(device):
                 assert got == torch.tensor(a).div(b, rounding_mode=mode).item(), (a, b, mode)
             assert (Tensor(a) % b).item() == (torch.tensor(a) % b).item(), (a, b)
             assert Tensor(a).contiguous().div(b, rounding_mode="trunc").item() == int(a / b), (a, b)
+
+
+@pytest.mark.parametrize("op,sym", [(lambda t: t + 2**40, r"\+"), (lambda t: t * -(2**35), r"\*"),
+                                    (lambda t: t < 2**33, "<")])
+def test_int64_constants_past_int32(device, op, sym):
+    """An int64 constant past int32: numpy's value, or on WEBGPU (int64 held as int32 without shader-int64)
+    a DTypeError naming the op and the constant."""
+    a = np.array([1, -3, 7], np.int64)
+    t = Tensor(a)
+    if device == "WEBGPU" and not Device[device].target.int64:
+        with pytest.raises(DTypeError, match=f"`{sym}` with the int64 constant"):
+            op(t).numpy()
+        return
+    np.testing.assert_array_equal(op(t).numpy(), op(a))

@@ -534,6 +534,29 @@ def _indices_as_int32(kernel: Kernel) -> Kernel:
                    out_index=index(kernel.out_index))
 
 
+OP_TEXT = {"ADD": "+", "SUB": "-", "MUL": "*", "IDIV": "//", "MOD": "%", "OR": "|", "AND": "&", "XOR": "^",
+           "CMPLT": "<", "CMPNE": "!=", "MAX": "maximum", "WHERE": "where"}
+
+
+def _check_int64_constants(kernel: Kernel) -> None:
+    """With int64 held as int32: a constant past int32 raises, naming the op that uses it."""
+    seen: set[int] = set()
+    todo = [e for e in (kernel.expr, kernel.reduce_expr) if e is not None]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        for s in e.srcs:
+            if s.op == "CONST" and s.dtype == dtypes.int64 and not -(2**31) <= int(s.arg) < 2**31:
+                raise DTypeError(
+                    f"`{OP_TEXT.get(e.op, e.op)}` with the int64 constant {s.arg}: this WEBGPU adapter has "
+                    "no shader-int64 and holds int64 as int32, which cannot hold it; use values within "
+                    "+-2**31, or another device"
+                )
+            todo.append(s)
+
+
 def _without_empty_reduce(kernel: Kernel) -> Kernel:
     """A reduce over no elements as its identity, written into the stored value: the accumulator of a loop
     that never runs is a value Mesa knows, and it folds 0 * (1 / 0) to 0 (var over an empty axis)."""
@@ -562,6 +585,8 @@ def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int
     if upcasts(kernel.opts):
         raise KernelError(f"kernel {kernel.name}: WGSL renders no register tiles (UPCAST opts)")
     kernel = _without_empty_reduce(kernel)
+    if not target.int64:
+        _check_int64_constants(kernel)
     lowered = _indices_as_int32(kernel) if target.int64 else kernel
     tree = find(kernel.opts, OptOps.GROUP)
     local = tree or find(kernel.opts, OptOps.LOCAL, 1)

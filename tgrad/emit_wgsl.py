@@ -261,8 +261,9 @@ def _math(op: str):
     def rule(d: Dialect, e: Expr, a: str) -> str:
         if e.dtype == dtypes.float64:
             return f"{F64_MATH[op]}({a})"
-        if op == "EXP2":  # Mesa rewrites exp2(log2(x) * y) as a pow that gives 0 for a nan x: nan stays nan
-            return f"select(exp2({a}), {a}, nan32({a}))"
+        if op == "EXP2":  # Mesa rewrites exp2(log2(x) * y) as a pow, which gives 0 for a nan x and for
+            # x = 0, y < 0 (log2(0) * y = +inf): nan and +inf stay themselves (tested by the bits)
+            return f"select(exp2({a}), {a}, nan32({a}) || bitcast<u32>({a}) == 0x7f800000u)"
         return f"{MATH[op]}({a})"
 
     return rule

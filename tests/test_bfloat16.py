@@ -353,7 +353,8 @@ def _source(np_dtype) -> np.ndarray:
 def test_bitcast_like_torch_view(device, src, dt, tdt):
     a = _source(src)
     on_device = (
-        device in dtypes.HOST_DEVICES or dt not in dtypes.HOST_ONLY and a.dtype.name not in ("uint16",)
+        device in (dtypes.UINT32_DEVICES if dt == dtypes.uint32 else dtypes.UINT_DEVICES)
+        or dt not in dtypes.HOST_ONLY and a.dtype.name not in ("uint16",)
     )
     if (dt == dtypes.float64 or a.dtype == np.float64) and not has_float64(device):
         return

@@ -223,3 +223,12 @@ def test_pow_gradients_at_zero_inf_and_nan(device):
         same(lambda t, e=e: t.full_like(e) ** t, lambda t, e=e: torch.full_like(t, e) ** t, x)
     for c in (0.0, -2.0, -1.0, INF, 2.0):
         same(lambda t, c=c: c ** t, lambda t, c=c: c ** t, x)
+
+
+def test_exp2_of_log2_of_zero_times_a_negative_is_inf(device):
+    """exp2(log2(0) * y) for y < 0 is exp2(+inf) = inf: Mesa rewrote it as pow(0, y), which gave 0
+    (tinygrad's test_exp2_log2_zero_times_negative, skipped there on WEBGPU)."""
+    x = np.array([0.0, -0.0, 1.0, 2.0, NAN], np.float32)
+    for y in (-0.7, -1.0, 2.5):
+        same(lambda t, y=y: (t.log2() * y).exp2(), lambda t, y=y: (t.log2() * y).exp2(), x, grad=False)
+    same(lambda t: t**0.3, lambda t: t**0.3, np.array([0.0, 4.0], np.float32), grad=False)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import compare, helper_test_op
-from tgrad import Tensor, dtypes
+from tgrad import Device, Tensor, dtypes
 from tgrad.errors import ArgumentError, AutogradError, DTypeError, IndexRangeError, ShapeError
 
 S = (3, 4)
@@ -699,9 +699,13 @@ def test_arange_overflow(device):
 
 @pytest.mark.parametrize("dt", [dtypes.uint16, dtypes.uint32, dtypes.uint64])
 def test_unsigned_dtypes(device, dt):
-    if device not in dtypes.HOST_DEVICES:
-        with pytest.raises(DTypeError, match=dt.name):
-            Tensor([1, 2], dtype=dt)
+    if device not in (dtypes.UINT32_DEVICES if dt == dtypes.uint32 else dtypes.UINT_DEVICES):
+        # a list, a Python scalar (tinygrad's Tensor(2**64 - 1, dtype=dtypes.uint64) made an int32 on WEBGPU)
+        # and a tensor converted on creation are all refused, naming the dtype
+        for make in (lambda: Tensor([1, 2], dtype=dt), lambda: Tensor(int(dt.max), dtype=dt),
+                     lambda: Tensor(Tensor([1, 2]), dtype=dt), lambda: Tensor.full((2,), 7, dtype=dt)):
+            with pytest.raises(DTypeError, match=f"{dt.name} exists on CPU, NUMPY, CL, .* only, not on"):
+                make()
         return
     big = int(dt.max) - 5
     a, b = np.array([3, 7, big], dt.np), np.array([2, 3, 4], dt.np)
@@ -716,13 +720,70 @@ def test_unsigned_dtypes(device, dt):
     np.testing.assert_array_equal((ta << 3).numpy(), a << dt.np.type(3))
     np.testing.assert_array_equal((ta < tb).numpy(), a < b)
     np.testing.assert_array_equal(ta.max().numpy(), a.max())
+    np.testing.assert_array_equal((ta | int(dt.max)).numpy(), a | dt.np.type(dt.max))  # uint64: past int64
+    np.testing.assert_array_equal(Tensor(int(dt.max), dtype=dt).numpy(), np.array(dt.max, dt.np))
+    np.testing.assert_array_equal(ta.cast(dtypes.float32).numpy(), a.astype(np.float32))
     np.testing.assert_array_equal(Tensor([1.7, 300.2]).cast(dt).numpy(), np.array([1.7, 300.2]).astype(dt.np))
     with pytest.raises(DTypeError, match="promot"):
         ta + Tensor([1, 2, 3], dtype=dtypes.int32)
     assert Tensor([1, 2], dtype=dt.name).dtype == dt
 
 
+def test_uint32_values_past_int32_match_numpy(device):
+    """uint32 values past int32 through casts, compares, where, shifts and wrapping arithmetic (WEBGPU
+    computes them as WGSL u32); a sum or cumsum gives int64, which WEBGPU without shader-int64 refuses."""
+    if device not in dtypes.UINT32_DEVICES:
+        return
+    a = np.array([3, 7, 4294967290, 2147483648, 0], np.uint32)
+    i = np.array([-5, 7, 2**31 - 1, -(2**31), 0], np.int32)
+    f = np.array([1.7, 3e9, 4e9, 0.0, 2.2e9], np.float32)
+    ta, ti, tf = Tensor(a), Tensor(i), Tensor(f)
+    shifts = np.array([1, 2, 3, 31, 0], np.uint32)
+    u32 = dtypes.uint32
+    for got, want in [(ta.max(), a.max()), (ta.min(), a.min()), (ta.argmax(), a.argmax()),
+                      (ta < 2147483649, a < 2147483649), (ta.cast(dtypes.int32), a.astype(np.int32)),
+                      (ti.cast(u32), i.astype(np.uint32)), (tf.cast(u32), f.astype(np.uint32)),
+                      (ta.cast(dtypes.float32), a.astype(np.float32)),
+                      ((ta > 5).where(ta, 4294967295), np.where(a > 5, a, np.uint32(4294967295))),
+                      (ta >> Tensor(shifts), a >> shifts), (ta * 3, a * np.uint32(3)),
+                      (ta - 10, a - np.uint32(10))]:
+        assert got.dtype == dtypes.from_any(want.dtype)
+        np.testing.assert_array_equal(got.numpy(), want)
+    if device == "WEBGPU" and not Device[device].target.int64:
+        with pytest.raises(DTypeError, match="uint32 to int64 on WEBGPU"):
+            ta.sum().numpy()
+    else:
+        np.testing.assert_array_equal(ta.sum().numpy(), a.astype(np.int64).sum())
+        np.testing.assert_array_equal(ta.cumsum(0).numpy(), a.astype(np.int64).cumsum())
+
+
 def test_pow_overflowing_gradient(device):
     """Where the result overflows the gradient is inf, as in PyTorch (not nan)."""
     helper_test_op(None, lambda x: x**101.0, lambda x: x**101.0, vals=[[-3.0, 0.5, 2.5]], forward_only=False)
     helper_test_op(None, lambda x, y: x**y, vals=[[0.5, 2.5, 3.0], [101.0, 101.0, 3.0]])
+
+
+def test_integer_division_of_constants_matches_pytorch(device):
+    """Division and remainder of a constant by a constant (one kernel of literals: the Triton emitter wrote
+    Python's flooring `-5 // 2` for a truncating division, tinygrad's test_idiv_shift_rewrite_negative)."""
+    for a in (-7, -5, -1, 5, 7):
+        for b in (2, -2, 4):
+            for mode in ("trunc", "floor"):
+                got = Tensor(a).div(b, rounding_mode=mode).item()
+                assert got == torch.tensor(a).div(b, rounding_mode=mode).item(), (a, b, mode)
+            assert (Tensor(a) % b).item() == (torch.tensor(a) % b).item(), (a, b)
+            assert Tensor(a).contiguous().div(b, rounding_mode="trunc").item() == int(a / b), (a, b)
+
+
+@pytest.mark.parametrize("op,sym", [(lambda t: t + 2**40, r"\+"), (lambda t: t * -(2**35), r"\*"),
+                                    (lambda t: t < 2**33, "<")])
+def test_int64_constants_past_int32(device, op, sym):
+    """An int64 constant past int32: numpy's value, or on WEBGPU (int64 held as int32 without shader-int64)
+    a DTypeError naming the op and the constant."""
+    a = np.array([1, -3, 7], np.int64)
+    t = Tensor(a)
+    if device == "WEBGPU" and not Device[device].target.int64:
+        with pytest.raises(DTypeError, match=f"`{sym}` with the int64 constant"):
+            op(t).numpy()
+        return
+    np.testing.assert_array_equal(op(t).numpy(), op(a))

@@ -43,6 +43,9 @@ TYPE_NAMES = {
     "int16": "short",
     "int32": "int",
     "int64": "long",
+    "uint16": "ushort",
+    "uint32": "uint",
+    "uint64": "ulong",
     "float16": "half",
     "float32": "float",
     "float64": "double",
@@ -206,6 +209,8 @@ class Dialect:
             return f"{value}L" if abs(value) > INT32_MAX else str(value)
         if dtype == dtypes.int32:
             return str(value) if value != -(2**31) else "(-2147483647-1)"
+        if dtype == dtypes.uint64:  # past long's range an unsuffixed literal has no type in C
+            return f"{value}UL"
         return f"(({self.type_name(dtype)}){value})"
 
     def identity(self, op: str, dtype: DType) -> str:

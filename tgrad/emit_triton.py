@@ -52,6 +52,9 @@ TL_NAME = {
     dtypes.int16: "tl.int16",
     dtypes.int32: "tl.int32",
     dtypes.int64: "tl.int64",
+    dtypes.uint16: "tl.uint16",
+    dtypes.uint32: "tl.uint32",
+    dtypes.uint64: "tl.uint64",
     dtypes.float16: "tl.float16",
     dtypes.float32: "tl.float32",
     dtypes.float64: "tl.float64",
@@ -64,6 +67,9 @@ SIG_NAME = {
     dtypes.int16: "*i16",
     dtypes.int32: "*i32",
     dtypes.int64: "*i64",
+    dtypes.uint16: "*u16",
+    dtypes.uint32: "*u32",
+    dtypes.uint64: "*u64",
     dtypes.float16: "*fp16",
     dtypes.float32: "*fp32",
     dtypes.float64: "*fp64",
@@ -183,8 +189,23 @@ def _int_only(op: str, fn):
     return render
 
 
+def _literals(a: str, b: str) -> tuple[int, int] | None:
+    """Both sources as Python ints, where both are integer literals (index arithmetic of constants)."""
+    if a.lstrip("-").isdigit() and b.lstrip("-").isdigit():
+        return int(a), int(b)
+    return None
+
+
+def _c_div(a: int, b: int) -> int:
+    """C's truncating quotient of two Python ints (x / 0 = 0): Python's // on literals floors."""
+    return 0 if b == 0 else (abs(a) // abs(b)) * (1 if (a < 0) == (b < 0) else -1)
+
+
 def _idiv(a: str, b: str) -> str:
     """C division (truncating); x / 0 is 0 like the reference. A constant divisor needs no guard."""
+    lits = _literals(a, b)
+    if lits is not None:
+        return str(_c_div(*lits))
     if b.lstrip("-").isdigit() and int(b) != 0:
         return f"({a} // {b})"
     return f"tl.where({b} == 0, 0, {a} // tl.where({b} == 0, 1, {b}))"
@@ -192,6 +213,9 @@ def _idiv(a: str, b: str) -> str:
 
 def _imod(a: str, b: str) -> str:
     """C remainder (sign of the dividend); x % 0 is x like the reference."""
+    lits = _literals(a, b)
+    if lits is not None:
+        return str(lits[0] - lits[1] * _c_div(*lits))
     if b.lstrip("-").isdigit() and int(b) != 0:
         return f"({a} % {b})"
     return f"tl.where({b} == 0, {a}, {a} % tl.where({b} == 0, 1, {b}))"

@@ -13,9 +13,10 @@ invocation) the optimizer picks bigger GROUPs or UNROLL opts (opt/limits.py).
 Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage, so: bool, uint8, int8 are stored 4 per
 `u32` word and int16, float16 2 per word, as numpy lays them out (stores change their bytes with atomic
 and/or on the word, so neighbouring invocations never lose each other's writes); float16 computes in f32,
-rounded after each op; int64 is held as int32 on the device (out-of-range uploads and constants raise a
-DTypeError); float64 is `f64` only where the adapter has `shader-f64` and `shader-int64`; index
-expressions are i32. The details and why: docs/architecture.md, "WGSL's types (emit_wgsl.py)".
+rounded after each op; uint32 is `u32` (uint16 and uint64 raise); int64 is held as int32 on the device
+(out-of-range uploads and constants, and uint32 to int64, raise a DTypeError); float64 is `f64` only
+where the adapter has `shader-f64` and `shader-int64`; index expressions are i32. The details and why:
+docs/architecture.md, "WGSL's types (emit_wgsl.py)".
 
 Floats: WGSL lets drivers assume there are no NaNs, so NaN tests look at the bits, comparisons are
 written so that an ordered compare gives the right answer, and MAX propagates NaN explicitly.
@@ -33,7 +34,7 @@ from tgrad import emit_cstyle
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import MATH, Dialect
 from tgrad.errors import DTypeError, KernelError
-from tgrad.fuse import Expr, Kernel, is_const, reduce_identity
+from tgrad.fuse import Expr, Kernel, const, is_const, reduce_identity
 from tgrad.opt.opts import OptOps, find, upcasts
 from tgrad.program import Program
 
@@ -160,6 +161,9 @@ class Target:
         self.int64, self.float64 = int64, float64
 
     def check(self, dtype: DType) -> None:
+        if dtype in (dtypes.uint16, dtypes.uint64):  # (an intermediate one: tensors of them are refused)
+            raise DTypeError(f"{dtype.name} values on WEBGPU: WGSL has no {dtype.itemsize * 8}-bit integers; "
+                             "cast to int32 or uint32 first")
         if dtype == dtypes.float64 and not self.float64:
             raise DTypeError(
                 "float64 on WEBGPU needs the adapter features shader-f64 and shader-int64 (this adapter "
@@ -174,7 +178,7 @@ class Target:
             return "f64"
         if dtype == dtypes.bool:
             return "bool"
-        if dtype == dtypes.uint8:
+        if dtype in (dtypes.uint8, dtypes.uint32):
             return "u32"
         return "f32" if dtype.is_float else "i32"
 
@@ -257,8 +261,9 @@ def _math(op: str):
     def rule(d: Dialect, e: Expr, a: str) -> str:
         if e.dtype == dtypes.float64:
             return f"{F64_MATH[op]}({a})"
-        if op == "EXP2":  # Mesa rewrites exp2(log2(x) * y) as a pow that gives 0 for a nan x: nan stays nan
-            return f"select(exp2({a}), {a}, nan32({a}))"
+        if op == "EXP2":  # Mesa rewrites exp2(log2(x) * y) as a pow, which gives 0 for a nan x and for
+            # x = 0, y < 0 (log2(0) * y = +inf): nan and +inf stay themselves (tested by the bits)
+            return f"select(exp2({a}), {a}, nan32({a}) || bitcast<u32>({a}) == 0x7f800000u)"
         return f"{MATH[op]}({a})"
 
     return rule
@@ -289,11 +294,26 @@ CODE_FOR_OP = {
 }
 
 
-def _folds_to_zero(e: Expr) -> bool:
-    """x * 0 and x - x: Mesa folds these to 0 (drivers may assume no NaN or inf), so they are written out."""
+def _bare(e: Expr) -> Expr:
+    """e without multiplications by 1 (Mesa drops them before it folds x - x)."""
+    while e.op == "MUL" and (is_const(e.srcs[0], 1) or is_const(e.srcs[1], 1)):
+        e = e.srcs[0] if is_const(e.srcs[1], 1) else e.srcs[1]
+    return e
+
+
+def _folds_to_zero(e: Expr) -> Expr | None:
+    """For x * 0, x - x and x + -x: the x that decides it. Mesa folds these to 0 (drivers may assume no
+    NaN or inf), which is wrong for an inf or nan x, so they are written out."""
     if e.op == "MUL":
-        return is_const(e.srcs[0], 0) or is_const(e.srcs[1], 0)
-    return e.op == "SUB" and e.srcs[0] == e.srcs[1]
+        return e.srcs[1] if is_const(e.srcs[0], 0) else e.srcs[0] if is_const(e.srcs[1], 0) else None
+    if e.op not in ("SUB", "ADD"):
+        return None
+    a, b = _bare(e.srcs[0]), _bare(e.srcs[1])
+    if e.op == "SUB":
+        return e.srcs[0] if a == b else None
+    if (b.op == "NEG" and _bare(b.srcs[0]) == a) or (a.op == "NEG" and _bare(a.srcs[0]) == b):
+        return e.srcs[0]
+    return None
 
 
 @dataclass(frozen=True)
@@ -360,6 +380,10 @@ class WGSLDialect(Dialect):
 
     def cast(self, src: DType, dtype: DType, text: str) -> str:
         src_ty, dst_ty = self.type_name(src), self.type_name(dtype)
+        if src == dtypes.uint32 and dtype == dtypes.int64 and dst_ty == "i32":  # half of uint32 is past int32
+            raise DTypeError("uint32 to int64 on WEBGPU (a cast, or the sum / cumsum / prod of uint32): "
+                             "this adapter has no shader-int64 and holds int64 as int32; cast to float32 or "
+                             "use another device")
         if dst_ty == "bool":
             return text if src_ty == "bool" else f"!({text} == {self.const(0, src)})"
         if src_ty == "bool":
@@ -367,7 +391,10 @@ class WGSLDialect(Dialect):
         if dtype.is_float:
             text = text if src_ty == dst_ty else f"{dst_ty}({text})"
             return f"f16round({text})" if dtype == dtypes.float16 and src != dtypes.float16 else text
-        # integer targets: floats truncate through a signed integer, then wrap to the width
+        # integer targets: floats truncate through a signed integer, then wrap to the width (uint32: a
+        # float past int32 directly)
+        if src.is_float and dtype == dtypes.uint32:
+            return f"select(u32(i32({text})), u32({text}), {text} >= {self.const(0, src)})"
         if src.is_float:
             src_ty = "i64" if dst_ty == "i64" else "i32"
             text = f"{src_ty}({text})"
@@ -378,8 +405,9 @@ class WGSLDialect(Dialect):
     def alu(self, e: Expr, srcs: list[str]) -> str:
         text = self.apply(e, srcs)
         ty = self.type_name(e.dtype)
-        if ty in ("f32", "f64") and _folds_to_zero(e):
-            x = srcs[1] if e.op == "MUL" and is_const(e.srcs[0], 0) else srcs[0]
+        decides = _folds_to_zero(e) if ty in ("f32", "f64") else None
+        if decides is not None:
+            x = srcs[list(e.srcs).index(decides)]
             zero, nan = self.const(0, e.dtype), self.const(math.nan, e.dtype)
             text = f"select({zero}, {nan}, !finite{ty[1:]}({x}))"
         elif ty in ("f32", "f64") and e.op in ("ADD", "SUB", "MUL") and any(
@@ -507,6 +535,47 @@ def _indices_as_int32(kernel: Kernel) -> Kernel:
                    out_index=index(kernel.out_index))
 
 
+OP_TEXT = {"ADD": "+", "SUB": "-", "MUL": "*", "IDIV": "//", "MOD": "%", "OR": "|", "AND": "&", "XOR": "^",
+           "CMPLT": "<", "CMPNE": "!=", "MAX": "maximum", "WHERE": "where"}
+
+
+def _check_int64_constants(kernel: Kernel) -> None:
+    """With int64 held as int32: a constant past int32 raises, naming the op that uses it."""
+    seen: set[int] = set()
+    todo = [e for e in (kernel.expr, kernel.reduce_expr) if e is not None]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        for s in e.srcs:
+            if s.op == "CONST" and s.dtype == dtypes.int64 and not -(2**31) <= int(s.arg) < 2**31:
+                raise DTypeError(
+                    f"`{OP_TEXT.get(e.op, e.op)}` with the int64 constant {s.arg}: this WEBGPU adapter has "
+                    "no shader-int64 and holds int64 as int32, which cannot hold it; use values within "
+                    "+-2**31, or another device"
+                )
+            todo.append(s)
+
+
+def _without_empty_reduce(kernel: Kernel) -> Kernel:
+    """A reduce over no elements as its identity, written into the stored value: the accumulator of a loop
+    that never runs is a value Mesa knows, and it folds 0 * (1 / 0) to 0 (var over an empty axis)."""
+    if kernel.reduce_expr is None or 0 not in kernel.reduce_shape:
+        return kernel
+    ident = const(reduce_identity(kernel.reduce_op, kernel.acc_dtype), kernel.acc_dtype)
+    memo: dict = {}
+
+    def sub(e: Expr) -> Expr:
+        if id(e) not in memo:
+            memo[id(e)] = ident if e.op == "ACC" else e if not e.srcs else Expr(
+                e.op, tuple(sub(s) for s in e.srcs), e.arg, e.dtype)
+        return memo[id(e)]
+
+    return replace(kernel, shape=kernel.global_shape, reduce_op=None, reduce_expr=None, expr=sub(kernel.expr),
+                   opts=())
+
+
 def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int = 65535) -> Program:
     """One kernel as a WGSL compute shader: an entry point named after the kernel, `out` at binding 0 and
     the inputs `in0, in1, ...` at bindings 1.. (all in group 0), dispatched on `global_size` workgroups
@@ -516,6 +585,9 @@ def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int
         target.check(dt)
     if upcasts(kernel.opts):
         raise KernelError(f"kernel {kernel.name}: WGSL renders no register tiles (UPCAST opts)")
+    kernel = _without_empty_reduce(kernel)
+    if not target.int64:
+        _check_int64_constants(kernel)
     lowered = _indices_as_int32(kernel) if target.int64 else kernel
     tree = find(kernel.opts, OptOps.GROUP)
     local = tree or find(kernel.opts, OptOps.LOCAL, 1)

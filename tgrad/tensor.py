@@ -81,14 +81,16 @@ def backward_roots() -> list[Tensor]:
 
 
 def _dtype_on(dtype: DType, device: str) -> DType:
-    """dtype, after checking that the device has it (uint16/32/64 live on CPU and NUMPY only)."""
+    """dtype, after checking that the device has it (dtype.py: UINT_DEVICES...)."""
     if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
         raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
                          f"{device}; cast to float16 or bfloat16 first")
-    if device not in dtypes.HOST_DEVICES and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
+    homes = dtypes.UINT32_DEVICES if dtype == dtypes.uint32 else dtypes.HOST_DEVICES
+    homes = dtypes.UINT_DEVICES if dtype in (dtypes.uint16, dtypes.uint64) else homes
+    if device not in homes and dtype in dtypes.HOST_ONLY + dtypes.HOST_FLOATS:
         instead = "float32 or float16" if dtype.is_float else "a signed integer type"
-        raise DTypeError(f"{dtype.name} exists on {' and '.join(dtypes.HOST_DEVICES)} only, not on {device}; "
-                         f"cast to {instead} first")
+        where = f"{', '.join(homes[:-1])} and {homes[-1]}"
+        raise DTypeError(f"{dtype.name} exists on {where} only, not on {device}; cast to {instead} first")
     return dtype
 
 
@@ -191,9 +193,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             if isinstance(data, Tensor):
                 node = data.node if device == data.device else data.to(device).node
                 if dtype is not None:
-                    node = g.cast(node, dtype)
+                    node = g.cast(node, _dtype_on(dtype, device))
             elif isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
-                dtype = dtype or dtypes.from_py(data)
+                dtype = _dtype_on(dtype or dtypes.from_py(data), device)
                 node = g.const(check_fits(data, dtype, "Tensor"), dtype, device)
             else:
                 node = _node_from_host(data, device, dtype)

@@ -1,12 +1,13 @@
 """Run tinygrad's tests against tgrad through the import shim.
 
-    python tests/tinygrad_shim/run.py TEST_FILE... [--device NUMPY] [--jobs 2] [--timeout 120] [-k substr]
+    python tests/tinygrad_shim/run.py TEST_FILE... [--device NUMPY] [--jobs 2] [--timeout 120] [-k substr]...
         [--forward-only] [--json results.json] [--show N]
     python tests/tinygrad_shim/run.py --tinygrad /path/to/tinygrad    # the user-facing files (USER_FILES)
 
-Get the tests from tinygrad's repository (MIT licensed; not vendored here), e.g. at a9069c17. Each case
-runs in a worker process whose sys.path starts with this folder, so `import tinygrad` finds the shim (tgrad
-under tinygrad's names); the worker refuses to run if the real tinygrad package would be imported instead.
+vendor/tinygrad_test_ops.py is tinygrad's test_ops.py at a9069c17 (MIT); the user-facing files need a
+tinygrad checkout. Each case runs in a worker process whose sys.path starts with this folder, so `import
+tinygrad` finds the shim (tgrad under tinygrad's names); the worker refuses to run if the real tinygrad
+package would be imported instead.
 Cases are listed from the source (test_* methods of TestCase classes, inherited ones included). A case that
 tests tinygrad's internals is excluded, mechanically: its source, with the same-file helpers it calls,
 mentions one of INTERNAL (UOps, schedules, kernel counts, GlobalCounters, the JIT's captured kernels), not
@@ -58,7 +59,7 @@ INTERNAL = re.compile(
 SKIP_LINES = r"\bif DEBUG\b|skipIf|skipUnless"  # debug prints and skip conditions do not test internals
 
 WORKER = r"""
-import importlib, importlib.util, json, os, signal, sys, traceback, unittest
+import importlib, importlib.util, json, os, signal, sys, time, traceback, unittest
 sys.path[:0] = [{shim!r}, {repo!r}]
 if {root!r}:  # after the shim (its tinygrad/ is the real one), before the standard library's `test`
     sys.path.insert(2, {root!r})
@@ -85,6 +86,7 @@ for name in names:
     case = loader.loadTestsFromName(name, module)
     result = unittest.TestResult()
     signal.alarm({timeout})
+    t0 = time.perf_counter()
     try:
         case.run(result)
     except Timeout as e:
@@ -98,7 +100,8 @@ for name in names:
         kind, text = "skip", result.skipped[0][1]
     else:
         kind, text = "pass", ""
-    print(json.dumps({{"name": name, "kind": kind, "text": text[-3000:]}}), flush=True)
+    seconds = round(time.perf_counter() - t0, 2)
+    print(json.dumps({{"name": name, "kind": kind, "text": text[-3000:], "s": seconds}}), flush=True)
 """
 
 
@@ -108,6 +111,17 @@ def test_cases(path: Path) -> list[tuple[str, str | None]]:
     the same file."""
     src = path.read_text()
     tree = ast.parse(src)
+    lines = src.splitlines(keepends=True)  # (ast.get_source_segment splits the whole file on every call)
+
+    def segment(n) -> str:
+        if getattr(n, "end_lineno", None) is None:
+            return ""
+        if n.lineno == n.end_lineno:
+            return lines[n.lineno - 1].encode()[n.col_offset : n.end_col_offset].decode()
+        first = lines[n.lineno - 1].encode()[n.col_offset :].decode()
+        last = lines[n.end_lineno - 1].encode()[: n.end_col_offset].decode()
+        return first + "".join(lines[n.lineno : n.end_lineno - 1]) + last
+
     funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
 
@@ -130,7 +144,7 @@ def test_cases(path: Path) -> list[tuple[str, str | None]]:
         out, todo, seen = [], [node], {id(node)}
         while todo:
             n = todo.pop()
-            t = (ast.get_source_segment(src, n) or "") + "".join(ast.unparse(d) for d in n.decorator_list)
+            t = segment(n) + "".join(ast.unparse(d) for d in n.decorator_list)
             out.append(t)
             for name in sorted(set(re.findall(r"\b(\w+)\(", t)) | set(re.findall(r"self\.(\w+)", t))):
                 f = ms.get(name) or funcs.get(name)
@@ -233,7 +247,7 @@ def run_file(path: Path, args, env: dict) -> tuple[list[str], dict[str, dict], i
     """Every user-facing case of one file: (names, results, how many were excluded as internal)."""
     cases = test_cases(path)
     excluded = sum(internal is not None for _, internal in cases)
-    names = [n for n, internal in cases if internal is None and args.k in n]
+    names = [n for n, internal in cases if internal is None and any(k in n for k in args.k or [""])]
     if not names:
         return names, {}, excluded
     results = run_workers(path, names, args.jobs, args.timeout, env)
@@ -253,7 +267,7 @@ def main() -> None:
     ap.add_argument("--device", default="NUMPY", help="tgrad device the cases run on (default NUMPY)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per case")
-    ap.add_argument("-k", default="", help="only cases whose name contains this")
+    ap.add_argument("-k", action="append", help="only cases whose name contains this (repeat: any of them)")
     ap.add_argument("--forward-only", action="store_true", help="FORWARD_ONLY=1: skip the gradient checks")
     ap.add_argument("--json", type=Path, help="write every case's result here")
     ap.add_argument("--show", type=int, default=0, help="print the traceback tail of this many failures")

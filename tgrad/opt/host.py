@@ -7,13 +7,15 @@ gradients, marked by the op that built it) that tgrad/blas.py can run as a matmu
   along memory: below `blas_min_matvec_work`), for an operand matrix over `blas_max_operand` elements, and
   for a conv whose small K and few output channels read its windows in place (`windows_max_*`);
 - else BLAS: leading axes as batch axes where that writes the result in order (BATCH), and a copied
-  operand (im2col) in pieces sized to the core's cache (CHUNK: pieces of a quarter of `cache_bytes` of
-  float64, or of one image where compiled pieces run and an image has `one_index_min_work`);
-- a batch of small matmuls (`batched_max_*`) as one generated function (BATCHED);
+  operand (im2col) in pieces sized to the core's cache (CHUNK: copies of at most `cache_bytes` / 8
+  elements, half the cache in float32, for copies of twice that or more; or one image a piece where
+  compiled pieces run and an image has `one_index_min_work`);
+- a batch of small matmuls (`batched_max_*`) as one generated function (BATCHED; `batched_rows` rows
+  of each result a pass: an UPCAST);
 - a 2-d convolution's forward or weight gradient big enough (`direct_*`) as a direct loop nest (DIRECT,
   WGRAD; BLAS runs until its function is compiled).
 The sizes are the device's HostTuning (opts.py), measured on one machine (bench/HISTORY.md); the cache
-size and vector width come from the machine. emit_numba and the CPU runtime render what the opts say
+size comes from the machine. emit_numba and the CPU runtime render what the opts say
 (`plan_for`); the runtime's plans over several kernels (piece pairs, row groups) ask here too.
 """
 

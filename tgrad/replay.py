@@ -284,5 +284,3 @@ def update(opt, run: Callable[[object], None]) -> TinyJit | None:
         opt._key, opt._update = key, TinyJit(optimizer_update, fallback=True)
     return opt._update
 
-
-tensor_mod.BACKWARD_REPLAY = backward

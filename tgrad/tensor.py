@@ -68,8 +68,8 @@ def pending_assigns() -> list[Tensor]:
 BACKWARD_ROOTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-# replay.backward (set when it is imported; it needs jit.py, which needs this module): computes backward()
-# when it returns, replaying a structure seen before, or returns False where backward() stays lazy
+# replay.backward (set by tgrad/__init__.py; replay.py needs jit.py, which needs this module): computes
+# backward() when it returns, replaying a structure seen before, or returns False where it stays lazy
 BACKWARD_REPLAY: Callable[[Tensor, Tensor | None], bool] | None = None
 
 

@@ -187,3 +187,19 @@ def test_conv_and_einsum_gradients_are_contractions(build):
     np.testing.assert_allclose(out.numpy(), r.detach().numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(tx.grad.numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol=1e-2)
+
+
+def test_debug2_shows_the_cpus_opts(monkeypatch, capsys):
+    """DEBUG=2's line for a CPU kernel names the opts it ran with: a matmul's CONTRACT, a big sum's
+    THREADS; values as numpy's."""
+    import tgrad.device as device_module
+
+    monkeypatch.setattr(device_module, "DEBUG", 2)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((192, 320)).astype(F32), rng.standard_normal((320, 96)).astype(F32)
+    np.testing.assert_allclose((Tensor(a, device="CPU") @ Tensor(b, device="CPU")).numpy(), a @ b,
+                               rtol=1e-4, atol=1e-4)
+    x = rng.standard_normal((64, 96, 48)).astype(F32)
+    np.testing.assert_allclose(Tensor(x, device="CPU").sum(1).numpy(), x.sum(1), rtol=1e-4, atol=1e-4)
+    err = capsys.readouterr().err
+    assert "CONTRACT(BLAS)" in err and "THREADS(1)" in err, err

@@ -183,7 +183,7 @@ def analyse(kernel: Kernel) -> BlasPlan | None:
     return BlasPlan(a, b, tuple(batch), tuple(m), tuple(n), epilogue, tuple(prologues))
 
 
-def matvec(kernel: Kernel, plan: BlasPlan) -> bool:
+def matvec(plan: BlasPlan) -> bool:
     """Whether the plan is a matrix times a vector whose rows are read along memory."""
     return not plan.n and plan.a.strides[-1] == 1
 

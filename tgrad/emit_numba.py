@@ -361,8 +361,8 @@ def render(kernel: Kernel) -> Program:
     """The kernel as a CPU Program, as its opts say (opt/host.py). A contraction (CONTRACT BLAS, DIRECT,
     WGRAD) becomes a BLAS call: its launch facts hold the plan (`blas`, opt.host.plan_for) and the
     generated functions around it (`prologues` computing computed operands, `epilogue` the stored value
-    from the matmul result, or None when BLAS writes the output itself); the runtime adds a direct
-    convolution's function. CONTRACT BATCHED is one generated function over a batch of small matmuls
+    from the matmul result, or None when BLAS writes the output itself); emit_numba_conv.render adds a
+    direct convolution's function. CONTRACT BATCHED is one generated function over a batch of small matmuls
     (`render_batched`); any other kernel one generated function (`render_loops`)."""
     impl = find(kernel.opts, OptOps.CONTRACT)
     if not impl:

@@ -35,10 +35,15 @@ def chunk_elems(props: DeviceProps) -> int:
     return props.cache_bytes // 8
 
 
+def pieces_from(props: DeviceProps) -> int:
+    """Elements of copies from which a matmul runs in pieces: two pieces' worth."""
+    return 2 * chunk_elems(props)
+
+
 def conv_pieces(props: DeviceProps, elements: int) -> bool:
     """Whether a convolution's windows of `elements` elements run in pieces on this device (the windows of
     a buffer: ops/nn.py makes a padded or computed input one first)."""
-    return props.kind == "cpu" and elements >= 2 * chunk_elems(props)
+    return props.kind == "cpu" and elements >= pieces_from(props)
 
 
 def threads(work: int, rows: int, t: HostTuning) -> bool:
@@ -58,7 +63,7 @@ def _blas(kernel: Kernel, t: HostTuning) -> tuple[BlasPlan, int] | None:
     if not kernel.contraction or not blas.contraction(kernel) or work < t.blas_min_work:
         return None
     plan = blas.analyse(kernel)
-    if plan is None or (blas.matvec(kernel, plan) and work < t.blas_min_matvec_work):
+    if plan is None or (blas.matvec(plan) and work < t.blas_min_matvec_work):
         return None
     lead = blas.lead_axes(kernel, plan, t.lead_min_work)
     plan = blas.with_lead(plan, lead) if lead else plan
@@ -84,7 +89,7 @@ def host_opts(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
     if found is None:
         return _loop_threads(kernel, t)
     plan, lead = found
-    chunk = blas.chunk_for(kernel, plan, 2 * chunk_elems(props), chunk_elems(props))
+    chunk = blas.chunk_for(kernel, plan, pieces_from(props), chunk_elems(props))
     if chunk is not None:
         plan = blas.with_chunk(kernel, plan, chunk.axis, chunk.size)
     small = blas.small_batch(kernel, plan)

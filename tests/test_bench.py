@@ -360,3 +360,29 @@ def test_tgrad_contender_settles_background_compiles_before_timing():
     c.dev.pool.live = 0
     c.settle(lambda: runs.append(1))
     assert c.dev.waited == 1 and runs == [1]
+
+
+def test_kernel_capture_records_programs_and_compares(monkeypatch, capsys):
+    """bench.kernel_capture records each compiled CPU program (a matmul's BLAS plan among them, its value
+    as numpy's) and --compare counts the records only one side has."""
+    from bench import kernel_capture
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 64)).astype(np.float32)
+    got = []
+
+    def one_matmul():
+        from tgrad import Tensor
+
+        got.append((Tensor(a, device="CPU") @ Tensor(b, device="CPU")).numpy())
+
+    monkeypatch.setattr(kernel_capture, "_workloads", one_matmul)
+    found = kernel_capture.record()
+    np.testing.assert_allclose(got[0], a @ b, rtol=1e-4, atol=1e-4)
+    assert any(r[0] == "kernel" and r[3].startswith("BlasPlan(") for r in found), found
+    records = json.loads(json.dumps(found))
+    assert kernel_capture.compare(records, records) == 0
+    changed = [records[0][:2] + ["another digest"] + records[0][3:], *records[1:]]
+    assert kernel_capture.compare(records, changed) == 2
+    assert "1 only before, 1 only after" in capsys.readouterr().out

@@ -98,7 +98,8 @@ def cpu_plan(kernel):
 
 def cpu_render(kernel):
     """The Program the CPU device renders a scheduled kernel as (with the opts its optimizer chooses)."""
-    return cpu_runtime._render(get_runtime("CPU").optimize(kernel))
+    runtime = get_runtime("CPU")
+    return cpu_runtime._render(runtime.optimize(kernel), runtime.props)
 
 
 def cpu_pair(k1, k2, reads):

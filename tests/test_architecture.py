@@ -150,7 +150,7 @@ FACTS = {
     "WORDS", "RECORD_HEAD", "MAX_ARGS", "MAX_CHUNKS", "_LEGACY_MAGIC", "KERNEL_OPT",
 }
 # the issue's goal is at most 15 tuning constants outside opt/opts.py's DeviceProps and HostTuning
-MAX_TUNING_CONSTANTS = 26
+MAX_TUNING_CONSTANTS = 15
 
 
 def _numeric(value: ast.expr) -> bool:
@@ -197,3 +197,21 @@ def test_the_driver_is_device_neutral():
     compares = [str(p.relative_to(ROOT)) for p in above
                 if re.search(r'(==|!=|\bin)\s*\(?"CPU"', p.read_text())]
     assert not compares, compares
+
+
+def test_a_new_primitive_op_touches_six_files():
+    """TRUNC, the last unary primitive added, is named in six modules: graph.py (the Op, its numpy
+    reference), autodiff.py (its gradient), the three emitters' op tables (emit_cstyle's serves OpenCL,
+    Metal and WGSL) and its Tensor method (docs/architecture.md, "Adding a primitive op"). Every unary
+    and binary op has its numpy reference (the NUMPY device) and a rendering in every emitter."""
+    from tgrad import emit_cstyle, emit_numba, emit_triton
+    from tgrad.graph import BINARY, REFERENCE, UNARY, Op
+
+    named = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if re.search(r"\bTRUNC\b", p.read_text()))
+    assert named == ["autodiff.py", "emit_cstyle.py", "emit_numba.py", "emit_triton.py", "graph.py",
+                     "ops/math.py"], named
+    for op in (UNARY | BINARY) - {Op.CAST}:
+        assert op in REFERENCE, op
+        for table in (emit_numba.code_for_op, emit_cstyle.code_for_op, emit_triton.code_for_op):
+            assert op.value in table, op

@@ -165,7 +165,7 @@ def test_a_compile_worker_returns_object_code_the_main_process_runs():
     x = np.arange(10, dtype=np.float32)
     out = np.zeros(10, np.float32)
     slots = ctypes.addressof(device._RET), ctypes.addressof(device._EXC)
-    assert fn(*slots, out.ctypes.data, x.ctypes.data, 10) in device._RET_OK
+    assert fn(*slots, out.ctypes.data, x.ctypes.data, 10) in device.cpu_batch.RET_OK
     np.testing.assert_array_equal(out, x * 3)
 
 

@@ -499,10 +499,10 @@ def test_openblas_threads_sleep_soon_after_a_matmul(user):
     assert out["err"] < 1e-3 and out["env"] == user
     if not out["found"]:
         pytest.skip("numpy's BLAS here is not an OpenBLAS with the entry points tgrad calls")
-    from tgrad.runtime.cpu.blas import OPENBLAS_IDLE
+    from tgrad.opt.opts import HostTuning
 
     assert out["before"] == (int(user) if user else 0)
-    assert out["after"] == (int(user) if user else OPENBLAS_IDLE)
+    assert out["after"] == (int(user) if user else HostTuning().openblas_idle)
 
 
 @pytest.mark.parametrize("case", ["merge_heads", "split_heads", "reduce", "threaded", "pool"])

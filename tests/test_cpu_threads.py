@@ -12,7 +12,10 @@ import pytest
 
 from tests.helpers import cpu_render
 from tgrad import Tensor
+from tgrad.opt.opts import HostTuning
 from tgrad.runtime.cpu import threads as cpu_threads
+
+SPIN = HostTuning().spin_cycles
 
 pytestmark = pytest.mark.skipif(not cpu_threads.enabled(),
                                 reason="native workers: Linux x86-64 only, not with TGRAD_NATIVE_THREADS=0")
@@ -53,16 +56,16 @@ def _fails_at_5(ret, exc, out, lo, hi):
 def test_every_iteration_runs_once(workers, n, chunks):
     """Each index of range(n) is run exactly once, whatever the split, job after job, and after the
     workers went to sleep (waiting past their spin)."""
-    pool = cpu_threads.pool(workers)
+    pool = cpu_threads.pool(workers, SPIN)
     out = np.zeros(n, np.int64)
     for rep in range(1, 4):
         assert pool.run(_count.address, (out.ctypes.data,), n, chunks) == 0
         np.testing.assert_array_equal(out, np.full(n, rep))
-        time.sleep(0.002 if rep == 2 else 0)  # > SPIN_CYCLES: the next job wakes them
+        time.sleep(0.002 if rep == 2 else 0)  # > HostTuning.spin_cycles: the next job wakes them
 
 
 def test_arguments_and_ranges_reach_the_function():
-    pool = cpu_threads.pool(1)
+    pool = cpu_threads.pool(1, SPIN)
     n = 50
     out = np.full(9 + n, -7, np.int64)
     args = (out.ctypes.data, -1, 2**40, 3, -(2**62), 5, 6, 7, 8, 9)
@@ -72,14 +75,14 @@ def test_arguments_and_ranges_reach_the_function():
 
 
 def test_a_failed_range_is_reported_and_the_pool_goes_on():
-    pool = cpu_threads.pool(1)
+    pool = cpu_threads.pool(1, SPIN)
     out = np.zeros(64, np.int64)
     assert pool.run(_fails_at_5.address, (out.ctypes.data,), 64, 16) == -1
     assert pool.run(_count.address, (out.ctypes.data,), 64, 16) == 0
 
 
 def test_bad_jobs_raise():
-    pool = cpu_threads.pool(1)
+    pool = cpu_threads.pool(1, SPIN)
     with pytest.raises(ValueError, match="at most"):
         pool.run(_count.address, (0,) * (cpu_threads.MAX_ARGS + 1), 10, 2)
     with pytest.raises(ValueError, match="ranges"):
@@ -103,7 +106,7 @@ def _record(fn, args, n=0, chunks=0, combine=0):
 def test_a_sequence_runs_its_records_in_order_threaded_or_not(workers):
     """Pool.sequence (TinyJit's replay of a run of CPU launches, runtime/cpu/batch.py): serial records,
     threaded ones over their ranges (every index once) and combine calls ([n, n)), in record order."""
-    pool = cpu_threads.pool(workers)
+    pool = cpu_threads.pool(workers, SPIN)
     log, out = np.zeros(16, np.int64), np.zeros(1000, np.int64)
     words = np.array(_record(_stamp.address, (log.ctypes.data, 11))
                      + _record(_count.address, (out.ctypes.data,), n=1000, chunks=8)
@@ -126,7 +129,7 @@ def test_a_sequence_runs_its_records_in_order_threaded_or_not(workers):
 
 
 def test_a_sequence_stops_at_a_failed_record_and_names_it():
-    pool = cpu_threads.pool(1)
+    pool = cpu_threads.pool(1, SPIN)
     log, out = np.zeros(8, np.int64), np.zeros(64, np.int64)
     words = np.array(_record(_stamp.address, (log.ctypes.data, 1))
                      + _record(_fails_at_5.address, (out.ctypes.data,), n=64, chunks=16)
@@ -210,7 +213,7 @@ def test_without_native_workers(monkeypatch):
     monkeypatch.setenv("TGRAD_NATIVE_THREADS", "0")
     monkeypatch.setenv("TGRAD_THREADS", "5")  # a pool size no other test started
     monkeypatch.delitem(cpu_threads._POOLS, 4, raising=False)
-    assert cpu_threads.pool(4) is None
+    assert cpu_threads.pool(4, SPIN) is None
     x = np.random.default_rng(2).standard_normal((64, 128, 256)).astype(np.float32)
     np.testing.assert_allclose(Tensor(x, device="CPU").sum(1).numpy(), x.astype(np.float64).sum(1), rtol=1e-4,
                                atol=1e-3)

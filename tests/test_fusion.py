@@ -134,6 +134,35 @@ def test_expensive_work_is_not_recomputed_under_a_big_expand(cpu):
     np.testing.assert_allclose(att.numpy(), (e / e.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_fusion_sizes_are_the_devices(device):
+    """The sizes fusion decides by are the device's (DeviceProps.fuse): with `recompute_elements` past the
+    expand's size the softmax is recomputed inside the matmul's kernel (one kernel fewer); the values are
+    numpy's either way."""
+    import dataclasses
+
+    from tgrad.device import get_runtime
+    from tgrad.fuse_roots import FuseTuning
+
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.random(s, dtype=np.float32) for s in ((64, 32), (64, 32), (64, 64)))
+    s = q @ k.T
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ v
+    rt = get_runtime(device)
+    old = rt.props
+    counts = []
+    try:
+        for tuning in (FuseTuning(), FuseTuning(recompute_elements=1 << 40)):
+            rt.set_props(dataclasses.replace(old, fuse=tuning))
+            tq, tk, tv = (Tensor(a, device=device) for a in (q, k, v))
+            att = (tq @ tk.T).softmax(-1) @ tv
+            counts.append(len(schedule([att.node], rt.props.fuse)))
+            np.testing.assert_allclose(att.numpy(), want, rtol=1e-4, atol=1e-5)
+    finally:
+        rt.set_props(old)
+    assert counts[1] == counts[0] - 1, counts
+
+
 def test_softmax_backward_reads_the_realized_output(cpu):
     """Attention realizes softmax's output p for the BLAS matmul after it; its gradient p * (g - sum(g *
     p)) reads that buffer: no backward kernel computes exp again."""

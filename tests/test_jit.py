@@ -12,6 +12,7 @@ from tgrad.errors import JitError
 from tgrad.jit import TinyJit
 from tgrad.nn import Linear
 from tgrad.nn.optim import SGD, Adam
+from tgrad.opt.opts import HostTuning
 from tgrad.realize import HostStep
 
 RNG = np.random.default_rng(0)
@@ -408,7 +409,7 @@ def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, 
     params = [rng.standard_normal(s).astype(np.float32) * 0.01 for s in ((1024, 8), (8,), (8, 64))]
     tparams = [Tensor(p, device="CPU") for p in params]
     outs = []
-    pool = cpu_threads.pool(cpu_pool.threads() - 1)
+    pool = cpu_threads.pool(cpu_pool.threads() - 1, HostTuning().spin_cycles)
     for i in range(5):
         x = rng.standard_normal((1024, 1024)).astype(np.float32)
         if workers_busy and i >= 2:
@@ -466,7 +467,7 @@ def test_a_failing_function_in_a_batch_names_its_kernel(monkeypatch):
             self.data = np.full(4, v, np.float32)
 
     fixed, varying = Buf(0), Buf(0)
-    batch = cpu_batch.Batch([(Run(), fixed, []), (Run(), varying, [])], {id(varying)}, 2)
+    batch = cpu_batch.Batch([(Run(), fixed, []), (Run(), varying, [])], {id(varying)}, 2, HostTuning())
     batch({})
     with pytest.raises(KernelError, match="kernel k_bad failed to run.*error status -1"):
         batch({id(varying): Buf(1)})  # (the slot is written per call: the new buffer's address)

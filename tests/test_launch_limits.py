@@ -18,7 +18,7 @@ from tgrad.dtype import dtypes
 from tgrad.emit_wgsl import dispatch_size
 from tgrad.errors import DeviceError, KernelError
 from tgrad.fuse import Expr, Kernel, const, schedule
-from tgrad.opt import DeviceProps, Opt, OptOps, fit_loops, loop_iterations, optimize
+from tgrad.opt import DeviceProps, Opt, OptOps, find, fit_loops, loop_iterations, optimize
 from tgrad.runtime.webgpu import MESA_MAX_LOOP, device_props
 
 LLVMPIPE = device_props({"max-compute-invocations-per-workgroup": 1024,
@@ -140,6 +140,17 @@ def test_an_impossible_launch_raises_a_clear_error():
     assert fit_loops(k, DeviceProps("BIG"), (Opt(OptOps.GROUP, 4),)) == (Opt(OptOps.GROUP, 4),)
     fitted = fit_loops(k, DeviceProps("SMALL", max_local=64, max_loop=2000), (Opt(OptOps.GROUP, 4),))
     assert loop_iterations(k, fitted) <= 2000
+
+
+def test_unrolls_stop_at_the_devices_max_unroll():
+    """fit_loops unrolls a reduce loop by powers of two up to the device's `max_unroll`, then groups."""
+    k = kernel_of(Tensor.ones(1, 70000).expand(9000, 70000).sum(1))
+    for most in (16, 4):
+        props = DeviceProps("SMALL", max_local=64, max_loop=10000, max_unroll=most)
+        fitted = fit_loops(k, props, ())
+        assert find(fitted, OptOps.UNROLL, 1) <= most and loop_iterations(k, fitted) <= 10000
+    assert find(fit_loops(k, DeviceProps("A", max_loop=10000, max_unroll=4), ()), OptOps.GROUP)
+    assert not find(fit_loops(k, DeviceProps("B", max_loop=10000, max_unroll=16), ()), OptOps.GROUP)
 
 
 def test_webgpu_dispatch_and_binding_limits(device):

@@ -115,6 +115,54 @@ def test_pieces_are_sized_to_the_cache(cpu_tuning):
     assert sizes[1] < sizes[0], sizes
 
 
+def test_generated_code_sizes_follow_the_tuning(cpu_tuning):
+    """A threaded full sum splits into `reduce_shares` partials and adds blocks of `sum_block` elements; a
+    direct convolution's register tile holds `tile_registers` accumulators: the source changes with the
+    device's tuning, the values stay numpy's / PyTorch's (float64 references)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1 << 20).astype(F32)
+    sources = []
+    for shares, block in ((64, 4096), (3, 128)):
+        cpu_tuning(reduce_shares=shares, sum_block=block, parallel_min_work=1 << 10)
+        total = Tensor(x, device="CPU").sum()
+        program = cpu_render(_last_kernel(total))
+        assert program.scratch[0][0] == shares and f", {block}):" in program.source, program.source
+        sources.append(program.source)
+        np.testing.assert_allclose(total.numpy(), x.astype(np.float64).sum(), rtol=1e-5)
+    assert sources[0] != sources[1]
+    xc, w = rng.standard_normal((4, 32, 14, 14)).astype(F32), rng.standard_normal((32, 32, 3, 3)).astype(F32)
+    want = torch.nn.functional.conv2d(torch.from_numpy(xc).double(), torch.from_numpy(w).double()).numpy()
+    directs = []
+    for registers in (24, 8):
+        cpu_tuning(direct_min_work=1, direct_min_depth=1, direct_min_channels=1, tile_registers=registers,
+                   windows_max_k=0)
+        out = Tensor(xc, device="CPU").conv2d(Tensor(w, device="CPU"))
+        kernel = _last_kernel(out)
+        assert _contract(out) == Contract.DIRECT
+        directs.append(cpu_render(kernel).launch["direct"].source)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert directs[0] != directs[1]
+
+
+def test_thread_hand_off_follows_the_tuning():
+    """A threaded kernel's range count is `chunks_per_thread` per thread (at most the iterations); the
+    native workers spin the `spin_cycles` they were last given."""
+    from tgrad.runtime.cpu import batch as cpu_batch
+    from tgrad.runtime.cpu import threads as cpu_threads
+
+    assert cpu_batch.chunks(1000, 2, HostTuning(chunks_per_thread=4)) == 8
+    assert cpu_batch.chunks(1000, 2, HostTuning(chunks_per_thread=1)) == 2
+    assert cpu_batch.chunks(3, 2, HostTuning(chunks_per_thread=4)) == 3
+    assert cpu_batch.chunks(1000, 1, HostTuning()) == 0
+    pool = cpu_threads.pool(1, 1 << 10)
+    if pool is None:
+        pytest.skip("no native worker threads here (not Linux x86-64, or TGRAD_NATIVE_THREADS=0)")
+    try:
+        assert pool.ctx[cpu_threads.SPIN] == 1 << 10
+    finally:
+        assert cpu_threads.pool(1, HostTuning().spin_cycles).ctx[cpu_threads.SPIN] == HostTuning().spin_cycles
+
+
 def test_cache_size_from_sysfs(tmp_path):
     """cache_bytes reads the level-2 cache's size from Linux's sysfs, 2 MiB where it cannot."""
     for index, level, size in (("index0", "1", "48K"), ("index2", "2", "1280K"), ("index3", "3", "30M")):

@@ -39,8 +39,7 @@ from tgrad.opt.host import plan_for, sub_threads, threads
 from tgrad.opt.opts import Contract, HostTuning, OptOps, find, upcasts
 from tgrad.program import Program
 
-SPLIT = 64  # chunks a full reduction is split into for threads
-BLOCK_SUM = 4096  # elements of each block a chunk of a full float sum adds on its own (then adds the blocks)
+DEFAULT = HostTuning()  # (renderers are called with the device's HostTuning; tests may leave it out)
 
 # the helpers kernels call live in tgrad/runtime/cpu/numba_rt.py; a digest of that file is part of every
 # kernel's source, so kernels cached on disk are rebuilt when the helpers change (the file is read, not
@@ -154,18 +153,19 @@ def _cast(src: Expr, dtype: DType, text: str) -> str:
     return f"{np_type(dtype)}({text})"
 
 
-def _chunks(kernel: Kernel) -> int:
+def _chunks(kernel: Kernel, tuning: HostTuning) -> int:
     """The chunks a threaded full reduction splits its outer axis into (one partial result each)."""
-    return min(SPLIT, kernel.shape[0])
+    return min(tuning.reduce_shares, kernel.shape[0])
 
 
-def scratch(kernel: Kernel, parallel: bool) -> tuple[tuple[str, int, DType], ...]:
+def scratch(kernel: Kernel, parallel: bool, tuning: HostTuning = DEFAULT
+            ) -> tuple[tuple[str, int, DType], ...]:
     """Scratch arrays a kernel's function takes after its inputs (name, length, dtype), allocated by the
     runtime for each launch: the per-chunk partials of a threaded full reduction, or the row of
     accumulators of an interchanged reduction. `kernel` is the compacted kernel `render` renders."""
     k = kernel
     if k.reduce_expr is not None and k.n_global == 0 and parallel:
-        return (("partial", _chunks(k), k.reduce_expr.dtype),)
+        return (("partial", _chunks(k, tuning), k.reduce_expr.dtype),)
     if k.reduce_expr is not None and want_interchange(k):
         g = k.n_global - 1
         rows = k.shape[0] if parallel and g > 0 else 1  # threads split axis 0: one row each iteration
@@ -174,9 +174,10 @@ def scratch(kernel: Kernel, parallel: bool) -> tuple[tuple[str, int, DType], ...
 
 
 class _Renderer(StatementPlacer):
-    def __init__(self, kernel: Kernel, length: str | None = None):
+    def __init__(self, kernel: Kernel, length: str | None = None, tuning: HostTuning = DEFAULT):
         super().__init__([a + 1 for a in range(len(kernel.shape))], len(kernel.shape) + 1)
         self.k = kernel
+        self.tuning = tuning
         self.length = length  # the loop bound of a 1-D kernel, when it is an argument rather than a number
         self.names: dict[Expr, str] = {}
         self.count = 0
@@ -240,7 +241,7 @@ class _Renderer(StatementPlacer):
         store = self.store = f"out[{self.ref(k.out_index)}] = {_st(self.ref(k.expr), k.out_dtype)}"
         self.acc_dt = k.acc_dtype
         names = ["out"] + [f"in{i}" for i in range(len(k.in_dtypes))]
-        names += [name for name, _, _ in scratch(k, parallel)] + (["n"] if self.length else [])
+        names += [name for name, _, _ in scratch(k, parallel, self.tuning)] + (["n"] if self.length else [])
         names += ["lo", "hi"] if parallel else []  # the range of the outer loop this call runs
         args = ", ".join(names)
         # float sums and products accumulate through _acc_add/_acc_mul, which LLVM may reorder (so the
@@ -254,17 +255,17 @@ class _Renderer(StatementPlacer):
         if k.reduce_expr is not None and ng == 0 and parallel:
             # a full reduction: threads each reduce chunks [lo, hi) of the outermost axis into `partial`;
             # the call with lo == chunks (after every chunk) combines them
-            chunks = _chunks(k)
+            chunks = _chunks(k, self.tuning)
             size = -(-k.shape[0] // chunks)
             emit(0, self.levels[0])
             emit(0, ["for p in range(lo, hi):"])
             end = f"min({k.shape[0]}, (p + 1) * {size})"
             emit(1, [f"acc = {init}"])
-            # a float sum adds blocks of about BLOCK_SUM elements, each summed on its own (in vector lanes),
+            # a float sum adds blocks of about `sum_block` elements, each summed on its own (in vector lanes),
             # into the chunk's sum: each sum in the chain is short, so the error stays near numpy's
             # pairwise sum's instead of growing with the chunk
             blocked = acc_dt.is_float and k.reduce_op == "SUM"
-            block = max(1, BLOCK_SUM // math.prod(k.shape[1:]))
+            block = max(1, self.tuning.sum_block // math.prod(k.shape[1:]))
             if blocked:
                 emit(1, [f"for b in range(p * {size}, {end}, {block}):", f"    blk = {init}"])
                 emit(2, [f"for i0 in range(b, min(b + {block}, {end})):"])
@@ -357,22 +358,23 @@ def _loads(e: Expr, seen: set | None = None) -> list[Expr]:
     return out
 
 
-def render(kernel: Kernel) -> Program:
-    """The kernel as a CPU Program, as its opts say (opt/host.py). A contraction (CONTRACT BLAS, DIRECT,
-    WGRAD) becomes a BLAS call: its launch facts hold the plan (`blas`, opt.host.plan_for) and the
-    generated functions around it (`prologues` computing computed operands, `epilogue` the stored value
-    from the matmul result, or None when BLAS writes the output itself); emit_numba_conv.render adds a
-    direct convolution's function. CONTRACT BATCHED is one generated function over a batch of small matmuls
-    (`render_batched`); any other kernel one generated function (`render_loops`)."""
+def render(kernel: Kernel, tuning: HostTuning = DEFAULT) -> Program:
+    """The kernel as a CPU Program, as its opts say (opt/host.py) and the device's tuning. A contraction
+    (CONTRACT BLAS, DIRECT, WGRAD) becomes a BLAS call: its launch facts hold the plan (`blas`,
+    opt.host.plan_for) and the generated functions around it (`prologues` computing computed operands,
+    `epilogue` the stored value from the matmul result, or None when BLAS writes the output itself);
+    emit_numba_conv.render adds a direct convolution's function. CONTRACT BATCHED is one generated
+    function over a batch of small matmuls (`render_batched`); any other kernel one generated function
+    (`render_loops`)."""
     impl = find(kernel.opts, OptOps.CONTRACT)
     if not impl:
-        return render_loops(kernel)
+        return render_loops(kernel, None, tuning)
     plan = plan_for(kernel)
     if impl == Contract.BATCHED:
         return render_batched(kernel, plan)
     n = len(plan.prologues)
-    prologues = tuple(render_loops(p, sub_threads(kernel, j)) for j, p in enumerate(plan.prologues))
-    epilogue = None if plan.epilogue is None else render_loops(plan.epilogue, sub_threads(kernel, n))
+    prologues = tuple(render_loops(p, sub_threads(kernel, j), tuning) for j, p in enumerate(plan.prologues))
+    epilogue = None if plan.epilogue is None else render_loops(plan.epilogue, sub_threads(kernel, n), tuning)
     what = "the reduce is a BLAS matmul" if epilogue is not None else "a BLAS matmul"
     source = f"# {kernel.name}: {what} (see opt/host.py)\n" + (epilogue.source if epilogue else "")
     launch = {"blas": plan, "prologues": prologues, "epilogue": epilogue}
@@ -450,7 +452,7 @@ def render_batched(kernel: Kernel, plan: BlasPlan) -> Program:
                    args=() if parallel else (0, count), launch=launch)
 
 
-def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
+def render_loops(kernel: Kernel, parallel: bool | None = None, tuning: HostTuning = DEFAULT) -> Program:
     """One kernel as one Numba function over raw pointers (source with HEADER), and how it is called:
     `reads` the inputs it loads (the runtime passes only those), then `scratch` arrays, then `args`: the
     length of a kernel that `flatten` made 1-D (so its source does not depend on its shape). Launch facts:
@@ -465,18 +467,19 @@ def render_loops(kernel: Kernel, parallel: bool | None = None) -> Program:
     compacted = compact(kernel, reads)
     flat = flatten(compacted)
     if flat is None:
-        compacted = split_axes(merge_axes(compacted))  # (scratch sizes below follow the new axes)
+        # (scratch sizes below follow the new axes)
+        compacted = split_axes(merge_axes(compacted), tuning.split_min)
         k = compacted
         # an interchanged reduce over one global axis keeps that axis innermost: nothing to split
         parallel = parallel and not (k.reduce_expr is not None and k.n_global == 1 and want_interchange(k))
     combine = parallel and flat is None and compacted.reduce_expr is not None and compacted.n_global == 0
     if flat is not None:
-        fname, body = "E_n", _Renderer(flat, length="n").render("E_n", parallel)
+        fname, body = "E_n", _Renderer(flat, "n", tuning).render("E_n", parallel)
         split = math.prod(kernel.shape) if parallel else 0
     else:
-        fname, body = kernel.name, _Renderer(compacted).render(kernel.name, parallel)
-        split = (_chunks(compacted) if combine else compacted.shape[0]) if parallel else 0
-    temps = tuple((size, storage_dtype(dt)) for _, size, dt in scratch(compacted, parallel))
+        fname, body = kernel.name, _Renderer(compacted, None, tuning).render(kernel.name, parallel)
+        split = (_chunks(compacted, tuning) if combine else compacted.shape[0]) if parallel else 0
+    temps = tuple((size, storage_dtype(dt)) for _, size, dt in scratch(compacted, parallel, tuning))
     ins = tuple(storage_dtype(kernel.in_dtypes[i]) for i in reads)
     storage = (storage_dtype(kernel.out_dtype), *ins, *(dt for _, dt in temps))
     args = (math.prod(kernel.shape),) if flat is not None else ()
@@ -524,7 +527,7 @@ Member = tuple[Kernel, tuple[int, ...], int | None]  # a kernel of a row group (
 
 
 def render_rows(members: list[Member], sizes: dict[int, int], aliases: dict | None = None,
-                tuning: HostTuning = HostTuning()) -> Program | None:
+                tuning: HostTuning = DEFAULT) -> Program | None:
     """Kernels run one after another (a softmax's max, its sum of exponentials, its normalisation) as one
     function whose loop over rows runs each kernel's work for that row in turn, so a row read three times
     is read from the cache, not from memory; where the last kernel recomputes the values an earlier one
@@ -568,7 +571,7 @@ def render_rows(members: list[Member], sizes: dict[int, int], aliases: dict | No
     for j, ((_, _, out_at), k) in enumerate(zip(members, ks)):
         names = {"out": "out" if out_at is None else f"in{out_at}", f"in{n_in}": "out", "shared": "out",
                  **{f"in{a}": "out" if b < 0 else f"in{b}" for a, b in (aliases or {}).items()}}
-        lines = _Renderer(k).render("f", True, shares[j]).split("\n")
+        lines = _Renderer(k, None, tuning).render("f", True, shares[j]).split("\n")
         loop = lines.index("    for i0 in range(lo, hi):")
 
         def rename(m: re.Match, names=names, j=j) -> str:

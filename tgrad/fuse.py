@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgrad.dtype import DType, dtypes
-from tgrad.fuse_roots import kernel_body, kernel_roots
+from tgrad.fuse_roots import FuseTuning, kernel_body, kernel_roots
 from tgrad.graph import ALU, CONTRACT, MOVEMENT, Node, Op, ShapeTracker, strides_for
 from tgrad.schedule_order import order_assigns
 
@@ -543,9 +543,10 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
     return ScheduleItem(kernel, root, lw.inputs, target)
 
 
-def schedule(outputs: list[Node]) -> list[ScheduleItem]:
-    """The kernels that make every output node realized, in an order that respects dependencies."""
-    roots = kernel_roots(outputs)
+def schedule(outputs: list[Node], tuning: FuseTuning | None = None) -> list[ScheduleItem]:
+    """The kernels that make every output node realized, in an order that respects dependencies (fusion's
+    choices by `tuning`, the device's DeviceProps.fuse; default: FuseTuning's)."""
+    roots = kernel_roots(outputs) if tuning is None else kernel_roots(outputs, tuning)
     realize = set(roots)
     items = [lower_kernel(r, realize) for r in roots]
     return order_assigns(items)

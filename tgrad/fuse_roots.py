@@ -4,8 +4,9 @@ docstring, as `kernel_roots(outputs)`; fuse.py lowers each root's kernel."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
-from tgrad.graph import ALU, MOVEMENT, Node, Op, prod
+from tgrad.graph import ALU, EXPENSIVE, MOVEMENT, Node, Op, prod
 
 
 def _walk(roots: list[Node]) -> list[Node]:
@@ -60,13 +61,22 @@ def _top_reduces(root: Node, realize: set[Node]) -> set[Node]:
     return out
 
 
-EXPENSIVE = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.IDIV, Op.MOD}
-RECOMPUTE_LIMIT = 1 << 16  # elements an expand may recompute expensive elementwise work for
-RECOMPUTE_OPS = 8  # ALU ops (through movement ops) a big expand may recompute for every element
-SHARED_OPERAND_OPS = 3  # ALU ops and loads from which a matmul operand two kernels read is computed once
+@dataclass(frozen=True)
+class FuseTuning:
+    """The sizes kernel_roots decides by (a device's DeviceProps.fuse): where a value is computed once, in a
+    kernel of its own, instead of inside every kernel that reads it (a pass over memory against recomputing
+    per element). Measured on the CPU (bench/HISTORY.md); a device whose compute is cheap against its
+    memory may recompute more."""
+
+    recompute_elements: int = 1 << 16  # an expand of at least this many elements is "big"
+    recompute_ops: int = 8  # ALU ops and loads a big expand may recompute for every element
+    shared_operand_ops: int = 3  # ... for a matmul operand that two kernels read through a big expand
 
 
-def _alu_work(node: Node, realize: set[Node], limit: int = RECOMPUTE_OPS) -> int:
+DEFAULT = FuseTuning()  # (the device's DeviceProps.fuse where the driver schedules; tests may leave it out)
+
+
+def _alu_work(node: Node, realize: set[Node], limit: int) -> int:
     """ALU ops and loads (one per buffer read) computed for one element of node in its kernel, through
     movement ops (not through reduces or nodes realized or to be realized); stops counting at limit.
     Loads count: a conv's input gradient read through the windows of its input recomputed a relu mask
@@ -100,7 +110,7 @@ def _elementwise_closure(node: Node) -> list[Node]:
     return out
 
 
-def kernel_roots(outputs: list[Node]) -> list[Node]:
+def kernel_roots(outputs: list[Node], t: FuseTuning = DEFAULT) -> list[Node]:
     roots = []
     for out in outputs:
         base = out.base
@@ -126,8 +136,9 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
             closure = _elementwise_closure(x)
             if (
                 n.op is Op.EXPAND
-                and prod(n.shape) >= RECOMPUTE_LIMIT
-                and (any(c.op in EXPENSIVE for c in closure) or _alu_work(x, realize) >= RECOMPUTE_OPS)
+                and prod(n.shape) >= t.recompute_elements
+                and (any(c.op in EXPENSIVE for c in closure) or _alu_work(x, realize, t.recompute_ops)
+                     >= t.recompute_ops)
             ):
                 forced.add(x)
                 realize.add(x)
@@ -157,22 +168,22 @@ def kernel_roots(outputs: list[Node]) -> list[Node]:
     # it is recomputed (elementwise) where it is used instead
     realize -= {n for n in realize - forced if not any(b.op is Op.REDUCE for b in kernel_body(n, realize))}
     # ...unless a big expand reads it (a conv's windows over a computed gradient): computed once, then
-    chains = _under_big_expands(nodes)
+    chains = _under_big_expands(nodes, t)
     for *_, x in chains:
         if (not x.realized and x not in realize and x.op is not Op.CONST
-                and _alu_work(x, realize) >= RECOMPUTE_OPS):
+                and _alu_work(x, realize, t.recompute_ops) >= t.recompute_ops):
             realize.add(x)
-    _compute_shared_once(nodes, realize, {x for chain in chains for x in chain})
+    _compute_shared_once(nodes, realize, {x for chain in chains for x in chain}, t)
     # order: sources first (the _walk order is topological)
     return [n for n in nodes if n in realize]
 
 
-def _under_big_expands(nodes: list[Node]) -> list[list[Node]]:
-    """For each expand of RECOMPUTE_LIMIT or more elements: the nodes it reads through, from its source
+def _under_big_expands(nodes: list[Node], t: FuseTuning) -> list[list[Node]]:
+    """For each expand of `recompute_elements` or more elements: the nodes it reads through, from its source
     down through movement ops to the value they move (the last)."""
     chains = []
     for n in nodes:
-        if n.op is Op.EXPAND and prod(n.shape) >= RECOMPUTE_LIMIT:
+        if n.op is Op.EXPAND and prod(n.shape) >= t.recompute_elements:
             chain = [n.srcs[0]]
             while chain[-1].op in MOVEMENT:
                 chain.append(chain[-1].srcs[0])
@@ -180,11 +191,11 @@ def _under_big_expands(nodes: list[Node]) -> list[list[Node]]:
     return chains
 
 
-def _compute_shared_once(nodes: list[Node], realize: set[Node], expanded: set[Node]) -> None:
+def _compute_shared_once(nodes: list[Node], realize: set[Node], expanded: set[Node], t: FuseTuning) -> None:
     """Adds to `realize` the values (elementwise, maybe through movement ops) that two or more kernels would
-    each recompute for every element of a big shape, where that costs: RECOMPUTE_OPS or more ALU ops and
+    each recompute for every element of a big shape, where that costs: `recompute_ops` or more ALU ops and
     loads with index arithmetic of their own (a pool's windows, a permute: gathers that do not vectorize),
-    or SHARED_OPERAND_OPS or more for a value read through a big expand (a matmul's computed operand, made
+    or `shared_operand_ops` or more for a value read through a big expand (a matmul's computed operand, made
     again by each matmul's prologue). The users' side first, or below it a value of the same shape more
     kernels read, to which it adds little work (a max_pool's gradient, not that gradient scaled by
     BatchNorm's backward). The MNIST CNN step recomputed a pool's gradient in 5 kernels, its windows in 3,
@@ -204,18 +215,19 @@ def _compute_shared_once(nodes: list[Node], realize: set[Node], expanded: set[No
             # a reshape is not taken: its source is (the same elements, read through the reshape as a view);
             # taking the reshape made a copy kernel once a later pass took the source for another reader
             if (counts[n] < 2 or not (n.op in ALU or n.op in MOVEMENT) or n.op is Op.RESHAPE
-                    or prod(n.shape) < RECOMPUTE_LIMIT):
+                    or prod(n.shape) < t.recompute_elements):
                 return False
             if n in expanded:
-                return _alu_work(n, realize, SHARED_OPERAND_OPS) >= SHARED_OPERAND_OPS
-            return _alu_work(n, realize) >= RECOMPUTE_OPS and _moves(n, realize)
+                return _alu_work(n, realize, t.shared_operand_ops) >= t.shared_operand_ops
+            return _alu_work(n, realize, t.recompute_ops) >= t.recompute_ops and _moves(n, realize)
 
         taken: set[Node] = set()  # this pass's values and what their kernels compute
         for pick in reversed(nodes):
             if pick in taken or not shared(pick):
                 continue
             while below := [s for s in pick.srcs if s.shape == pick.shape and counts[s] > counts[pick] and
-                            s not in taken and shared(s) and _alu_work(pick, realize | {s}) < RECOMPUTE_OPS]:
+                            s not in taken and shared(s) and
+                            _alu_work(pick, realize | {s}, t.recompute_ops) < t.recompute_ops]:
                 pick = below[0]
             realize.add(pick)
             taken.update(kernel_body(pick, realize))

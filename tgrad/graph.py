@@ -2,7 +2,8 @@
 
 A Node is one primitive op applied to source nodes. Movement ops (RESHAPE PERMUTE EXPAND PAD SHRINK
 FLIP) are nodes too, so autodiff can see them, but they never copy: fuse.py folds each chain of them
-into a `ShapeTracker` (a stack of `View`s) that becomes an index expression in the kernel.
+into a `ShapeTracker` (a stack of `View`s) that becomes an index expression in the kernel. Each ALU op's
+meaning is its numpy form in REFERENCE (what the NUMPY device evaluates and every emitter must agree with).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import weakref
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+import numpy as np
 
 from tgrad.dtype import DType, dtypes, round_to
 
@@ -62,6 +65,38 @@ class Op(Enum):
         return self.name
 
 
+def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C's integer division (toward zero); 0 where b is 0 (what the emitters' kernels give)."""
+    safe = np.where(b == 0, 1, b)
+    q = a // safe
+    q = q + ((q < 0) & (q * safe != a))  # floor -> toward zero
+    return np.where(b == 0, 0, q)
+
+
+# each unary and binary op's meaning as numpy computes it (the NUMPY device runs these; CAST and WHERE,
+# which depend on dtypes, are its own): a new primitive op is defined here and in each emitter
+REFERENCE = {
+    Op.EXP2: np.exp2,
+    Op.LOG2: np.log2,
+    Op.SIN: np.sin,
+    Op.SQRT: np.sqrt,
+    Op.NEG: np.negative,
+    Op.TRUNC: np.trunc,
+    Op.RECIP: lambda x: np.reciprocal(x) if x.dtype.kind == "f" else 1 // x,
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.IDIV: _idiv,
+    Op.MOD: lambda a, b: a - b * _idiv(a, b),
+    Op.MAX: lambda a, b: np.logical_or(a, b) if a.dtype == np.bool_ else np.maximum(a, b),
+    Op.CMPLT: np.less,
+    Op.CMPNE: np.not_equal,
+    Op.AND: np.bitwise_and,
+    Op.OR: np.bitwise_or,
+    Op.XOR: np.bitwise_xor,
+}
+# ops costly enough per element that fusion computes them once rather than under a big expand (fuse_roots)
+EXPENSIVE = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.IDIV, Op.MOD}
 UNARY = {Op.EXP2, Op.LOG2, Op.SIN, Op.SQRT, Op.RECIP, Op.NEG, Op.TRUNC, Op.CAST}
 BINARY = {Op.ADD, Op.SUB, Op.MUL, Op.IDIV, Op.MOD, Op.MAX, Op.CMPLT, Op.CMPNE, Op.AND, Op.OR, Op.XOR}
 ALU = UNARY | BINARY | {Op.WHERE}

@@ -153,15 +153,13 @@ def merge_axes(kernel: Kernel, rows: bool = False) -> Kernel:
     return _reshaped(k, shape, sum(1 for run in merged if run[0] < k.n_global), walk)
 
 
-SPLIT_MIN = 8  # a split innermost axis keeps an inner loop of at least this many iterations (a vector)
-
-
-def split_axes(kernel: Kernel) -> Kernel:
+def split_axes(kernel: Kernel, least_inner: int) -> Kernel:
     """Each axis that indices divide by one constant c (`i // c`, `i % c`; c divides its size and is at
-    least SPLIT_MIN for an axis that may be the innermost loop) as two axes, i // c and i % c: the loops
-    count them, the division and remainder per element vanish and the inner loop vectorizes. The gradient
-    of attention's q, k, v split out of one (16, 64, 192) buffer read its heads as `i2 // 16` and
-    `i2 % 16` per element, several times slower than as two axes (measured: bench/HISTORY.md)."""
+    least `least_inner` for an axis that may be the innermost loop: a vector's worth) as two axes, i // c
+    and i % c: the loops count them, the division and remainder per element vanish and the inner loop
+    vectorizes. The gradient of attention's q, k, v split out of one (16, 64, 192) buffer read its heads
+    as `i2 // 16` and `i2 % 16` per element, several times slower than as two axes (measured:
+    bench/HISTORY.md)."""
     k = kernel
     divisors: dict[int, set[int]] = {}
     for e in nodes(k.expr, k.out_index, k.reduce_expr):
@@ -171,7 +169,7 @@ def split_axes(kernel: Kernel) -> Kernel:
     innermost = {len(k.shape) - 1, k.n_global - 1}  # (a reduce may run its last global axis innermost)
     for axis, cs in divisors.items():
         c, size = max(cs), k.shape[axis]
-        least = SPLIT_MIN if axis in innermost else 2
+        least = least_inner if axis in innermost else 2
         if least <= c < size and size % c == 0 and all(c % d == 0 for d in cs):
             splits[axis] = c
     if not splits:

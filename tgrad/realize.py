@@ -323,7 +323,7 @@ def realize(nodes: list[Node]) -> None:
                     RECORDER.evaluate(name)
                 rt.evaluate(group)
             else:
-                run_schedule(schedule_cache.schedule(group), group)
+                run_schedule(schedule_cache.schedule(group, rt.props.fuse), group)
         except MemoryError as e:  # (a reference device's numpy, a kernel's scratch: else _alloc names it)
             raise out_of_memory(e, rt, group[0].shape, group[0].dtype, f"realize on {name}") from e
         except RecursionError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from tgrad import fuse
+from tgrad.fuse_roots import FuseTuning
 from tgrad.graph import Node, structure
 
 MAX_ENTRIES = 256  # schedules kept (least recently used first out)
@@ -39,8 +40,9 @@ def clear() -> None:
     _cache.clear()
 
 
-def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
-    """fuse.schedule(outputs), from the cache when a graph of the same structure was scheduled before."""
+def schedule(outputs: list[Node], tuning: FuseTuning | None = None) -> list[fuse.ScheduleItem]:
+    """fuse.schedule(outputs, tuning), from the cache when a graph of the same structure was scheduled
+    before (the cache is cleared when a device's properties change: Runtime.set_props)."""
     key, nodes, index, _ = structure(outputs)
     hit = _cache.get(key)
     if hit is not None:
@@ -52,7 +54,7 @@ def schedule(outputs: list[Node]) -> list[fuse.ScheduleItem]:
         items.memo = memo
         return items
     Stats.misses += 1
-    items = Cached(fuse.schedule(outputs))
+    items = Cached(fuse.schedule(outputs, tuning))
     items.memo = {}
     try:
         _cache[key] = ([(it.kernel, index[it.out], [index[n] for n in it.inputs],

@@ -4,9 +4,10 @@ Mesa's llvmpipe (WebGPU over OpenGL) and lavapipe (over Vulkan) stop a shader's 
 has run 65535 loop iterations in all, and the shader goes on with whatever it had summed: a 2^24-element
 sum gave 131070. `loop_iterations` counts what a C-style kernel with its opts runs (each loop counted one
 past its trip count, for its last test); `fit_loops` changes the heuristic's opts until that fits the
-device's `max_loop`: an UNROLL of the innermost reduce loop (at most MAX_UNROLL steps per iteration), else
-a GROUP reduction (a strided loop shared by up to the device's work-group size; a kernel that has a GROUP
-takes bigger ones first) with an UNROLL, and raises a KernelError naming the limit when nothing fits.
+device's `max_loop`: an UNROLL of the innermost reduce loop (powers of two up to the device's
+`max_unroll` steps per iteration), else a GROUP reduction (a strided loop shared by up to the device's
+work-group size; a kernel that has a GROUP takes bigger ones first) with an UNROLL, and raises a
+KernelError naming the limit when nothing fits.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from tgrad.dtype import dtypes
 from tgrad.errors import KernelError
 from tgrad.fuse import Kernel
 from tgrad.opt.opts import DeviceProps, Opt, OptOps, find
-
-MAX_UNROLL = 16  # reduce steps per loop iteration at most (the body is written out that many times)
 
 
 def loop_iterations(kernel: Kernel, opts: tuple[Opt, ...] | None = None) -> int:
@@ -45,16 +44,17 @@ def _candidates(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]):
     """Opts that run fewer loop iterations per invocation: a kernel without a GROUP first unrolls its
     innermost reduce loop; then GROUP reductions, bigger work-groups before unrolled ones."""
     group = find(opts, OptOps.GROUP)
+    unrolls = [1 << b for b in range(1, props.max_unroll.bit_length())]  # 2, 4, ... max_unroll
     if not group:
         plain = tuple(o for o in opts if o.op is not OptOps.UNROLL)
-        for u in (2, 4, 8, MAX_UNROLL):
+        for u in unrolls:
             yield (*plain, Opt(OptOps.UNROLL, u))
         if kernel.acc_dtype == dtypes.bool and not props.group_bool:
             return
     start = group or min(props.group_size, props.max_local)
     top = props.max_local.bit_length()
     sizes = [1 << b for b in range(start.bit_length() - 1, top) if 1 << b <= props.max_local]
-    for u in (1, 2, 4, 8, MAX_UNROLL):
+    for u in (1, *unrolls):
         for g in sizes:
             yield (Opt(OptOps.GROUP, g),) + ((Opt(OptOps.UNROLL, u),) if u > 1 else ())
 

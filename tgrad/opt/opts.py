@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
+from tgrad.fuse_roots import FuseTuning
+
 
 class OptOps(Enum):
     LOCAL = "local"  # outputs per work-group (C-style: work-items, one output each; Triton: BLOCK_G)
@@ -86,6 +88,14 @@ class HostTuning:
     scatter_max_taps: int = 25  # an input gradient scattered directly: taps at most (registers),
     scatter_max_k: int = 32  # output channels at most (twice that on images of at most
     scatter_small_image: int = 144  # this many output pixels; else the col2im pair wins)
+    # the generated code and the runtime:
+    split_min: int = 8  # a divided axis splits in two where the inner loop keeps this many (a vector)
+    reduce_shares: int = 64  # chunks a threaded full reduction splits its outer axis into (a partial each)
+    sum_block: int = 4096  # elements a chunk of a full float sum adds on their own before adding the blocks
+    tile_registers: int = 24  # accumulator vectors of a direct conv's register tile (of 32 AVX-512 registers)
+    chunks_per_thread: int = 4  # ranges per thread of a threaded kernel (a thread done early takes another)
+    spin_cycles: int = 1 << 17  # time-stamp cycles a worker thread spins for its next job before it sleeps
+    openblas_idle: int = 21  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps (its own: 28)
 
 
 @dataclass(frozen=True)
@@ -113,8 +123,10 @@ class DeviceProps:
     # loop iterations one invocation may run in all (None: no limit); Mesa's llvmpipe and lavapipe stop a
     # shader's loops after 65535 of them in all and go on with wrong values (opt/limits.py keeps under it)
     max_loop: int | None = None
+    max_unroll: int = 16  # reduce steps per loop iteration at most (the body written out that many times)
     # the CPU: a core's L2 cache (a copied operand's pieces are sized to stay in it), whether compiled conv
     # pieces (runtime/cpu/gemm.py) run, and the heuristic's defaults
     cache_bytes: int = 1 << 21
     native_pieces: bool = False
     host: HostTuning = HostTuning()
+    fuse: FuseTuning = FuseTuning()  # fusion's choices (fuse_roots.py), every device

@@ -1,7 +1,7 @@
 """The NUMPY reference device: evaluates the graph one node at a time with numpy.
 
 No fusion and no generated code, so it checks fuse.py and every emitter independently. Each primitive
-op's numpy form stands here with the same semantics the emitters implement (C-style integer division,
+op's numpy form (graph.REFERENCE) has the semantics the emitters implement (C-style integer division,
 float16 and bfloat16 reductions accumulated in float32, nan propagating through MAX). bfloat16 values are
 float32 arrays; every bfloat16 (fp8) node's result is rounded to its dtype (`round_to`).
 """
@@ -13,14 +13,7 @@ import numpy as np
 from tgrad.device import Buffer, Runtime, check_memory
 from tgrad.dtype import dtypes, round_to
 from tgrad.fuse import reduce_identity
-from tgrad.graph import MOVEMENT, Node, Op
-
-
-def _idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    safe = np.where(b == 0, 1, b)
-    q = a // safe
-    q = q + ((q < 0) & (q * safe != a))  # floor -> toward zero
-    return np.where(b == 0, 0, q)
+from tgrad.graph import MOVEMENT, REFERENCE, Node, Op
 
 
 def _cast(x: np.ndarray, dtype) -> np.ndarray:
@@ -31,30 +24,6 @@ def _cast(x: np.ndarray, dtype) -> np.ndarray:
             # through int32, then wrapped: what numpy and PyTorch do on x86 (inf and nan give INT_MIN)
             return np.trunc(x).astype(np.int32).astype(dtype.np)
         return x.astype(dtype.np)
-
-
-UNARY = {
-    Op.EXP2: np.exp2,
-    Op.LOG2: np.log2,
-    Op.SIN: np.sin,
-    Op.SQRT: np.sqrt,
-    Op.NEG: np.negative,
-    Op.TRUNC: np.trunc,
-    Op.RECIP: lambda x: np.reciprocal(x) if x.dtype.kind == "f" else 1 // x,
-}
-BINARY = {
-    Op.ADD: np.add,
-    Op.SUB: np.subtract,
-    Op.MUL: np.multiply,
-    Op.IDIV: _idiv,
-    Op.MOD: lambda a, b: a - b * _idiv(a, b),
-    Op.MAX: lambda a, b: np.logical_or(a, b) if a.dtype == np.bool_ else np.maximum(a, b),
-    Op.CMPLT: np.less,
-    Op.CMPNE: np.not_equal,
-    Op.AND: np.bitwise_and,
-    Op.OR: np.bitwise_or,
-    Op.XOR: np.bitwise_xor,
-}
 
 
 def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], dtype) -> np.ndarray:
@@ -132,10 +101,8 @@ def evaluate(node: Node, memo: dict) -> np.ndarray:
         with np.errstate(all="ignore"):
             if node.op is Op.CAST:
                 out = _cast(srcs[0], node.dtype)
-            elif node.op in UNARY:
-                out = UNARY[node.op](srcs[0])
-            elif node.op in BINARY:
-                out = BINARY[node.op](*srcs)
+            elif node.op in REFERENCE:
+                out = REFERENCE[node.op](*srcs)
             elif node.op is Op.WHERE:
                 out = np.where(*srcs)
             elif node.op is Op.REDUCE:

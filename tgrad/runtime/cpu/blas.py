@@ -22,10 +22,8 @@ from tgrad.runtime.cpu.gemm import openblas as _openblas
 from tgrad.runtime.cpu.memory import HostMemory
 from tgrad.runtime.cpu.pool import threads
 
-OPENBLAS_IDLE = 21  # log2 of the cycles an idle OpenBLAS thread spins before it sleeps (OpenBLAS: 28)
 
-
-def openblas_idle_timeout(log2_cycles: int = OPENBLAS_IDLE) -> bool:
+def openblas_idle_timeout(log2_cycles: int) -> bool:
     """Make numpy's OpenBLAS threads sleep soon after they go idle instead of spinning for 2**28 cycles:
     a thread spinning after each matmul took a core from tgrad's threaded kernels that ran next (2 cores,
     3 busy threads), so the MNIST CNN step's generated kernels ran much slower; the GPT and MLP steps,

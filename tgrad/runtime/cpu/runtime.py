@@ -3,13 +3,12 @@ ctypes; matmul-shaped kernels run as BLAS calls (numpy.matmul, blas.py) with gen
 
 Numba compiles each function once (compile.py: no Python wrappers), tgrad keeps its object code on disk
 (`TGRAD_CACHE/cpu`) and loads it with llvmlite alone, so a process with a warm cache never imports Numba.
-Threaded kernels run ranges of the outer loop on tgrad's threads (`_Threads`: threads.py's native workers,
-else Python's). With a cold cache, compile workers (pool.py) build part of a schedule's new kernels.
+Threaded kernels run ranges of the outer loop on tgrad's threads (`batch.Threads`: threads.py's native
+workers, else Python's). With a cold cache, compile workers (pool.py) build part of a schedule's new kernels.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import dataclasses
 import functools
@@ -19,7 +18,6 @@ import math
 import os
 import pickle
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -57,7 +55,6 @@ from tgrad.runtime.cpu.pool import threads
 # ---------------------------------------------------------------------------------------------------
 # native functions: loaded from object code, called through ctypes
 
-_RET_OK = (0, -2)  # Numba's status codes for "returned" and "returned None"
 _RET, _EXC = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()  # Numba's return-value and exception slots
 _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run holding the GIL)
 
@@ -68,64 +65,7 @@ _SLOTS = (ctypes.addressof(_RET), ctypes.addressof(_EXC))  # (serial kernels run
 TIERED = config.on("TGRAD_BACKGROUND_COMPILES")
 
 
-class _Threads:
-    """The threads that run a threaded kernel (emit_numba's `split`): its outer loop cut into ranges, each
-    a call of the native function. On Linux x86-64 the ranges go to cpu_threads' native workers (a
-    hand-off of a few microseconds); elsewhere, with TGRAD_NATIVE_THREADS=0, or while another Python
-    thread holds those, to Python threads here (one range each, the caller running the first; a hand-off an
-    order of magnitude slower). Numba's own parallel loops compiled several times slower than a serial
-    function, started a threading layer (whose OpenMP threads spin and starved OpenBLAS, and which slowed
-    PyTorch's CPU attention 70x when started before torch was imported)."""
-
-    def __init__(self):
-        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self.workers = 0  # the executor's threads (the caller is one more)
-        self.pid = os.getpid()  # a forked child has none of its parent's threads: it starts its own
-        self.local = threading.local()  # per thread: Numba's return-value and exception slots
-
-    def call(self, native, args: tuple, lo: int | None, hi: int | None) -> None:
-        """The native function on [lo, hi) (lo None: a serial function) with this thread's slots."""
-        slots = getattr(self.local, "slots", None)
-        if slots is None:
-            ret, exc = (ctypes.c_void_p * 2)(), (ctypes.c_void_p * 2)()
-            slots = self.local.slots = (ret, exc, ctypes.addressof(ret), ctypes.addressof(exc))
-        ends = () if lo is None else (lo, hi)
-        status = native(slots[2], slots[3], *args, *ends)
-        if status not in _RET_OK:
-            raise RuntimeError(f"the compiled function returned error status {status}")
-
-    def run(self, native, address: int, args: tuple, n: int, combine: bool) -> None:
-        """Run the native function (at `address`) on range(n), then its combine call (lo == hi == n)."""
-        count = min(threads(), n)
-        pool = cpu_threads.pool(count - 1) if count > 1 and len(args) <= cpu_threads.MAX_ARGS else None
-        if pool is not None and pool.lock.acquire(blocking=False):
-            try:
-                status = pool.run(address, args, n, cpu_batch.chunks(n, count))
-            finally:
-                pool.lock.release()
-            if status not in _RET_OK:
-                raise RuntimeError(f"the compiled function returned error status {status}")
-        elif count > 1:
-            if self.executor is None or self.workers < count - 1 or self.pid != os.getpid():
-                if self.executor is not None and self.pid == os.getpid():
-                    self.executor.shutdown(wait=False)  # more threads wanted: a bigger pool
-                self.executor = concurrent.futures.ThreadPoolExecutor(count - 1, "tgrad-cpu")
-                self.workers, self.pid = count - 1, os.getpid()
-            cuts = [n * i // count for i in range(count + 1)]
-            futures = [self.executor.submit(self.call, native, args, cuts[i], cuts[i + 1])
-                       for i in range(1, count)]
-            try:
-                self.call(native, args, 0, cuts[1])
-            finally:
-                for f in futures:
-                    f.result()
-        else:
-            self.call(native, args, 0, n)
-        if combine:
-            self.call(native, args, n, n)
-
-
-_THREADS = _Threads()
+_THREADS = cpu_batch.Threads()
 
 
 @functools.cache
@@ -283,8 +223,8 @@ def _functions(program: Program) -> list[Program]:
     return [*program.launch["prologues"], *filter(None, around)]
 
 
-def _render(kernel: Kernel) -> Program:
-    return emit_numba_conv.render(kernel, vector_bytes(), threads())
+def _render(kernel: Kernel, props: DeviceProps) -> Program:
+    return emit_numba_conv.render(kernel, vector_bytes(), threads(), props.host)
 
 
 class CPURuntime(Runtime):
@@ -307,12 +247,14 @@ class CPURuntime(Runtime):
                                  native_pieces=cpu_gemm.enabled())
         self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
         self.memory = HostMemory()  # buffers and BLAS operands, big blocks reused (cpu/memory.py)
-        openblas_idle_timeout()
+        openblas_idle_timeout(self.props.host.openblas_idle)
+        _THREADS.tuning = self.props.host
         if _cold_cache():  # start them now: their set-up overlaps the program's own start
             self.pool.start(cpu_pool.default_workers())
 
     def set_props(self, props: DeviceProps) -> None:
         super().set_props(props)
+        _THREADS.tuning = props.host
         for plans in (self.rendered, self.row_runners, self.row_counts, self.piece_pairs):
             plans.clear()
 
@@ -333,7 +275,7 @@ class CPURuntime(Runtime):
 
     def render(self, kernel: Kernel) -> Program:
         hit = self.rendered.pop(kernel, None)
-        return hit if hit is not None else _render(kernel)
+        return hit if hit is not None else _render(kernel, self.props)
 
     def prepare(self, kernels: list, groups: list[Runner] = ()) -> None:
         """Before a schedule runs: queue the native functions it needs that are neither in memory nor on
@@ -347,7 +289,7 @@ class CPURuntime(Runtime):
             return
         parts, pieces = [], set()
         for kernel in map(self.optimize, kernels):
-            program = self.rendered[kernel] = _render(kernel)
+            program = self.rendered[kernel] = _render(kernel, self.props)
             # (a direct convolution's function is queued when it is compiled, as optional: _when_ready)
             parts += [f for f in _functions(program) if not (TIERED and f is program.launch.get("direct"))]
             plan = program.launch.get("blas")
@@ -411,7 +353,7 @@ class CPURuntime(Runtime):
         k1 = self.optimize(k1)
         plan = dataclasses.replace(host.plan_for(k1), chunk=pair.chunk)
         matmul = BlasCall(plan, k1, self._run_native)
-        program = emit_numba.render_loops(pair.sub, parallel=False)
+        program = emit_numba.render_loops(pair.sub, False, self.props.host)
         built: list = []
         memory = self.memory
         made: list = []  # the functions of k1's computed operands (both ways need them)
@@ -419,13 +361,14 @@ class CPURuntime(Runtime):
         def prologues() -> list:
             if not made:
                 made.append([self._build(p, k.name) for p, k in
-                             zip(emit_numba.render(k1).launch["prologues"], plan.prologues)])
+                             zip(emit_numba.render(k1, self.props.host).launch["prologues"], plan.prologues)])
             return made[0]
 
         scatter: list = []
         conv = host.scatter_input_grad(k1, k2, _reads(members), self.props)
         direct = None if conv is None else emit_numba_conv.render_input_grad(k1, conv)
-        last = None if conv is None or conv.epilogue is None else emit_numba.render(conv.epilogue)
+        last = None if conv is None or conv.epilogue is None else \
+            emit_numba.render(conv.epilogue, self.props.host)
         if last is not None:  # (its function compiles with the scatter's: prepare() reads "parts")
             direct = dataclasses.replace(direct, launch={**direct.launch, "parts": (direct, last)})
 
@@ -598,7 +541,9 @@ class CPURuntime(Runtime):
         """TinyJit's replay of `launches` with its compiled functions' launches in one native call each run
         of them (cpu_batch); None without native workers."""
         workers = threads()
-        return cpu_batch.Batch(launches, varying, workers) if cpu_threads.pool(workers - 1) else None
+        t = self.props.host
+        started = cpu_threads.pool(workers - 1, t.spin_cycles)
+        return cpu_batch.Batch(launches, varying, workers, t) if started else None
 
     def wait_for_compiles(self, timeout: float = 120.0) -> bool:
         """Wait for the compile workers' queued jobs, the direct convolutions' optional ones included
@@ -661,7 +606,7 @@ class CPURuntime(Runtime):
                 _THREADS.run(native, address_of_native, args, split, combine)
             else:
                 status = native(_SLOTS[0], _SLOTS[1], *args)
-                if status not in _RET_OK:
+                if status not in cpu_batch.RET_OK:
                     raise RuntimeError(f"the compiled function returned error status {status}")
             if scratch:
                 pool.append(tmp)

@@ -2,10 +2,10 @@
 
 A threaded kernel (emit_numba's `split`) runs its outer loop in ranges on several threads. Handing the
 ranges to Python threads (a ThreadPoolExecutor: futures, a condition variable, the GIL back and forth)
-cost tens of microseconds per kernel, more than half of a short kernel's time. Here the
-workers are threads that never enter Python: functions written in LLVM IR (below), started with
-pthread_create. A worker waits for a job by spinning on a counter (GEN) for `SPIN_CYCLES`, then sleeps on
-it (a futex); the caller publishes a job (function, arguments, n, number of ranges), wakes sleepers, and
+cost tens of microseconds per kernel, more than half of a short kernel's time. Here the workers are
+threads that never enter Python: functions written in LLVM IR (below), started with pthread_create. A
+worker waits for a job by spinning on a counter (GEN) for the device's `spin_cycles`, then sleeps on it
+(a futex); the caller publishes a job (function, arguments, n, number of ranges), wakes sleepers, and
 then it and the workers claim the job's ranges one at a time (a compare-and-swap on CLAIM, which carries
 the job's number, so a worker that wakes late cannot take a range of the next job) until none is left;
 the caller waits until every range is done. All of that is one native call (`run`): a hand-off costs a
@@ -33,8 +33,6 @@ import warnings
 from tgrad import config
 
 MAX_ARGS = 64  # int64 arguments of a kernel function (pointers, sizes) the workers can call with
-SPIN_CYCLES = 1 << 17  # time-stamp counter cycles a worker spins for its next job before it sleeps (tens of
-# microseconds; spins of 2**12 and 2**20 cycles made the GPT step slower: bench/HISTORY.md)
 
 # the context: one int64 array shared by the caller and the workers (word index -> meaning)
 GEN, DONE, SLEEPERS, FN, NARGS, ARGV, N, CLAIM, SPIN, SYSCALL, YIELD, STOP, STATUS = range(13)
@@ -318,7 +316,7 @@ def supported() -> bool:
 class Pool:
     """`workers` native threads and the context they share with the caller (see the module's doc)."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, spin: int):
         import llvmlite.binding as llvm
 
         llvm.initialize_native_target()
@@ -332,7 +330,7 @@ class Pool:
         self.ctx = (ctypes.c_int64 * WORDS)()
         self.argv = (ctypes.c_int64 * MAX_ARGS)()
         c, self.address = self.ctx, ctypes.addressof(self.ctx)
-        c[SPIN], c[ARGV] = SPIN_CYCLES, ctypes.addressof(self.argv)
+        c[SPIN], c[ARGV] = spin, ctypes.addressof(self.argv)
         c[SYSCALL] = ctypes.cast(libc.syscall, ctypes.c_void_p).value
         c[YIELD] = ctypes.cast(libc.sched_yield, ctypes.c_void_p).value
         self.workers, self.pid = workers, os.getpid()
@@ -393,17 +391,19 @@ def _closing() -> None:
     atexit.register(lambda: [p.close() for p in list(_POOLS.values())])
 
 
-def pool(workers: int) -> Pool | None:
-    """This process's pool of `workers` native threads (started on first use), or None where there can be
+def pool(workers: int, spin: int) -> Pool | None:
+    """This process's pool of `workers` native threads (started on first use), whose workers spin `spin`
+    time-stamp cycles for a next job before they sleep (HostTuning.spin_cycles), or None where there can be
     none: not Linux x86-64, TGRAD_NATIVE_THREADS=0, or it failed to start (then it warns once)."""
     p = _POOLS.get(workers)
     if p is not None and p.pid == os.getpid():
+        p.ctx[SPIN] = spin  # (read by each worker each time it starts waiting)
         return p
     if not enabled():
         return None
     _closing()
     try:
-        p = _POOLS[workers] = Pool(workers)
+        p = _POOLS[workers] = Pool(workers, spin)
     except Exception as e:  # noqa: BLE001  (the Python threads still work)
         _FAILED.append(f"{type(e).__name__}: {e}")
         warnings.warn(f"tgrad: native CPU worker threads did not start ({_FAILED[-1]}); threaded kernels "

@@ -5,11 +5,9 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from tgrad import graph as g
 from tgrad.dtype import dtypes, promote
 from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
-from tgrad.graph import Op
-from tgrad.ops.helpers import _expand_node, _matmul_node
+from tgrad.ops.helpers import _matmul_node
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -126,19 +124,6 @@ class LinalgOps:
 
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         """x @ weight.T + bias, with weight of shape (out_features, in_features) as in PyTorch."""
-        xn = self.node
-        wn = weight.node if isinstance(weight, type(self)) else None
-        bn = bias.node if isinstance(bias, type(self)) else None
-        if (wn is not None and (bias is None or bn is not None) and xn.dtype is wn.dtype and xn.dtype.is_float
-                and len(xn.shape) > 1 and len(wn.shape) == 2 and xn.shape[-1] == wn.shape[1]
-                and xn.device == wn.device and (bn is None or (
-                    bn.dtype is xn.dtype and bn.shape == wn.shape[:1] and bn.device == xn.device))):
-            # the common case as graph nodes (the very nodes of the two lines at the end, checked by
-            # test_batched_matmul): the Tensor route costs an eager MLP step ~10% (bench/HISTORY.md)
-            out = _matmul_node(xn, g.move(wn, Op.PERMUTE, (1, 0)))
-            if bn is not None:
-                out = g.alu(Op.ADD, out, _expand_node(bn, out.shape))
-            return self._from(out, weight, *(() if bias is None else (bias,)))
         wshape = weight.shape if isinstance(weight, type(self)) else None
         if self.ndim and wshape is not None and len(wshape) == 2 and self.shape[-1] != wshape[1]:
             rows = self.numel() // self.shape[-1] if self.shape[-1] else 0

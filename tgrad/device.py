@@ -21,7 +21,7 @@ import numpy as np
 from tgrad import config, schedule_cache
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DeviceError, OutOfMemoryError, byte_size
-from tgrad.opt import DeviceProps, optimize
+from tgrad.opt import DeviceProps, optimize, search
 from tgrad.program import Program
 
 DEBUG = int(config.get("DEBUG"))
@@ -208,10 +208,15 @@ class Runtime:
         schedule_cache.clear()
 
     def optimize(self, kernel):
-        """The kernel with the opts the optimizer chooses for this device (opt/), chosen once per kernel."""
+        """The kernel with the opts the optimizer chooses for this device (opt/), chosen once per kernel:
+        the heuristic's, or with BEAM=n the fastest a search finds (opt/search.py)."""
         hit = self.optimized.get(kernel)
         if hit is None:
-            hit = self.optimized[kernel] = optimize(kernel, self.props)
+            hit = optimize(kernel, self.props)
+            width = int(config.get("BEAM"))
+            if width > 0 and not kernel.opts:  # (a kernel given its opts keeps them)
+                hit = search.beam(hit, self, width, cache_dir())
+            self.optimized[kernel] = hit
         return hit
 
     def batch(self, launches: list[tuple], varying: set[int]) -> Callable[[dict], None] | None:

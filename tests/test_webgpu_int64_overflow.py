@@ -16,6 +16,8 @@ from tgrad.fuse import schedule
 from tgrad.jit import TinyJit
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+_R = np.random.default_rng(0).integers(-I32_MAX, I32_MAX, 3000)
+CANCELLING = np.random.default_rng(1).permutation(np.concatenate([_R, -_R, [7]]))  # sums to 7
 
 
 def _trunc(x, y):
@@ -53,6 +55,7 @@ FITS = [
     ("sum_long_axis", lambda x: x.sum(1), [np.full((2, 5000), 2**18)]),
     # partial sums past int32 (the first half of the row), a total inside it: PyTorch's total
     ("sum_partials_past_int32", lambda x: x.sum(1), [np.repeat([[2**28, -(2**28)]], 3000, axis=1)]),
+    ("sum_cancelling_full_range", lambda x: x.sum(), [CANCELLING]),
     ("sum_partials_sequential", lambda x: x.sum(), [np.array([I32_MAX, I32_MAX, 5, -I32_MAX, -I32_MAX])]),
     ("sum_bool_count", lambda x: (x > 0).sum(), [np.array([1, -2, 3])]),
     ("cumsum", lambda x: x.cumsum(0), [np.array([I32_MAX - 1, 1, -7, 3])]),
@@ -159,21 +162,30 @@ def test_failed_assign_leaves_its_target_unchanged(device):
 
 def test_jit_replay_checks(device):
     """A replayed kernel checks as the captured one did: fitting calls give PyTorch's values, then one past
-    int32 raises on WEBGPU (PyTorch's value elsewhere)."""
+    int32 (a replay: the function body ran twice only) raises on WEBGPU (PyTorch's value elsewhere), and
+    the next fitting call replays right."""
+    calls = []
 
     @TinyJit
     def f(x):
+        calls.append(1)
         return (x * 2).sum().realize()
+
+    def want(a):
+        return (torch.from_numpy(a) * 2).sum().item()
 
     for v in (1, 2, 3, 4):
         a = np.array([v, 2**29], np.int64)
-        assert f(Tensor(a)).item() == (torch.from_numpy(a) * 2).sum().item()
+        assert f(Tensor(a)).item() == want(a)
     a = np.array([2**30, 2**29], np.int64)
     if _held_as_int32(device):
         with pytest.raises(ValueOverflowError):
             f(Tensor(a)).item()
     else:
-        assert f(Tensor(a)).item() == (torch.from_numpy(a) * 2).sum().item()
+        assert f(Tensor(a)).item() == want(a)
+    assert len(calls) == (5 if get_runtime(device).evaluates_graphs else 2)  # (NUMPY runs the function)
+    a = np.array([5, -(2**29)], np.int64)
+    assert f(Tensor(a)).item() == want(a)
 
 
 def _source(t: Tensor) -> str:

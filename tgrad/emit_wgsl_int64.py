@@ -27,7 +27,8 @@ I32 = (-(2**31), 2**31 - 1)
 
 # the bit each kind of checked op sets, and how the error names it
 LABELS = {"ADD": "`+`", "SUB": "`-`", "MUL": "`*`", "NEG": "negation (`-x`, `abs`)",
-          "IDIV": "`//` (int64 minimum // -1)", "CAST_FLOAT": "a float -> int64 cast",
+          "IDIV": "`//` (-2**31 // -1)",
+          "CAST_FLOAT": "a float -> int64 cast (of nan, inf or a value past int32)",
           "CAST_UINT32": "a uint32 -> int64 cast", "SUM": "a sum (sum, cumsum, mean, matmul of ints)",
           "PROD": "a prod"}
 BITS = {kind: 1 << i for i, kind in enumerate(LABELS)}
@@ -194,5 +195,5 @@ def overflow_error(kernel_name: str, bits: int) -> ValueOverflowError:
     return ValueOverflowError(
         f"int64 overflow on WEBGPU (kernel {kernel_name}): {ops} gave a value outside int32; this WEBGPU "
         "adapter has no shader-int64, so tgrad holds int64 as int32 and cannot store it (PyTorch's int64 "
-        "would). Compute it on another device (t.to('CPU')), or in float64"
+        "would). Compute it on another device (t.to('CPU')), or in floats"
     )

@@ -208,8 +208,9 @@ class WebGPURuntime(Runtime):
         n_in = len(kernel.in_dtypes)
         checked = program.launch.get("overflow", False)  # binds the word its overflow checks set
         if n_in + 1 + checked > self.limits["max-storage-buffers-per-shader-stage"]:
+            word = " (and binds an int64 overflow word)" if checked else ""
             raise KernelError(
-                f"kernel {kernel.name} reads {n_in} buffers; this WEBGPU adapter binds at most "
+                f"kernel {kernel.name} reads {n_in} buffers{word}; this WEBGPU adapter binds at most "
                 f"{self.limits['max-storage-buffers-per-shader-stage']} per shader; realize() a part earlier"
             )
         digest = hashlib.sha256(source.encode()).hexdigest()

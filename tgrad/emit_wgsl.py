@@ -421,6 +421,8 @@ class WGSLDialect(Dialect):
         if src.is_float:
             src_ty = "i64" if dst_ty == "i64" else "i32"
             text = f"{src_ty}({text})"
+        if src_ty == "u32" and dst_ty == "i64":  # (naga sign-extends i64(u32): 2**31 became -2**31)
+            return f"i64(u64({text}))"
         if dtype == dtypes.uint8:
             return f"(u32({text if src_ty != 'i64' else f'i32({text})'}) & 0xffu)"
         return _wrap_small(dtype, text if src_ty == dst_ty else f"{dst_ty}({text})")

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import ValueOverflowError
 from tgrad.fuse import Expr, Kernel
@@ -86,12 +84,9 @@ fn u32_i32_ck(x: u32, bit: u32) -> i32 {
 
 
 def _dtype_range(dtype: DType) -> tuple[int, int]:
-    if dtype == dtypes.bool:
-        return 0, 1
     if dtype == dtypes.int64:  # as held: its buffers and checked results are inside int32
         return I32
-    info = np.iinfo(dtype.np)
-    return int(info.min), int(info.max)
+    return int(dtype.min), int(dtype.max)
 
 
 def _fit(lo: int, hi: int, dtype: DType) -> tuple[int, int]:

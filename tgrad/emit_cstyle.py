@@ -217,6 +217,14 @@ class Dialect:
         """The literal a reduction `op` over `dtype` starts from."""
         return self.const(reduce_identity(op, dtype), dtype)
 
+    def acc_type_name(self, dtype: DType) -> str:
+        """The type a reduction over `dtype` accumulates in (a dialect may widen it)."""
+        return self.type_name(dtype)
+
+    def from_acc(self, type_name: str, acc_type: str, text: str) -> str:
+        """The accumulator `text` (of the type named `acc_type`) as a value of the type named `type_name`."""
+        return self.convert(type_name, text)
+
     def index(self, axis: int, dtype: DType) -> str:
         """The value of loop index `axis` (a variable i<axis>) as a value of `dtype`."""
         return f"i{axis}"
@@ -366,7 +374,7 @@ class CStyleRenderer(StatementPlacer):
     def acc_type(self) -> str:
         """Accumulators of float16 reductions are float32."""
         acc_dt = self.k.acc_dtype
-        return self.d.type_name(dtypes.float32 if acc_dt == dtypes.float16 else acc_dt)
+        return self.d.acc_type_name(dtypes.float32 if acc_dt == dtypes.float16 else acc_dt)
 
     # -- expressions
     def ref(self, e: Expr) -> str:
@@ -379,7 +387,7 @@ class CStyleRenderer(StatementPlacer):
         if e.op == "ACC":
             acc = "acc" if e.arg is None else f"acc{e.arg}"
             type_name = d.type_name(e.dtype)
-            return f"({d.convert(type_name, acc)})" if self.acc_type() != type_name else acc
+            return f"({d.from_acc(type_name, self.acc_type(), acc)})" if self.acc_type() != type_name else acc
         name = self.names.get(e)
         if name is not None:
             return name

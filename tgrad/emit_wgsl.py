@@ -14,7 +14,8 @@ Types. WGSL has 32-bit scalars, `bool`, and no 8-bit storage, so: bool, uint8, i
 `u32` word and int16, float16 2 per word, as numpy lays them out (stores change their bytes with atomic
 and/or on the word, so neighbouring invocations never lose each other's writes); float16 computes in f32,
 rounded after each op; uint32 is `u32` (uint16 and uint64 raise); int64 is held as int32 on the device
-(out-of-range uploads and constants, and uint32 to int64, raise a DTypeError); float64 is `f64` only
+(out-of-range uploads and constants raise a DTypeError; results that may pass int32 are checked as the
+kernel runs, emit_wgsl_int64.py); float64 is `f64` only
 where the adapter has `shader-f64` and `shader-int64`; index expressions are i32. The details and why:
 docs/architecture.md, "WGSL's types (emit_wgsl.py)".
 
@@ -30,7 +31,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from tgrad import emit_cstyle
+from tgrad import emit_cstyle, emit_wgsl_int64
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import MATH, Dialect
 from tgrad.errors import DTypeError, KernelError
@@ -135,7 +136,8 @@ fn sin64(x: f64) -> f64 {{
 """
 
 
-HELPERS = {chunk.split("(")[0]: "fn " + chunk for chunk in (HELPERS_F32 + HELPERS_F64)[3:].split("\nfn ")}
+HELPERS = {chunk.split("(")[0]: "fn " + chunk
+           for chunk in (HELPERS_F32 + HELPERS_F64 + emit_wgsl_int64.HELPERS)[3:].split("\nfn ")}
 
 
 def _helpers_for(code: str) -> str:
@@ -322,6 +324,8 @@ class WGSLDialect(Dialect):
     @group/@binding, packed narrow types stored with atomics, and the float rules of the module docstring."""
 
     target: Target = field(default_factory=Target)
+    # int64 ops held as i32 whose result may pass int32 -> the bit their overflow check sets (emit_wgsl_int64)
+    checks: dict = field(default_factory=dict, compare=False, hash=False)
 
     code_for_op: ClassVar = CODE_FOR_OP
 
@@ -330,6 +334,27 @@ class WGSLDialect(Dialect):
 
     def value_type(self, e: Expr) -> str:
         return self.type_name(e.dtype)
+
+    def acc_type_name(self, dtype: DType) -> str:
+        pair = dtype == dtypes.int64 and emit_wgsl_int64.SUM_COMBINE in self.checks  # (a checked sum)
+        return emit_wgsl_int64.PAIR if pair else self.type_name(dtype)
+
+    def from_acc(self, type_name: str, acc_type: str, text: str) -> str:
+        if acc_type == emit_wgsl_int64.PAIR:  # the total of a 64-bit sum: checked to fit int32
+            return f"pair_i32_ck({text}, {self.checks[emit_wgsl_int64.SUM_COMBINE]}u)"
+        return super().from_acc(type_name, acc_type, text)
+
+    def apply(self, e: Expr, srcs: list[str]) -> str:
+        bit = self.checks.get(e)
+        if bit is None:
+            return super().apply(e, srcs)
+        if e is emit_wgsl_int64.SUM_COMBINE:
+            return f"add_pair({srcs[0]}, {srcs[1]})"
+        if e.op == "CAST":  # (from a float or from uint32)
+            src = self.type_name(e.srcs[0].dtype)
+            return f"{src}_i32_ck({srcs[0]}, {bit}u)"
+        name = {"ADD": "add", "SUB": "sub", "MUL": "mul", "IDIV": "idiv", "NEG": "sub"}[e.op]
+        return f"{name}_ck({', '.join(['0i', *srcs] if e.op == 'NEG' else srcs)}, {bit}u)"
 
     def storage(self, dtype: DType) -> str:
         return self.target.storage(dtype)
@@ -364,6 +389,8 @@ class WGSLDialect(Dialect):
         return f"{v}{suffix}"
 
     def identity(self, op: str, dtype: DType) -> str:
+        if self.acc_type_name(dtype) == emit_wgsl_int64.PAIR:
+            return "vec2<i32>(0i, 0i)"
         if dtype == dtypes.int64 and self.type_name(dtype) == "i32":  # int64 held as int32: int32's identity
             return self.const(reduce_identity(op, dtypes.int32), dtype)
         return super().identity(op, dtype)
@@ -373,17 +400,13 @@ class WGSLDialect(Dialect):
         return f"i{axis}" if ty == "i32" else f"{ty}(i{axis})"
 
     def convert(self, type_name: str, text: str) -> str:
-        return f"{type_name}({text})"
+        return f"pair64({text})" if type_name == emit_wgsl_int64.PAIR else f"{type_name}({text})"
 
     def finite(self, type_name: str, text: str) -> str:
         return f"finite{type_name[1:]}({text})"  # by the bits: Mesa may assume there is no inf or nan
 
     def cast(self, src: DType, dtype: DType, text: str) -> str:
         src_ty, dst_ty = self.type_name(src), self.type_name(dtype)
-        if src == dtypes.uint32 and dtype == dtypes.int64 and dst_ty == "i32":  # half of uint32 is past int32
-            raise DTypeError("uint32 to int64 on WEBGPU (a cast, or the sum / cumsum / prod of uint32): "
-                             "this adapter has no shader-int64 and holds int64 as int32; cast to float32 or "
-                             "use another device")
         if dst_ty == "bool":
             return text if src_ty == "bool" else f"!({text} == {self.const(0, src)})"
         if src_ty == "bool":
@@ -398,6 +421,8 @@ class WGSLDialect(Dialect):
         if src.is_float:
             src_ty = "i64" if dst_ty == "i64" else "i32"
             text = f"{src_ty}({text})"
+        if src_ty == "u32" and dst_ty == "i64":  # (naga sign-extends i64(u32): 2**31 became -2**31)
+            return f"i64(u64({text}))"
         if dtype == dtypes.uint8:
             return f"(u32({text if src_ty != 'i64' else f'i32({text})'}) & 0xffu)"
         return _wrap_small(dtype, text if src_ty == dst_ty else f"{dst_ty}({text})")
@@ -467,6 +492,8 @@ class WGSLDialect(Dialect):
         lines = [f"@group(0) @binding(0) {self.out_qual} out: array<{out_ty}>;"]
         for i, dt in enumerate(kernel.in_dtypes):
             lines.append(f"@group(0) @binding({i + 1}) {self.in_qual} in{i}: array<{self.storage(dt)}>;")
+        if self.checks:  # the word overflow checks set bits in (emit_wgsl_int64)
+            lines.append(f"@group(0) @binding({len(kernel.in_dtypes) + 1}) {self.out_qual} ovf: atomic<u32>;")
         if local:
             lines.append(f"{self.local_qual} part: array<{local[0]}, {local[1]}>;")
         lines += [
@@ -586,16 +613,21 @@ def render(kernel: Kernel, target: Target | None = None, max_groups_per_dim: int
     if upcasts(kernel.opts):
         raise KernelError(f"kernel {kernel.name}: WGSL renders no register tiles (UPCAST opts)")
     kernel = _without_empty_reduce(kernel)
+    checks = {}
     if not target.int64:
         _check_int64_constants(kernel)
+        checks = emit_wgsl_int64.checked_ops(kernel)
     lowered = _indices_as_int32(kernel) if target.int64 else kernel
     tree = find(kernel.opts, OptOps.GROUP)
     local = tree or find(kernel.opts, OptOps.LOCAL, 1)
     ids = {**WGSL.ids, "gid": WGSL.ids["gid"].format(local=local)}
-    source = emit_cstyle.render(lowered, replace(WGSL, target=target, local_size=local, ids=ids))
+    dialect = replace(WGSL, target=target, local_size=local, ids=ids, checks=checks)
+    source = emit_cstyle.render(lowered, dialect)
     n_groups = -(-max(math.prod(kernel.global_shape), 1) // (1 if tree else local))
     groups = dispatch_size(n_groups, max_groups_per_dim)
-    return Program(kernel.name, source, groups, (local,))
+    # overflow: the kernel binds the word its int64 overflow checks set after its inputs (the runtime
+    # raises emit_wgsl_int64.overflow_error when one is set)
+    return Program(kernel.name, source, groups, (local,), launch={"overflow": bool(checks)})
 
 
 def dispatch_size(n_groups: int, max_per_dim: int) -> tuple[int, int, int]:

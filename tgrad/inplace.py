@@ -30,7 +30,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tgrad import realize as driver
-from tgrad.errors import OutOfMemoryError
+from tgrad.errors import OutOfMemoryError, ValueOverflowError
 from tgrad.graph import MOVEMENT, Node, Op, View, move
 
 # ops whose result is a view of their source's memory when the whole chain stays strided (PyTorch's view);
@@ -335,7 +335,8 @@ def assigned(node: Node, old: Node) -> None:
 
 def _drop_assigns(assigns: list[Node]) -> None:
     """Undo assign() for ASSIGN nodes that a failed realize did not run (an OutOfMemoryError: checked before
-    anything ran), as PyTorch never made a write whose op failed: their tensors (and views) take their
+    anything ran; a ValueOverflowError: WEBGPU puts back the output of the kernel that overflowed), as
+    PyTorch never made a write whose op failed: their tensors (and views) take their
     node from before the assign again, and a later realize does not try them again."""
     dropped = {id(a): a for a in assigns}
     for ref in list(LAZY.values()):
@@ -369,7 +370,7 @@ def realize(nodes: list[Node]) -> None:
     todo = with_writes(nodes)
     try:
         driver.realize(todo)
-    except OutOfMemoryError:
+    except (OutOfMemoryError, ValueOverflowError):
         _drop_assigns(_assigns_reached(todo))
         raise
 

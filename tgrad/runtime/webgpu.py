@@ -9,7 +9,7 @@ import tempfile
 
 import numpy as np
 
-from tgrad import config, emit_wgsl
+from tgrad import config, emit_wgsl, emit_wgsl_int64
 from tgrad.device import Buffer, Runner, Runtime
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import INT32_MAX
@@ -132,6 +132,7 @@ class WebGPURuntime(Runtime):
         self.pipelines: dict[str, tuple] = {}
         self.usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         self.fence = self.device.create_buffer(size=4, usage=self.usage)
+        self.overflow = self.device.create_buffer(size=4, usage=self.usage)  # (emit_wgsl_int64's word)
 
     # buffers
 
@@ -205,30 +206,40 @@ class WebGPURuntime(Runtime):
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         source = program.source
         n_in = len(kernel.in_dtypes)
-        if n_in + 1 > self.limits["max-storage-buffers-per-shader-stage"]:
+        checked = program.launch.get("overflow", False)  # binds the word its overflow checks set
+        if n_in + 1 + checked > self.limits["max-storage-buffers-per-shader-stage"]:
+            word = " (and binds an int64 overflow word)" if checked else ""
             raise KernelError(
-                f"kernel {kernel.name} reads {n_in} buffers; this WEBGPU adapter binds at most "
+                f"kernel {kernel.name} reads {n_in} buffers{word}; this WEBGPU adapter binds at most "
                 f"{self.limits['max-storage-buffers-per-shader-stage']} per shader; realize() a part earlier"
             )
         digest = hashlib.sha256(source.encode()).hexdigest()
         cached = self.pipelines.get(digest)
         if cached is None:
-            cached = self.pipelines[digest] = self.build(program, n_in)
+            cached = self.pipelines[digest] = self.build(program, n_in, checked)
         pipeline, layout = cached
         groups = program.global_size
 
         def run(out: Buffer, *inputs: Buffer) -> None:
             try:
-                launch(out, *inputs)
+                bits = launch(out, *inputs)
             except self.wgpu.GPUOutOfMemoryError as e:  # (a copy of a buffer read and written)
                 raise MemoryError(f"WEBGPU: {e}") from e
             except Exception as e:
                 raise KernelError(
                     f"kernel {kernel.name} failed to run: {type(e).__name__}: {e}\n{numbered(source)}"
                 ) from e
+            if bits:
+                raise emit_wgsl_int64.overflow_error(kernel.name, bits)
 
-        def launch(out: Buffer, *inputs: Buffer) -> None:
+        def launch(out: Buffer, *inputs: Buffer) -> int:
+            """Runs the kernel; the bits its overflow checks set (0 for a kernel without checks)."""
             encoder = self.device.create_command_encoder()
+            backup = None
+            if checked:  # out as it was, put back if a check fires: an assign's target is not half-written
+                encoder.clear_buffer(self.overflow)
+                backup = self.device.create_buffer(size=out.data.size, usage=self.usage)
+                encoder.copy_buffer_to_buffer(out.data, 0, backup, 0, out.data.size)
             handles = []
             for b in inputs:
                 handle = b.data
@@ -240,7 +251,8 @@ class WebGPURuntime(Runtime):
             bind = self.device.create_bind_group(
                 layout=layout,
                 entries=[
-                    {"binding": i, "resource": {"buffer": h}} for i, h in enumerate([out.data, *handles])
+                    {"binding": i, "resource": {"buffer": h}}
+                    for i, h in enumerate([out.data, *handles, *([self.overflow] if checked else [])])
                 ],
             )
             cpass = encoder.begin_compute_pass()
@@ -249,13 +261,22 @@ class WebGPURuntime(Runtime):
             cpass.dispatch_workgroups(*groups)
             cpass.end()
             self.device.queue.submit([encoder.finish()])
+            if backup is None:
+                return 0
+            bits = int(np.frombuffer(self.device.queue.read_buffer(self.overflow), np.uint32)[0])
+            if bits:
+                encoder = self.device.create_command_encoder()
+                encoder.copy_buffer_to_buffer(backup, 0, out.data, 0, out.data.size)
+                self.device.queue.submit([encoder.finish()])
+            return bits
 
         return Runner(program, run, self.name)
 
-    def build(self, program: Program, n_in: int) -> tuple:
-        """The compute pipeline of a program and its bind group layout (output, then n_in inputs)."""
+    def build(self, program: Program, n_in: int, checked: bool = False) -> tuple:
+        """The compute pipeline of a program and its bind group layout (output, then n_in inputs, then
+        where `checked` the word its overflow checks set)."""
         wgpu = self.wgpu
-        kinds = ["storage"] + ["read-only-storage"] * n_in  # the output, then the inputs
+        kinds = ["storage"] + ["read-only-storage"] * n_in + ["storage"] * checked
         entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kind}}
                    for i, kind in enumerate(kinds)]
         try:

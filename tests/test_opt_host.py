@@ -163,6 +163,30 @@ def test_thread_hand_off_follows_the_tuning():
         assert cpu_threads.pool(1, HostTuning().spin_cycles).ctx[cpu_threads.SPIN] == HostTuning().spin_cycles
 
 
+def test_only_what_conv2d_built_runs_as_a_direct_convolution(cpu_tuning):
+    """The same product written as an einsum over the input's windows (marked CONTRACT, a matmul) never
+    becomes a direct convolution, which conv2d's (marked CONV) does under the same tuning; its input
+    gradient's matmul is marked COL2IM. Values as PyTorch's both ways."""
+    from tgrad.graph import COL2IM, CONTRACT, CONV
+
+    cpu_tuning(direct_min_work=1, direct_min_depth=1, direct_min_channels=1, windows_max_k=0)
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((2, 16, 12, 12)).astype(F32), rng.standard_normal((16, 16, 3, 3)).astype(F32)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w)).numpy()
+    tx, tw = Tensor(x, device="CPU"), Tensor(w, device="CPU")
+    conv = tx.conv2d(tw)
+    windows = tx.unfold(2, 3, 1).unfold(3, 3, 1)  # (n, c, y, x, i, j)
+    by_einsum = Tensor.einsum("ncyxij,ocij->noyx", windows, tw)
+    assert _last_kernel(conv).contraction == CONV and _contract(conv) == Contract.DIRECT
+    assert _last_kernel(by_einsum).contraction == CONTRACT and _contract(by_einsum) != Contract.DIRECT
+    np.testing.assert_allclose(conv.numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(by_einsum.numpy(), want, rtol=1e-4, atol=1e-4)
+    tx, tw = Tensor(x, device="CPU", requires_grad=True), Tensor(w, device="CPU", requires_grad=True)
+    grads = tx.conv2d(tw).sum().gradient(tx, tw)
+    kinds = {it.kernel.contraction for it in fuse.schedule([t.node for t in grads])}
+    assert {CONV, COL2IM} <= kinds, kinds  # (the weight gradient's product keeps conv2d's mark)
+
+
 def test_cache_size_from_sysfs(tmp_path):
     """cache_bytes reads the level-2 cache's size from Linux's sysfs, 2 MiB where it cannot."""
     for index, level, size in (("index0", "1", "48K"), ("index2", "2", "1280K"), ("index3", "3", "30M")):

@@ -183,7 +183,7 @@ GRADIENTS: dict[Op, Rule] = {
     # binary
     Op.ADD: lambda node, g: (g, g),
     Op.SUB: lambda node, g: (g, _neg(g)),
-    # (the gradient of a contraction's product is a contraction's product: node.arg CONTRACT)
+    # (the gradient of a contraction's product is a contraction's product of the same kind: node.arg)
     Op.MUL: lambda node, g: (alu(Op.MUL, g, node.srcs[1], arg=node.arg),
                              alu(Op.MUL, g, node.srcs[0], arg=node.arg)),
     Op.MAX: _max_grad,

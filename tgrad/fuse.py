@@ -30,7 +30,7 @@ from typing import Any
 
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse_roots import FuseTuning, kernel_body, kernel_roots
-from tgrad.graph import ALU, CONTRACT, MOVEMENT, Node, Op, ShapeTracker, strides_for
+from tgrad.graph import ALU, CONTRACTS, MOVEMENT, Node, Op, ShapeTracker, strides_for
 from tgrad.schedule_order import order_assigns
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
@@ -337,9 +337,10 @@ class Kernel:
     # how to compute it (tgrad/opt/): chosen by the optimizer for a device, rendered by its emitter; () is
     # the plain kernel (one output per work-item, no tiles)
     opts: tuple = ()
-    # the reduce sums the products of an op that said it is a contraction (graph.CONTRACT): a matmul, a
-    # convolution or their gradients, which the optimizer may run as such (opt/host.py)
-    contraction: bool = False
+    # the reduce sums the products of an op that said it is a contraction, and which (graph.CONTRACTS: a
+    # matmul or einsum, a convolution or its weight gradient, a convolution's input-gradient matmul), which
+    # the optimizer may run as such (opt/host.py); None: any other kernel
+    contraction: str | None = None
 
     def with_opts(self, opts: tuple) -> Kernel:
         return dataclasses.replace(self, opts=tuple(opts))
@@ -487,15 +488,16 @@ def _find_reduce(root: Node, realize: set[Node]) -> Node | None:
     return next((n for n in kernel_body(root, realize) if n.op is Op.REDUCE), None)
 
 
-def _contracts(red: Node | None, realize: set[Node]) -> bool:
-    """Whether a SUM reduces the products of a contraction (a MUL marked graph.CONTRACT, reached through
-    movement ops inside the kernel)."""
+def _contracts(red: Node | None, realize: set[Node]) -> str | None:
+    """The kind of contraction (graph.CONTRACTS) whose products a SUM reduces (a MUL so marked, reached
+    through movement ops inside the kernel), else None."""
     if red is None or red.arg[0] != "SUM":
-        return False
+        return None
     src = red.srcs[0]
     while src.op in MOVEMENT and src not in realize and not src.realized:
         src = src.srcs[0]
-    return src.op is Op.MUL and src.arg == CONTRACT and src not in realize and not src.realized
+    marked = src.op is Op.MUL and src.arg in CONTRACTS and src not in realize and not src.realized
+    return src.arg if marked else None
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -382,15 +382,18 @@ _CACHE = Node._cache  # (the same dict, read as a global in Node.__new__)
 # node constructors with shape and dtype inference (tensor.py, ops/ and autodiff.py build graphs with these)
 
 
-# the arg of a MUL whose products a reduce sums as a contraction (matmul, a convolution, their gradients):
-# the op that builds it says so, fusion marks the kernel (Kernel.contraction), and the optimizer may run
-# it as a matmul (opt/host.py) instead of recovering that shape from any fused sum of products
-CONTRACT = "contract"
+# the arg of a MUL whose products a reduce sums as a contraction, by the op that builds it: CONTRACT a
+# matmul or einsum, CONV a convolution's product (and through the MUL's gradient rule its weight
+# gradient's), COL2IM the matmul of a convolution's input gradient (ops/nn.py). Fusion marks the kernel
+# (Kernel.contraction) and the optimizer may run it as a matmul, or a convolution's as a direct loop nest
+# (opt/host.py), instead of recovering those shapes from any fused sum of products
+CONTRACT, CONV, COL2IM = "contract", "conv", "col2im"
+CONTRACTS = (CONTRACT, CONV, COL2IM)
 
 
 def alu(op: Op, *srcs: Node, arg: str | None = None) -> Node:
     """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition). `arg`:
-    CONTRACT for a MUL that a contraction sums."""
+    one of CONTRACTS for a MUL that a contraction sums."""
     if op in (Op.CMPLT, Op.CMPNE):
         dtype = dtypes.bool
     elif op is Op.WHERE:

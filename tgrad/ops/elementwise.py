@@ -110,11 +110,11 @@ class ElementwiseOps:
             return a & b
         return a._alu(Op.MUL, b)
 
-    def _contract_mul(self, y: Tensor) -> Tensor:
-        """self * y, broadcast, as the products of a contraction (graph.CONTRACT): the sum of them an op
-        builds next is a matmul the optimizer may run as one (conv2d's product, col2im's)."""
+    def _contract_mul(self, y: Tensor, kind: str = g.CONTRACT) -> Tensor:
+        """self * y, broadcast, as the products of a contraction of `kind` (graph.CONTRACTS): the sum of
+        them an op builds next is a matmul the optimizer may run as one (einsum's, conv2d's, col2im's)."""
         a, b = self._broadcasted(y)
-        return a._from(g.alu(Op.MUL, a.node, b.node, arg=g.CONTRACT), b)
+        return a._from(g.alu(Op.MUL, a.node, b.node, arg=kind), b)
 
     def div(self, y, reverse=False, rounding_mode: str | None = None) -> Tensor:
         if rounding_mode == "trunc":

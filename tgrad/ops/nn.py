@@ -141,7 +141,7 @@ class NNOps:
         x = x.reshape(bs, groups, 1, cin, *out_sp, *ks).expand(bs, groups, rcout, cin, *out_sp, *ks)
         x = x.permute(0, 1, 2, *range(4, 4 + nk), 3, *range(4 + nk, 4 + 2 * nk))  # cin next to the kernel
         w = weight.reshape(1, groups, rcout, *(1,) * nk, cin, *ks)
-        out = x._contract_mul(w).sum(tuple(range(-nk - 1, 0))).reshape(bs, cout, *out_sp)
+        out = x._contract_mul(w, g.CONV).sum(tuple(range(-nk - 1, 0))).reshape(bs, cout, *out_sp)
         out = out._conv_gradient(xp, weight, w, stride, dilation, groups)
         return out if bias is None else out + bias.reshape(1, cout, *(1,) * nk)
 
@@ -195,7 +195,7 @@ class NNOps:
         og, kk, npos = cout // groups, math.prod(ks), math.prod(out_sp)
         w = weight.reshape(groups, og, cin, kk).permute(0, 2, 3, 1).reshape(groups, 1, cin, kk, 1, og)
         gy = self.reshape(n, groups, og, npos).permute(1, 0, 3, 2).reshape(groups, n, 1, 1, npos, og)
-        cols = w._contract_mul(gy).sum(-1).reshape(groups, n, cin, kk, *out_sp).node
+        cols = w._contract_mul(gy, g.COL2IM).sum(-1).reshape(groups, n, cin, kk, *out_sp).node
         # each kernel position's share, spread by the stride and padded into place, as nodes (the tensor
         # ops' view bookkeeping made this loop a visible share of an eager 5x5 conv step; measured:
         # bench/HISTORY.md)

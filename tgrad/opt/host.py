@@ -13,7 +13,8 @@ gradients, marked by the op that built it) that tgrad/blas.py can run as a matmu
 - a batch of small matmuls (`batched_max_*`) as one generated function (BATCHED; `batched_rows` rows
   of each result a pass: an UPCAST);
 - a 2-d convolution's forward or weight gradient big enough (`direct_*`) as a direct loop nest (DIRECT,
-  WGRAD; BLAS runs until its function is compiled).
+  WGRAD; BLAS runs until its function is compiled): only a kernel conv2d marked (graph.CONV); the input
+  gradient's scatter only for a kernel marked graph.COL2IM.
 The sizes are the device's HostTuning (opts.py), measured on one machine (bench/HISTORY.md); the cache
 size comes from the machine. emit_numba and the CPU runtime render what the opts say
 (`plan_for`); the runtime's plans over several kernels (piece pairs, row groups) ask here too.
@@ -26,6 +27,7 @@ import math
 from tgrad import blas
 from tgrad.blas import BlasPlan, Col2Im
 from tgrad.fuse import Kernel
+from tgrad.graph import COL2IM, CONV
 from tgrad.opt.opts import Contract, DeviceProps, HostTuning, Opt, OptOps, find
 
 
@@ -97,9 +99,10 @@ def host_opts(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
         return (Opt(OptOps.CONTRACT, Contract.BATCHED), Opt(OptOps.BATCH, lead),
                 Opt(OptOps.UPCAST, t.batched_rows, plan.m[0]),
                 *((Opt(OptOps.THREADS, 1),) if math.prod(kernel.shape) >= t.parallel_min_work else ()))
-    if blas.conv_forward(kernel, plan) and _direct(kernel, kernel.shape[1], *kernel.reduce_shape, t):
+    conv = kernel.contraction == CONV  # (the op said so: conv_forward / conv_weight_grad read its axes)
+    if conv and blas.conv_forward(kernel, plan) and _direct(kernel, kernel.shape[1], *kernel.reduce_shape, t):
         impl = Contract.DIRECT
-    elif blas.conv_weight_grad(kernel, plan) and _direct(kernel, *kernel.global_shape, t):
+    elif conv and blas.conv_weight_grad(kernel, plan) and _direct(kernel, *kernel.global_shape, t):
         impl = Contract.WGRAD
     else:
         impl = Contract.BLAS
@@ -144,7 +147,7 @@ def scatter_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...], props: De
     render_input_grad), or None: at least `direct_min_channels` input channels (the vectorized loop),
     `direct_min_work` multiply-adds, and a shape where the scatter is faster (`scatter_*`)."""
     t, plan = props.host, plan_for(k1)
-    if plan is None or k1.n_global != 4:
+    if plan is None or k1.n_global != 4 or k1.contraction != COL2IM:
         return None
     _, chans, taps, pixels = k1.global_shape
     if chans < t.direct_min_channels or taps > t.scatter_max_taps or math.prod(k1.shape) < t.direct_min_work:

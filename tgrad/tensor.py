@@ -487,6 +487,15 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         inplace.rebase(self, self.node)
         return self
 
+    def replace(self, x: Tensor) -> Tensor:
+        """tinygrad's replace (load new values into a tensor, as p.replace(loaded)): here assign(x) of a
+        tensor of the same shape, dtype and device (tgrad keeps a tensor's dtype and device); returns self."""
+        if not isinstance(x, Tensor) or (x.shape, x.dtype, x.device) != (self.shape, self.dtype, self.device):
+            got = (x.shape, x.dtype.name, x.device) if isinstance(x, Tensor) else type(x).__name__
+            raise ArgumentError(f"replace: needs a tensor of shape, dtype and device {self.shape}, "
+                                f"{self.dtype.name}, {self.device}, got {got}; cast or move it first")
+        return self.assign(x)
+
     def _nodes(self) -> list[Node]:
         """This tensor's node and the earlier nodes of it that are still alive (_before)."""
         earlier = [r() for r in self._before]
@@ -708,6 +717,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def full_like(self, fill_value: Scalar, **kw) -> Tensor:
         return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kw})
 
+    def const_like(self, b: Scalar, dtype=None) -> Tensor:
+        """tinygrad's const_like: full_like(b), in self's dtype unless dtype is given."""
+        return self.full_like(b, dtype=dtype or self.dtype)
+
     @staticmethod
     def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
         if stop is None:
@@ -816,6 +829,14 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             raise ArgumentError(f"randint: low ({low}) must be below high ({high})")
         return Tensor._random(lambda rng, n: rng.integers(low, high, n), shape, dtype, device,
                               default=dtypes.int32)
+
+    @staticmethod
+    def randperm(n: int, dtype=None, device=None) -> Tensor:
+        """A random permutation of 0..n-1 (torch.randperm), default-int unless dtype is given."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+            raise ArgumentError(f"randperm: n must be an int >= 0, got {n!r}")
+        draw = lambda rng, _: rng.permutation(n)  # noqa: E731
+        return Tensor._random(draw, (n,), dtype, device, default=dtypes.default_int)
 
     @staticmethod
     def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
@@ -1068,6 +1089,10 @@ def _drawn(draw, shape: tuple[int, ...], dtype: DType, rng) -> np.ndarray:
 
 
 def _node_from_host(data, device: str, dtype: DType | None) -> Node:
+    if data is None:  # tinygrad's Tensor(None): an empty tensor (PyTorch refuses None)
+        return _node_from_host(np.empty(0, np.float32), device, dtype or dtypes.default_float)
+    if isinstance(data, (bytes, bytearray)):  # tinygrad's: the bytes as uint8 (PyTorch refuses bytes)
+        data = np.frombuffer(data, np.uint8)
     if isinstance(data, np.ndarray):
         arr = data
     else:

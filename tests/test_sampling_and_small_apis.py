@@ -172,3 +172,30 @@ def test_randperm_as_torch(device):
         torch.randperm(-1)
     with pytest.raises(ArgumentError, match="randperm: n must be an int >= 0"):
         Tensor.randperm(-1)
+
+
+def test_deepcopy_as_torch(device):
+    """copy.deepcopy of a leaf: its values, requires_grad and .grad, independent of the original (as
+    PyTorch's, which a deepcopy of a model relies on); a non-leaf raises as in PyTorch."""
+    import copy
+
+    from tgrad.nn import Linear
+
+    x = np.array([1.0, -2.0, 3.0], np.float32)
+    t, tt = Tensor(x, device=device, requires_grad=True), torch.tensor(x, requires_grad=True)
+    (t * t).sum().backward()
+    (tt * tt).sum().backward()
+    c, tc = copy.deepcopy(t), copy.deepcopy(tt)
+    assert c is not t and c.requires_grad == tc.requires_grad and c.device == t.device
+    np.testing.assert_array_equal(c.numpy(), tc.detach().numpy())
+    np.testing.assert_array_equal(c.grad.numpy(), tc.grad.numpy())
+    c.assign(c * 0).realize()
+    np.testing.assert_array_equal(t.numpy(), x)
+    layer = Linear(2, 3)
+    copied = copy.deepcopy(layer)
+    np.testing.assert_array_equal(copied.weight.numpy(), layer.weight.numpy())
+    assert copied.weight is not layer.weight
+    with pytest.raises(RuntimeError, match="deepcopy"):
+        copy.deepcopy(tt * 2)
+    with pytest.raises(RuntimeError, match="deepcopy: only tensors created by the user"):
+        copy.deepcopy(t * 2)

@@ -422,6 +422,17 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         inplace.add_view(self, out, ((Op.DETACH, None),))
         return out
 
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """copy.deepcopy (of a model too): a new tensor holding a copy of the values, with this one's
+        requires_grad and a copy of its .grad; like PyTorch, only a leaf (no gradient flows through it)."""
+        if self.requires_grad and _grad_leaves.get(id(self)) is not self:
+            raise AutogradError("deepcopy: only tensors created by the user (graph leaves) can be copied, as "
+                                "in PyTorch; deepcopy x.detach()")
+        out = Tensor(self.numpy(), device=self.device, dtype=self.dtype, requires_grad=self._requires_grad)
+        memo[id(self)] = out
+        out.grad = None if self.grad is None else self.grad.__deepcopy__(memo)
+        return out
+
     def clone(self) -> Tensor:
         """A copy (PyTorch's clone): later assign()s to this tensor, or to the memory it views, leave it
         as it is. Computed lazily (a copy kernel, often fused into its readers), and before any assign

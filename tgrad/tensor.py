@@ -806,8 +806,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         check_memory(rt, shape, dt, "random draw")
         whole = functools.partial(_drawn, draw, shape, dt)
         try:
-            # (dt given only where the array's own dtype does not say it: no second copy of the numbers)
-            node = _node_from_host(whole(Tensor._rng), device, dt if dt == dtypes.bfloat16 else None)
+            # (dt given only where the array's own dtype does not say it, bfloat16 and fp8 held in float32
+            # arrays: no second copy of the numbers; without it an fp8 draw became a float32 tensor)
+            held = dt in dtypes.HOST_FLOATS + dtypes.fp8s
+            node = _node_from_host(whole(Tensor._rng), device, dt if held else None)
         except MemoryError as e:
             raise out_of_memory(e, rt, shape, dt, "random draw") from e
         t = Tensor(node, requires_grad=requires_grad)
@@ -818,8 +820,11 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     @staticmethod
     def rand(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
-        # float16 and bfloat16 draw multiples of 2**-11 and 2**-8 (PyTorch's), so none rounds up to 1
-        steps = {dtypes.float16: 2**11, dtypes.bfloat16: 2**8}.get(dtypes.from_any(dtype) if dtype else None)
+        # float16 and bfloat16 draw multiples of 2**-11 and 2**-8 (PyTorch's), so none rounds up to 1; fp8
+        # multiples of the spacing of its values below 1 (2**-4 with 3 mantissa bits, 2**-3 with 2)
+        steps = {dtypes.float16: 2**11, dtypes.bfloat16: 2**8, dtypes.fp8e4m3: 2**4, dtypes.fp8e4m3fnuz: 2**4,
+                 dtypes.fp8e5m2: 2**3, dtypes.fp8e5m2fnuz: 2**3}
+        steps = steps.get(dtypes.from_any(dtype) if dtype else None)
         if steps:
             return Tensor._random(lambda rng, n: np.floor(rng.random(n) * steps) / steps, shape, dtype,
                                   device, requires_grad)

@@ -118,3 +118,29 @@ def test_muon_errors():
         Muon([w], ns_steps=100)
     with pytest.raises(TypeError):  # the anchors order these differently: keywords only
         Muon([w], 0.01, 0.9)
+
+
+def test_muon_under_one_cycle_lr(device, float32_torch_muon):
+    """OneCycleLR cycles Muon's momentum as PyTorch's does (its group's 'momentum')."""
+    from tgrad.nn.optim import OneCycleLR
+
+    rng = np.random.default_rng(11)
+    w0 = rng.standard_normal((3, 5)).astype(np.float32)
+    w = Tensor(w0, device=device, requires_grad=True)
+    opt = Muon([w], lr=0.02)
+    sched = OneCycleLR(opt, max_lr=0.05, total_steps=6)
+    tw = torch.tensor(w0, requires_grad=True)
+    topt = torch.optim.Muon([tw], lr=0.02)
+    tsched = torch.optim.lr_scheduler.OneCycleLR(topt, max_lr=0.05, total_steps=6)
+    for _ in range(5):
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        opt.zero_grad()
+        (Tensor(x, device=device) @ w).exp().sum().backward()
+        opt.step()
+        sched.step()
+        topt.zero_grad()
+        (torch.tensor(x) @ tw).exp().sum().backward()
+        topt.step()
+        tsched.step()
+    assert opt.param_groups[0]["momentum"] == pytest.approx(topt.param_groups[0]["momentum"])
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), atol=2e-5, rtol=1e-4)

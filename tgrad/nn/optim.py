@@ -284,6 +284,11 @@ class Muon(Optimizer):
             t.assign(kept - self.lr * ratio * up.reshape(t.shape))
         return self.bufs
 
+    def momentum_tensor(self) -> Tensor:
+        if not isinstance(self.momentum, Tensor):
+            self.momentum = Tensor([float(self.momentum)], device=self.params[0].device).realize()
+        return self.momentum
+
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tensor:
     """Scale the gradients so that their joint norm is at most max_norm (PyTorch's

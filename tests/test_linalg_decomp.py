@@ -64,7 +64,7 @@ def test_qr_default_and_torch_some(device):
     q, r = Tensor(a, device=device).qr()  # tinygrad's default: complete
     assert (q.shape, r.shape) == ((6, 6), (6, 3))
     q, r = Tensor(a, device=device).qr(some=True)  # torch.Tensor.qr's spelling of "reduced"
-    tq, tr = torch.tensor(a).qr(some=True)
+    tq, tr = torch.linalg.qr(torch.tensor(a), mode="reduced")  # (torch.Tensor.qr(some=True), deprecated)
     np.testing.assert_allclose(q.numpy(), tq.numpy(), atol=1e-5)
     np.testing.assert_allclose(r.numpy(), tr.numpy(), atol=1e-5)
     q, r = Tensor([[0.0, 1.0], [0.0, 2.0]], device=device).qr()  # a zero column: no nan
@@ -84,8 +84,9 @@ def test_decomposition_errors(device):
         Tensor.ones(2, 2, dtype="float16", device="NUMPY").svd()
     with pytest.raises(ArgumentError, match="qr: unknown mode 'full'"):
         Tensor.ones(2, 2, device=device).qr("full")
-    with pytest.raises(ArgumentError, match="qr: the input contains nan or inf"):
-        Tensor([[1.0, float("nan")], [0.0, 1.0]], device=device).qr()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ArgumentError, match="qr: the input contains nan or inf"):
+            Tensor([[1.0, bad], [0.0, 1.0]], device=device).qr()
     # torch.Tensor.svd returns V, not Vh: its keywords are refused instead of answering differently
     with pytest.raises(ArgumentError, match="some"):
         Tensor.ones(2, 2, device=device).svd(some=True)
@@ -133,6 +134,11 @@ def test_newton_schulz_gradient_and_errors(device):
         y = 2 * y - 1.5 * (y @ y.T) @ y + 0.5 * (y @ y.T) @ (y @ y.T) @ y
     y.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), atol=1e-4, rtol=1e-4)
+    # empty and zero matrices stay zero (the norm's eps), as the same iteration in torch
+    for shape in [(0, 3), (2, 3)]:
+        got = Tensor.zeros(*shape, device=device).newton_schulz(3, (2, -1.5, 0.5)).numpy()
+        want = _newton_schulz_torch(np.zeros(shape, np.float32), 3, (2, -1.5, 0.5), 1e-7)
+        np.testing.assert_array_equal(got, want)
     with pytest.raises(ShapeError, match="newton_schulz"):
         Tensor([1.0, 2.0], device=device).newton_schulz(2, (2, -1.5, 0.5))
     with pytest.raises(ArgumentError, match="newton_schulz: steps"):

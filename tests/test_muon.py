@@ -104,6 +104,21 @@ def test_muon_flattens_a_conv_weight_as_tinygrad(device, float32_torch_muon):
     np.testing.assert_allclose(w.numpy().reshape(4, 6), tw.detach().numpy(), atol=2e-5, rtol=1e-4)
 
 
+def test_muon_zero_and_empty_gradients_as_torch(device):
+    """A zero gradient orthogonalizes to zero (the norm is clamped at eps): only the weight decay moves
+    the parameter, as in PyTorch; an empty matrix steps without error."""
+    for shape in [(2, 3), (0, 3)]:
+        w = Tensor.ones(*shape, device=device, requires_grad=True)
+        opt = Muon([w])
+        tw = torch.ones(shape, requires_grad=True)
+        topt = torch.optim.Muon([tw])
+        (w * 0).sum().backward()
+        opt.step()
+        (tw * 0).sum().backward()
+        topt.step()
+        np.testing.assert_array_equal(w.numpy(), tw.detach().numpy())
+
+
 def test_muon_errors():
     w = Tensor.ones(2, 2, requires_grad=True)
     with pytest.raises(ShapeError, match="Muon: only parameters of 2 or more dimensions"):

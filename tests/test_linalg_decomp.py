@@ -143,3 +143,19 @@ def test_newton_schulz_gradient_and_errors(device):
         Tensor([1.0, 2.0], device=device).newton_schulz(2, (2, -1.5, 0.5))
     with pytest.raises(ArgumentError, match="newton_schulz: steps"):
         Tensor.ones(2, 2, device=device).newton_schulz(-1, (2, -1.5, 0.5))
+
+
+def test_decompositions_under_tinyjit(device):
+    """The host steps are replayed with each call's values (the function computes before and after them)."""
+    from tgrad import TinyJit
+
+    svd = TinyJit(lambda a: [t.realize() for t in (a * 2).svd(full_matrices=False)])
+    qr = TinyJit(lambda a: [t.realize() for t in (a + 1).qr()])
+    for _ in range(4):
+        x = _rand((4, 3))
+        _, s, _ = svd(Tensor(x, device=device))
+        np.testing.assert_allclose(s.numpy(), torch.linalg.svdvals(torch.tensor(x * 2)).numpy(), atol=1e-5)
+        q, r = qr(Tensor(x, device=device))
+        tq, tr = torch.linalg.qr(torch.tensor(x + 1), mode="complete")
+        np.testing.assert_allclose(q.numpy(), tq.numpy(), atol=1e-5)
+        np.testing.assert_allclose(r.numpy(), tr.numpy(), atol=1e-5)

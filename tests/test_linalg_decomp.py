@@ -90,6 +90,10 @@ def test_decomposition_errors(device):
     # torch.Tensor.svd returns V, not Vh: its keywords are refused instead of answering differently
     with pytest.raises(ArgumentError, match="some"):
         Tensor.ones(2, 2, device=device).svd(some=True)
+    with pytest.raises(ArgumentError, match="svd: unexpected True"):  # torch.Tensor.svd's positional some
+        Tensor.ones(2, 2, device=device).svd(True)
+    with pytest.raises(ArgumentError, match="qr: unknown mode True"):  # torch.Tensor.qr's positional some
+        Tensor.ones(2, 2, device=device).qr(True)
     w = Tensor.ones(2, 2, device=device, requires_grad=True)
     for op in (Tensor.svd, Tensor.qr):
         with pytest.raises(AutogradError, match="not implemented; call it on x.detach"):

@@ -185,14 +185,16 @@ class LinalgOps:
         out = self.matmul(weight.T)
         return out + bias if bias is not None else out
 
-    def svd(self, full_matrices: bool = True, **torch_svd) -> tuple[Tensor, Tensor, Tensor]:
+    def svd(self, *positional, full_matrices: bool = True, **torch_svd) -> tuple[Tensor, Tensor, Tensor]:
         """torch.linalg.svd (and tinygrad's Tensor.svd): U, S, Vh with A = U @ diag(S) @ Vh over the last
         two axes, S descending; full_matrices=False gives U (..., m, k), Vh (..., k, n), k = min(m, n).
-        NOT torch.Tensor.svd, which returns V (Vh transposed): its some=/compute_uv= are refused. Computed by
-        LAPACK through numpy in a host step (TinyJit replays it); no gradient."""
-        if torch_svd:
+        NOT torch.Tensor.svd, which returns V (Vh transposed): its some=/compute_uv= are refused, and so is a
+        positional flag (torch's first one is some=, the opposite of full_matrices=). Computed by LAPACK
+        through numpy in a host step (TinyJit replays it); no gradient."""
+        if positional or torch_svd:
             raise ArgumentError(
-                f"svd: unexpected {', '.join(torch_svd)}: Tensor.svd is torch.linalg.svd (returns U, S, Vh); "
+                f"svd: unexpected {', '.join([*map(repr, positional), *torch_svd])}: Tensor.svd is "
+                "torch.linalg.svd (returns U, S, Vh; full_matrices= is a keyword); "
                 "for torch.Tensor.svd(some=s) use svd(full_matrices=not s) and Vh.transpose(-2, -1) as V")
         _decomposable(self, "svd")
         *batch, m, n = self.shape

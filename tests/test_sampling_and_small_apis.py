@@ -73,14 +73,15 @@ def test_multinomial_draws_again_under_tinyjit(device):
     (2.0, {}, "prob_dist must be 1 or 2 dim"),
     ([[[1.0]]], {}, "prob_dist must be 1 or 2 dim"),
     ([1.0, 2.0], {"num_samples": 0}, "n_sample <= 0"),
+    ([1.0, 2.0], {"num_samples": 1.5}, "num_samples must be an int"),
     ([1.0, 2.0], {"num_samples": 3}, "n_sample > prob_dist.size"),
     ([True, False], {}, "weights must be numbers, got bool"),
 ])
 def test_multinomial_errors_as_torch(device, weights, kw, message):
-    """PyTorch raises a RuntimeError for each (tgrad's SamplingError is one, and an AssertionError as
-    tinygrad's asserts)."""
+    """PyTorch raises for each (a RuntimeError; a TypeError for a float count); tgrad's SamplingError is a
+    RuntimeError, and an AssertionError as tinygrad's asserts."""
     torch_w = torch.tensor(weights)
-    with pytest.raises(RuntimeError):
+    with pytest.raises((RuntimeError, TypeError)):
         torch_w = torch_w.float() if torch_w.dtype != torch.bool else torch_w
         torch.multinomial(torch_w, **{"num_samples": 1, **kw})
     with pytest.raises(SamplingError, match=message) as info:

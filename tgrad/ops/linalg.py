@@ -238,7 +238,7 @@ class LinalgOps:
         (Muon's orthogonalization). A tall matrix is done transposed. Built from matmuls: differentiable."""
         if self.ndim < 2:
             raise ShapeError(f"newton_schulz: the input must have at least 2 dimensions, got {self.shape}")
-        if not isinstance(steps, int) or steps < 0:
+        if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
             raise ArgumentError(f"newton_schulz: steps must be an int >= 0, got {steps!r}")
         if not params:
             raise ArgumentError("newton_schulz: params must name at least one coefficient")

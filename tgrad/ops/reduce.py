@@ -392,8 +392,11 @@ class ReduceOps:
             raise SamplingError(f"multinomial: prob_dist must be 1 or 2 dim, got shape {self.shape}")
         if not self.dtype.is_float and (self.dtype == dtypes.bool or not self.dtype.is_int):
             raise SamplingError(f"multinomial: weights must be numbers, got {self.dtype.name}")
-        if not isinstance(num_samples, int) or num_samples <= 0:
-            raise SamplingError(f"multinomial: cannot sample n_sample <= 0 samples (got {num_samples!r})")
+        if not isinstance(num_samples, (int, np.integer)) or isinstance(num_samples, bool):
+            raise SamplingError(f"multinomial: num_samples must be an int, got {num_samples!r}")
+        if num_samples <= 0:
+            raise SamplingError(f"multinomial: cannot sample n_sample <= 0 samples (got {num_samples})")
+        num_samples = int(num_samples)
         w = self.reshape(1, -1) if self.ndim == 1 else self
         rows, n = w.shape
         if not replacement and num_samples > n:

@@ -66,6 +66,20 @@ def test_fp8_tensors(device, dt):
         t + Tensor(x, device=device)
 
 
+@pytest.mark.parametrize("dt", FP8, ids=lambda d: d.name)
+def test_fp8_random_draws_keep_the_dtype(dt):
+    """rand/randn/uniform with an fp8 dtype make fp8 tensors (they made float32 ones: element_size 4) whose
+    values are fp8 values (each a fixed point of PyTorch's cast); rand stays below 1. (PyTorch draws no fp8
+    numbers; these are tinygrad's.)"""
+    for t in (Tensor.randn(500, dtype=dt, device="NUMPY"), Tensor.rand(500, dtype=dt, device="NUMPY"),
+              Tensor.uniform(500, low=-3, high=3, dtype=dt, device="NUMPY")):
+        assert t.dtype == dt and t.element_size() == 1
+        v = torch.from_numpy(t.numpy())
+        np.testing.assert_array_equal(v.to(TORCH[dt.name]).float().numpy(), v.numpy())
+    r = Tensor.rand(4000, dtype=dt, device="NUMPY").numpy()
+    assert r.min() == 0 and r.max() < 1 and len(np.unique(r)) > 4
+
+
 def test_dtype_predicates_match_torch():
     for dt in [*dtypes.all, *FP8]:
         theirs = TORCH.get(dt.name) or getattr(torch, dt.name)

@@ -71,6 +71,11 @@ class PatternError(ArgumentError, AssertionError):
     """A malformed einops pattern (rearrange): also an AssertionError, as tinygrad's asserts raise."""
 
 
+class SamplingError(ArgumentError, AssertionError):
+    """A bad multinomial argument or distribution: a RuntimeError as PyTorch's, and an AssertionError, as
+    tinygrad's asserts raise."""
+
+
 class ModeError(ArgumentError, NotImplementedError):
     """An unknown mode name (F.pad's mode): NotImplementedError, as PyTorch raises."""
 

@@ -422,6 +422,17 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         inplace.add_view(self, out, ((Op.DETACH, None),))
         return out
 
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """copy.deepcopy (of a model too): a new tensor holding a copy of the values, with this one's
+        requires_grad and a copy of its .grad; like PyTorch, only a leaf (no gradient flows through it)."""
+        if self.requires_grad and _grad_leaves.get(id(self)) is not self:
+            raise AutogradError("deepcopy: only tensors created by the user (graph leaves) can be copied, as "
+                                "in PyTorch; deepcopy x.detach()")
+        out = Tensor(self.numpy(), device=self.device, dtype=self.dtype, requires_grad=self._requires_grad)
+        memo[id(self)] = out
+        out.grad = None if self.grad is None else self.grad.__deepcopy__(memo)
+        return out
+
     def clone(self) -> Tensor:
         """A copy (PyTorch's clone): later assign()s to this tensor, or to the memory it views, leave it
         as it is. Computed lazily (a copy kernel, often fused into its readers), and before any assign
@@ -486,6 +497,15 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             inplace.track(self)
         inplace.rebase(self, self.node)
         return self
+
+    def replace(self, x: Tensor) -> Tensor:
+        """tinygrad's replace (load new values into a tensor, as p.replace(loaded)): here assign(x) of a
+        tensor of the same shape, dtype and device (tgrad keeps a tensor's dtype and device); returns self."""
+        if not isinstance(x, Tensor) or (x.shape, x.dtype, x.device) != (self.shape, self.dtype, self.device):
+            got = (x.shape, x.dtype.name, x.device) if isinstance(x, Tensor) else type(x).__name__
+            raise ArgumentError(f"replace: needs a tensor of shape, dtype and device {self.shape}, "
+                                f"{self.dtype.name}, {self.device}, got {got}; cast or move it first")
+        return self.assign(x)
 
     def _nodes(self) -> list[Node]:
         """This tensor's node and the earlier nodes of it that are still alive (_before)."""
@@ -708,6 +728,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def full_like(self, fill_value: Scalar, **kw) -> Tensor:
         return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kw})
 
+    def const_like(self, b: Scalar, dtype=None) -> Tensor:
+        """tinygrad's const_like: full_like(b), in self's dtype unless dtype is given."""
+        return self.full_like(b, dtype=dtype or self.dtype)
+
     @staticmethod
     def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
         if stop is None:
@@ -782,8 +806,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         check_memory(rt, shape, dt, "random draw")
         whole = functools.partial(_drawn, draw, shape, dt)
         try:
-            # (dt given only where the array's own dtype does not say it: no second copy of the numbers)
-            node = _node_from_host(whole(Tensor._rng), device, dt if dt == dtypes.bfloat16 else None)
+            # (dt given only where the array's own dtype does not say it, bfloat16 and fp8 held in float32
+            # arrays: no second copy of the numbers; without it an fp8 draw became a float32 tensor)
+            held = dt in dtypes.HOST_FLOATS + dtypes.fp8s
+            node = _node_from_host(whole(Tensor._rng), device, dt if held else None)
         except MemoryError as e:
             raise out_of_memory(e, rt, shape, dt, "random draw") from e
         t = Tensor(node, requires_grad=requires_grad)
@@ -794,8 +820,11 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     @staticmethod
     def rand(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
         shape = Tensor._shape_arg(shape)
-        # float16 and bfloat16 draw multiples of 2**-11 and 2**-8 (PyTorch's), so none rounds up to 1
-        steps = {dtypes.float16: 2**11, dtypes.bfloat16: 2**8}.get(dtypes.from_any(dtype) if dtype else None)
+        # float16 and bfloat16 draw multiples of 2**-11 and 2**-8 (PyTorch's), so none rounds up to 1; fp8
+        # multiples of the spacing of its values below 1 (2**-4 with 3 mantissa bits, 2**-3 with 2)
+        steps = {dtypes.float16: 2**11, dtypes.bfloat16: 2**8, dtypes.fp8e4m3: 2**4, dtypes.fp8e4m3fnuz: 2**4,
+                 dtypes.fp8e5m2: 2**3, dtypes.fp8e5m2fnuz: 2**3}
+        steps = steps.get(dtypes.from_any(dtype) if dtype else None)
         if steps:
             return Tensor._random(lambda rng, n: np.floor(rng.random(n) * steps) / steps, shape, dtype,
                                   device, requires_grad)
@@ -816,6 +845,14 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             raise ArgumentError(f"randint: low ({low}) must be below high ({high})")
         return Tensor._random(lambda rng, n: rng.integers(low, high, n), shape, dtype, device,
                               default=dtypes.int32)
+
+    @staticmethod
+    def randperm(n: int, dtype=None, device=None) -> Tensor:
+        """A random permutation of 0..n-1 (torch.randperm), default-int unless dtype is given."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+            raise ArgumentError(f"randperm: n must be an int >= 0, got {n!r}")
+        draw = lambda rng, _: rng.permutation(n)  # noqa: E731
+        return Tensor._random(draw, (n,), dtype, device, default=dtypes.default_int)
 
     @staticmethod
     def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None, requires_grad=None) -> Tensor:
@@ -1068,6 +1105,10 @@ def _drawn(draw, shape: tuple[int, ...], dtype: DType, rng) -> np.ndarray:
 
 
 def _node_from_host(data, device: str, dtype: DType | None) -> Node:
+    if data is None:  # tinygrad's Tensor(None): an empty tensor (PyTorch refuses None)
+        return _node_from_host(np.empty(0, np.float32), device, dtype or dtypes.default_float)
+    if isinstance(data, (bytes, bytearray)):  # tinygrad's: the bytes as uint8 (PyTorch refuses bytes)
+        data = np.frombuffer(data, np.uint8)
     if isinstance(data, np.ndarray):
         arr = data
     else:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from tgrad.dtype import dtypes
-from tgrad.errors import DTypeError, ModeError, ShapeError
+from tgrad.errors import ArgumentError, DTypeError, ModeError, ShapeError
 from tgrad.nn import optim, state  # noqa: F401  (tinygrad's `from tgrad import nn; nn.state.get_parameters`)
 from tgrad.nn.module import Module
 from tgrad.ops.helpers import _tuple, conv_padding
@@ -104,8 +104,12 @@ class BatchNorm(Module):
     assign(); in eval it uses the running statistics. An optimizer given these tensors (get_parameters
     returns them) realizes the updates in its step()."""
 
-    def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True,
-                 track_running_stats: bool = True, momentum: float = 0.1):
+    def __init__(self, num_features: int | None = None, eps: float = 1e-5, affine: bool = True,
+                 track_running_stats: bool = True, momentum: float = 0.1, *, sz: int | None = None):
+        if (num_features is None) == (sz is None):  # sz: tinygrad's name for num_features
+            raise ArgumentError(f"BatchNorm: give num_features (or tinygrad's sz) once, got num_features="
+                                f"{num_features}, sz={sz}")
+        num_features = num_features if sz is None else sz
         self.eps, self.momentum, self.track_running_stats = eps, momentum, track_running_stats
         self.weight = Tensor.ones(num_features, requires_grad=True) if affine else None
         self.bias = Tensor.zeros(num_features, requires_grad=True) if affine else None
@@ -159,6 +163,15 @@ class LayerNorm(Module):
             raise ShapeError(f"LayerNorm: input {x.shape} does not end in {self.shape}")
         y = x.layernorm(tuple(range(-len(self.shape), 0)), self.eps)
         return y if self.weight is None else y * self.weight + self.bias
+
+
+class LayerNorm2d(LayerNorm):
+    """tinygrad's LayerNorm2d: LayerNorm over the channels (axis 1) of (N, C, H, W) inputs."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 4:
+            raise ShapeError(f"LayerNorm2d: expected an (N, C, H, W) input, got shape {x.shape}")
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class GroupNorm(Module):
@@ -309,6 +322,6 @@ class Embedding(Module):
 
 
 __all__ = ["Module", "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "InstanceNorm",
+           "BatchNorm", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "LayerNorm2d", "GroupNorm", "InstanceNorm",
            "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "RMSNorm", "Dropout",
            "LSTMCell", "LSTM", "Embedding"]

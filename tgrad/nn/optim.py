@@ -238,6 +238,58 @@ class AdamW(LAMB):
         super().__init__(params, lr, b1, b2, eps, weight_decay, adam=True)
 
 
+class Muon(Optimizer):
+    """torch.optim.Muon (tinygrad's Muon takes the same keywords): momentum, then the update orthogonalized
+    by newton_schulz's iteration, decoupled weight decay, and the rate scaled for the matrix's shape
+    (adjust_lr_fn "original": sqrt(max(1, rows / cols)); "match_rms_adamw": 0.2 * sqrt(max(rows, cols))).
+    PyTorch takes 2-d parameters only; a parameter of more dimensions is orthogonalized as the matrix
+    (shape[0], the rest), as tinygrad does. The iteration runs in the parameter's dtype (PyTorch's in
+    bfloat16). Hyperparameters after lr are keywords only: the two anchors order them differently."""
+
+    def __init__(self, params: list[Tensor], lr: float = 0.001, *, weight_decay: float = 0.1,
+                 momentum: float = 0.95, nesterov: bool = True,
+                 ns_coefficients: tuple[float, ...] = (3.4445, -4.775, 2.0315), eps: float = 1e-7,
+                 ns_steps: int = 5, adjust_lr_fn: str | None = None):
+        super().__init__(params, lr)
+        _check("Muon", "momentum", momentum)
+        _check("Muon", "weight_decay", weight_decay)
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ArgumentError(f"Muon: adjust_lr_fn must be None, 'original' or 'match_rms_adamw', "
+                                f"not {adjust_lr_fn!r}")
+        if not isinstance(ns_steps, int) or not 0 <= ns_steps < 100:
+            raise ArgumentError(f"Muon: ns_steps must be an int in [0, 100), got {ns_steps!r}")
+        for t in self.params:
+            if t.ndim < 2:
+                raise ShapeError(f"Muon: only parameters of 2 or more dimensions (matrices), got one of "
+                                 f"shape {t.shape}; optimize biases and embeddings with AdamW")
+        self.momentum, self.wd, self.nesterov, self.eps = momentum, weight_decay, nesterov, eps
+        self.ns_coefficients, self.ns_steps = tuple(ns_coefficients), ns_steps
+        self.adjust_lr_fn = adjust_lr_fn
+        self.bufs = [_state(t) for t in self.params]
+
+    def _step(self) -> list[Tensor]:
+        for t, buf in zip(self.params, self.bufs):
+            grad = t.grad.detach()
+            buf.assign(buf * self.momentum + grad * (1 - self.momentum))
+            up = grad * (1 - self.momentum) + buf * self.momentum if self.nesterov else buf
+            rows, cols = t.shape[0], math.prod(t.shape[1:])
+            up = up.reshape(rows, cols)
+            norm = up.square().sum().sqrt().maximum(self.eps)
+            up = up._odd_polynomial(self.ns_steps, self.ns_coefficients, norm)
+            if self.adjust_lr_fn == "match_rms_adamw":
+                ratio = 0.2 * math.sqrt(max(rows, cols))
+            else:
+                ratio = math.sqrt(max(1.0, rows / cols)) if cols else 1.0
+            kept = t.detach() * (1 - self.lr * self.wd) if self.wd else t.detach()
+            t.assign(kept - self.lr * ratio * up.reshape(t.shape))
+        return self.bufs
+
+    def momentum_tensor(self) -> Tensor:
+        if not isinstance(self.momentum, Tensor):
+            self.momentum = Tensor([float(self.momentum)], device=self.params[0].device).realize()
+        return self.momentum
+
+
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> Tensor:
     """Scale the gradients so that their joint norm is at most max_norm (PyTorch's
     torch.nn.utils.clip_grad_norm_); returns the norm before clipping. Lazy: works inside TinyJit."""
@@ -380,7 +432,7 @@ class OneCycleLR(LRScheduler):
         return self._phases(step, high, low, high)
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LAMB", "clip_grad_norm_", "LRScheduler", "StepLR",
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LAMB", "Muon", "clip_grad_norm_", "LRScheduler", "StepLR",
            "CosineAnnealingLR", "LinearLR", "OneCycleLR"]
 
 

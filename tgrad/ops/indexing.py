@@ -155,6 +155,9 @@ class IndexingOps:
         where = [kept.index(("gather", a)) for a, _ in gathers]
         return x._gather_axes(where, [t for _, t in gathers])
 
+    def __delitem__(self, index) -> None:
+        raise TypeError("Tensor does not support deleting items (as in PyTorch and tinygrad)")
+
     def __setitem__(self, index, value) -> None:
         """t[index] = value (PyTorch's): ints, slices, None and ... write a box (a padded mask); slices
         with steps, integer tensors and masks write through scatter. Done with assign(): the tensor's

@@ -1,12 +1,16 @@
-"""Tensor's linear algebra: matmul, einsum, linear."""
+"""Tensor's linear algebra: matmul, einsum, linear; svd and qr (LAPACK's, through numpy, in a host step),
+newton_schulz."""
 
 from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from tgrad import realize as driver
 from tgrad.dtype import dtypes, promote
-from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
+from tgrad.errors import ArgumentError, AutogradError, DeviceError, DTypeError, ShapeError
 from tgrad.ops.helpers import _matmul_node
 
 if TYPE_CHECKING:
@@ -29,6 +33,37 @@ def _check_batch(a: tuple[int, ...], b: tuple[int, ...]) -> None:
                 f"matmul: batch dimensions {ba} of {a} and {bb} of {b} do not broadcast: the size of "
                 f"tensor a ({p}) must match the size of tensor b ({q}) at non-singleton dimension {i}"
             )
+
+
+def _decomposable(x: Tensor, op: str) -> None:
+    """The checks torch.linalg's decompositions make (at least 2 dimensions, float32/float64), and one of
+    tgrad's: their gradients are not implemented, so an input that requires one is refused (returning
+    results without a gradient would make backward() silently leave out what flows through them)."""
+    if x.ndim < 2:
+        raise ShapeError(f"{op}: the input must have at least 2 dimensions, got shape {x.shape}")
+    if x.dtype not in (dtypes.float32, dtypes.float64):
+        raise DTypeError(f"{op}: expected a float32 or float64 tensor, got {x.dtype.name} (as torch.linalg, "
+                         "which has no low-precision or integer decompositions); cast it with .float()")
+    if x.requires_grad and not type(x).no_grad:
+        raise AutogradError(f"{op}: gradients through {op} are not implemented; call it on x.detach()")
+
+
+def _svd_host(full: bool):
+    """numpy's svd (LAPACK's gesdd, as PyTorch's on CPU) of each matrix. A matrix with a nan raises as
+    torch.linalg.svd does; one with an inf (and none) gives nan everywhere, as PyTorch's."""
+
+    def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        a = inputs[0]
+        if np.isnan(a).any():
+            raise ArgumentError("svd: the algorithm failed to converge because the input matrix contained "
+                                "nan (as torch.linalg.svd)")
+        inf = np.isinf(a).any(axis=(-2, -1))
+        u, s, vh = np.linalg.svd(np.where(inf[..., None, None], 0, a), full_matrices=full)
+        for out, value in zip(outputs, (u, s, vh)):
+            out[...] = value
+            out[inf] = np.nan
+
+    return run
 
 
 class LinalgOps:
@@ -134,3 +169,77 @@ class LinalgOps:
             )
         out = self.matmul(weight.T)
         return out + bias if bias is not None else out
+
+    def svd(self, *positional, full_matrices: bool = True, **torch_svd) -> tuple[Tensor, Tensor, Tensor]:
+        """torch.linalg.svd (and tinygrad's Tensor.svd): U, S, Vh with A = U @ diag(S) @ Vh over the last
+        two axes, S descending; full_matrices=False gives U (..., m, k), Vh (..., k, n), k = min(m, n).
+        NOT torch.Tensor.svd, which returns V (Vh transposed): its some=/compute_uv= are refused, and so is a
+        positional flag (torch's first one is some=, the opposite of full_matrices=). Computed by LAPACK
+        through numpy in a host step (TinyJit replays it); no gradient."""
+        if positional or torch_svd:
+            raise ArgumentError(
+                f"svd: unexpected {', '.join([*map(repr, positional), *torch_svd])}: Tensor.svd is "
+                "torch.linalg.svd (returns U, S, Vh; full_matrices= is a keyword); "
+                "for torch.Tensor.svd(some=s) use svd(full_matrices=not s) and Vh.transpose(-2, -1) as V")
+        _decomposable(self, "svd")
+        *batch, m, n = self.shape
+        k = min(m, n)
+        cols, rows = (m, n) if full_matrices else (k, k)
+        outs = [((*batch, m, cols), self.dtype), ((*batch, k), self.dtype), ((*batch, rows, n), self.dtype)]
+        run = _svd_host(bool(full_matrices))
+        step = driver.HostStep("svd", run, outs, self.device, key=("svd", bool(full_matrices)))
+        u, s, vh = type(self).run_host(step, self)
+        return u, s, vh
+
+    def qr(self, mode: str = "complete", *, some: bool | None = None) -> tuple[Tensor, Tensor]:
+        """QR decomposition over the last two axes, as torch.linalg.qr: mode "complete" (the default here,
+        as tinygrad's qr(): Q (..., m, m), R (..., m, n)), "reduced" (Q (..., m, k), R (..., k, n), k = min(m,
+        n); torch.linalg.qr's default) or "r" (an empty Q); torch.Tensor.qr's some=True is "reduced". R's
+        diagonal may be negative (LAPACK's Householder signs, as PyTorch's). numpy in a host step; no
+        gradient; an input with nan or inf raises."""
+        if some is not None:
+            mode = "reduced" if some else "complete"
+        if mode not in ("reduced", "complete", "r"):
+            raise ArgumentError(f"qr: unknown mode {mode!r}; expected 'reduced', 'complete' or 'r'")
+        _decomposable(self, "qr")
+        *batch, m, n = self.shape
+        k = m if mode == "complete" else min(m, n)
+        outs = [((*batch, m, k), self.dtype), ((*batch, k, n), self.dtype)]
+
+        def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+            if not np.isfinite(inputs[0]).all():  # LAPACK's results then differ between builds (nan in R
+                # where PyTorch's has a number, or the reverse): refused instead
+                raise ArgumentError("qr: the input contains nan or inf")
+            q, r = np.linalg.qr(inputs[0], mode="complete" if mode == "complete" else "reduced")
+            outputs[0][...], outputs[1][...] = q, r
+
+        q, r = type(self).run_host(driver.HostStep("qr", run, outs, self.device, key=("qr", mode)), self)
+        return (type(self).empty(0, dtype=self.dtype, device=self.device) if mode == "r" else q), r
+
+    def newton_schulz(self, steps: int, params: tuple[float, ...], eps: float = 1.0e-7) -> Tensor:
+        """tinygrad's newton_schulz: `steps` iterations of the odd polynomial
+        G <- sum_i params[i] * (G G^T)^i G on the last two axes, from G = self / (its Frobenius norm + eps);
+        with coefficients of the sign function ((2, -1.5, 0.5)...) it converges to U @ Vh of self's svd
+        (Muon's orthogonalization). A tall matrix is done transposed. Built from matmuls: differentiable."""
+        if self.ndim < 2:
+            raise ShapeError(f"newton_schulz: the input must have at least 2 dimensions, got {self.shape}")
+        if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
+            raise ArgumentError(f"newton_schulz: steps must be an int >= 0, got {steps!r}")
+        if not params:
+            raise ArgumentError("newton_schulz: params must name at least one coefficient")
+        norm = self.square().sum(axis=(-2, -1), keepdim=True).sqrt() + eps
+        return self._odd_polynomial(steps, params, norm)
+
+    def _odd_polynomial(self, steps: int, params: tuple[float, ...], norm: Tensor) -> Tensor:
+        """newton_schulz's iterations from self / norm (Muon divides by the norm clamped at eps instead, as
+        torch.optim.Muon): a tall matrix is done transposed."""
+        if self.shape[-2] > self.shape[-1]:
+            return self.transpose(-2, -1)._odd_polynomial(steps, params, norm).transpose(-2, -1)
+        x = self / norm
+        for _ in range(steps):
+            gram, power, total = x @ x.transpose(-2, -1), x, x * params[0]
+            for p in params[1:]:
+                power = gram @ power
+                total = total + p * power
+            x = total
+        return x

@@ -220,6 +220,26 @@ class MovementOps:
             raise ShapeError(f"shrink: {arg} is not inside {self.shape}")
         return self._from(g.move(self.node, Op.SHRINK, arg), self, view=((Op.SHRINK, arg),))
 
+    def _target_shape(self, op: str, shape, args) -> tuple[int | None, ...]:
+        """shrink_to / pad_to's sizes: one per axis (None keeps it), as a tuple or as arguments."""
+        sizes = tuple(shape) if isinstance(shape, (tuple, list)) and not args else (shape, *args)
+        if len(sizes) != self.ndim:
+            raise ShapeError(f"{op}: {sizes} names {len(sizes)} sizes for a tensor of shape {self.shape}")
+        return sizes
+
+    def shrink_to(self, shape, *args) -> Tensor:
+        """tinygrad's shrink_to: the first `size` positions of each axis (None: all of it), a view."""
+        sizes = self._target_shape("shrink_to", shape, args)
+        return self.shrink(tuple(None if n is None else (0, n) for n in sizes))
+
+    def pad_to(self, shape, *args, value: float = 0.0) -> Tensor:
+        """tinygrad's pad_to: each axis padded at its end with `value` up to `size` (None: kept)."""
+        sizes = self._target_shape("pad_to", shape, args)
+        if any(n is not None and n < s for n, s in zip(sizes, self.shape)):
+            raise ShapeError(f"pad_to: {sizes} is smaller than {self.shape} on some axis; use shrink_to")
+        arg = tuple((0, 0 if n is None else n - s) for n, s in zip(sizes, self.shape))
+        return self if not any(hi for _, hi in arg) else self.pad(arg, value)
+
     def flip(self, axis) -> Tensor:
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
         axes = tuple(_normalize_axis(a, self.ndim, "flip") for a in axes)

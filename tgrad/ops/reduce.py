@@ -1,4 +1,5 @@
-"""Tensor's reductions: sum, max, mean, var..., softmax and its kin, sort and topk, cumulative ops."""
+"""Tensor's reductions: sum, max, mean, var..., softmax and its kin, sort and topk, cumulative ops;
+multinomial sampling (a host step over the weights and uniform draws)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import numpy as np
 
 from tgrad import autodiff
 from tgrad import graph as g
+from tgrad import realize as driver
 from tgrad.dtype import dtypes
-from tgrad.errors import DTypeError, IndexRangeError, ShapeError
+from tgrad.errors import DTypeError, IndexRangeError, SamplingError, ShapeError
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import _exp_node, _expand_node, _log_node, _normalize_axis, _shift_by_max
 
@@ -21,6 +23,33 @@ if TYPE_CHECKING:
 # its positions 1..ARG_BLOCK are int16)
 ARG_BLOCK = 1 << 14
 
+
+
+def _sample(replacement: bool):
+    """multinomial's host step: inputs (weights (rows, n), uniform draws (rows, k)) -> indices (rows, k).
+    With replacement each draw is looked up in the row's cumulative sum (a zero weight's category is never
+    taken); without, the k largest keys log(1 - u) / w (Efraimidis-Spirakis: a weighted draw without
+    replacement), zero weights last, by position. PyTorch's checks, on the values."""
+
+    def run(inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        w, u = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise SamplingError("multinomial: probability tensor contains either inf, nan or element < 0")
+        total = w.sum(-1)
+        if (total <= 0).any():
+            raise SamplingError(f"multinomial: invalid multinomial distribution (sum of probabilities <= 0) "
+                                f"in row {int(np.argmax(total <= 0))}")
+        if replacement:
+            cdf = np.cumsum(w, -1)
+            for i in range(w.shape[0]):
+                ids = np.searchsorted(cdf[i], u[i] * cdf[i, -1], side="right")
+                outputs[0][i] = np.minimum(ids, w.shape[1] - 1)
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                keys = np.where(w > 0, np.log1p(-u) / w, -np.inf)
+            outputs[0][...] = np.argsort(-keys, -1, kind="stable")[:, : outputs[0].shape[1]]
+
+    return run
 
 
 def _pairwise_limit(op: str, axis: int, n: int) -> None:
@@ -353,3 +382,33 @@ class ReduceOps:
     def logcumsumexp(self, axis: int = 0, dim=None) -> Tensor:
         rows, axis = self._float()._prefixes(dim if dim is not None else axis, -math.inf, "logcumsumexp")
         return self._unprefix(rows.logsumexp(-1), axis)
+
+    def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
+        """torch.multinomial: num_samples category indices drawn from each row of weights (1 or 2 dims, not
+        necessarily summing to 1), as default-int indices of shape (num_samples,) or (rows, num_samples).
+        Integer weights are taken too (tinygrad's); PyTorch's errors for negative, nan or inf weights and
+        a row of zeros. The uniform draws are Tensor.rand's (manual_seed, fresh on each TinyJit replay)."""
+        if self.ndim not in (1, 2):
+            raise SamplingError(f"multinomial: prob_dist must be 1 or 2 dim, got shape {self.shape}")
+        if not self.dtype.is_float and (self.dtype == dtypes.bool or not self.dtype.is_int):
+            raise SamplingError(f"multinomial: weights must be numbers, got {self.dtype.name}")
+        if not isinstance(num_samples, (int, np.integer)) or isinstance(num_samples, bool):
+            raise SamplingError(f"multinomial: num_samples must be an int, got {num_samples!r}")
+        if num_samples <= 0:
+            raise SamplingError(f"multinomial: cannot sample n_sample <= 0 samples (got {num_samples})")
+        num_samples = int(num_samples)
+        w = self.reshape(1, -1) if self.ndim == 1 else self
+        rows, n = w.shape
+        if not replacement and num_samples > n:
+            raise SamplingError(f"multinomial: cannot sample n_sample > prob_dist.size(-1) samples without "
+                                f"replacement ({num_samples} > {n})")
+        if n == 0:
+            raise SamplingError("multinomial: invalid multinomial distribution (a row of no categories)")
+        if rows == 0:
+            return type(self).zeros(0, num_samples, dtype=dtypes.default_int, device=self.device)
+        out = [((rows, num_samples), dtypes.default_int)]
+        u = type(self).rand(rows, num_samples if replacement else n, device=self.device)
+        step = driver.HostStep("multinomial", _sample(bool(replacement)), out, self.device,
+                               key=("multinomial", bool(replacement)))
+        idx = type(self).run_host(step, w.detach(), u)[0]
+        return idx.reshape(num_samples) if self.ndim == 1 else idx

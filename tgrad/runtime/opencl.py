@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -281,7 +282,7 @@ _SEAL = b"tgrad-cl-binary-1\n"  # what a cached binary starts with, then the sha
 def _write_atomic(path, data: bytes) -> None:
     """Write a cache file whole or not at all: another process reads it by name at any time."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # (per writer)
     tmp.write_bytes(data)
     os.replace(tmp, path)
 

@@ -1,4 +1,9 @@
-"""The OpenCL runtime (CL, and QCOM for Qualcomm Adreno) through pyopencl; kernels come from emit_opencl."""
+"""The OpenCL runtime (CL, and QCOM for Qualcomm Adreno) through pyopencl; kernels come from emit_opencl.
+
+Compiled programs are kept on disk (`TGRAD_CACHE/opencl`) as the driver's binaries. The new kernels of one
+schedule are built as one program (`CLRuntime.prepare`): PoCL spends most of a small kernel's build on
+work it does once per program.
+"""
 
 from __future__ import annotations
 

@@ -21,6 +21,13 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 # no compile worker processes (tgrad/runtime/cpu/pool.py) beside the pytest-xdist ones: they would only
 # compete for the same cores; tests/test_cpu_cache.py starts them where it tests them
 os.environ.setdefault("TGRAD_COMPILE_WORKERS", "0")
+# PoCL compiles every kernel twice: once for any work-group size (the binary tgrad caches) and again, at
+# its first launch, for the launch's size. The suite's kernels are small, so the first is enough; then
+# PoCL's own kernel cache only repeats tgrad's binaries, and looking a program up in it first runs the
+# preprocessor over the OpenCL C header once more. Both cut the CL tests' compile time, running the
+# same OpenCL C (bench/HISTORY.md, "A faster cold test run")
+os.environ.setdefault("POCL_WORK_GROUP_SPECIALIZATION", "0")
+os.environ.setdefault("POCL_KERNEL_CACHE", "0")
 # import triton (torch imports it too, e.g. through torch.optim) before WEBGPU or CL load their shared
 # libLLVM: importing it afterwards crashes the process
 try:

@@ -2,6 +2,7 @@
 device (PoCL here), compared with PyTorch and numpy."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -247,6 +248,83 @@ def test_binary_disk_cache(cl, monkeypatch, tmp_path):
     out = second.alloc(4, dtypes.float32)
     prg(out, second.from_numpy(np.arange(4, dtype=np.float32)))
     np.testing.assert_array_equal(second.to_numpy(out), np.arange(4, dtype=np.float32) * 5 - 1)
+    assert second.programs_built == 0
+    binaries[0].write_bytes(binaries[0].read_bytes()[:-100])  # cut short: built again, not handed to PoCL
+    third = CLRuntime()
+    prg = third.runner(k)
+    prg(out := third.alloc(4, dtypes.float32), third.from_numpy(np.arange(4, dtype=np.float32)))
+    np.testing.assert_array_equal(third.to_numpy(out), np.arange(4, dtype=np.float32) * 5 - 1)
+    assert third.programs_built == 1
+
+
+def _fresh_cl(monkeypatch):
+    """A new CL runtime in place of the open one: nothing built in memory, as in a new process."""
+    from tgrad import device
+    from tgrad.runtime.opencl import CLRuntime
+
+    rt = CLRuntime()
+    monkeypatch.setitem(device._runtimes, "CL", rt)
+    return rt
+
+
+def _softmax_case() -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).standard_normal((4, 37)).astype(np.float32)
+    return x, torch.tensor(x).softmax(1).numpy()
+
+
+def test_a_schedules_new_kernels_build_as_one_program(cl, monkeypatch, tmp_path):
+    monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))
+    x, expected = _softmax_case()  # three kernels, two of them named r_4_37
+    for built in (1, 0):  # the second runtime loads all three from the one cached binary
+        rt = _fresh_cl(monkeypatch)
+        np.testing.assert_allclose(Tensor(x, device="CL").softmax(1).numpy(), expected, rtol=1e-6, atol=1e-7)
+        assert rt.programs_built == built
+    assert len(list((tmp_path / "opencl").glob("*.bin"))) == 1
+    assert len(list((tmp_path / "opencl").glob("*.ref"))) == 3
+
+
+@pytest.mark.parametrize("damage", ["truncated binary", "missing binary", "garbled reference"])
+def test_a_damaged_batch_entry_is_built_again(cl, monkeypatch, tmp_path, damage):
+    monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))
+    x, expected = _softmax_case()
+    _fresh_cl(monkeypatch)
+    Tensor(x, device="CL").softmax(1).numpy()
+    (binary,) = (tmp_path / "opencl").glob("*.bin")
+    if damage == "truncated binary":
+        binary.write_bytes(binary.read_bytes()[: binary.stat().st_size // 2])
+    elif damage == "missing binary":
+        binary.unlink()
+    else:
+        for ref in (tmp_path / "opencl").glob("*.ref"):
+            ref.write_text("nonsense")
+    rt = _fresh_cl(monkeypatch)
+    np.testing.assert_allclose(Tensor(x, device="CL").softmax(1).numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert rt.programs_built == 3  # each kernel from its own source, none from the damaged entry
+    rt = _fresh_cl(monkeypatch)  # and those builds are what the cache gives next
+    np.testing.assert_allclose(Tensor(x, device="CL").softmax(1).numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert rt.programs_built == 0
+
+
+def test_a_batch_that_fails_to_build_names_the_failing_kernel(cl, monkeypatch, tmp_path):
+    from tgrad.runtime import opencl
+
+    monkeypatch.setenv("TGRAD_CACHE", str(tmp_path))
+    real = opencl.emit_opencl.render
+
+    def render(kernel, *args, **kwargs):  # the reduction of exp breaks
+        program = real(kernel, *args, **kwargs)
+        if "exp2" in program.source and program.name.startswith("r_"):
+            broken = program.source.replace("acc = 0.0f;", "acc = undefined_name;")
+            return dataclasses.replace(program, source=broken)
+        return program
+
+    monkeypatch.setattr(opencl.emit_opencl, "render", render)
+    rt = _fresh_cl(monkeypatch)
+    x, _ = _softmax_case()
+    with pytest.raises(KernelError, match="undefined_name") as info:
+        Tensor(x, device="CL").softmax(1).numpy()
+    assert "OpenCL kernel r_4_37 failed to build" in str(info.value)
+    assert rt.programs_built == 3  # the batch, then the first kernel alone, then the broken one alone
 
 
 def test_qcom_needs_adreno_or_fallback(monkeypatch):

@@ -1,9 +1,15 @@
-"""The OpenCL runtime (CL, and QCOM for Qualcomm Adreno) through pyopencl; kernels come from emit_opencl."""
+"""The OpenCL runtime (CL, and QCOM for Qualcomm Adreno) through pyopencl; kernels come from emit_opencl.
+
+Compiled programs are kept on disk (`TGRAD_CACHE/opencl`) as the driver's binaries. The new kernels of one
+schedule are built as one program (`CLRuntime.prepare`): PoCL spends most of a small kernel's build on
+work it does once per program.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -56,6 +62,9 @@ class CLRuntime(Runtime):
         if self.dialect.native_half and "cl_khr_fp16" not in self.exts:
             self.dialect = replace(self.dialect, native_half=False)
         self.built: dict[str, object] = {}  # source hash -> cl.Kernel (one per program, reused)
+        self.rendered: dict[Kernel, Program] = {}  # rendered by prepare(), not compiled yet
+        self.batches: dict[str, object] = {}  # hash of a batch's source -> its cl.Program (loaded once)
+        self.programs_built = 0  # OpenCL programs built from source (the tests count them)
         self.id = f"{self.device.platform.name}|{self.device.name}|{self.device.driver_version}"
 
     def pick_device(self, cl):
@@ -116,7 +125,46 @@ class CLRuntime(Runtime):
                 f"kernel {kernel.name} uses float64 but OpenCL device {self.device.name} has no "
                 "cl_khr_fp64; use float32"
             )
-        return emit_opencl.render(kernel, self.dialect, max_local=self.max_local)
+        hit = self.rendered.pop(kernel, None)
+        return hit if hit is not None else emit_opencl.render(kernel, self.dialect, max_local=self.max_local)
+
+    def prepare(self, kernels: list, groups: list = ()) -> None:
+        """Before a schedule runs: build the kernels that are neither built nor in the disk cache as one
+        OpenCL program. PoCL's cost per program (its front end parses the whole OpenCL C header) is most
+        of a small kernel's build, and a schedule often brings several new kernels. Each kernel's cache
+        entry is then a reference into that program's binary (`_cache_paths`). A kernel that fails to
+        render or build here is left to its own build at its first run, whose error names it."""
+        todo: dict[str, tuple[str, str]] = {}  # digest -> (name in the batch, source)
+        for kernel in kernels:
+            optimized = self.optimize(kernel)
+            try:
+                program = self.rendered[optimized] = self.render(optimized)
+            except Exception:  # (raised again where runner() renders it)
+                continue
+            digest = self._digest(program.source)
+            signature = f"{self.dialect.kernel_prefix} {program.name}("
+            if digest in self.built or digest in todo or program.source.count(signature) != 1:
+                continue
+            binary, ref = self._cache_paths(digest)
+            if binary is not None and (binary.exists() or ref.exists()):
+                continue
+            name = f"{program.name}_b{len(todo)}"  # (two kernels of a schedule may share a name)
+            todo[digest] = name, program.source.replace(signature, f"{self.dialect.kernel_prefix} {name}(")
+        if len(todo) < 2:
+            return
+        source = "\n".join(src for _, src in todo.values())
+        prg = self.cl.Program(self.ctx, source)
+        try:
+            self._compile(prg)
+        except self.cl.Error:
+            return
+        for digest, (name, _) in todo.items():
+            self.built[digest] = self.cl.Kernel(prg, name)
+        batch = self._digest(source)
+        binary, _ = self._cache_paths(batch)
+        if binary is not None and self.save_binary(prg, binary):
+            for digest, (name, _) in todo.items():
+                _write_atomic(self._cache_paths(digest)[1], f"{batch} {name}".encode())
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         source = program.source
@@ -136,24 +184,74 @@ class CLRuntime(Runtime):
 
         return Runner(program, run, self.name)
 
+    def _digest(self, source: str) -> str:
+        return hashlib.sha256((self.id + "\n" + source).encode()).hexdigest()[:24]
+
+    def _cache_paths(self, digest: str) -> tuple:
+        """(binary, reference) disk-cache paths of a program: its own binary, or for a kernel built with
+        others (prepare) a reference 'batch-digest name-in-batch' to the binary of their program."""
+        folder = cache_dir()
+        if folder is None:
+            return None, None
+        return folder / "opencl" / f"{digest}.bin", folder / "opencl" / f"{digest}.ref"
+
+    def _load_binary(self, path):
+        """The program of a cached binary, or None when it is missing, damaged or foreign (a stale driver).
+        Only a file whose checksum matches reaches the driver: PoCL kills the process on a truncated one."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        head, digest, binary = data[: len(_SEAL)], data[len(_SEAL) : len(_SEAL) + 32], data[len(_SEAL) + 32 :]
+        if head != _SEAL or hashlib.sha256(binary).digest() != digest:
+            return None
+        try:
+            return self.cl.Program(self.ctx, [self.device], [binary]).build()
+        except self.cl.Error:
+            return None
+
+    def _from_reference(self, ref):
+        """The cl.Kernel a reference file names (prepare wrote it), or None when it or its batch's binary
+        is missing or damaged (the kernel is then built again from its own source)."""
+        try:
+            batch, name = ref.read_text().split()
+        except (OSError, ValueError):
+            return None
+        prg = self.batches.get(batch)
+        if prg is None:
+            prg = self._load_binary(self._cache_paths(batch)[0])
+            if prg is None:
+                return None
+            self.batches[batch] = prg
+        try:
+            return self.cl.Kernel(prg, name)
+        except self.cl.Error:
+            return None
+
+    def _compile(self, prg) -> None:
+        """Build a program from its source (cache_dir=False: tgrad keeps its own cache of binaries)."""
+        self.programs_built += 1
+        prg.build(options=["-cl-std=CL1.2"], cache_dir=False)
+
     def build(self, name: str, source: str):
         cl = self.cl
-        digest = hashlib.sha256((self.id + "\n" + source).encode()).hexdigest()[:24]
+        digest = self._digest(source)
         knl = self.built.get(digest)
         if knl is not None:
             return knl
-        folder = cache_dir()
-        path = folder / "opencl" / f"{digest}.bin" if folder is not None else None
+        path, ref = self._cache_paths(digest)
         prg = None
         if path is not None and path.exists():
-            try:
-                prg = cl.Program(self.ctx, [self.device], [path.read_bytes()]).build()
-            except cl.Error:
-                prg = None  # a stale or foreign binary: build from source below
+            prg = self._load_binary(path)  # (None: a stale or foreign binary, built from source below)
+        elif ref is not None and ref.exists():
+            knl = self._from_reference(ref)
+            if knl is not None:
+                self.built[digest] = knl
+                return knl
         if prg is None:
             prg = cl.Program(self.ctx, source)
-            try:  # cache_dir=False: tgrad keeps its own cache of binaries
-                prg.build(options=["-cl-std=CL1.2"], cache_dir=False)
+            try:
+                self._compile(prg)
             except cl.Error as e:
                 log = self.build_log(prg) or str(e)
                 raise KernelError(
@@ -171,16 +269,27 @@ class CLRuntime(Runtime):
         except self.cl.Error:
             return ""
 
-    def save_binary(self, prg, path) -> None:
+    def save_binary(self, prg, path) -> bool:
+        """Write the program's binary to the disk cache; False where the driver hands out none."""
         try:
             binary = prg.get_info(self.cl.program_info.BINARIES)[0]
         except self.cl.Error:
-            return  # this driver does not hand out binaries
+            return False
         if binary:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(bytes(binary))
-            os.replace(tmp, path)
+            binary = bytes(binary)
+            _write_atomic(path, _SEAL + hashlib.sha256(binary).digest() + binary)
+        return bool(binary)
+
+
+_SEAL = b"tgrad-cl-binary-1\n"  # what a cached binary starts with, then the sha256 of the rest
+
+
+def _write_atomic(path, data: bytes) -> None:
+    """Write a cache file whole or not at all: another process reads it by name at any time."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # (per writer)
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 class QCOMRuntime(CLRuntime):

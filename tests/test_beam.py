@@ -141,3 +141,18 @@ def test_candidates_stay_within_the_devices_limits():
         assert find(cand, OptOps.LOCAL, 1) * find(cand, OptOps.REDUCE, 1) <= 4096, cand
     cpu = get_runtime("CPU").props
     assert all(isinstance(c, tuple) for c in search.neighbours(kernel, cpu, optimize(kernel, cpu).opts))
+
+
+def test_candidates_never_sum_less_accurately():
+    """A float sum the heuristic gives a (Kahan-compensated) GROUP keeps a group in every candidate; a
+    full float sum the CPU threads (in blocks) stays threaded; an int sum may drop its group."""
+    cl = DeviceProps("C", max_local=1024)
+    floats = _kernel(Tensor.ones(1 << 20, device="CPU").sum())
+    start = optimize(floats, cl)
+    assert find(start.opts, OptOps.GROUP)
+    assert all(find(c, OptOps.GROUP) for c in search.neighbours(floats, cl, start.opts))
+    ints = _kernel(Tensor.ones(1 << 20, device="CPU", dtype="int32").sum())
+    assert any(not find(c, OptOps.GROUP) for c in search.neighbours(ints, cl, optimize(ints, cl).opts))
+    cpu = get_runtime("CPU").props
+    assert find(optimize(floats, cpu).opts, OptOps.THREADS)
+    assert all(find(c, OptOps.THREADS) for c in search.neighbours(floats, cpu, ()))

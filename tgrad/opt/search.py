@@ -6,11 +6,12 @@ the tl.dot tiles; the CPU: the HostTuning variants that change the kernel's opts
 generated loop, BLAS or a direct convolution), compiles and times each new candidate on buffers of the
 kernel's sizes (random values; a launch's time is the least of a few), and keeps the `n` fastest; it
 stops when a round finds nothing faster or after BEAM_TIMEOUT_SEC. A candidate whose result differs
-from the heuristic's (beyond float rounding), or that fails to render, compile or run, is dropped: a
-search never trades a right answer for speed. The choice is kept on disk per (device, its properties,
-kernel) in the kernel cache's `beam/` folder, so a kernel is searched once per machine
-(IGNORE_BEAM_CACHE=1 searches again). A TinyJit capture compiles through the same path, so its kernels
-are searched too. DEBUG=2 prints each search's result.
+from the heuristic's (beyond float rounding), or that fails to render, compile or run, is dropped, and
+no candidate sums floats less accurately than the heuristic's choice (a compensated GROUP sum, a CPU full
+sum in blocks): a search never trades a right answer, or accuracy, for speed. The choice is kept on
+disk per (device, its properties, kernel) in the kernel cache's `beam/` folder, so a kernel is searched
+once per machine (IGNORE_BEAM_CACHE=1 searches again). A TinyJit capture compiles through the same path,
+so its kernels are searched too. DEBUG=2 prints each search's result.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ def _pow2s(low: int, high: int) -> list[int]:
 
 def _cstyle(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[tuple[Opt, ...]]:
     """One choice changed: a GROUP reduction's size (or none), the work-group size, the register tiles
-    (UPCAST on the axes the heuristic would tile), the innermost reduce loop's unroll."""
+    (UPCAST on the axes the heuristic would tile), the innermost reduce loop's unroll. A float sum the
+    heuristic reduces in groups keeps a group: its work-items compensate their sums (Kahan), a single
+    work-item's long sum does not (faster on PoCL, and less accurate: not a choice the search may make)."""
     group, unroll = find(opts, OptOps.GROUP), find(opts, OptOps.UNROLL, 1)
     local, tile = find(opts, OptOps.LOCAL, props.preferred_local), max(upcasts(opts).values(), default=1)
     reduces = kernel.reduce_expr is not None
-    groups = [0] + (_pow2s(16, props.max_local) if reduces else [])
+    keep_group = bool(group) and _float_sum(kernel)
+    groups = ([] if keep_group else [0]) + (_pow2s(16, props.max_local) if reduces else [])
     tiles = [1, 2, 4, 8] if reduces and not group else [tile]
     unrolls = _pow2s(1, props.max_unroll) if reduces else [1]
 
@@ -91,11 +95,18 @@ def _triton(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
     return out
 
 
+def _float_sum(kernel: Kernel) -> bool:
+    return kernel.reduce_op == "SUM" and kernel.acc_dtype.is_float
+
+
 def _cpu(kernel: Kernel, props: DeviceProps) -> list[tuple[Opt, ...]]:
     """The opts of HostTuning variants (the CPU's search space): threads or not, and for a contraction
-    the generated loop, BLAS, a batched function or a direct convolution where each applies."""
+    the generated loop, BLAS, a batched function or a direct convolution where each applies. A threaded
+    full float sum stays threaded (its chunks add blocks of `sum_block` elements: numpy's accuracy; a
+    serial loop's would be less accurate)."""
     never, always = 1 << 62, 0
-    variants = [dict(parallel_min_work=always), dict(parallel_min_work=never),
+    full_sum = _float_sum(kernel) and kernel.n_global == 0 and find(host_opts(kernel, props), OptOps.THREADS)
+    variants = [dict(parallel_min_work=always), *([] if full_sum else [dict(parallel_min_work=never)]),
                 dict(blas_min_work=never, blas_min_matvec_work=never),
                 dict(blas_min_work=always, blas_min_matvec_work=always, windows_max_k=0),
                 dict(direct_min_work=never, batched_max_work=0),

@@ -60,9 +60,12 @@ def test_multinomial_draws_again_under_tinyjit(device):
     sample = TinyJit(lambda: w.multinomial(2).realize())
     draws = np.array([sample().numpy() for _ in range(300)])
     assert all(a != b for a, b in draws)
-    want = torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(300, 4).multinomial(2).numpy()
-    np.testing.assert_allclose(_frequencies(draws[:, 0][None], 4), _frequencies(want[:, 0][None], 4),
-                               atol=0.1)
+    # the first draw's frequencies against its exact distribution (torch.multinomial's: the weights), within
+    # 4.5 standard errors of 300 draws (two samples of 300 compared with each other, as before, differed by
+    # 3.3 errors in one run of the suite: a flaky test, not a wrong draw)
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    freq = _frequencies(draws[:, 0][None], 4)[0]
+    assert np.all(np.abs(freq - p) <= 4.5 * np.sqrt(p * (1 - p) / len(draws))), freq
 
 
 @pytest.mark.parametrize("weights,kw,message", [

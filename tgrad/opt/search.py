@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from tgrad import config
+from tgrad.dtype import dtypes
+from tgrad.errors import KernelError
 from tgrad.fuse import Kernel
 from tgrad.loop_axes import nodes
 from tgrad.opt.heuristic import tiled_axes
@@ -47,7 +49,8 @@ def _cstyle(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
     local, tile = find(opts, OptOps.LOCAL, props.preferred_local), max(upcasts(opts).values(), default=1)
     reduces = kernel.reduce_expr is not None
     keep_group = bool(group) and _float_sum(kernel)
-    groups = ([] if keep_group else [0]) + (_pow2s(16, props.max_local) if reduces else [])
+    can_group = reduces and (kernel.acc_dtype != dtypes.bool or props.group_bool)
+    groups = ([] if keep_group else [0]) + (_pow2s(16, props.max_local) if can_group else [])
     tiles = [1, 2, 4, 8] if reduces and not group else [tile]
     unrolls = _pow2s(1, props.max_unroll) if reduces else [1]
 
@@ -65,7 +68,7 @@ def _cstyle(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
     for cand in out:
         try:
             fitted.append(fit_loops(kernel, props, cand))
-        except Exception:  # noqa: BLE001  (a choice past the device's loop limit: not a candidate)
+        except KernelError:  # (no opts like these fit the device's loop limit: not a candidate)
             continue
     return fitted
 

@@ -39,11 +39,10 @@ def render(kernel: Kernel, vector_bytes: int, parts: int, tuning: HostTuning = e
     (launch fact `direct`). tuning: the device's HostTuning."""
     program = emit_numba.render(kernel, tuning)
     impl, plan = find(kernel.opts, OptOps.CONTRACT), program.launch.get("blas")
-    registers = _tile_registers(vector_bytes, tuning)
     if impl == Contract.DIRECT:
-        direct = render_direct(kernel, plan, vector_bytes, registers)
+        direct = render_direct(kernel, plan, vector_bytes, tuning)
     elif impl == Contract.WGRAD:
-        direct = render_weight_grad(kernel, plan, parts, vector_bytes=vector_bytes, registers=registers)
+        direct = render_weight_grad(kernel, plan, parts, vector_bytes=vector_bytes, tuning=tuning)
     else:
         return program
     epilogue = program.launch["epilogue"]
@@ -56,12 +55,11 @@ def render(kernel: Kernel, vector_bytes: int, parts: int, tuning: HostTuning = e
 PACKED_AXES = [4, 5, 6, 1]
 
 
-def render_direct(kernel: Kernel, plan: BlasPlan, vector_bytes: int = 64, registers: int | None = None
-                  ) -> Program:
+def render_direct(kernel: Kernel, plan: BlasPlan, vector_bytes: int = 64,
+                  tuning: HostTuning = emit_numba.DEFAULT) -> Program:
     """The direct convolution's function: (out, windows' input, packed weight, scratch, lo, hi) over images
     [lo, hi); `out` gets the sums row-major over the kernel's global axes (n, o, y, x). vector_bytes: of
-    the host's vector registers (64: AVX-512), for the register tiles of `registers` accumulators (default:
-    HostTuning's)."""
+    the host's vector registers (64: AVX-512), for the register tiles (`_tile_registers` of `tuning`)."""
     k = kernel
     images, chans, rows, cols = k.global_shape
     cin, kh, kw = k.reduce_shape
@@ -70,7 +68,7 @@ def render_direct(kernel: Kernel, plan: BlasPlan, vector_bytes: int = 64, regist
     pixels, taps = rows * cols, kh * kw
     lanes = vector_bytes // dt.itemsize  # (one vector register)
     if chans % lanes == 0 and REGISTER_TILES:
-        return _render_tiles(k, plan, lanes, registers or _tile_registers(vector_bytes))
+        return _render_tiles(k, plan, lanes, _tile_registers(vector_bytes, tuning))
     tile = 4 if cols % 4 == 0 or cols % 3 else 3
     group = 2 if taps <= 9 and cin % 2 == 0 else 1  # input channels per pass over the accumulators
     # output channels a pass of the loop over them takes in two halves, [o] and [span + o]: twice the
@@ -115,7 +113,7 @@ def render_direct(kernel: Kernel, plan: BlasPlan, vector_bytes: int = 64, regist
 REGISTER_TILES = True  # the direct forward and weight gradient in register tiles (numba_rt) where they apply
 
 
-def _tile_registers(vector_bytes: int, tuning: HostTuning = emit_numba.DEFAULT) -> int:
+def _tile_registers(vector_bytes: int, tuning: HostTuning) -> int:
     """Accumulators of a register tile: `tile_registers` of AVX-512's 32 registers (the weights and a
     broadcast need the others), half as many of AVX2's 16."""
     return tuning.tile_registers if vector_bytes >= 64 else tuning.tile_registers // 2
@@ -197,8 +195,8 @@ def _per_image(name: str, args: str, body: list[str], images: int, chans: int, p
 
 
 def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: int | None = None,
-                       tile_cols: int | None = None, vector_bytes: int = 64, registers: int | None = None
-                       ) -> Program:
+                       tile_cols: int | None = None, vector_bytes: int = 64,
+                       tuning: HostTuning = emit_numba.DEFAULT) -> Program:
     """The weight gradient's function: (out, output gradient, input, partial sums, scratch, lo, hi) over
     chunks [lo, hi) of the images, each summed into its own partial gradient laid out (c, kh, kw, o); the
     call with lo == hi == chunks adds the partials up into `out`, row-major over (o, c, kh, kw).
@@ -249,7 +247,7 @@ def render_weight_grad(kernel: Kernel, plan: BlasPlan, parts: int, tile_rows: in
     lanes = vector_bytes // dt.itemsize
     prelude = ""
     if chans % lanes == 0 and REGISTER_TILES and not explicit:  # (explicit tiles: the loop's, for tests)
-        prelude, inner = _weight_grad_tiles(plan, k, lanes, registers or _tile_registers(vector_bytes))
+        prelude, inner = _weight_grad_tiles(plan, k, lanes, _tile_registers(vector_bytes, tuning))
     body = ["for p in range(lo, hi):",
             f"    pb = p * {size}",
             f"    db = p * {pixels * chans}",

@@ -68,7 +68,6 @@ class Threads:
         self.workers = 0  # the executor's threads (the caller is one more)
         self.pid = os.getpid()  # a forked child has none of its parent's threads: it starts its own
         self.local = threading.local()  # per thread: Numba's return-value and exception slots
-        self.tuning = HostTuning()  # the CPU device's (its runtime sets it)
 
     def call(self, native, args: tuple, lo: int | None, hi: int | None) -> None:
         """The native function on [lo, hi) (lo None: a serial function) with this thread's slots."""
@@ -81,14 +80,15 @@ class Threads:
         if status not in RET_OK:
             raise RuntimeError(f"the compiled function returned error status {status}")
 
-    def run(self, native, address: int, args: tuple, n: int, combine: bool) -> None:
-        """Run the native function (at `address`) on range(n), then its combine call (lo == hi == n)."""
+    def run(self, native, address: int, args: tuple, n: int, combine: bool, tuning: HostTuning) -> None:
+        """Run the native function (at `address`) on range(n), then its combine call (lo == hi == n);
+        `tuning`: the CPU device's (the native workers' spin, the ranges per thread)."""
         count = min(threads(), n)
         fits = count > 1 and len(args) <= cpu_threads.MAX_ARGS
-        pool = cpu_threads.pool(count - 1, self.tuning.spin_cycles) if fits else None
+        pool = cpu_threads.pool(count - 1, tuning.spin_cycles) if fits else None
         if pool is not None and pool.lock.acquire(blocking=False):
             try:
-                status = pool.run(address, args, n, chunks(n, count, self.tuning))
+                status = pool.run(address, args, n, chunks(n, count, tuning))
             finally:
                 pool.lock.release()
             if status not in RET_OK:

@@ -248,13 +248,11 @@ class CPURuntime(Runtime):
         self.pool = cpu_pool.CompilePool()  # compile workers (none started yet)
         self.memory = HostMemory()  # buffers and BLAS operands, big blocks reused (cpu/memory.py)
         openblas_idle_timeout(self.props.host.openblas_idle)
-        _THREADS.tuning = self.props.host
         if _cold_cache():  # start them now: their set-up overlaps the program's own start
             self.pool.start(cpu_pool.default_workers())
 
     def set_props(self, props: DeviceProps) -> None:
         super().set_props(props)
-        _THREADS.tuning = props.host
         for plans in (self.rendered, self.row_runners, self.row_counts, self.piece_pairs):
             plans.clear()
 
@@ -441,7 +439,7 @@ class CPURuntime(Runtime):
         """A threaded-signature function (program.launch "split": pointers, ints, then lo, hi) on range(n),
         on the threads threaded kernels use, without the GIL (cpu_gemm's pieces: n slots)."""
         hit = self._native_call(program)
-        _THREADS.run(hit[1], hit[2], (*map(cpu_batch.address, arrays), *ints), n, False)
+        _THREADS.run(hit[1], hit[2], (*map(cpu_batch.address, arrays), *ints), n, False, self.props.host)
 
     def _native_call(self, program: Program) -> tuple:
         """(program, its loaded native function, the function's address), loaded once."""
@@ -595,6 +593,7 @@ class CPURuntime(Runtime):
         split, combine = program.launch.get("split", 0), program.launch.get("combine", False)
         scratch = tuple((size, dt.np) for size, dt in program.scratch)
         address, pool = cpu_batch.address, []  # scratch arrays between launches (pop/append are atomic)
+        tuning = self.props.host  # (set_props forgets the runners built with the old one)
 
         def call(out: np.ndarray, *inputs: np.ndarray) -> None:
             ptrs = [address(out)]
@@ -603,7 +602,7 @@ class CPURuntime(Runtime):
             tmp = (pool.pop() if pool else [np.empty(size, dt) for size, dt in scratch]) if scratch else ()
             args = (*ptrs, *map(address, tmp), *extra)
             if split:
-                _THREADS.run(native, address_of_native, args, split, combine)
+                _THREADS.run(native, address_of_native, args, split, combine, tuning)
             else:
                 status = native(_SLOTS[0], _SLOTS[1], *args)
                 if status not in cpu_batch.RET_OK:

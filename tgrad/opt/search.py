@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tgrad import config
+from tgrad.cachefiles import write_atomic
 from tgrad.dtype import dtypes
 from tgrad.errors import KernelError
 from tgrad.fuse import Kernel
@@ -221,10 +222,7 @@ def _store(path: Path | None, opts: tuple[Opt, ...]) -> None:
     if path is None:
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{time.monotonic_ns()}.tmp")
-        tmp.write_text(json.dumps([(o.op.name, int(o.arg), o.axis) for o in opts]))
-        tmp.replace(path)  # (atomic: two processes searching the same kernel both write whole files)
+        write_atomic(path, json.dumps([(o.op.name, int(o.arg), o.axis) for o in opts]).encode())
     except OSError:
         pass
 

@@ -8,13 +8,12 @@ work it does once per program.
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
 from dataclasses import replace
 
 import numpy as np
 
 from tgrad import config, emit_opencl
+from tgrad.cachefiles import write_atomic
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import kernel_dtypes
@@ -164,7 +163,7 @@ class CLRuntime(Runtime):
         binary, _ = self._cache_paths(batch)
         if binary is not None and self.save_binary(prg, binary):
             for digest, (name, _) in todo.items():
-                _write_atomic(self._cache_paths(digest)[1], f"{batch} {name}".encode())
+                write_atomic(self._cache_paths(digest)[1], f"{batch} {name}".encode())
 
     def compile(self, program: Program, kernel: Kernel) -> Runner:
         source = program.source
@@ -277,19 +276,11 @@ class CLRuntime(Runtime):
             return False
         if binary:
             binary = bytes(binary)
-            _write_atomic(path, _SEAL + hashlib.sha256(binary).digest() + binary)
+            write_atomic(path, _SEAL + hashlib.sha256(binary).digest() + binary)
         return bool(binary)
 
 
 _SEAL = b"tgrad-cl-binary-1\n"  # what a cached binary starts with, then the sha256 of the rest
-
-
-def _write_atomic(path, data: bytes) -> None:
-    """Write a cache file whole or not at all: another process reads it by name at any time."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # (per writer)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 class QCOMRuntime(CLRuntime):

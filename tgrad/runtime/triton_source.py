@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 from tgrad import config
+from tgrad.cachefiles import write_atomic
 from tgrad.device import cache_dir
 
 _tmp_dir: Path | None = None
@@ -36,9 +36,7 @@ def load_source(source: str, fname: str, interpret: bool):
     folder = _source_dir()
     path = folder / f"k_{digest}.py"
     if not path.exists():
-        tmp = folder / f".k_{digest}.{os.getpid()}.tmp"
-        tmp.write_text(source)
-        os.replace(tmp, path)
+        write_atomic(path, source.encode())
     name = f"tgrad_triton_{digest}_{'interpret' if interpret else 'gpu'}"
     module = sys.modules.get(name)
     if module is None:

@@ -15,7 +15,6 @@ import functools
 import hashlib
 import importlib.util
 import math
-import os
 import pickle
 import sys
 import warnings
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from tgrad import blas, config, emit_numba, emit_numba_conv
+from tgrad.cachefiles import write_atomic
 from tgrad.device import Buffer, Runner, Runtime, cache_dir
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_numba import BlasPlan
@@ -128,10 +128,7 @@ def _write_entry(path: Path | None, entry: dict) -> None:
                           "NUMBA_CPU_FEATURES)", stacklevel=2)
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(pickle.dumps(on_disk(entry)))
-        os.replace(tmp, path)
+        write_atomic(path, pickle.dumps(on_disk(entry)))
     except OSError as e:
         if path.parent not in _UNWRITABLE:
             _UNWRITABLE.add(path.parent)

@@ -312,9 +312,8 @@ class TorchContender(Contender):
 
     def build_gpt(self, wl, d):
         from bench.models import torch_gpt
-        from bench.workloads import GPT_HEADS
 
-        return self._train(torch_gpt(self.torch, d, GPT_HEADS), d["x"], d["y"])
+        return self._train(torch_gpt(self.torch, d, wl.arg[2]), d["x"], d["y"])
 
     def host(self, result) -> np.ndarray:
         return result.detach().numpy()
@@ -481,9 +480,8 @@ class TinygradContender(Contender):
 
     def build_gpt(self, wl, d):
         from bench.models import TinyGPT
-        from bench.workloads import GPT_HEADS
 
-        return self._train(lambda nn, param: TinyGPT(nn, param, d, GPT_HEADS, lambda t: t.gelu()), d)
+        return self._train(lambda nn, param: TinyGPT(nn, param, d, wl.arg[2], lambda t: t.gelu()), d)
 
     def host(self, result) -> np.ndarray:
         return result.numpy()
@@ -749,9 +747,8 @@ class TgradContender(Contender):
 
     def build_gpt(self, wl, d):
         from bench.models import TinyGPT
-        from bench.workloads import GPT_HEADS
 
-        return self._train(lambda nn, param: TinyGPT(nn, param, d, GPT_HEADS, lambda t: t.gelu("tanh")), d)
+        return self._train(lambda nn, param: TinyGPT(nn, param, d, wl.arg[2], lambda t: t.gelu("tanh")), d)
 
     def settle(self, run):
         wait = getattr(self.dev, "wait_for_compiles", None)
@@ -767,9 +764,12 @@ class TgradContender(Contender):
 
 
 def all_contenders(devices: list[str], baselines: list[str], threads: int) -> list[Contender]:
+    from bench.compiled import JaxContender, TorchCompileContender
+
     out: list[Contender] = [TgradContender(d, threads) for d in devices]
     table = {"numpy": NumpyContender, "numba": NumbaHandContender, "torch": TorchContender,
-             "tinygrad": lambda: TinygradContender(threads)}
+             "tinygrad": lambda: TinygradContender(threads), "torch.compile": TorchCompileContender,
+             "jax": JaxContender}
     out += [table[b]() for b in baselines]
     return out
 

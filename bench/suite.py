@@ -28,11 +28,11 @@ from bench.plot import have_matplotlib, plot
 from bench.workloads import Workload, all_workloads, select
 
 TGRAD_DEVICES = ["CPU", "NUMPY", "CL", "WEBGPU", "TRITON"]
-BASELINES = ["numpy", "numba", "torch", "tinygrad"]
+BASELINES = ["numpy", "numba", "torch", "tinygrad", "torch.compile", "jax"]
 ROOT = Path(__file__).resolve().parent.parent
 # the one convention of the table, the JSON (time_vs_numpy / time_vs_torch), the plot and bench/README.md
-CONVENTION = ("time/numpy, time/torch: this row's median time / numpy's, PyTorch's (lower is better: "
-              "0.5 = twice as fast, 2 = twice as slow)")
+CONVENTION = ("time/numpy, time/torch, time/compile: this row's median time / numpy's, PyTorch's, "
+              "torch.compile's (lower is better: 0.5 = twice as fast, 2 = twice as slow)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="", help=f"tgrad devices to try (default {','.join(TGRAD_DEVICES)})")
     p.add_argument("--baselines", default=",".join(BASELINES), help="comma-separated subset of "
                    f"{','.join(BASELINES)} (empty for none)")
+    p.add_argument("--beam", type=int, default=0, metavar="N", help="BEAM=N for tgrad's devices: each "
+                   "kernel's opts searched by timing launches (tgrad/opt/search.py; choices cached on disk)")
     p.add_argument("--threads", type=int, default=2, help="threads for every contender (default 2)")
     p.add_argument("--reps", type=int, default=None, help="timed runs per cell (default 10, quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 2, quick 1)")
@@ -151,10 +153,11 @@ def mode(args: dict) -> str:
     """How the sizes were chosen, for headers and the plot's title: '--quick (element counts x 1/8)'."""
     scale = args.get("size_scale") or 1.0
     flag = "--tiny" if args.get("tiny") else "--quick" if args.get("quick") else "full sizes"
+    beam = f", BEAM={args['beam']}" if args.get("beam") else ""
     if scale == 1.0:
-        return flag
+        return flag + beam
     frac = f"1/{round(1 / scale)}" if scale < 1 and abs(1 / scale - round(1 / scale)) < 1e-9 else f"{scale:g}"
-    return f"{flag} (element counts x {frac})" if flag != "full sizes" else f"--size-scale {frac}"
+    return (f"{flag} (element counts x {frac})" if flag != "full sizes" else f"--size-scale {frac}") + beam
 
 
 def check(wl: Workload, data: dict, got: np.ndarray) -> str | None:
@@ -260,14 +263,15 @@ def predict_ms(done: dict, contender: str, wl: Workload) -> float:
 
 
 def add_ratios(rows: list[dict], references: dict[str, str] | None = None) -> None:
-    """time_vs_numpy / time_vs_torch: this row's median ms / numpy's, PyTorch's (0.5 = half the time;
-    lower is better, see CONVENTION). A workload PyTorch has no row for (mlp_step_jit: no TinyJit) is
-    compared with PyTorch's row of its reference workload (`references`: name -> reference name), marked
-    by `torch_ref`."""
+    """time_vs_numpy / time_vs_torch / time_vs_compile: this row's median ms / numpy's, PyTorch's,
+    torch.compile's (0.5 = half the time; lower is better, see CONVENTION). A workload PyTorch has no row
+    for (mlp_step_jit: no TinyJit) is compared with PyTorch's row of its reference workload (`references`:
+    name -> reference name), marked by `torch_ref`."""
     by = {(r["workload"], r["contender"]): r for r in rows}
     references = references or {}
     for r in rows:
-        for base, key in (("numpy", "time_vs_numpy"), ("torch", "time_vs_torch")):
+        for base, key in (("numpy", "time_vs_numpy"), ("torch", "time_vs_torch"),
+                          ("torch.compile", "time_vs_compile")):
             ref = by.get((r["workload"], base))
             if base == "torch" and not (ref and ref.get("ms")) and references.get(r["workload"]):
                 ref = by.get((references[r["workload"]], base))
@@ -298,8 +302,8 @@ def _ratio(v) -> str:
 def table(rows: list[dict], workloads: list[str], sizes: dict[str, str] | None = None) -> str:
     """The results as a markdown table; `sizes`: workload -> what ran (the size column)."""
     sizes = sizes or {}
-    head = ["workload", "size", "contender", "median ms", "min ms", "time/numpy", "time/torch", "GFLOP/s",
-            "GB/s", "note"]
+    head = ["workload", "size", "contender", "median ms", "min ms", "time/numpy", "time/torch",
+            "time/compile", "GFLOP/s", "GB/s", "note"]
     lines = [head]
     for name in workloads:
         for r in (r for r in rows if r["workload"] == name and r["status"] != "n/a"):
@@ -318,8 +322,8 @@ def table(rows: list[dict], workloads: list[str], sizes: dict[str, str] | None =
             lines.append([
                 name, sizes.get(name, ""), r["contender"], _fmt(r.get("ms"), ".3f"),
                 _fmt(r.get("min_ms"), ".3f"), _ratio(r.get("time_vs_numpy")),
-                _ratio(r.get("time_vs_torch")), _fmt(r.get("gflops"), ".2f"), _fmt(r.get("gbs"), ".2f"),
-                note,
+                _ratio(r.get("time_vs_torch")), _ratio(r.get("time_vs_compile")),
+                _fmt(r.get("gflops"), ".2f"), _fmt(r.get("gbs"), ".2f"), note,
             ])
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head) - 1)]
     out = []
@@ -392,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.show:
         return show_saved(args.show, args.plot, args.plot_all_ratios)
     limiter = set_threads(args.threads)
+    if args.beam:  # (tgrad reads it when it optimizes each kernel: tgrad/config.py)
+        os.environ["BEAM"] = str(args.beam)
     devices = [d.upper() for d in _split(args.device)] or TGRAD_DEVICES
     baselines = _split(args.baselines)
     unknown = set(baselines) - set(BASELINES)
@@ -454,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, [w.name for w in workloads], {w.name: w.size for w in workloads}))
     if args.json_path:
         out = {"convention": {"time_vs_numpy": "this row's median ms / numpy's (lower is better)",
-                              "time_vs_torch": "this row's median ms / PyTorch's (lower is better)"},
+                              "time_vs_torch": "this row's median ms / PyTorch's (lower is better)",
+                              "time_vs_compile": "this row's median ms / torch.compile's (lower is better)"},
                "machine": info, "contenders": status, "args": {k: v for k, v in vars(args).items()
                                                               if k not in ("compile_dirs", "done")},
                "workloads": [{"name": w.name, "size": w.size, "description": w.description, "flops": w.flops,

@@ -175,16 +175,16 @@ def mlp(jit: bool, scale: float = 1.0) -> Workload:
 CNN_BATCH = 128
 
 
-def cnn(scale: float = 1.0) -> Workload:
+def cnn(scale: float = 1.0, batch: int = CNN_BATCH, name: str = "cnn_step") -> Workload:
     """tinygrad's beautiful_mnist CNN: one training step (forward, backward, Adam); TinyJit where there
     is one."""
     from bench.models import cnn_data, cnn_loss_numpy
 
-    batch = _scaled(CNN_BATCH, scale, 2)
+    batch = _scaled(batch, scale, 2)
     # forward multiply-adds per image: the four convs and the head; a step is ~3x the forward
     macs = 24 * 24 * 32 * 25 + 20 * 20 * 32 * 32 * 25 + 8 * 8 * 64 * 32 * 9 + 6 * 6 * 64 * 64 * 9 + 576 * 10
     return Workload(
-        "cnn_step", "cnn", batch, lambda: cnn_data(batch), flops=6 * macs * batch, nbytes=None,
+        name, "cnn", batch, lambda: cnn_data(batch), flops=6 * macs * batch, nbytes=None,
         expected=cnn_loss_numpy, rtol=1e-4, interp_elems=batch * 20 * 20 * 32 * 25, training=True,
         size=f"batch {batch}",
         description=f"beautiful_mnist CNN training step (4 conv, 2 BatchNorm, 2 max_pool), batch {batch}, "
@@ -193,22 +193,27 @@ def cnn(scale: float = 1.0) -> Workload:
 
 
 GPT_BATCH, GPT_CTX, GPT_VOCAB, GPT_WIDTH, GPT_HEADS, GPT_LAYERS = 16, 64, 96, 64, 4, 2
+# the rows' shapes: (batch, context, width, heads, layers); the second is one nobody tuned for (issue 42)
+GPT_SHAPES = {"gpt_step": (GPT_BATCH, GPT_CTX, GPT_WIDTH, GPT_HEADS, GPT_LAYERS),
+              "gpt_4x128_step": (8, 128, 128, 4, 4)}
 
 
-def gpt(scale: float = 1.0) -> Workload:
-    """A 2-block character GPT: one training step (forward, backward, Adam)."""
+def gpt(scale: float = 1.0, name: str = "gpt_step") -> Workload:
+    """A character GPT (GPT_SHAPES[name]): one training step (forward, backward, Adam). `arg` is (batch,
+    context, heads)."""
     from bench.models import gpt_data, gpt_loss_numpy
 
-    batch = _scaled(GPT_BATCH, scale, 2)
-    ctx = GPT_CTX if scale >= 1 / 8 else 16
-    c, v, n = GPT_WIDTH, GPT_VOCAB, GPT_LAYERS
+    batch0, ctx0, c, heads, n = GPT_SHAPES[name]
+    batch = _scaled(batch0, scale, 2)
+    ctx = ctx0 if scale >= 1 / 8 else 16
+    v = GPT_VOCAB
     params = v * c * 2 + n * 12 * c * c
     flops = 6 * batch * ctx * params + n * 6 * batch * ctx * ctx * c * 2  # weights + attention (q@k, p@v)
     return Workload(
-        "gpt_step", "gpt", (batch, ctx), lambda: gpt_data(batch, ctx, v, c, n), flops=flops, nbytes=None,
-        expected=lambda d: gpt_loss_numpy(d, GPT_HEADS), rtol=1e-4,
-        interp_elems=batch * GPT_HEADS * ctx * ctx * 4, training=True, size=f"batch {batch}, ctx {ctx}",
-        description=f"char GPT training step: {n} blocks, width {c}, {GPT_HEADS} heads, context {ctx}, "
+        name, "gpt", (batch, ctx, heads), lambda: gpt_data(batch, ctx, v, c, n), flops=flops, nbytes=None,
+        expected=lambda d: gpt_loss_numpy(d, heads), rtol=1e-4,
+        interp_elems=batch * heads * ctx * ctx * 4, training=True, size=f"batch {batch}, ctx {ctx}",
+        description=f"char GPT training step: {n} blocks, width {c}, {heads} heads, context {ctx}, "
         f"batch {batch}, vocab {v}, Adam; TinyJit for tgrad/tinygrad, eager PyTorch",
     )
 
@@ -258,7 +263,9 @@ def all_workloads(scale: float = 1.0, quick: bool = False) -> list[Workload]:
         mlp(False, scale),
         mlp(True, scale),
         cnn(scale),
+        cnn(scale, 32, "cnn_b32_step"),
         gpt(scale),
+        gpt(scale, "gpt_4x128_step"),
         peak_memory(scale),
         compile_time("cold"),
         compile_time("warm"),

@@ -180,6 +180,44 @@ def test_model_rows_agree_with_torch(tmp_path):
         assert tg["time_vs_torch"] == pytest.approx(tg["ms"] / pt["ms"])
 
 
+def test_compiled_peers_agree_with_torch(tmp_path):
+    """torch.compile (the MLP step) and JAX (jax.jit of the whole step with Adam written out: MLP, CNN,
+    GPT) start from the same weights: the first loss matches numpy's forward pass and the loss after one
+    update PyTorch's eager step (cross_check marks a mismatch 'wrong')."""
+    pytest.importorskip("threadpoolctl")
+    pytest.importorskip("torch")
+    baselines = ["torch", "torch.compile"] + (["jax"] if _has("jax") else [])
+    only = "eager_mlp_step,mlp_step_jit" + (",cnn_step,gpt_step" if _has("jax") else "")
+    res = run_bench(tmp_path, "--only", only, "--device", "NUMPY", "--baselines", ",".join(baselines),
+                    "--threads", "1", "--reps", "1")
+    rows = {(r["workload"], r["contender"]): r for r in res["results"]}
+    checked = [("mlp_step_jit", "torch.compile")]
+    if _has("jax"):
+        checked += [(wl, "jax") for wl in ("mlp_step_jit", "cnn_step", "gpt_step")]
+    for wl, contender in checked:
+        r = rows[(wl, contender)]
+        want = rows[("eager_mlp_step" if wl == "mlp_step_jit" else wl, "torch")]
+        assert r["status"] == "ok", r
+        np.testing.assert_allclose(r["losses"], want["losses"], rtol=2e-3)
+        assert r["losses"][1] < r["losses"][0]
+    # what a compiled peer does not run says why
+    assert rows[("eager_mlp_step", "torch.compile")]["status"] == "n/a"
+
+
+def test_beam_flag_searches_and_says_so(tmp_path, monkeypatch):
+    """--beam 2: tgrad's kernels are searched (BEAM=2 reaches tgrad's optimizer: its choices land in the
+    kernel cache's beam/), the values stay right and the header and the JSON's args say so."""
+    monkeypatch.setenv("TGRAD_CACHE", str(tmp_path / "cache"))
+    out: list = []
+    res = run_bench(tmp_path, "--only", "softmax", "--device", "CPU", "--baselines", "numpy", "--beam", "2",
+                    "--reps", "1", stdout=out)
+    assert "BEAM=2" in out[0].splitlines()[0]
+    assert res["args"]["beam"] == 2
+    row = next(r for r in res["results"] if r["contender"] == "tgrad CPU")
+    assert row["status"] == "ok", row
+    assert list((tmp_path / "cache").rglob("beam/*.json")), "no kernel was searched"
+
+
 def test_cross_check_catches_a_wrong_step():
     from bench.suite import cross_check
     from bench.workloads import gpt, mlp
@@ -202,7 +240,24 @@ def test_cross_check_catches_a_wrong_step():
 def test_old_row_names_still_select():
     names = [w.name for w in select(all_workloads(), ["mlp_step", "conv2d_fwd_bwd"])]
     assert names == ["conv2d_fwd_bwd", "eager_mlp_step", "mlp_step_jit"]
-    assert [w.name for w in select(all_workloads(), ["cnn", "gpt"])] == ["cnn_step", "gpt_step"]
+    # a kind names every row of it; a row's name only that row (cnn_step is not cnn_b32_step's prefix)
+    assert [w.name for w in select(all_workloads(), ["cnn", "gpt"])] == \
+        ["cnn_step", "cnn_b32_step", "gpt_step", "gpt_4x128_step"]
+    assert [w.name for w in select(all_workloads(), ["cnn_step", "gpt_step"])] == ["cnn_step", "gpt_step"]
+
+
+def test_second_model_shapes():
+    """Issue 42's rows at shapes nobody tuned for: the CNN at batch 32, a 4-layer width-128 GPT at context
+    128 (4 heads); the numpy reference loss follows the shape (heads from the workload)."""
+    from bench.workloads import cnn, gpt
+
+    c = cnn(1.0, 32, "cnn_b32_step")
+    assert c.arg == 32 and c.make()["x"].shape == (32, 1, 28, 28)
+    g = gpt(1.0, "gpt_4x128_step")
+    assert g.arg == (8, 128, 4)
+    d = g.make()
+    assert d["x"].shape == (8, 128) and d["wte"].shape[1] == 128
+    assert sum(k.endswith(".ln1w") for k in d) == 4
 
 
 def test_plot_ratios_or_skip(tmp_path, monkeypatch, capsys):

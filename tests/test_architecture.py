@@ -215,3 +215,29 @@ def test_a_new_primitive_op_touches_six_files():
         assert op in REFERENCE, op
         for table in (emit_numba.code_for_op, emit_cstyle.code_for_op, emit_triton.code_for_op):
             assert op.value in table, op
+
+
+# The import-time hook slots left, each one a real cycle between what a Tensor method needs and a module
+# that needs Tensor: backward() computes through replay.py's TinyJit programs (jit.py needs tensor.py).
+# A new one needs a reason this strong and an entry here.
+HOOK_SLOTS = {("tgrad/__init__.py", "tensor.BACKWARD_REPLAY")}
+
+
+def test_no_new_import_time_hook_slots():
+    """No module sets another module's attribute when it is imported (a hook slot: the path through the
+    code cannot be followed by reading), but those in HOOK_SLOTS."""
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = set()
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in imported:
+                    found.add((str(path.relative_to(ROOT)), f"{t.value.id}.{t.attr}"))
+    assert found == HOOK_SLOTS, f"import-time hook slots: {sorted(found - HOOK_SLOTS)} new, " \
+        f"{sorted(HOOK_SLOTS - found)} gone (update HOOK_SLOTS)"

@@ -202,7 +202,9 @@ def test_cross_check_catches_a_wrong_step():
 def test_old_row_names_still_select():
     names = [w.name for w in select(all_workloads(), ["mlp_step", "conv2d_fwd_bwd"])]
     assert names == ["conv2d_fwd_bwd", "eager_mlp_step", "mlp_step_jit"]
-    assert [w.name for w in select(all_workloads(), ["cnn", "gpt"])] == ["cnn_step", "gpt_step"]
+    models = [w.name for w in select(all_workloads(), ["cnn", "gpt"])]
+    assert models == ["cnn_step", "gpt_step", "gpt2_decode", "gpt2_prefill"]
+    assert [w.name for w in select(all_workloads(), ["gpt_step", "gpt2_p"])] == ["gpt_step", "gpt2_prefill"]
 
 
 def test_plot_ratios_or_skip(tmp_path, monkeypatch, capsys):

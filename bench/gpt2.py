@@ -64,8 +64,9 @@ def _status() -> dict[str, float]:
 
 def peak_rss(contender: str, kind: str, d: dict) -> dict[str, float]:
     """{'peak_rss_mib': the peak resident set of a new process that loads the model and runs the workload
-    once, 'model_rss_mib': its resident set after loading}; {} for a contender with no such run. A process
-    of its own: in the suite's process both libraries and every earlier row share one high-water mark."""
+    once, 'model_rss_mib': its resident set after loading, 'run_peak_mib': the run's peak above that}; {}
+    for a contender with no such run. A process of its own: in the suite's process both libraries and every
+    earlier row share one high-water mark."""
     framework = "torch" if contender == "torch" else contender.split()[1] if contender.startswith("tgrad ") \
         else None
     if framework is None or not sys.platform.startswith("linux"):
@@ -85,11 +86,18 @@ def _probe(framework: str, phase: str, which: str) -> None:
         run = torch_decode(d) if phase == "decode" else torch_prefill(d)
     else:
         run = tgrad_decode(framework, d) if phase == "decode" else tgrad_prefill(framework, d)
-    loaded = _status()["VmRSS"]
+    loaded = _status()
+    try:  # the high-water mark from here on: the run's own peak (Linux resets it on "5")
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
     result = run()
     if hasattr(result, "realize"):
         result.realize()
-    print(json.dumps({"peak_rss_mib": round(_status()["VmHWM"], 1), "model_rss_mib": round(loaded, 1)}))
+    after = _status()
+    print(json.dumps({"peak_rss_mib": round(max(loaded["VmHWM"], after["VmHWM"]), 1),
+                      "model_rss_mib": round(loaded["VmRSS"], 1),
+                      "run_peak_mib": round(after["VmHWM"] - loaded["VmRSS"], 1)}))
 
 
 def tgrad_decode(device: str, d: dict):

@@ -319,7 +319,8 @@ def table(rows: list[dict], workloads: list[str], sizes: dict[str, str] | None =
                     peak += f" device, {r['host_peak_mib']:.1f} MiB host"
                 note = peak + (f"; {note}" if note else "")
             if r.get("peak_rss_mib") is not None:
-                rss = f"peak RSS {r['peak_rss_mib']:.0f} MiB ({r['model_rss_mib']:.0f} after loading)"
+                rss = (f"peak RSS {r['peak_rss_mib']:.0f} MiB ({r['model_rss_mib']:.0f} after loading, "
+                       f"the run +{r.get('run_peak_mib', float('nan')):.0f})")
                 note = rss + (f"; {note}" if note else "")
             lines.append([
                 name, sizes.get(name, ""), r["contender"], _fmt(r.get("ms"), ".3f"),

@@ -193,3 +193,28 @@ def test_the_example_runs_end_to_end(tmp_path, capsys):
     assert result["prefill_ms"] > 0 and result["decode_tokens_per_s"] > 0
     printed = capsys.readouterr().out
     assert " ".join(map(str, result["tokens"])) in printed and "decode" in printed
+
+
+def test_the_example_takes_text_through_a_tokenizer_json(tmp_path, capsys):
+    """--prompt TEXT with a tokenizer.json in the model directory: encoded by `tokenizers`, and the
+    streamed tokens printed as text (a word-level tokenizer made here; GPT-2's is the same file format)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    spec = importlib.util.spec_from_file_location("gpt2_example_text", ROOT / "examples" / "gpt2.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model_dir = tmp_path / "model"
+    make_checkpoint(model_dir, layers=1)
+    words = [f"w{i}" for i in range(VOCAB)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(model_dir / "tokenizer.json"))
+    out = tmp_path / "out.json"
+    example.main(["--model", str(model_dir), "--prompt", "w5 w17 w33", "--max-new-tokens", "6", "--greedy",
+                  "--warmup", "0", "--json", str(out)])
+    tokens = json.loads(out.read_text())["tokens"]
+    assert tokens[:3] == [5, 17, 33] and len(tokens) == 9
+    want = GPT2.from_pretrained(model_dir).generate([[5, 17, 33]], 6)[0].tolist()
+    assert tokens == want
+    printed = capsys.readouterr().out
+    assert "w5 w17 w33" in printed and all(f"w{t}" in printed for t in tokens[3:])

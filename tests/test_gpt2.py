@@ -218,3 +218,16 @@ def test_the_example_takes_text_through_a_tokenizer_json(tmp_path, capsys):
     assert tokens == want
     printed = capsys.readouterr().out
     assert "w5 w17 w33" in printed and all(f"w{t}" in printed for t in tokens[3:])
+
+
+def test_a_sharded_checkpoint_loads(tmp_path):
+    """save_pretrained(max_shard_size=...) writes model.safetensors.index.json and several files."""
+    ref = make_checkpoint(tmp_path / "one", layers=2)
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    ids, mask = padded_batch()
+    got = GPT2.from_pretrained(tmp_path / "sharded")(ids, attention_mask=mask).numpy()
+    want = reference_logits(ref, ids, mask)
+    keep = mask == 1
+    np.testing.assert_allclose(got[keep], want[keep], rtol=1e-4, atol=1e-4 * np.abs(want).max())

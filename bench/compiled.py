@@ -108,6 +108,11 @@ class TorchCompileContender(TorchContender):
 
         return step
 
+    def build_gpt2_decode(self, wl, d):
+        raise NotApplicable("transformers' generate runs eagerly here (the torch row)")
+
+    build_gpt2_prefill = build_gpt2_decode
+
     def compile_probe(self, phase: str, cache):
         raise NotApplicable("not measured for torch.compile (its first steps compile for tens of seconds)")
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import gpt2
 from bench.workloads import Workload
 
 # a node-by-node interpreter above this many elements in one intermediate needs > 1 GiB per array
@@ -315,6 +316,12 @@ class TorchContender(Contender):
 
         return self._train(torch_gpt(self.torch, d, wl.arg[2]), d["x"], d["y"])
 
+    def build_gpt2_decode(self, wl, d):
+        return gpt2.torch_decode(d)
+
+    def build_gpt2_prefill(self, wl, d):
+        return gpt2.torch_prefill(d)
+
     def host(self, result) -> np.ndarray:
         return result.detach().numpy()
 
@@ -484,7 +491,7 @@ class TinygradContender(Contender):
         return self._train(lambda nn, param: TinyGPT(nn, param, d, wl.arg[2], lambda t: t.gelu()), d)
 
     def host(self, result) -> np.ndarray:
-        return result.numpy()
+        return result.numpy() if hasattr(result, "numpy") else np.asarray(result)
 
     def compile_probe(self, phase: str, cache: Path) -> float:
         env = dict(tinygrad_env(self.threads), CACHEDB=str(cache / "tinygrad.db"))
@@ -750,13 +757,20 @@ class TgradContender(Contender):
 
         return self._train(lambda nn, param: TinyGPT(nn, param, d, wl.arg[2], lambda t: t.gelu("tanh")), d)
 
+    def build_gpt2_decode(self, wl, d):
+        return gpt2.tgrad_decode(self.device, d)  # (tokens come back to the host at every step)
+
+    def build_gpt2_prefill(self, wl, d):
+        run = gpt2.tgrad_prefill(self.device, d)
+        return lambda: self._sync(run())
+
     def settle(self, run):
         wait = getattr(self.dev, "wait_for_compiles", None)
         if wait is not None and self.dev.pool.live and wait():
             run()
 
     def host(self, result) -> np.ndarray:
-        return result.numpy()
+        return result.numpy() if hasattr(result, "numpy") else np.asarray(result)
 
     def compile_probe(self, phase: str, cache: Path) -> float:
         env = {"DEVICE": self.device, "TGRAD_CACHE": str(cache), "NUMBA_NUM_THREADS": str(self.threads)}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import gpt2
 from bench.contenders import Contender, NotApplicable, Skip, Unavailable, all_contenders, software_name, timed
 from bench.plot import have_matplotlib, plot
 from bench.workloads import Workload, all_workloads, select
@@ -210,6 +211,8 @@ def measure(c: Contender, wl: Workload, data: dict, args) -> dict:
             row["times_ms"] = times
             if wl.kind == "peak_memory":
                 row.update(c.peak(run))
+            elif wl.kind.startswith("gpt2"):
+                row.update(gpt2.peak_rss(c.name, wl.kind, data))
     except NotApplicable as e:
         return dict(row, status="n/a", reason=str(e))
     except Skip as e:
@@ -319,6 +322,10 @@ def table(rows: list[dict], workloads: list[str], sizes: dict[str, str] | None =
                 if r.get("host_peak_mib") is not None:
                     peak += f" device, {r['host_peak_mib']:.1f} MiB host"
                 note = peak + (f"; {note}" if note else "")
+            if r.get("peak_rss_mib") is not None:
+                rss = (f"peak RSS {r['peak_rss_mib']:.0f} MiB ({r['model_rss_mib']:.0f} after loading, "
+                       f"the run +{r.get('run_peak_mib', float('nan')):.0f})")
+                note = rss + (f"; {note}" if note else "")
             lines.append([
                 name, sizes.get(name, ""), r["contender"], _fmt(r.get("ms"), ".3f"),
                 _fmt(r.get("min_ms"), ".3f"), _ratio(r.get("time_vs_numpy")),
@@ -408,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and not args.only:
         # the model steps cost minutes of first-run compiles on the default devices (CL ~40 s per model,
         # tinygrad ~20 s): --quick leaves them out unless --only names them
-        workloads = [w for w in workloads if w.kind not in ("cnn", "gpt")]
-        print("--quick: cnn_step and gpt_step left out (--only cnn_step,gpt_step runs them)", file=sys.stderr)
+        workloads = [w for w in workloads if w.kind not in ("cnn", "gpt") and not w.kind.startswith("gpt2")]
+        print("--quick: cnn_step, gpt_step and the gpt2 rows left out (--only cnn_step,gpt runs them)",
+              file=sys.stderr)
     if not workloads:
         print(f"--only {args.only!r} matches no workload", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ MB = 1 << 20
 @dataclass
 class Workload:
     name: str
-    kind: str  # elementwise softmax reduce matmul conv mlp mlp_jit cnn gpt peak_memory compile
+    kind: str  # elementwise softmax reduce matmul conv mlp mlp_jit cnn gpt gpt2_* peak_memory compile
     arg: object
     make: Callable[[], dict[str, np.ndarray]] = field(repr=False)
     flops: float | None = None
@@ -218,6 +218,31 @@ def gpt(scale: float = 1.0, name: str = "gpt_step") -> Workload:
     )
 
 
+def gpt2(phase: str, scale: float = 1.0) -> Workload:
+    """GPT-2 inference from a random checkpoint of GPT-2 124M's shape (bench/gpt2.py): generate (batch 1,
+    a 32-token prompt, 128 new tokens, greedy, KV cache) or prefill (batch 8 x 128 tokens, the last
+    position's logits). Below full size (--quick, --tiny) a 2-layer, width-128 model."""
+    from bench import gpt2 as g
+
+    size = g.FULL if scale >= 1 else g.SMALL
+    batch, prompt, new = g.shape(phase)
+    model = "124M" if size is g.FULL else "{layers}x{width}".format(**size)
+
+    tokens = batch * (prompt + new)
+    what = (f"generate {new} tokens after a {prompt}-token prompt (greedy, KV cache; tokens must equal "
+            "transformers'), batch 1" if phase == "decode" else
+            f"prefill {batch} x {prompt} tokens, the last position's logits")
+    return Workload(
+        f"gpt2_{phase}", f"gpt2_{phase}", phase, lambda: g.inputs(size, phase),
+        flops=2 * g.params(size) * tokens, nbytes=None,
+        expected=g.expected_decode if phase == "decode" else g.expected_prefill,
+        rtol=0 if phase == "decode" else 1e-4,
+        size=f"{model}, batch {batch}, prompt {prompt}" + (f", {new} new" if new else ""),
+        description=f"GPT-2 {model} (random weights): {what}; tgrad.models.gpt2 against transformers' "
+        "GPT2LMHeadModel (PyTorch eager); peak RSS of a process that loads the model and runs it once",
+    )
+
+
 PEAK_COLS = 16384
 
 
@@ -266,6 +291,8 @@ def all_workloads(scale: float = 1.0, quick: bool = False) -> list[Workload]:
         cnn(scale, 32, "cnn_b32_step"),
         gpt(scale),
         gpt(scale, "gpt_4x128_step"),
+        gpt2("decode", scale),
+        gpt2("prefill", scale),
         peak_memory(scale),
         compile_time("cold"),
         compile_time("warm"),

@@ -91,7 +91,9 @@ def progress(steps: int, quiet: bool):
 def generate(model: GPT, stoi: dict, itos: list, prompt: str, n: int, temperature: float,
              rng: np.random.Generator) -> str:
     """Sample n characters after prompt. The model always sees a full window of ctx characters (the
-    text so far, left-padded with newlines), so every call has one shape: its kernels compile once."""
+    text so far, left-padded with newlines), so every call has one shape: its kernels compile once.
+    (tgrad.models.gpt2's KV cache does not fit: the sample is longer than the context and the positions
+    are absolute, so once the window slides every cached key belongs to another position.)"""
     ids = [stoi.get(c, stoi["?"]) for c in prompt]
     pad = stoi["\n"]
     with Tensor.no_grad:

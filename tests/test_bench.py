@@ -241,9 +241,10 @@ def test_old_row_names_still_select():
     names = [w.name for w in select(all_workloads(), ["mlp_step", "conv2d_fwd_bwd"])]
     assert names == ["conv2d_fwd_bwd", "eager_mlp_step", "mlp_step_jit"]
     # a kind names every row of it; a row's name only that row (cnn_step is not cnn_b32_step's prefix)
-    assert [w.name for w in select(all_workloads(), ["cnn", "gpt"])] == \
-        ["cnn_step", "cnn_b32_step", "gpt_step", "gpt_4x128_step"]
+    models = [w.name for w in select(all_workloads(), ["cnn", "gpt"])]
+    assert models == ["cnn_step", "cnn_b32_step", "gpt_step", "gpt_4x128_step", "gpt2_decode", "gpt2_prefill"]
     assert [w.name for w in select(all_workloads(), ["cnn_step", "gpt_step"])] == ["cnn_step", "gpt_step"]
+    assert [w.name for w in select(all_workloads(), ["gpt_step", "gpt2_p"])] == ["gpt_step", "gpt2_prefill"]
 
 
 def test_second_model_shapes():

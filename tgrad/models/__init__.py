@@ -1,0 +1,1 @@
+"""Pretrained model architectures read from their published checkpoint formats (tgrad.models.gpt2)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import autodiff, inplace
+from tgrad import autodiff, inplace, symbolic
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, check_memory, get_runtime, out_of_memory
@@ -53,6 +53,9 @@ _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
+
+
+_SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives: symbolic.py)
 
 
 def pending_assigns() -> list[Tensor]:
@@ -187,6 +190,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     ):
         if isinstance(data, Node):  # an op's result: no device lookup (it reads the environment)
             node = data
+        elif isinstance(data, symbolic.BoundVariable):  # its value, a 0-d int32 tensor read at launch
+            node = data.node(Device.canonicalize(device))
+            if dtype is not None:
+                node = g.cast(node, _dtype_on(dtypes.from_any(dtype), node.device))
         else:
             device = Device.canonicalize(device)
             dtype = dtypes.from_any(dtype) if dtype is not None else None
@@ -216,7 +223,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.node.shape
+        """The sizes of the axes; an axis whose extent is a bound Variable shows it (symbolic.py)."""
+        return self.node.shape if not _SYM_DATA else symbolic.shape_of(self.node)
 
     @property
     def dtype(self) -> DType:
@@ -333,10 +341,16 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if is_leaf and self.node.op is not Op.BUFFER and self.node.realized:
             if self._requires_grad:
                 self._remember(self.node)
-            self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
+            sym = symbolic.of(self.node)
+            self.node = g.Node.from_buffer(self.node.buffer, self.node.shape, self.dtype, self.device)
+            symbolic.register(self.node, sym)
             inplace.rebase(self, self.node)  # (its views too: a gradient through one reaches this node)
 
     def numpy(self) -> np.ndarray:
+        if _SYM_DATA and symbolic.of(self.node) is not None:  # its axes cut to their variables' values
+            cut = symbolic.concrete(self.node)
+            if cut is not self.node:
+                return Tensor(cut).numpy()
         out = np.array(inplace.to_numpy(self.node, lambda: self.node), copy=True)
         self._drop_history()
         return out
@@ -665,6 +679,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         if not all(isinstance(s, (int, np.integer)) for s in shape):
+            if all(isinstance(s, (int, np.integer, symbolic.BoundVariable)) for s in shape):
+                return tuple(s if isinstance(s, symbolic.BoundVariable) else int(s) for s in shape)
             raise ShapeError(f"a shape is a sequence of ints, got {shape}")
         out = tuple(int(s) for s in shape)
         if any(s < 0 for s in out):
@@ -676,7 +692,12 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
         device = Device.canonicalize(device)
         dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value), device)
-        t = Tensor(g.const(check_fits(fill_value, dt, "full", strict_float=True), dt, device, shape))
+        fill = check_fits(fill_value, dt, "full", strict_float=True)
+        node = g.const(fill, dt, device, symbolic.physical(shape))
+        for axis, s in enumerate(shape):  # an axis of a variable's extent (symbolic.py)
+            if isinstance(s, symbolic.BoundVariable):
+                node = symbolic.extent(node, axis, s)
+        t = Tensor(node)
         if requires_grad is not None:
             t.requires_grad = requires_grad
         return t
@@ -736,6 +757,11 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
         if stop is None:
             start, stop = 0, start
+        if isinstance(stop, symbolic.BoundVariable):  # 0, 1, ..., v - 1 (symbolic.py)
+            if start != 0 or step != 1:
+                raise ArgumentError(f"arange: a variable stop ({stop}) takes start 0 and step 1")
+            t = Tensor.arange(stop.max, dtype=dtype or dtypes.int32, device=device)
+            return Tensor(symbolic.extent(t.node, 0, stop))
         if step == 0:
             raise ArgumentError("arange: step must not be zero")
         all_int = all(isinstance(v, int) for v in (start, stop, step))

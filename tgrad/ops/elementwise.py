@@ -23,9 +23,13 @@ from tgrad.ops.numerics import (
     _rounded_quotient,
     _true_divide,
 )
+from tgrad.symbolic import BoundVariable
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
+
+
+_SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
 
 
 class ElementwiseOps:
@@ -34,7 +38,7 @@ class ElementwiseOps:
     __slots__ = ()
 
     def _const(self, value: Scalar, dtype: DType | None = None) -> Tensor:
-        return type(self)(g.const(value, dtype or self.dtype, self.device, self.shape))
+        return type(self)(g.const(value, dtype or self.dtype, self.device, self.node.shape))
 
     def _broadcasted(self, y, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
         x = self
@@ -66,9 +70,12 @@ class ElementwiseOps:
 
     def _expand_to(self, shape: tuple[int, ...]) -> Tensor:
         """_broadcast_to for a shape that _broadcast_shape made from this tensor's (nothing to check)."""
-        node, steps = self.node, ((Op.EXPAND, shape),)
+        node = self.node
         if node.shape == shape:
             return self
+        if _SYM_DATA:  # a variable's extent is its max in the graph (symbolic.py)
+            shape = tuple(s.max if isinstance(s, BoundVariable) else s for s in shape)
+        steps = ((Op.EXPAND, shape),)
         if len(shape) != len(node.shape):
             lead = (1,) * (len(shape) - len(node.shape)) + node.shape
             node, steps = g.move(node, Op.RESHAPE, lead), ((Op.RESHAPE, lead),) + steps

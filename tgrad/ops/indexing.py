@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tgrad import autodiff, inplace
+from tgrad import autodiff, inplace, symbolic
 from tgrad import realize as driver
 from tgrad.dtype import check_fits, dtypes
 from tgrad.errors import ArgumentError, DTypeError, IndexRangeError, ShapeError
 from tgrad.graph import Node, Op, move
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
+from tgrad.symbolic import BoundVariable
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -97,7 +98,10 @@ class IndexingOps:
         """Basic indexing (ints, slices with steps, None, ...) is a view; integer tensors, lists and bool
         masks gather (PyTorch's advanced indexing: index tensors broadcast together; their result dims go
         where the first one stood when they are adjacent, else first)."""
-        index = self._index_tensors(index if isinstance(index, tuple) else (index,))
+        index = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(v, slice) and isinstance(v.stop, BoundVariable) for v in index):
+            return symbolic.getitem(self, index)  # cache[:, :, :pos] (symbolic.py)
+        index = self._index_tensors(index)
         n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
         if n_real > self.ndim:
             raise IndexRangeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")

@@ -99,6 +99,12 @@ class BoundVariable:
     __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = _refuse
     __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _refuse
 
+    def __eq__(self, other) -> bool:  # (the same variable bound to the same value twice: one extent)
+        return isinstance(other, BoundVariable) and other.var.key == self.var.key and other._val == self._val
+
+    def __hash__(self) -> int:
+        return hash((self.var.key, self._val))
+
     def __repr__(self) -> str:
         return f"<{self.var.name}[{self.var.min}-{self.var.max}]={self._val}>"
 
@@ -187,7 +193,7 @@ def _identity(kind: str, dtype: DType):
 
 
 def _same(a, b) -> bool:
-    return a is b or a.var is b.var and a._val == b._val
+    return a == b
 
 
 def derive(op: Op, srcs: tuple, arg, shape: tuple[int, ...]) -> tuple[tuple, tuple | None]:
@@ -235,7 +241,10 @@ def _moved(op: Op, old: tuple, arg, new: tuple, sym: tuple) -> tuple | None:
                 continue
             if op is Op.SHRINK and arg[i] == (0, v._val) and driver.RECORDER is None:
                 out[i] = None  # cut to its value: a concrete axis (outside TinyJit: the value is fixed here)
-            elif op is Op.FLIP and i in arg or op is not Op.FLIP and tuple(arg[i]) != (0, old[i]):
+                continue
+            whole = (0, 0) if op is Op.PAD else (0, old[i])
+            keeps = i not in arg if op is Op.FLIP else tuple(arg[i]) == whole
+            if not keeps:
                 raise ShapeError(f"{op.name.lower()} of the axis {i} whose extent is the variable {v} is not "
                                  "supported")
         return tuple(out)
@@ -259,7 +268,12 @@ def concrete(node: Node) -> Node:
     if sym is None:
         return node
     cut = tuple((0, s) if v is None else (0, v._val) for s, v in zip(node.shape, sym))
-    return g.move(node, Op.SHRINK, cut)
+    out = g.move(node, Op.SHRINK, cut)
+    if out is node:  # every value at its max: the same elements, as a node of its own without variables
+        zero = g.const(False if node.dtype == dtypes.bool else 0, node.dtype, node.device, node.shape)
+        out = g.alu(Op.OR if node.dtype == dtypes.bool else Op.ADD, node, zero)
+        SYM.pop(out, None)
+    return out
 
 
 def bound_in(values) -> dict:
@@ -332,7 +346,10 @@ def reshape(t, shape):
                              "variables' values would be frozen in the capture; keep the variables in the "
                              "shape")
         return t._from(concrete(t.node), t).reshape(shape)
-    out = t.reshape(physical(shape))
+    phys = physical(shape)
+    if -1 in phys or g.prod(phys) != g.prod(t.node.shape) or min(phys, default=0) < 0:
+        raise ShapeError(f"reshape: cannot reshape {t.shape} to {tuple(shape)}")
+    out = t._from(g.move(t.node, Op.RESHAPE, phys), t)
     got = of(out.node) or (None,) * len(shape)
     for j, s in enumerate(shape):
         want = s if isinstance(s, BoundVariable) else None
@@ -374,6 +391,35 @@ def getitem(t, index: tuple):
     x = shrink(t, tuple(arg))
     plain = tuple(slice(None) if isinstance(v.stop, BoundVariable) else v for v in index)
     return x if all(v == slice(None) for v in plain) else x[plain]
+
+
+def indexable(t, index: tuple):
+    """t, where `index` (normalized: one entry per axis, None for new axes) keeps every symbolic axis
+    whole (`:`); else t cut to its variables' values (outside TinyJit), which ints and slices then index
+    as usual (tinygrad's `out[:3, :i]`)."""
+    sym = of(t.node)
+    real = [v for v in index if v is not None]
+    if all(s is None or isinstance(v, slice) and v == slice(None) for v, s in zip(real, sym)):
+        return t
+    if driver.RECORDER is not None:
+        raise ShapeError(f"indexing {t.shape} with {index} inside a TinyJit function: an axis whose extent "
+                         "is a variable takes only ':' there (its value would be frozen in the capture)")
+    return t._from(concrete(t.node), t)
+
+
+def mean(t, axes: tuple[int, ...], keepdim: bool):
+    """t.mean(axes) where some reduced axes are variables: the sum divided by the count, which reads the
+    variables' values at launch."""
+    total = t.sum(axes, keepdim)
+    count, known = None, 1
+    for a in axes:
+        s = t.shape[a]
+        if isinstance(s, BoundVariable):
+            n = type(t)(s, device=t.device).cast(total.dtype)
+            count = n if count is None else count * n
+        else:
+            known *= s
+    return total / (count * known)
 
 
 g.SYM_RULE = derive

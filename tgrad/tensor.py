@@ -348,9 +348,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     def numpy(self) -> np.ndarray:
         if _SYM_DATA and symbolic.of(self.node) is not None:  # its axes cut to their variables' values
-            cut = symbolic.concrete(self.node)
-            if cut is not self.node:
-                return Tensor(cut).numpy()
+            return Tensor(symbolic.concrete(self.node)).numpy()
         out = np.array(inplace.to_numpy(self.node, lambda: self.node), copy=True)
         self._drop_history()
         return out
@@ -477,6 +475,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         """Replace this tensor's value (x broadcast to its shape and cast to its dtype, as PyTorch's copy_);
         writes into its buffer when it has one."""
         x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
+        if _SYM_DATA and symbolic.of(self.node) is not None:
+            raise ShapeError(f"assign: writing into a tensor of symbolic shape {self.shape} is not "
+                             "supported; write the whole buffer (where() over arange(n) == variable)")
         if x.shape != self.shape:
             pairs = zip(x.shape[::-1], self.shape[::-1])
             if len(x.shape) > self.ndim or any(a not in (1, b) for a, b in pairs):

@@ -46,7 +46,8 @@ class ElementwiseOps:
         if dtype is None:  # the common cases first: every op of a model's step passes through here
             if isinstance(y, type(self)):
                 yn = y.node
-                if yn.shape == xn.shape and yn.dtype is xn.dtype and yn.device == xn.device:
+                if yn.shape == xn.shape and yn.dtype is xn.dtype and yn.device == xn.device and (
+                        not _SYM_DATA or g.SYM.get(xn) == g.SYM.get(yn)):  # (symbolic axes: compared below)
                     return (y, x) if reverse else (x, y)
             elif type(y) is float and xn.dtype.kind == "f" or type(y) is int and xn.dtype.kind in "iuf":
                 y = type(self)(g.const(y, xn.dtype, xn.device, xn.shape))

@@ -13,6 +13,7 @@ from tgrad import autodiff, inplace, symbolic
 from tgrad import realize as driver
 from tgrad.dtype import check_fits, dtypes
 from tgrad.errors import ArgumentError, DTypeError, IndexRangeError, ShapeError
+from tgrad.graph import SYM as g_SYM
 from tgrad.graph import Node, Op, move
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
 from tgrad.symbolic import BoundVariable
@@ -47,6 +48,9 @@ def _scatter_add(out: np.ndarray, axis: int, ids: np.ndarray, values: np.ndarray
     pre, post = out.shape[:axis], out.shape[axis + 1 :]
     grouped = values.reshape(*pre, flat.size, *post)[lead + (order,)]
     out[lead + (rows[starts],)] += np.add.reduceat(grouped, starts, axis=axis)
+
+
+_SYM_DATA = g_SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
 
 
 class IndexingOps:
@@ -111,13 +115,17 @@ class IndexingOps:
             pos = next(i for i, v in enumerate(index) if v is Ellipsis)
             index = index[:pos] + (slice(None),) * (self.ndim - n_real) + index[pos + 1 :]
         index = index + (slice(None),) * (self.ndim - sum(1 for v in index if v is not None))
+        if _SYM_DATA and symbolic.of(self.node) is not None:  # an index into a symbolic axis (symbolic.py)
+            cut = symbolic.indexable(self, index)
+            if cut is not self:
+                return cut[index]
         x, axis, out_shape, gathers = self, 0, [], []
         shrink, flips, steps = [], [], []
         for v in index:
             if v is None:
                 out_shape.append(("new",))
                 continue
-            n = self.shape[axis]
+            n = self.node.shape[axis]
             if isinstance(v, type(self)):
                 gathers.append((axis, v))
                 shrink.append((0, n))

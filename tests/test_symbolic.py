@@ -175,3 +175,19 @@ def test_unsupported_uses_raise(device):
 
     with pytest.raises(JitError, match="value of variable 'i' was read inside a TinyJit"):
         reads_value(a, v)
+
+
+@pytest.mark.parametrize("n", [3, 10])
+def test_gradient_through_a_symbolic_slice_matches_torch(device, n):
+    import torch
+
+    v = Variable("i", 1, 10).bind(n)
+    x = Tensor(A, device=device, requires_grad=True)
+    y = (x[:, :v].softmax(1) * Tensor.arange(v, device=device).float()).mean()
+    y.backward()
+    t = torch.tensor(A, requires_grad=True)
+    ty = (t[:, :n].softmax(1) * torch.arange(n).float()).mean()
+    ty.backward()
+    assert x.grad.shape == (3, 10)
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), atol=1e-6, rtol=1e-5)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tgrad import autodiff
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.dtype import DType, dtypes
@@ -176,10 +177,35 @@ def extent(node: Node, axis: int, bv: BoundVariable) -> Node:
     sym = list(of(node) or (None,) * len(node.shape))
     if sym[axis] is not None and sym[axis] is not bv:
         raise ShapeError(f"axis {axis} already has the extent {sym[axis]}, not {bv}")
-    zero = False if node.dtype == dtypes.bool else 0
-    out = _fill(node, axis, bv, zero)
-    sym[axis] = bv
-    return register(out, sym)
+    inside = _inside(node.shape, axis, bv, node.device)
+    zero = g.const(False if node.dtype == dtypes.bool else 0, node.dtype, node.device, node.shape)
+    value = register(g.alu(Op.WHERE, inside, node, zero), sym[:axis] + [bv] + sym[axis + 1:])
+    # the gradient that reaches node (a tensor of no variable on axis) has none there either
+    return autodiff.custom_gradient(value, (node,), _extent_gradient(inside, axis), "extent")
+
+
+def _extent_gradient(inside: Node, axis: int):
+    def rule(grad: Node) -> tuple[Node]:
+        zero = g.const(False if grad.dtype == dtypes.bool else 0, grad.dtype, grad.device, grad.shape)
+        out = g.alu(Op.WHERE, inside, grad, zero)
+        sym = of(out)
+        if sym is not None:
+            rest = sym[:axis] + (None,) + sym[axis + 1:]
+            if any(v is not None for v in rest):
+                SYM[out] = rest
+            else:
+                SYM.pop(out, None)
+        return (out,)
+
+    return rule
+
+
+def like(node: Node, sym: tuple) -> Node:
+    """node (not symbolic) with the extents `sym` on its axes (a constant shaped like a symbolic tensor)."""
+    for axis, v in enumerate(sym):
+        if v is not None:
+            node = extent(node, axis, v)
+    return node
 
 
 def _identity(kind: str, dtype: DType):
@@ -362,9 +388,14 @@ def reshape(t, shape):
 def expand(t, shape):
     """t.expand(shape) where a size-1 axis becomes a variable's extent."""
     phys = physical(shape)
-    out = t.expand(phys)
+    lead = len(phys) - t.ndim
+    if lead < 0 or any(s not in (1, p) for s, p in zip(t.node.shape, phys[lead:])):
+        raise ShapeError(f"expand: cannot expand {t.shape} to {tuple(shape)}")
+    out = t._expand_to(phys)
     node, got = out.node, of(out.node) or (None,) * len(shape)
     for j, s in enumerate(shape):
+        if got[j] is not None and not _same(got[j], s):
+            raise ShapeError(f"expand: cannot expand {t.shape} to {tuple(shape)} (axis {j} is {got[j]})")
         if isinstance(s, BoundVariable) and got[j] is None:
             node = extent(node, j, s)
     return out._from(node, out)

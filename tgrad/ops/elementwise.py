@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tgrad import autodiff
+from tgrad import autodiff, symbolic
 from tgrad import graph as g
 from tgrad.dtype import DType, check_fits, dtypes, promote, promote_scalar
 from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
@@ -23,7 +23,6 @@ from tgrad.ops.numerics import (
     _rounded_quotient,
     _true_divide,
 )
-from tgrad.symbolic import BoundVariable
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -38,7 +37,10 @@ class ElementwiseOps:
     __slots__ = ()
 
     def _const(self, value: Scalar, dtype: DType | None = None) -> Tensor:
-        return type(self)(g.const(value, dtype or self.dtype, self.device, self.node.shape))
+        node = g.const(value, dtype or self.dtype, self.device, self.node.shape)
+        if _SYM_DATA and self.node in g.SYM:  # self's symbolic axes too (a node of its own: symbolic.py)
+            node = symbolic.like(node, g.SYM[self.node])
+        return type(self)(node)
 
     def _broadcasted(self, y, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
         x = self
@@ -50,7 +52,7 @@ class ElementwiseOps:
                         not _SYM_DATA or g.SYM.get(xn) == g.SYM.get(yn)):  # (symbolic axes: compared below)
                     return (y, x) if reverse else (x, y)
             elif type(y) is float and xn.dtype.kind == "f" or type(y) is int and xn.dtype.kind in "iuf":
-                y = type(self)(g.const(y, xn.dtype, xn.device, xn.shape))
+                y = x._const(y) if _SYM_DATA else type(self)(g.const(y, xn.dtype, xn.device, xn.shape))
                 return (y, x) if reverse else (x, y)
         if not isinstance(y, type(self)):
             if not isinstance(y, (bool, int, float)):
@@ -74,8 +76,8 @@ class ElementwiseOps:
         node = self.node
         if node.shape == shape:
             return self
-        if _SYM_DATA:  # a variable's extent is its max in the graph (symbolic.py)
-            shape = tuple(s.max if isinstance(s, BoundVariable) else s for s in shape)
+        if _SYM_DATA and symbolic.has_var(shape):  # a variable's extent is its max in the graph
+            return symbolic.expand(self, shape)
         steps = ((Op.EXPAND, shape),)
         if len(shape) != len(node.shape):
             lead = (1,) * (len(shape) - len(node.shape)) + node.shape

@@ -338,6 +338,12 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         # a realized leaf, or a realized tensor no gradient flows through, keeps only its buffer, so the
         # graph that computed it (and that graph's buffers) can be freed
         is_leaf = not self.requires_grad or _grad_leaves.get(id(self)) is self
+        under = self.node
+        while under.op is Op.DETACH and under.buffer is None:  # (a kernel wrote the constant under it:
+            under = under.srcs[0]  # Tensor.zeros(...).contiguous().realize() holds that buffer)
+        if under is not self.node and under.op is Op.CONST and under.realized and (
+                under.shape == self.node.shape):
+            self.node.buffer = under.buffer
         if is_leaf and self.node.op is not Op.BUFFER and self.node.realized:
             if self._requires_grad:
                 self._remember(self.node)

@@ -169,19 +169,20 @@ def _fill(node: Node, axis: int, bv: BoundVariable, value) -> Node:
 
 
 def extent(node: Node, axis: int, bv: BoundVariable) -> Node:
-    """An entry point: node (its axis at bv.max) as a tensor whose axis has the extent bv; the positions
-    past the value hold 0. (A node of its own: the graph is hash-consed, and a node that is also a
-    concrete tensor must not become symbolic.)"""
+    """An entry point: node (its axis at bv.max) as a tensor whose axis has the extent bv. A DETACH node of
+    its own, which fusion looks through (a matmul's operand stays a view: BLAS, tl.dot): the graph is
+    hash-consed, and a node that is also a concrete tensor must not become symbolic. Its positions past
+    the value keep what node holds there (every reduce masks them)."""
     if node.shape[axis] != bv.max:
         raise ShapeError(f"axis {axis} of size {node.shape[axis]} cannot have the extent {bv} (its max)")
     sym = list(of(node) or (None,) * len(node.shape))
-    if sym[axis] is not None and sym[axis] is not bv:
+    if sym[axis] is not None and not _same(sym[axis], bv):
         raise ShapeError(f"axis {axis} already has the extent {sym[axis]}, not {bv}")
     inside = _inside(node.shape, axis, bv, node.device)
-    zero = g.const(False if node.dtype == dtypes.bool else 0, node.dtype, node.device, node.shape)
-    value = register(g.alu(Op.WHERE, inside, node, zero), sym[:axis] + [bv] + sym[axis + 1:])
-    # the gradient that reaches node (a tensor of no variable on axis) has none there either
-    return autodiff.custom_gradient(value, (node,), _extent_gradient(inside, axis), "extent")
+    # the gradient that reaches node (a tensor of no variable on axis) has none there, and 0 past the value
+    name = ("extent", axis, bv.var.key, bv._val)
+    out = autodiff.custom_gradient(node, (node,), _extent_gradient(inside, axis), name)
+    return register(out, sym[:axis] + [bv] + sym[axis + 1:])
 
 
 def _extent_gradient(inside: Node, axis: int):

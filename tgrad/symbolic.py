@@ -3,19 +3,18 @@
 A tensor with a bound variable `v` on an axis is stored at the variable's max along that axis; only the
 first v.val positions are its elements. Nothing about the value is in a kernel's code: the value is a
 0-d int32 buffer (`BoundVariable.node`) that kernels read, so one compiled kernel (and one TinyJit
-capture, where the variable is an argument of the call) serves every value in range. The graph records
-which axes are symbolic in `graph.SYM` (node -> per-axis BoundVariable or None), filled by the entry
-points here (`extent`: a tensor's axis cut to v, positions past v set to 0) and carried to every node
-built from such a node by `derive`, which graph.Node calls for each new node over a symbolic source:
+capture, where the variable is an argument of the call) serves every value in range. `graph.SYM` maps
+a node to its per-axis variables: filled by `extent` (the entry point: a DETACH that fusion looks
+through) and carried to every node built over a symbolic source by `derive`, which graph.Node calls:
 - elementwise ops keep their sources' variables; movement ops move them with their axes (a reshape must
-  keep the axis whole; a pad, a shrink other than to v.val, or a flip of the axis raises);
+  keep the axis whole; a pad, a flip, or a shrink of the axis other than to v.val raises);
 - a reduce over a symbolic axis first replaces the positions past v with the reduce's identity
-  (0 for SUM, 1 for PROD, the lowest value for MAX): so sum, mean's sum, softmax and a matmul over the
-  axis read only the first v positions (the positions past v hold anything: exp(0), garbage);
-- an assign of a symbolic value raises (not supported yet).
+  (0 for SUM, 1 for PROD, the lowest value for MAX): so sum, mean, softmax and a matmul over the axis
+  read only the first v positions (the positions past v hold anything);
+- an assign into a symbolic tensor raises (not supported).
 Tensor.shape shows the BoundVariable on its axis (as tinygrad shows the variable); arithmetic on it
-raises, so an op that needs the axis' size as a number (mean's divisor, a -1 in reshape) fails clearly
-instead of using the max. Reading values out (numpy()) cuts each axis to its bound value.
+raises, so an op that needs the axis' size as a number fails clearly instead of using the max.
+numpy(), int indexes and reshapes to ints cut each axis to its value (outside TinyJit only).
 Compute runs over the max extent (masked), not only over the first v positions.
 """
 

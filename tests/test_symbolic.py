@@ -79,6 +79,19 @@ def test_eager_ops_match_numpy(device, n):
     np.testing.assert_array_equal(Tensor.zeros(2, v, device=device).numpy(), np.zeros((2, n)))
     np.testing.assert_array_equal((Tensor.arange(10, device=device) < v).numpy(), np.arange(10) < n)
     np.testing.assert_array_equal(Tensor.ones(1, device=device).expand(v).sum().numpy(), n)
+    ls = np.log(np.exp(A[:, :n]).sum(1))
+    np.testing.assert_allclose(x.logsumexp(1).numpy(), ls, **tol)
+    np.testing.assert_allclose(x.log_softmax(1).numpy(), A[:, :n] - ls[:, None], **tol)
+    with np.errstate(all="ignore"):  # (one element: var and std of nothing are nan, as in PyTorch)
+        np.testing.assert_allclose(x.var(1).numpy(), A[:, :n].var(1, ddof=1), **tol)
+        np.testing.assert_allclose(x.var().numpy(), A[:, :n].var(ddof=1), **tol)
+        np.testing.assert_allclose(x.std(0).numpy(), A[:, :n].std(0, ddof=1), **tol)
+    norm = (A[:, :n] - A[:, :n].mean(1, keepdims=True)) / np.sqrt(A[:, :n].var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(x.layernorm(1).numpy(), norm, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(x.max(0).numpy(), A[:, :n].max(0))
+    np.testing.assert_allclose(x.cumsum(0).numpy(), A[:, :n].cumsum(0), **tol)
+    np.testing.assert_allclose(x.detach().contiguous().numpy(), A[:, :n])
+    np.testing.assert_array_equal(x.argmax().numpy(), A[:, :n].argmax())
     np.testing.assert_allclose(x[:, -1].numpy(), A[:, n - 1])  # an int index cuts to the value first
     np.testing.assert_allclose(x[:3, :n].numpy(), A[:, :n])
 
@@ -133,6 +146,7 @@ def test_jit_variables_in_argument_shapes(device):
     add1 = TinyJit(lambda x: (x + 1).realize())
     mm = TinyJit(lambda x, y: (x @ y).realize())
     mean1 = TinyJit(lambda x: x.mean(1).realize())
+    var0 = TinyJit(lambda x: x.var(0).realize())
     for i in [1, 2, 3, 4, 9, 10, 2]:
         vi = Variable("i", 1, 10).bind(i)
         out = add1(a[:, :vi])
@@ -140,8 +154,10 @@ def test_jit_variables_in_argument_shapes(device):
         np.testing.assert_allclose(out[:3, :i].numpy(), A[:, :i] + 1, atol=1e-6)
         np.testing.assert_allclose(mm(a[:, :vi], w[:vi, :]).numpy(), A[:, :i] @ W[:i], atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(mean1(a[:, :vi]).numpy(), A[:, :i].mean(1), atol=1e-6, rtol=1e-5)
+        np.testing.assert_allclose(var0(a.T[:vi]).numpy(), A[:, :i].T.var(0, ddof=1) if i > 1 else
+                                   np.full(3, np.nan), atol=1e-5, rtol=1e-5)
     if not get_runtime(device).evaluates_graphs:
-        assert add1.captures == mm.captures == mean1.captures == 1
+        assert add1.captures == mm.captures == mean1.captures == var0.captures == 1
 
 
 def test_unsupported_uses_raise(device):
@@ -164,8 +180,9 @@ def test_unsupported_uses_raise(device):
     np.testing.assert_allclose((x + a[:, :Variable("i", 1, 10).bind(4)]).numpy(), 2 * A[:, :4], rtol=1e-6)
     with pytest.raises(ShapeError, match="cannot broadcast"):
         _ = x + Tensor(A, device=device)
-    with pytest.raises(ShapeError, match="variable 'i'"):
-        x.var(1)
+    for op in (lambda: x.cumsum(1), lambda: x.cat(x, dim=1), lambda: x.sort(1), lambda: x.argmax(1)):
+        with pytest.raises(ShapeError, match="variable 'i'"):
+            op()
     with pytest.raises(ShapeError, match="assign"):
         Tensor.zeros(3, 10, device=device).contiguous().realize()[:, :v].assign(x)
 

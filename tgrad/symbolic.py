@@ -228,6 +228,8 @@ def derive(op: Op, srcs: tuple, arg, shape: tuple[int, ...]) -> tuple[tuple, tup
     syms = [SYM.get(s) for s in srcs]
     if not any(syms):
         return srcs, None
+    if any(isinstance(s, BoundVariable) for s in shape):  # (an op that built a node from Tensor.shape)
+        raise ShapeError(f"{op.name} of shape {shape}: this op does not support symbolic shapes yet")
     s0 = syms[0]
     if op in g.MOVEMENT:
         if s0 is None:
@@ -265,8 +267,13 @@ def _moved(op: Op, old: tuple, arg, new: tuple, sym: tuple) -> tuple | None:
         for i, v in enumerate(sym):
             if v is None:
                 continue
+            if op is Op.SHRINK and tuple(arg[i]) == (0, old[i]):
+                continue  # the whole axis (a shrink of other axes)
             if op is Op.SHRINK and arg[i] == (0, v._val) and driver.RECORDER is None:
                 out[i] = None  # cut to its value: a concrete axis (outside TinyJit: the value is fixed here)
+                continue
+            if op is Op.SHRINK and arg[i][0] == 0 and arg[i][1] <= v.var.min:
+                out[i] = None  # the first positions, inside for every value
                 continue
             whole = (0, 0) if op is Op.PAD else (0, old[i])
             keeps = i not in arg if op is Op.FLIP else tuple(arg[i]) == whole
@@ -438,19 +445,34 @@ def indexable(t, index: tuple):
     return t._from(concrete(t.node), t)
 
 
-def mean(t, axes: tuple[int, ...], keepdim: bool):
-    """t.mean(axes) where some reduced axes are variables: the sum divided by the count, which reads the
-    variables' values at launch."""
-    total = t.sum(axes, keepdim)
-    count, known = None, 1
+def count(t, axes: tuple[int, ...], dtype):
+    """The number of elements over axes, some of them variables: a 0-d tensor read at launch."""
+    n, known = None, 1
     for a in axes:
         s = t.shape[a]
         if isinstance(s, BoundVariable):
-            n = type(t)(s, device=t.device).cast(total.dtype)
-            count = n if count is None else count * n
+            v = type(t)(s, device=t.device).cast(dtype)
+            n = v if n is None else n * v
         else:
             known *= s
-    return total / (count * known)
+    return n * known
+
+
+def mean(t, axes: tuple[int, ...], keepdim: bool):
+    """t.mean(axes) where some reduced axes are variables: the sum divided by the count."""
+    total = t.sum(axes, keepdim)
+    return total / count(t, axes, total.dtype)
+
+
+def var(t, axes: tuple[int, ...], keepdim: bool, correction: int):
+    """t.var(axes) (t a float tensor) where some reduced axes are variables: shifted by the first element
+    (a variable's min is at least 1 here), then sum((x - mean)**2) / max(0, count - correction)."""
+    if any(isinstance(t.shape[a], BoundVariable) and t.shape[a].min < 1 for a in axes):
+        raise ShapeError(f"var over an axis of {t.shape} whose variable can be 0 is not supported")
+    first = tuple((0, 1) if i in axes else None for i in range(t.ndim))
+    x = t - t.shrink(first).detach()
+    d = x - mean(x, axes, True)
+    return d.square().sum(axes, keepdim) / (count(t, axes, t.dtype) - correction).maximum(0)
 
 
 g.SYM_RULE = derive

@@ -436,7 +436,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def detach(self) -> Tensor:
         """The same value, with no gradient flowing back through it; shares this tensor's memory (an
         assign() to either is seen by both, as in PyTorch)."""
-        out = Tensor(Node(Op.DETACH, (self.node,), None, self.shape, self.dtype, self.device))
+        out = Tensor(Node(Op.DETACH, (self.node,), None, self.node.shape, self.dtype, self.device))
         inplace.add_view(self, out, ((Op.DETACH, None),))
         return out
 
@@ -455,7 +455,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         """A copy (PyTorch's clone): later assign()s to this tensor, or to the memory it views, leave it
         as it is. Computed lazily (a copy kernel, often fused into its readers), and before any assign
         that would overwrite what it reads. Gradients flow through."""
-        copy = Node(Op.CAST, (self.node,), self.dtype, self.shape, self.dtype, self.device)
+        copy = Node(Op.CAST, (self.node,), self.dtype, self.node.shape, self.dtype, self.device)
         out = Tensor(autodiff.custom_gradient(copy, (self.node,), lambda grad: (grad,), "clone"))
         if self._requires_grad and not _NoGradMeta._no_grad:
             out._requires_grad = True
@@ -473,7 +473,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             return self  # (a second contiguous made a kernel copying it: conv2d's computed input)
         copy = self.node
         if self.node.op in MOVEMENT_OPS:
-            copy = Node(Op.CAST, (self.node,), self.dtype, self.shape, self.dtype, self.device)
+            copy = Node(Op.CAST, (self.node,), self.dtype, self.node.shape, self.dtype, self.device)
         node = autodiff.custom_gradient(copy, (self.node,), lambda grad: (grad,), "contiguous")
         return self._from(node)
 

@@ -140,6 +140,8 @@ class ReduceOps:
             correction = int(unbiased)
         x = self._float()
         axes = self._axes(axis, "var")
+        if symbolic.has_var(x.shape[a] for a in axes):  # a variable's extent: its value at launch
+            return symbolic.var(x, axes, keepdim, correction)
         n = math.prod(self.shape[a] for a in axes)
         if n:  # shifted by one element (var does not change): no overflowing mean of [3e38, 3e38]
             x = x - x.shrink(tuple((0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape))).detach()

@@ -78,6 +78,7 @@ def test_eager_ops_match_numpy(device, n):
     np.testing.assert_array_equal(Tensor.ones(v, 2, device=device).sum(0).numpy(), np.full(2, n))
     np.testing.assert_array_equal(Tensor.zeros(2, v, device=device).numpy(), np.zeros((2, n)))
     np.testing.assert_array_equal((Tensor.arange(10, device=device) < v).numpy(), np.arange(10) < n)
+    np.testing.assert_allclose((v * a - Tensor(v, device=device)).numpy(), n * A - n, **tol)
     np.testing.assert_array_equal(Tensor.ones(1, device=device).expand(v).sum().numpy(), n)
     ls = np.log(np.exp(A[:, :n]).sum(1))
     np.testing.assert_allclose(x.logsumexp(1).numpy(), ls, **tol)

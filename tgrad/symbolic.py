@@ -91,7 +91,9 @@ class BoundVariable:
             node = self._nodes[device] = Node.from_buffer(buf, (), dtypes.int32, device)
         return node
 
-    def _refuse(self, *_):
+    def _refuse(self, *other):
+        if other and isinstance(getattr(other[0], "node", None), Node):
+            return NotImplemented  # (v * tensor: the Tensor's reflected op reads the value at launch)
         raise ShapeError(f"the size of an axis is the variable {self.var.name!r} (bound to {self._val}), not "
                          "a number: this op needs it as a number (not supported with symbolic shapes)")
 

@@ -181,6 +181,12 @@ def test_unsupported_uses_raise(device):
     np.testing.assert_allclose((x + a[:, :Variable("i", 1, 10).bind(4)]).numpy(), 2 * A[:, :4], rtol=1e-6)
     with pytest.raises(ShapeError, match="cannot broadcast"):
         _ = x + Tensor(A, device=device)
+    with pytest.raises(ShapeError, match="cannot broadcast"):
+        (x > 0).where(Tensor(A, device=device), 0)
+    with pytest.raises(ShapeError, match="matmul: inner dimensions differ"):
+        x @ Tensor(W, device=device)  # (at the max the two would match as numbers)
+    with pytest.raises(ShapeError, match="cannot broadcast"):
+        Tensor.ones(10, 3, 2, device=device)[:v] @ Tensor.ones(10, 2, 2, device=device)
     for op in (lambda: x.cumsum(1), lambda: x.cat(x, dim=1), lambda: x.sort(1), lambda: x.argmax(1)):
         with pytest.raises(ShapeError, match="variable 'i'"):
             op()

@@ -95,6 +95,8 @@ def test_eager_ops_match_numpy(device, n):
     np.testing.assert_array_equal(x.argmax().numpy(), A[:, :n].argmax())
     np.testing.assert_allclose(x[:, -1].numpy(), A[:, n - 1])  # an int index cuts to the value first
     np.testing.assert_allclose(x[:3, :n].numpy(), A[:, :n])
+    np.testing.assert_allclose(a[1, None, :v].numpy(), A[1, None, :n])
+    np.testing.assert_allclose(a[None, ..., 1:3, :v].numpy(), A[None, ..., 1:3, :n])
 
 
 @pytest.mark.parametrize("pos", [1, 2, 7, MAX])

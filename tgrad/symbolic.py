@@ -411,26 +411,33 @@ def expand(t, shape):
 
 
 def getitem(t, index: tuple):
-    """t[index] where slices end at a BoundVariable (`cache[:, :, :pos]`): only slices and one Ellipsis."""
-    if not all(isinstance(v, slice) or v is Ellipsis for v in index):
-        raise ShapeError(f"an index with a variable takes only slices and ...: got {index}")
-    if sum(v is Ellipsis for v in index) > 1 or len(index) - (Ellipsis in index) > t.ndim:
+    """t[index] where slices end at a BoundVariable (`cache[:, :, :pos]`), beside ints, slices, None and
+    one Ellipsis: the variables' slices first (a shrink), then the rest as usual."""
+    allowed = (slice, int, np.integer)
+    if not all(v is None or v is Ellipsis or isinstance(v, allowed) and not isinstance(v, bool)
+               for v in index):
+        raise ShapeError(f"an index with a variable takes only ints, slices, None and ...: got {index}")
+    n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
+    if sum(v is Ellipsis for v in index) > 1 or n_real > t.ndim:
         raise ShapeError(f"index {index} does not fit shape {t.shape}")
-    if Ellipsis in index:
-        at = index.index(Ellipsis)
-        index = index[:at] + (slice(None),) * (t.ndim - len(index) + 1) + index[at + 1:]
-    index = index + (slice(None),) * (t.ndim - len(index))
+    if any(v is Ellipsis for v in index):
+        at = next(i for i, v in enumerate(index) if v is Ellipsis)
+        index = index[:at] + (slice(None),) * (t.ndim - n_real) + index[at + 1:]
+    index = index + (slice(None),) * (t.ndim - sum(1 for v in index if v is not None))
     arg = []
     for v in index:
-        if any(isinstance(x, BoundVariable) for x in (v.start, v.step)) or v.step not in (None, 1):
-            raise ShapeError(f"a slice with a variable takes only a variable end (:v), got {v}")
-        if isinstance(v.stop, BoundVariable):
+        if v is None:
+            continue
+        if isinstance(v, slice) and isinstance(v.stop, BoundVariable):
+            if isinstance(v.start, BoundVariable) or v.step not in (None, 1):
+                raise ShapeError(f"a slice with a variable takes only a variable end (:v), got {v}")
             arg.append((v.start or 0, v.stop))
         else:
             arg.append(None)
     x = shrink(t, tuple(arg))
-    plain = tuple(slice(None) if isinstance(v.stop, BoundVariable) else v for v in index)
-    return x if all(v == slice(None) for v in plain) else x[plain]
+    plain = tuple(slice(None) if isinstance(v, slice) and isinstance(v.stop, BoundVariable) else v
+                  for v in index)
+    return x if all(isinstance(v, slice) and v == slice(None) for v in plain) else x[plain]
 
 
 def indexable(t, index: tuple):

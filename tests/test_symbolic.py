@@ -217,3 +217,27 @@ def test_gradient_through_a_symbolic_slice_matches_torch(device, n):
     assert x.grad.shape == (3, 10)
     np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5)
     np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), atol=1e-6, rtol=1e-5)
+
+
+def test_jit_with_repeated_values_and_kept_tensors(device):
+    """A value repeated across calls while a tensor of an earlier call is alive: each call's kernels read
+    that call's value (the graph is hash-consed; a node of call 1 must not carry call 1's value buffer
+    into the capture)."""
+    kc = Tensor(K[0, 0], device=device).realize()
+    kept = []
+
+    @TinyJit
+    def f(q, p):
+        k = kc[:p]
+        kept.append(k)
+        return (q @ k.T).softmax(-1).realize()
+
+    q = Q[0, 0]
+    for pos in [3, 3, 3, 5, 2, MAX, 3]:
+        out = f(Tensor(q, device=device), Variable("pos", 1, MAX).bind(pos))
+        s = q @ K[0, 0, :pos].T
+        e = np.exp(s - s.max())
+        np.testing.assert_allclose(out.numpy(), e / e.sum(), atol=1e-6, rtol=1e-5)
+    assert kept[0].shape[0].val == 3 and kept[-1].shape[0].val == 3
+    if not get_runtime(device).evaluates_graphs:
+        assert f.captures == 1

@@ -181,7 +181,9 @@ def extent(node: Node, axis: int, bv: BoundVariable) -> Node:
         raise ShapeError(f"axis {axis} already has the extent {sym[axis]}, not {bv}")
     inside = _inside(node.shape, axis, bv, node.device)
     # the gradient that reaches node (a tensor of no variable on axis) has none there, and 0 past the value
-    name = ("extent", axis, bv.var.key, bv._val)
+    # (keyed by the bound object: under TinyJit each call's is an argument of its own, and a node of an
+    # earlier call with the same value must not be handed out, its kernels reading that call's value)
+    name = ("extent", axis, bv.var.key, bv._val, id(bv))
     out = autodiff.custom_gradient(node, (node,), _extent_gradient(inside, axis), name)
     return register(out, sym[:axis] + [bv] + sym[axis + 1:])
 

@@ -472,3 +472,25 @@ def test_a_failing_function_in_a_batch_names_its_kernel(monkeypatch):
     with pytest.raises(KernelError, match="kernel k_bad failed to run.*error status -1"):
         batch({id(varying): Buf(1)})  # (the slot is written per call: the new buffer's address)
     batch({id(varying): Buf(0)})
+
+
+def test_state_made_by_zeros_contiguous_realize_is_assigned_in_place(device):
+    """Tensor.zeros(...).contiguous().realize() (tinygrad's way to make a buffer) is a buffer: an assign()
+    writes it, so a TinyJit function that updates it and reads it back captures (its graph grew with
+    every call before, and the capture was refused)."""
+    state = Tensor.zeros(4, device=device).contiguous().realize()
+    assert state.node.realized
+
+    @TinyJit
+    def step(x):
+        state.assign(state * 0.5 + x)
+        return (state * 2).realize()
+
+    want = np.zeros(4, np.float32)
+    for i in range(5):
+        x = np.full(4, i, np.float32)
+        want = want * 0.5 + x
+        np.testing.assert_allclose(step(Tensor(x, device=device)).numpy(), want * 2, rtol=1e-6)
+        np.testing.assert_allclose(state.numpy(), want, rtol=1e-6)
+    if not get_runtime(device).evaluates_graphs:
+        assert step.captures == 1 and step.replays >= 2

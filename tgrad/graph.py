@@ -109,6 +109,16 @@ def prod(xs) -> int:
 
 
 _BUFFER, _ASSIGN = Op.BUFFER, Op.ASSIGN
+# symbolic shapes (symbolic.py): node -> per-axis BoundVariable or None, for nodes with a symbolic axis;
+# SYM_RULE (symbolic.derive, set when symbolic.py is imported) gives a new node's entry from its sources'
+SYM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SYM_DATA = SYM.data
+SYM_RULE = None
+
+
+def _SYM_SET(node, sym) -> None:
+    if any(v is not None for v in sym):
+        SYM[node] = sym
 
 
 class Node:
@@ -133,6 +143,9 @@ class Node:
     ):
         # (every node of every graph is built here: attribute stores one by one, object.__new__ and no
         # Op.X lookups are each measurably faster)
+        sym = None
+        if _SYM_DATA and srcs:  # a source with a symbolic axis (symbolic.py): carry it, mask a reduce
+            srcs, sym = SYM_RULE(op, srcs, arg, shape)
         if op is _BUFFER or op is _ASSIGN:
             key = None
         else:
@@ -144,7 +157,9 @@ class Node:
             if ref is not None:  # (a dead entry's ids may be reused: its node, holding its sources, is gone)
                 hit = ref()
                 if hit is not None and hit.buffer is None:  # a realized node is not handed out again: a
-                    return hit  # graph built again computes again (else TinyJit's calls differ: see test_jit)
+                    if sym is not None:  # graph built again computes again (else TinyJit's calls differ)
+                        _SYM_SET(hit, sym)
+                    return hit
         self = object.__new__(cls)
         self.op = op
         self.srcs = srcs
@@ -160,6 +175,8 @@ class Node:
                     if r() is None:
                         _CACHE.pop(k, None)
                 cls._purge_at = max(4096, 2 * len(_CACHE))
+        if sym is not None:
+            _SYM_SET(self, sym)
         return self
 
     @staticmethod

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import config, device, inplace, jit_replay
+from tgrad import config, device, inplace, jit_replay, symbolic
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad import tensor as tensor_mod
@@ -77,6 +77,8 @@ def _arg_key(v: Any) -> tuple:
     """How a non-Tensor argument enters the signature: plain values by value, objects by identity."""
     if v is None or isinstance(v, (bool, int, str, bytes)):
         return (type(v).__name__, v)
+    if isinstance(v, symbolic.BoundVariable):  # the variable, not its value: an argument of the capture
+        return v.var.key
     if isinstance(v, (float, complex)):
         return (type(v).__name__, repr(v))  # repr: nan equals nan
     if isinstance(v, np.ndarray):
@@ -117,7 +119,8 @@ def _bare(t: Tensor, gradient: bool = False) -> Tensor:
     if buf is None:
         buf = _copy(t).realize().node.buffer
     buf.computed = False  # (the argument's own: an assign() to it writes there, and replays write back)
-    t.node = g.Node.from_buffer(buf, t.shape, t.dtype, t.device)
+    sym = symbolic.of(t.node)
+    t.node = symbolic.register(g.Node.from_buffer(buf, t.node.shape, t.dtype, t.device), sym)
     return t
 
 
@@ -239,7 +242,33 @@ def _stale_leaves(t: Tensor, written: dict[int, int]) -> bool:
 
 
 def _meta(t: Tensor) -> tuple:
-    return (t.shape, t.dtype, t.device)
+    return (t.node.shape, t.dtype, t.device)  # (a symbolic axis at its variable's max: symbolic.py)
+
+
+def _variables(flat: list, tensors: list[Tensor]) -> tuple[dict, list[Tensor]]:
+    """The bound variables among the arguments (passed, or the extents of Tensor arguments' axes), by
+    variable, and a 0-d tensor per variable and device holding its value: argument buffers of the call,
+    which kernels read at launch (one capture serves every value)."""
+    found = symbolic.bound_in(flat)
+    if not found:
+        return {}, []
+    devices = sorted({t.device for t in tensors} or {device.default_device()})
+    values = []
+    for bv in found.values():
+        for d in devices:
+            t = Tensor(bv.node(d))
+            _bare(t)
+            bv._nodes[d] = t.node
+            values.append(t)
+    return {bv.var.key: bv for bv in found.values()}, values
+
+
+def _with_variables(t: Tensor, like: Tensor, current: dict) -> Tensor:
+    """t (a returned buffer) with like's symbolic axes, their variables those of this call."""
+    sym = symbolic.of(like.node)
+    if sym is not None:
+        symbolic.register(t.node, tuple(None if v is None else current.get(v.var.key, v) for v in sym))
+    return t
 
 
 class _Variant:
@@ -370,18 +399,21 @@ class TinyJit:
         pending = tensor_mod.pending_assigns()  # assign()s made outside and not run yet: run them first
         if pending:
             Tensor.realize(*pending)
+        current, values_of = _variables(flat, tensors)
         for t in tensors:
             _bare(t)
+        syms = tuple(symbolic.key_of(t.node) for t in tensors) if current else ()
+        tensors += values_of
         bufs = [t.node.buffer for t in tensors]
         first = {}
         alias = tuple(first.setdefault(id(b), i) for i, b in enumerate(bufs))
-        key = (names, _structure(values), tuple(_meta(t) for t in tensors), alias, others)
+        key = (names, _structure(values), tuple(_meta(t) for t in tensors), alias, others, syms)
         v = self._find(key, keep)
         if v is None:  # (a fallback TinyJit with too many signatures)
             return self.fn(*args, **kwargs)
         self._last = v
         if v.cnt >= 2:
-            return self._replay(v, bufs)
+            return self._replay(v, bufs, current)
         # a device without kernels (the NUMPY reference evaluates graphs) has nothing to capture: there
         # the function runs every time, under the same rules
         devices = {t.device for t in tensors} or {device.default_device()}
@@ -456,7 +488,8 @@ class TinyJit:
                     t.grad = _copy(t.grad)
             _realize(*outs, *[t.grad for t in touched])
             # what leaves the call carries no graph (replays have none either)
-            outs = [Tensor(g.Node.from_buffer(_buffer_of(t.node), *_meta(t))) for t in outs]
+            outs = [_with_variables(Tensor(g.Node.from_buffer(_buffer_of(t.node), *_meta(t))), t, {})
+                    for t in outs]
             for t in touched:
                 if t.grad is not None:
                     t.grad = Tensor(g.Node.from_buffer(_buffer_of(t.grad.node), *_meta(t.grad)))
@@ -575,7 +608,7 @@ class TinyJit:
         v.made = set(log.fresh) - set(log.host_outputs())
         v.first_fresh, v.first_inputs, v.captured, v.cnt = {}, [], list(log.launches), 2
 
-    def _replay(self, v: _Variant, bufs: list) -> Any:
+    def _replay(self, v: _Variant, bufs: list, current: dict) -> Any:
         if not v.planned:
             jit_replay.plan(v)
         # tensors made outside and not computed yet that read state this replay overwrites: computed first,
@@ -619,7 +652,7 @@ class TinyJit:
             if leaf is not None:
                 leaf.grad = None if out is None else wrap(*out)
         returned = [t for t in _flatten(v.ret) if isinstance(t, Tensor)]
-        outs = [wrap(k, _meta(t)) for k, t in zip(v.out_ids, returned)]
+        outs = [_with_variables(wrap(k, _meta(t)), t, current) for k, t in zip(v.out_ids, returned)]
         return _rebuild(v.ret, iter(outs))
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import autodiff, inplace
+from tgrad import autodiff, inplace, symbolic
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, check_memory, get_runtime, out_of_memory
@@ -53,6 +53,9 @@ _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
+
+
+_SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives: symbolic.py)
 
 
 def pending_assigns() -> list[Tensor]:
@@ -187,6 +190,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     ):
         if isinstance(data, Node):  # an op's result: no device lookup (it reads the environment)
             node = data
+        elif isinstance(data, symbolic.BoundVariable):  # its value, a 0-d int32 tensor read at launch
+            node = data.node(Device.canonicalize(device))
+            if dtype is not None:
+                node = g.cast(node, _dtype_on(dtypes.from_any(dtype), node.device))
         else:
             device = Device.canonicalize(device)
             dtype = dtypes.from_any(dtype) if dtype is not None else None
@@ -216,7 +223,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.node.shape
+        """The sizes of the axes; an axis whose extent is a bound Variable shows it (symbolic.py)."""
+        return self.node.shape if not _SYM_DATA else symbolic.shape_of(self.node)
 
     @property
     def dtype(self) -> DType:
@@ -330,13 +338,23 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         # a realized leaf, or a realized tensor no gradient flows through, keeps only its buffer, so the
         # graph that computed it (and that graph's buffers) can be freed
         is_leaf = not self.requires_grad or _grad_leaves.get(id(self)) is self
+        under = self.node
+        while under.op is Op.DETACH and under.buffer is None:  # (a kernel wrote the constant under it:
+            under = under.srcs[0]  # Tensor.zeros(...).contiguous().realize() holds that buffer)
+        if under is not self.node and under.op is Op.CONST and under.realized and (
+                under.shape == self.node.shape):
+            self.node.buffer = under.buffer
         if is_leaf and self.node.op is not Op.BUFFER and self.node.realized:
             if self._requires_grad:
                 self._remember(self.node)
-            self.node = g.Node.from_buffer(self.node.buffer, self.shape, self.dtype, self.device)
+            sym = symbolic.of(self.node)
+            self.node = g.Node.from_buffer(self.node.buffer, self.node.shape, self.dtype, self.device)
+            symbolic.register(self.node, sym)
             inplace.rebase(self, self.node)  # (its views too: a gradient through one reaches this node)
 
     def numpy(self) -> np.ndarray:
+        if _SYM_DATA and symbolic.of(self.node) is not None:  # its axes cut to their variables' values
+            return Tensor(symbolic.concrete(self.node)).numpy()
         out = np.array(inplace.to_numpy(self.node, lambda: self.node), copy=True)
         self._drop_history()
         return out
@@ -418,7 +436,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def detach(self) -> Tensor:
         """The same value, with no gradient flowing back through it; shares this tensor's memory (an
         assign() to either is seen by both, as in PyTorch)."""
-        out = Tensor(Node(Op.DETACH, (self.node,), None, self.shape, self.dtype, self.device))
+        out = Tensor(Node(Op.DETACH, (self.node,), None, self.node.shape, self.dtype, self.device))
         inplace.add_view(self, out, ((Op.DETACH, None),))
         return out
 
@@ -437,7 +455,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         """A copy (PyTorch's clone): later assign()s to this tensor, or to the memory it views, leave it
         as it is. Computed lazily (a copy kernel, often fused into its readers), and before any assign
         that would overwrite what it reads. Gradients flow through."""
-        copy = Node(Op.CAST, (self.node,), self.dtype, self.shape, self.dtype, self.device)
+        copy = Node(Op.CAST, (self.node,), self.dtype, self.node.shape, self.dtype, self.device)
         out = Tensor(autodiff.custom_gradient(copy, (self.node,), lambda grad: (grad,), "clone"))
         if self._requires_grad and not _NoGradMeta._no_grad:
             out._requires_grad = True
@@ -455,7 +473,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             return self  # (a second contiguous made a kernel copying it: conv2d's computed input)
         copy = self.node
         if self.node.op in MOVEMENT_OPS:
-            copy = Node(Op.CAST, (self.node,), self.dtype, self.shape, self.dtype, self.device)
+            copy = Node(Op.CAST, (self.node,), self.dtype, self.node.shape, self.dtype, self.device)
         node = autodiff.custom_gradient(copy, (self.node,), lambda grad: (grad,), "contiguous")
         return self._from(node)
 
@@ -463,6 +481,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         """Replace this tensor's value (x broadcast to its shape and cast to its dtype, as PyTorch's copy_);
         writes into its buffer when it has one."""
         x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
+        if _SYM_DATA and symbolic.of(self.node) is not None:
+            raise ShapeError(f"assign: writing into a tensor of symbolic shape {self.shape} is not "
+                             "supported; write the whole buffer (where() over arange(n) == variable)")
         if x.shape != self.shape:
             pairs = zip(x.shape[::-1], self.shape[::-1])
             if len(x.shape) > self.ndim or any(a not in (1, b) for a, b in pairs):
@@ -665,6 +686,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         if not all(isinstance(s, (int, np.integer)) for s in shape):
+            if all(isinstance(s, (int, np.integer, symbolic.BoundVariable)) for s in shape):
+                return tuple(s if isinstance(s, symbolic.BoundVariable) else int(s) for s in shape)
             raise ShapeError(f"a shape is a sequence of ints, got {shape}")
         out = tuple(int(s) for s in shape)
         if any(s < 0 for s in out):
@@ -676,7 +699,12 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
         device = Device.canonicalize(device)
         dt = _dtype_on(dtypes.from_any(dtype) if dtype is not None else dtypes.from_py(fill_value), device)
-        t = Tensor(g.const(check_fits(fill_value, dt, "full", strict_float=True), dt, device, shape))
+        fill = check_fits(fill_value, dt, "full", strict_float=True)
+        node = g.const(fill, dt, device, symbolic.physical(shape))
+        for axis, s in enumerate(shape):  # an axis of a variable's extent (symbolic.py)
+            if isinstance(s, symbolic.BoundVariable):
+                node = symbolic.extent(node, axis, s)
+        t = Tensor(node)
         if requires_grad is not None:
             t.requires_grad = requires_grad
         return t
@@ -736,6 +764,11 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
         if stop is None:
             start, stop = 0, start
+        if isinstance(stop, symbolic.BoundVariable):  # 0, 1, ..., v - 1 (symbolic.py)
+            if start != 0 or step != 1:
+                raise ArgumentError(f"arange: a variable stop ({stop}) takes start 0 and step 1")
+            t = Tensor.arange(stop.max, dtype=dtype or dtypes.int32, device=device)
+            return Tensor(symbolic.extent(t.node, 0, stop))
         if step == 0:
             raise ArgumentError("arange: step must not be zero")
         all_int = all(isinstance(v, int) for v in (start, stop, step))

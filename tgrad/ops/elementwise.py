@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tgrad import autodiff
+from tgrad import autodiff, symbolic
 from tgrad import graph as g
 from tgrad.dtype import DType, check_fits, dtypes, promote, promote_scalar
 from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
@@ -28,13 +28,19 @@ if TYPE_CHECKING:
     from tgrad.tensor import Tensor
 
 
+_SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
+
+
 class ElementwiseOps:
     """Tensor's elementwise ops (a mixin: tensor.py's Tensor is made of these)."""
 
     __slots__ = ()
 
     def _const(self, value: Scalar, dtype: DType | None = None) -> Tensor:
-        return type(self)(g.const(value, dtype or self.dtype, self.device, self.shape))
+        node = g.const(value, dtype or self.dtype, self.device, self.node.shape)
+        if _SYM_DATA and self.node in g.SYM:  # self's symbolic axes too (a node of its own: symbolic.py)
+            node = symbolic.like(node, g.SYM[self.node])
+        return type(self)(node)
 
     def _broadcasted(self, y, reverse: bool = False, dtype: DType | None = None) -> tuple[Tensor, Tensor]:
         x = self
@@ -42,10 +48,11 @@ class ElementwiseOps:
         if dtype is None:  # the common cases first: every op of a model's step passes through here
             if isinstance(y, type(self)):
                 yn = y.node
-                if yn.shape == xn.shape and yn.dtype is xn.dtype and yn.device == xn.device:
+                if yn.shape == xn.shape and yn.dtype is xn.dtype and yn.device == xn.device and (
+                        not _SYM_DATA or g.SYM.get(xn) == g.SYM.get(yn)):  # (symbolic axes: compared below)
                     return (y, x) if reverse else (x, y)
             elif type(y) is float and xn.dtype.kind == "f" or type(y) is int and xn.dtype.kind in "iuf":
-                y = type(self)(g.const(y, xn.dtype, xn.device, xn.shape))
+                y = x._const(y) if _SYM_DATA else type(self)(g.const(y, xn.dtype, xn.device, xn.shape))
                 return (y, x) if reverse else (x, y)
         if not isinstance(y, type(self)):
             if not isinstance(y, (bool, int, float)):
@@ -66,9 +73,12 @@ class ElementwiseOps:
 
     def _expand_to(self, shape: tuple[int, ...]) -> Tensor:
         """_broadcast_to for a shape that _broadcast_shape made from this tensor's (nothing to check)."""
-        node, steps = self.node, ((Op.EXPAND, shape),)
+        node = self.node
         if node.shape == shape:
             return self
+        if _SYM_DATA and symbolic.has_var(shape):  # a variable's extent is its max in the graph
+            return symbolic.expand(self, shape)
+        steps = ((Op.EXPAND, shape),)
         if len(shape) != len(node.shape):
             lead = (1,) * (len(shape) - len(node.shape)) + node.shape
             node, steps = g.move(node, Op.RESHAPE, lead), ((Op.RESHAPE, lead),) + steps

@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tgrad import autodiff, inplace
+from tgrad import autodiff, inplace, symbolic
 from tgrad import realize as driver
 from tgrad.dtype import check_fits, dtypes
 from tgrad.errors import ArgumentError, DTypeError, IndexRangeError, ShapeError
+from tgrad.graph import SYM as g_SYM
 from tgrad.graph import Node, Op, move
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
+from tgrad.symbolic import BoundVariable
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -46,6 +48,9 @@ def _scatter_add(out: np.ndarray, axis: int, ids: np.ndarray, values: np.ndarray
     pre, post = out.shape[:axis], out.shape[axis + 1 :]
     grouped = values.reshape(*pre, flat.size, *post)[lead + (order,)]
     out[lead + (rows[starts],)] += np.add.reduceat(grouped, starts, axis=axis)
+
+
+_SYM_DATA = g_SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
 
 
 class IndexingOps:
@@ -97,7 +102,10 @@ class IndexingOps:
         """Basic indexing (ints, slices with steps, None, ...) is a view; integer tensors, lists and bool
         masks gather (PyTorch's advanced indexing: index tensors broadcast together; their result dims go
         where the first one stood when they are adjacent, else first)."""
-        index = self._index_tensors(index if isinstance(index, tuple) else (index,))
+        index = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(v, slice) and isinstance(v.stop, BoundVariable) for v in index):
+            return symbolic.getitem(self, index)  # cache[:, :, :pos] (symbolic.py)
+        index = self._index_tensors(index)
         n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
         if n_real > self.ndim:
             raise IndexRangeError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
@@ -107,13 +115,17 @@ class IndexingOps:
             pos = next(i for i, v in enumerate(index) if v is Ellipsis)
             index = index[:pos] + (slice(None),) * (self.ndim - n_real) + index[pos + 1 :]
         index = index + (slice(None),) * (self.ndim - sum(1 for v in index if v is not None))
+        if _SYM_DATA and symbolic.of(self.node) is not None:  # an index into a symbolic axis (symbolic.py)
+            cut = symbolic.indexable(self, index)
+            if cut is not self:
+                return cut[index]
         x, axis, out_shape, gathers = self, 0, [], []
         shrink, flips, steps = [], [], []
         for v in index:
             if v is None:
                 out_shape.append(("new",))
                 continue
-            n = self.shape[axis]
+            n = self.node.shape[axis]
             if isinstance(v, type(self)):
                 gathers.append((axis, v))
                 shrink.append((0, n))

@@ -11,7 +11,8 @@ import numpy as np
 from tgrad import realize as driver
 from tgrad.dtype import dtypes, promote
 from tgrad.errors import ArgumentError, AutogradError, DeviceError, DTypeError, ShapeError
-from tgrad.ops.helpers import _matmul_node
+from tgrad.graph import SYM as g_SYM
+from tgrad.ops.helpers import _broadcast_shape, _matmul_node
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -66,6 +67,20 @@ def _svd_host(full: bool):
     return run
 
 
+_SYM = g_SYM
+_SYM_DATA = g_SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
+
+
+def _check_symbolic(xs: tuple, ws: tuple) -> None:
+    """x @ w's shapes with their variables (graph.SYM): a variable extent matches only the same variable
+    bound to the same value (at the max both would match as numbers)."""
+    inner = ws[-2] if len(ws) > 1 else ws[-1]
+    if xs[-1] != inner:
+        raise ShapeError(f"matmul: inner dimensions differ: {xs} @ {ws} ({xs[-1]} != {inner})")
+    if len(xs) > 2 and len(ws) > 2:
+        _broadcast_shape(xs[:-2], ws[:-2])
+
+
 class LinalgOps:
     """Tensor's linear algebra (a mixin: tensor.py's Tensor is made of these)."""
 
@@ -90,6 +105,8 @@ class LinalgOps:
             )
         if xs[:-2] != ws[:-2] and len(xs) > 1 and len(ws) > 1:
             _check_batch(xs, ws)
+        if _SYM_DATA and (x.node in _SYM or w.node in _SYM):  # a variable's extent meets only itself
+            _check_symbolic(x.shape, w.shape)
         if x.device != w.device:
             raise DeviceError(
                 f"matmul: tensors are on different devices ({x.device} and {w.device}); move one with .to()")

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tgrad import graph as g
-from tgrad import inplace
+from tgrad import inplace, symbolic
 from tgrad.dtype import check_fits, dtypes, promote
 from tgrad.errors import ArgumentError, IndexRangeError, ModeError, PatternError, ShapeError
 from tgrad.graph import Op
 from tgrad.ops.helpers import _normalize_axis, _position_dtype
+
+_SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -28,6 +30,10 @@ class MovementOps:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
         if None in shape:  # None: keep that dimension
             shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
+        if _SYM_DATA:  # a variable in the shape or a symbolic axis in self (symbolic.py)
+            out = symbolic.reshape(self, shape)
+            if out is not None:
+                return out
         shape = tuple(map(int, shape))
         numel = math.prod(self.node.shape)
         if -1 in shape:
@@ -151,6 +157,8 @@ class MovementOps:
         if lead < 0:
             raise ShapeError(f"expand: cannot expand {self.shape} to fewer dimensions {shape}")
         shape = tuple(self.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
+        if symbolic.has_var(shape):
+            return symbolic.expand(self, shape)
         return self._broadcast_to(shape)
 
     def expand_as(self, other: Tensor) -> Tensor:
@@ -180,7 +188,7 @@ class MovementOps:
             return self.shrink(crop).pad(tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg), value)
         out = self._from(g.move(self.node, Op.PAD, arg), self)
         if value != 0:
-            inside = type(self)(g.move(g.const(True, dtypes.bool, self.device, self.shape), Op.PAD, arg))
+            inside = type(self)(g.move(g.const(True, dtypes.bool, self.device, self.node.shape), Op.PAD, arg))
             if type(value) in (bool, int, float):  # in self's dtype, as PyTorch's (and checked as there)
                 fill = check_fits(value, self.dtype, "pad", strict_float=True, wrap=False)
                 value = type(self)(g.const(fill, self.dtype, self.device))
@@ -215,8 +223,10 @@ class MovementOps:
         return x
 
     def shrink(self, arg) -> Tensor:
-        arg = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
-        if len(arg) != self.ndim or any(not 0 <= b <= e <= s for (b, e), s in zip(arg, self.shape)):
+        if any(a is not None and symbolic.has_var(a) for a in arg):  # a variable's extent (symbolic.py)
+            return symbolic.shrink(self, arg)
+        arg = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.node.shape))
+        if len(arg) != self.ndim or any(not 0 <= b <= e <= s for (b, e), s in zip(arg, self.node.shape)):
             raise ShapeError(f"shrink: {arg} is not inside {self.shape}")
         return self._from(g.move(self.node, Op.SHRINK, arg), self, view=((Op.SHRINK, arg),))
 

@@ -7,7 +7,7 @@ fail the test that uses it.
 
 import os
 
-from tgrad import Tensor, dtypes
+from tgrad import Tensor, Variable, dtypes
 from tgrad.jit import TinyJit
 from tinygrad import _internal, nn  # noqa: F401  (tinygrad's `from tinygrad import nn`)
 from tinygrad.device import Device
@@ -20,6 +20,6 @@ _internal.install()
 if os.environ.get("TGRAD_SHIM_DEFAULT_INT"):
     dtypes.default_int = dtypes.from_any(os.environ["TGRAD_SHIM_DEFAULT_INT"])
 
-__all__ = ["Tensor", "TinyJit", "Device", "dtypes", "Context", "GlobalCounters"]
-# Variable, UOp, ...: internals here (Variable is issue 43's symbolic shapes, counted as failures)
+__all__ = ["Tensor", "TinyJit", "Device", "dtypes", "Context", "GlobalCounters", "Variable"]
+# UOp, ...: internals here
 __getattr__ = _internal.module_getattr(__name__)

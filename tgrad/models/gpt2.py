@@ -8,9 +8,9 @@ GPT2LMHeadModel computes it, with KV-cache generation.
 Position ids come from the attention mask (cumsum - 1, 0 on padding), as transformers' generate makes
 them. generate() runs the prompt once (prefill), which writes every layer's keys and values into a cache
 allocated once per call at its final length, shape (B, n_head, L, head_dim); then each new token is one
-call of a TinyJit decode step that writes its key and value at the current slot and attends over the
-slots written so far through a mask (transformers' StaticCache scheme). The slot is a Tensor argument, so
-one capture serves every position: `cache_slots` is the one place that knows how a slot is addressed.
+call of a TinyJit decode step that writes its key and value at the current slot and attends over
+cache[:, :, :seen], `seen` a bound Variable (symbolic.py: the slots written so far), so one capture serves
+every position: `cache_slots` is the one place that knows how a slot is addressed.
 use_cache=False runs the whole window again for every token (one shape, so its kernels compile once).
 Bad input (ids >= vocab, a prompt longer than n_positions, a checkpoint with missing or mis-shaped
 tensors, an architecture other than GPT-2) raises an error naming the value.
@@ -31,6 +31,7 @@ from tgrad.dtype import DType, dtypes
 from tgrad.errors import ArgumentError, DTypeError, IndexRangeError, ShapeError
 from tgrad.jit import TinyJit
 from tgrad.nn.state import StateDictError, safe_load
+from tgrad.symbolic import BoundVariable, Variable
 from tgrad.tensor import Tensor
 
 ARCHITECTURES = ("GPT2LMHeadModel", "GPT2Model")
@@ -102,13 +103,13 @@ class GPT2Config:
         return out
 
 
-def cache_slots(pos: Tensor, length: int) -> tuple[Tensor, Tensor]:
-    """The decode step's cache addressing, for position pos (a (1,) int32 Tensor, so one TinyJit capture
-    serves every position): `write` (length, 1) marks the slot the new key/value goes to, `seen` (length,)
-    the slots attended to (those written so far and this one). With a bound symbolic position this becomes
-    cache[:, :, pos] = k and attention over cache[:, :, :pos + 1]."""
-    slots = Tensor.arange(length, device=pos.device, dtype=pos.dtype)
-    return (slots == pos).reshape(length, 1), slots <= pos
+def cache_slots(seen: BoundVariable, length: int, device: str) -> Tensor:
+    """The decode step's cache addressing. `seen` (a bound Variable, 1..length: the slots attended, those
+    written so far and this step's, so one TinyJit capture serves every position) is the extent the
+    attention reads (cache[:, :, :seen]); `write` (length, 1) marks slot seen - 1, where the new key and
+    value go (an assign writes the whole cache: symbolic.py takes no assign into a symbolic slice)."""
+    slots = Tensor.arange(length, device=device, dtype=dtypes.int32)
+    return (slots == Tensor(seen, device=device) - 1).reshape(length, 1)
 
 
 def _read_checkpoint(path: Path, device: str | None) -> dict[str, Tensor]:
@@ -270,19 +271,20 @@ class GPT2:
         return self._logits(self._hidden(ids, mask))
 
     @TinyJit
-    def _decode(self, tok: Tensor, pos: Tensor, positions: Tensor, valid: Tensor,
+    def _decode(self, tok: Tensor, seen: BoundVariable, positions: Tensor, valid: Tensor,
                 caches: list[Tensor]) -> Tensor:
-        """One token per row: tok and positions (B, 1), pos (1,) the cache slot, valid (B, L) the slots that
-        hold tokens (not padding), caches [k0, v0, k1, v1, ...] each (B, n_head, L, head_dim)."""
+        """One token per row: tok and positions (B, 1), seen the slots attended (this step's slot is seen -
+        1), valid (B, L) the slots that hold tokens (not padding), caches [k0, v0, k1, v1, ...] each (B,
+        n_head, L, head_dim)."""
         batch, length = valid.shape
-        write, seen = cache_slots(pos, length)
-        allowed = (valid & seen).reshape(batch, 1, 1, length)
+        write = cache_slots(seen, length, tok.device)
+        allowed = valid[:, :seen].reshape(batch, 1, 1, seen)
 
         def attend(i, q, k, v):
             kc, vc = caches[2 * i], caches[2 * i + 1]
             kc.assign(write.where(k, kc))
             vc.assign(write.where(v, vc))
-            return self._attend(i, q, kc, vc, allowed)
+            return self._attend(i, q, kc[:, :, :seen], vc[:, :, :seen], allowed)
 
         h = self._embed(tok, positions)
         for i in range(self.config.n_layer):
@@ -342,10 +344,11 @@ class GPT2:
             self._decode_shape = signature
         valid_t, count = self._tensor(valid), mask.sum(1).astype(np.int32)
         tok = yield logits.numpy()
+        slots = Variable("seen", 1, length)
         for pos in range(t, length):
-            here = self._tensor(np.array([pos], np.int32))
             positions = self._tensor((count + pos - t)[:, None])
-            tok = yield self._decode(self._tensor(tok[:, None]), here, positions, valid_t, caches).numpy()
+            tok = yield self._decode(self._tensor(tok[:, None]), slots.bind(pos + 1), positions, valid_t,
+                                     caches).numpy()
 
     def _uncached(self, ids: np.ndarray, valid: np.ndarray):
         """As _cached, running the whole window (B, L) for every token: later slots are hidden by the

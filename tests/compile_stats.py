@@ -14,10 +14,13 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 _current = ["<collect>"]
 _compiles: list[tuple[str, float]] = []  # (device, seconds) of the current test
@@ -57,28 +60,21 @@ def pytest_configure(config) -> None:
         pass
 
 
-_duration = [0.0]
-
-
-def pytest_runtest_logstart(nodeid, location) -> None:
-    _current[0] = nodeid
-    _duration[0] = 0.0
-
-
-def pytest_runtest_logreport(report) -> None:
-    _duration[0] += report.duration
-
-
-def pytest_runtest_logfinish(nodeid, location) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around each test where it runs (a pytest-xdist worker, not the controller that reports it)."""
     folder = os.environ.get("TGRAD_COMPILE_LOG")
-    if not folder:
-        return
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"test": nodeid, "seconds": _duration[0], "compiles": _compiles[:]})
-    with open(Path(folder) / f"{worker}.jsonl", "a") as f:
-        f.write(line + "\n")
+    _current[0] = item.nodeid
     _compiles.clear()
+    start = time.perf_counter()
+    yield
+    if folder:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        seconds = time.perf_counter() - start
+        line = json.dumps({"test": item.nodeid, "seconds": seconds, "compiles": _compiles})
+        with open(Path(folder) / f"{worker}.jsonl", "a") as f:
+            f.write(line + "\n")
 
 
 def _device(nodeid: str) -> str:
@@ -121,4 +117,5 @@ def report(folder: str, top: int = 40) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # (piped into head: stop quietly)
     report(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40)

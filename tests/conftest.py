@@ -3,6 +3,10 @@
 Tests that take the `device` fixture run once per device in TGRAD_TEST_DEVICES (comma separated;
 default: DEVICE if set, else every device tgrad has). A device that cannot start is skipped with the
 reason, unless TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
+
+A test marked `sweep` (a product of parameters, each case new kernels) runs its whole product on
+SWEEP_DEVICES and a diagonal of it elsewhere: every value of every parameter once (see _on_diagonal).
+TGRAD_TEST_FULL_SWEEPS=1 runs the whole product on every device.
 """
 
 import dataclasses
@@ -74,6 +78,53 @@ def open_or_skip(name: str) -> None:
         if name in _required():
             pytest.fail(f"device {name} is required (TGRAD_REQUIRE_DEVICES) but cannot start: {err}")
         pytest.skip(f"device {name} is not available: {err}")
+
+
+# where a sweep runs whole: the oracle (no compiles) and CPU, whose host paths (BLAS plans, direct and
+# piecewise convolutions) depend on the shapes; the other devices' renderers see every option on the diagonal
+SWEEP_DEVICES = ("NUMPY", "CPU")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "sweep: a parameter product run whole on SWEEP_DEVICES, as a diagonal on the others"
+    )
+
+
+def _on_diagonal(indices: dict[int, int], sizes: dict[int, int]) -> bool:
+    """Whether a case is one of the diagonal's: (k % n1, k % n2, ...) for k below the largest n, so each
+    value of each parameter appears in max(n) cases instead of n1 * n2 * ..."""
+    longest = max(sizes.values(), default=1)
+    return any(all(k % sizes[p] == i for p, i in indices.items()) for k in range(longest))
+
+
+def _cases(item) -> tuple[dict[int, int], dict[int, int]]:
+    """Which case of each of its parametrize marks an item runs, and how many cases each mark has."""
+    indices, sizes = {}, {}
+    for m, mark in enumerate(item.iter_markers("parametrize")):
+        names, values = mark.args[0], mark.args[1]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        mine = [item.callspec.params[n] for n in names]
+        for i, value in enumerate(values):
+            value = value.values if hasattr(value, "values") and hasattr(value, "marks") else value
+            value = list(value) if len(names) > 1 else [value]
+            if all(a is b for a, b in zip(value, mine)):
+                indices[m], sizes[m] = i, len(values)
+                break
+    return indices, sizes
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("TGRAD_TEST_FULL_SWEEPS") == "1":
+        return
+    dropped = set()
+    for it in items:
+        if it.get_closest_marker("sweep") and it.callspec.params.get("device", "CPU") not in SWEEP_DEVICES:
+            if not _on_diagonal(*_cases(it)):
+                dropped.add(it)
+    if dropped:
+        config.hook.pytest_deselected(items=[it for it in items if it in dropped])
+        items[:] = [it for it in items if it not in dropped]
 
 
 def pytest_generate_tests(metafunc):

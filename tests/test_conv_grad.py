@@ -29,6 +29,8 @@ CONV2D = [
 ]
 
 
+# (sweep: every option and size on NUMPY and CPU, each option once with a size on the other devices)
+@pytest.mark.sweep
 @pytest.mark.parametrize("kw", CONV2D, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
 @pytest.mark.parametrize("size", [(9, 11, 3), (8, 8, 2), (7, 6, 1)], ids=lambda s: "x".join(map(str, s)))
 def test_conv2d_gradients(device, kw, size):
@@ -157,6 +159,7 @@ def test_conv2d_builds_only_the_gradients_wanted(stride, monkeypatch):
                 assert mine.grad is None
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
 @pytest.mark.parametrize(
     "shape,kw",

@@ -60,6 +60,7 @@ def test_bad_padding_strings_raise():
         Tensor.ones(1, 1, 5, 5).conv2d(Tensor.ones(1, 1, 3, 3), stride=(1, 2), padding="same")
 
 
+@pytest.mark.sweep  # (tests/conftest.py: whole on NUMPY and CPU, a diagonal elsewhere)
 @pytest.mark.parametrize("shape", [(2, 3, 7), (2, 3, 5, 6), (1, 3, 2, 3, 4)])
 @pytest.mark.parametrize("affine", [True, False])
 def test_instance_norm_matches_torch(device, shape, affine):

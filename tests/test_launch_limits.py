@@ -27,6 +27,9 @@ LLVMPIPE = device_props({"max-compute-invocations-per-workgroup": 1024,
 LOOP_EDGE = 256 * (MESA_MAX_LOOP - 1 - 9)  # the longest reduce a GROUP(256) runs within the loop limit
 SIZES = [2**16 - 1, 2**16, 2**16 + 1, 65535 * 64 - 1, 65535 * 64 + 1, LOOP_EDGE, LOOP_EDGE + 1,
          65535 * 256 + 1, 2**24 + 1, 2**25]
+# the sizes at WEBGPU's limits (65535 workgroups of 64 or 256, Mesa's loop limit): Triton's interpreter,
+# which runs each program in Python, skips them (its own edges, a tile of 2**16 and float32's 2**24, stay)
+WEBGPU_EDGES = {65535 * 64 - 1, 65535 * 64 + 1, LOOP_EDGE, LOOP_EDGE + 1, 65535 * 256 + 1}
 
 
 def kernel_of(t: Tensor):
@@ -36,6 +39,8 @@ def kernel_of(t: Tensor):
 
 @pytest.mark.parametrize("n", SIZES)
 def test_full_reductions_at_the_limits(device, n):
+    if n in WEBGPU_EDGES and device == "TRITON" and get_runtime(device).props.interpreted:
+        pytest.skip("a WEBGPU limit, slow in Triton's interpreter; TRITON keeps its own edges")
     ones = Tensor(np.ones(n, np.float32), device=device)
     assert ones.sum().item() == np.ones(n, np.float32).sum()
     assert ones.mean().item() == pytest.approx(1.0, rel=1e-6)

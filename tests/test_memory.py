@@ -65,7 +65,7 @@ def test_peak_live_bytes_is_a_high_water_mark(device):
 def test_training_loop_buffer_count_is_flat(device):
     w = Tensor.rand(16, 16, requires_grad=True)
     counts = []
-    for _ in range(12):
+    for step in range(12):
         loss = (Tensor.rand(4, 16) @ w).relu().sum()
         w.grad = None
         loss.backward()
@@ -73,8 +73,9 @@ def test_training_loop_buffer_count_is_flat(device):
             w.assign(w - w.grad * 0.01)
         Tensor.realize(loss, w)
         del loss
-        counts.append(live())
-    assert counts[-1] == counts[3], counts
+        if step in (3, 11):  # (live() runs a full garbage collection: only where the assertion looks)
+            counts.append(live())
+    assert counts[1] == counts[0], counts
 
 
 def test_thousand_jitted_steps_keep_live_buffers_flat():
@@ -125,17 +126,18 @@ def test_batchnorm_steps_without_its_statistics_in_the_optimizer_keep_memory_fla
     Tensor.training = True
     try:
         counts = []
-        for x in xs:
+        for step, x in enumerate(xs):
             opt.zero_grad()
             bn(conv(Tensor(x))).relu().mean().backward()
             opt.step()
-            counts.append((live(), Stats.live_bytes))
+            if step in (3, len(xs) - 1):  # (live() collects garbage: only where the assertion looks)
+                counts.append((live(), Stats.live_bytes))
             topt.zero_grad()
             tbn(tconv(torch.from_numpy(x))).relu().mean().backward()
             topt.step()
     finally:
         Tensor.training = False
-    assert counts[-1] == counts[3], counts
+    assert counts[1] == counts[0], counts
     np.testing.assert_allclose(bn.running_mean.numpy(), tbn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(bn.running_var.numpy(), tbn.running_var.numpy(), rtol=1e-5, atol=1e-6)
 

@@ -324,6 +324,7 @@ def test_param_groups_under_tinyjit(device):
 # cross_entropy(weight=)
 
 
+@pytest.mark.sweep  # (tests/conftest.py: whole on NUMPY and CPU, a diagonal elsewhere)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("spatial", [False, True])

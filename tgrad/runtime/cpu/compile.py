@@ -80,7 +80,11 @@ def declared_symbols(llvm_ir: str) -> list[str]:
 @functools.cache
 def _lean_pipeline():
     """Numba's nopython pipeline without the passes generated kernels never need (closures, with-blocks,
-    literal unrolling, IR rewrites, inlining): straight-line loops over pointers and scalars."""
+    literal unrolling, IR rewrites, inlining): straight-line loops over pointers and scalars. Nor SSA
+    reconstruction: it rewrites every variable assigned twice (each `a if c else b` leaves one) in a pass
+    over all blocks, a quarter of a kernel's compile time and more for large fused ones, while every such
+    variable of a generated kernel keeps one type, so type inference needs no versions of it and LLVM's
+    own SSA form gives the same machine code (compared on the suite's kernels: bench/HISTORY.md)."""
     from numba.core import compiler, typed_passes, untyped_passes
     from numba.core.compiler_machinery import PassManager
 
@@ -88,8 +92,7 @@ def _lean_pipeline():
         def define_pipelines(self):
             pm = PassManager("tgrad_kernel")
             for pass_ in (untyped_passes.TranslateByteCode, untyped_passes.FixupArgs,
-                          untyped_passes.IRProcessing, untyped_passes.ReconstructSSA,
-                          typed_passes.NopythonTypeInference, typed_passes.PreLowerStripPhis,
+                          untyped_passes.IRProcessing, typed_passes.NopythonTypeInference,
                           typed_passes.NoPythonSupportedFeatureValidation, typed_passes.IRLegalization,
                           typed_passes.AnnotateTypes, typed_passes.NativeLowering,
                           typed_passes.NoPythonBackend):

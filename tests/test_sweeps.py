@@ -1,0 +1,48 @@
+"""The suite's `sweep` marker (tests/conftest.py): off SWEEP_DEVICES a parameter product shrinks to a
+diagonal that still has every value of every parameter, and only sweeps shrink."""
+
+import itertools
+import types
+
+import pytest
+
+from tests.conftest import SWEEP_DEVICES, _cases, _on_diagonal
+
+
+@pytest.mark.parametrize("sizes", [(9, 3), (2, 6), (3, 2, 2), (4,), (5, 5)])
+def test_the_diagonal_has_every_value_of_every_parameter(sizes):
+    product = list(itertools.product(*map(range, sizes)))
+    kept = [case for case in product if _on_diagonal(dict(enumerate(case)), dict(enumerate(sizes)))]
+    assert len(kept) == max(sizes)
+    for p, n in enumerate(sizes):
+        assert {case[p] for case in kept} == set(range(n))
+
+
+def _item(params: dict, marks: list) -> types.SimpleNamespace:
+    spec = types.SimpleNamespace(params=params)
+    return types.SimpleNamespace(callspec=spec, iter_markers=lambda name: marks)
+
+
+def test_cases_finds_each_marks_case_by_identity():
+    kws = [dict(), dict(stride=2), dict(stride=2)]  # equal values, different cases
+    shapes = [(1, 2), (3, 4)]
+    marks = [pytest.mark.parametrize("kw", kws).mark,
+             pytest.mark.parametrize("shape,n", [(shapes[0], 1), pytest.param(shapes[1], 2)]).mark]
+    indices, sizes = _cases(_item({"kw": kws[2], "shape": shapes[1], "n": 2}, marks))
+    assert indices == {0: 2, 1: 1} and sizes == {0: 3, 1: 2}
+
+
+def test_conv_sweep_keeps_every_option_on_every_device():
+    """test_conv2d_gradients is a sweep: CL, WEBGPU and TRITON still run each conv option (and each size)."""
+    assert set(SWEEP_DEVICES) == {"NUMPY", "CPU"}
+    from tests import test_conv_grad
+
+    marks = list(reversed(test_conv_grad.test_conv2d_gradients.pytestmark))
+    marks = [m for m in marks if m.name == "parametrize"]
+    kws, sizes = marks[0].args[1], marks[1].args[1]
+    assert any(m.name == "sweep" for m in test_conv_grad.test_conv2d_gradients.pytestmark)
+    kept = [(kw, size) for kw in kws for size in sizes
+            if _on_diagonal(*_cases(_item({"kw": kw, "size": size}, marks)))]
+    assert len(kept) == len(kws)
+    assert all(any(k is kw for k, _ in kept) for kw in kws)
+    assert all(any(s is size for _, s in kept) for size in sizes)

@@ -29,9 +29,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tgrad.models.gpt2 import GPT2  # noqa: E402
 
 
+def _need_transformers(what: str) -> None:
+    """Stop with the install line where transformers (and torch) are missing."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"{what} needs transformers and torch ({e}): pip install -e '.[gpt2]'") from e
+
+
 def make_random(path: str, layers: int = 12, width: int = 768, heads: int = 12, vocab: int = 50257,
                 positions: int = 1024, seed: int = 0) -> None:
     """Save a GPT-2 with random weights (transformers' initialisation) to path."""
+    _need_transformers("--make-random")
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -76,6 +86,7 @@ def run_tgrad(model: GPT2, ids: np.ndarray, args, decode=None, quiet: bool = Fal
 
 def run_transformers(path: str, ids: np.ndarray, args) -> dict:
     """transformers' generate with its cache, timed by a streamer the same way."""
+    _need_transformers("--compare")
     import torch
     from transformers import GPT2LMHeadModel
 
@@ -141,10 +152,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     if a.prompt or (Path(a.model) / "tokenizer.json").is_file():
         if not (Path(a.model) / "tokenizer.json").is_file():
             p.error(f"--prompt needs {Path(a.model) / 'tokenizer.json'}; pass --prompt-ids instead")
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json"))
-        decode = tok.decode
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:  # (token ids still work: they are printed as numbers)
+            if a.prompt:
+                raise SystemExit(f"--prompt needs tokenizers ({e}): pip install -e '.[gpt2]'") from e
+            Tokenizer = None  # noqa: N806
+        if Tokenizer is not None:
+            tok = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json"))
+            decode = tok.decode
     ids = tok.encode(a.prompt).ids if a.prompt else [int(x) for x in a.prompt_ids.split(",")]
     ids = np.array([ids], np.int64)
     model = GPT2.from_pretrained(a.model)

@@ -5,6 +5,7 @@ bfloat16 checkpoints, sampling, and the errors for bad checkpoints and bad input
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,29 @@ def test_the_example_takes_text_through_a_tokenizer_json(tmp_path, capsys):
     assert tokens == want
     printed = capsys.readouterr().out
     assert "w5 w17 w33" in printed and all(f"w{t}" in printed for t in tokens[3:])
+
+
+def test_the_example_says_what_to_install(tmp_path, monkeypatch, capsys):
+    """Without transformers, --make-random stops with the install line; without tokenizers a --prompt-ids
+    run beside a tokenizer.json still generates (token ids printed as numbers) and --prompt says what to
+    install."""
+    spec = importlib.util.spec_from_file_location("gpt2_example_bare", ROOT / "examples" / "gpt2.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model_dir = tmp_path / "model"
+    make_checkpoint(model_dir, layers=1)
+    (model_dir / "tokenizer.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # (an import of it raises ImportError)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(SystemExit, match=r"transformers and torch.*pip install -e '\.\[gpt2\]'"):
+        example.main(["--make-random", str(tmp_path / "other")])
+    with pytest.raises(SystemExit, match=r"--prompt needs tokenizers.*\[gpt2\]"):
+        example.main(["--model", str(model_dir), "--prompt", "hello", "--max-new-tokens", "2"])
+    out = tmp_path / "out.json"
+    example.main(["--model", str(model_dir), "--prompt-ids", "5,17", "--max-new-tokens", "3", "--greedy",
+                  "--warmup", "0", "--json", str(out)])
+    tokens = json.loads(out.read_text())["tokens"]
+    assert tokens == GPT2.from_pretrained(model_dir).generate([[5, 17]], 3)[0].tolist()
 
 
 def test_a_sharded_checkpoint_loads(tmp_path):

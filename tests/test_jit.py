@@ -432,6 +432,32 @@ def test_cpu_replay_runs_its_compiled_functions_in_one_native_call(monkeypatch, 
             np.testing.assert_allclose(g.numpy(), w, rtol=1e-4, atol=1e-6)
 
 
+def test_cpu_replay_leaves_matrix_vector_products_to_numpy():
+    """A batch-1 decode step's x @ W (one row) and W @ v (one column) are not gemm records in a CPU
+    replay's native call (numpy's matmul runs them as gemv, at memory speed; a gemm of one row did not),
+    while a matrix times a matrix is; values numpy's on every call."""
+    from tgrad.runtime.cpu import batch as cpu_batch
+
+    rng = np.random.default_rng(6)
+    w, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((512, 768), (512, 512)))
+    tw, tw2 = Tensor(w, device="CPU"), Tensor(w2, device="CPU")
+
+    def step(x, v, m):
+        return ((x @ tw).relu() * 2).sum(), (tw @ v * 0.05).exp().sum(), (m @ tw2).sum()
+
+    f = TinyJit(step)
+    for _ in range(4):
+        x, v, m = (rng.standard_normal(s).astype(np.float32) for s in ((1, 512), (768, 1), (64, 512)))
+        got = f(*(Tensor(a, device="CPU") for a in (x, v, m)))
+        want = (np.maximum(x @ w, 0) * 2).sum(), np.exp(w @ v * 0.05).sum(), (m @ w2).sum()
+        for g, wv in zip(got, want):
+            np.testing.assert_allclose(g.numpy(), wv, rtol=1e-4)
+    batches = [s for s in f._last.steps if isinstance(s, cpu_batch.Batch)]
+    records = [launch[0].name for b in batches for p in b.parts if p[0] == "run" for launch in p[3]
+               if "blas" in launch[0].program.launch]
+    assert records and all("_64_512_512" in name or "_512_64_512" in name for name in records), records
+
+
 def test_a_failing_function_in_a_batch_names_its_kernel(monkeypatch):
     """A compiled function that returns an error status inside a batched replay raises KernelError
     naming its kernel, as a launch from Python does."""

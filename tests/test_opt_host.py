@@ -91,6 +91,32 @@ def test_threads_opt_follows_parallel_min_work(cpu_tuning):
         np.testing.assert_array_equal(out.numpy(), x * 3 + 1)
 
 
+@pytest.mark.parametrize("sa,sb,transpose", [
+    ((32, 128, 32), (32, 32, 128), False),  # attention's scores: a batch of small matmuls
+    ((8, 4, 128, 32), (8, 4, 128, 32), True),  # q @ k^T with k read transposed, two batch axes
+    ((7, 64, 96), (7, 96, 80), False),  # a batch no piece count divides evenly
+])
+def test_a_batch_of_small_matmuls_is_split_over_the_cores(cpu_tuning, sa, sb, transpose):
+    """A batch of small BLAS matmuls runs in pieces of the batch (CHUNK on axis 0), a one-thread BLAS call
+    each, where each matrix is at most split_batch_max_work multiply-adds (not where bigger, or on one
+    core); PyTorch's values every way."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(sa).astype(F32), rng.standard_normal(sb).astype(F32)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    want = (ta @ tb.transpose(-1, -2) if transpose else ta @ tb).numpy()
+    rt = get_runtime("CPU")
+    for most, cores, split in ((1 << 22, 2, True), (1 << 10, 2, False), (1 << 22, 1, False)):
+        cpu_tuning(batched_max_work=0, split_batch_max_work=most)  # (its fixture puts the props back)
+        rt.set_props(dataclasses.replace(rt.props, compute_units=cores))
+        x, y = Tensor(a, device="CPU"), Tensor(b, device="CPU")
+        out = x @ y.transpose(-1, -2) if transpose else x @ y
+        kernel = rt.optimize(_last_kernel(out))
+        assert Contract(find(kernel.opts, OptOps.CONTRACT)) == Contract.BLAS
+        chunk = [o for o in kernel.opts if o.op is OptOps.CHUNK]
+        assert bool(chunk and chunk[0].axis == 0) == (split and sa[0] > 1), (most, cores, kernel.opts)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_pieces_are_sized_to_the_cache(cpu_tuning):
     """A conv whose windows are copied in pieces: on a device with half the cache each piece copies half
     as many images (chunk_elems), without compiled pieces (which take one image a piece); values as

@@ -27,7 +27,7 @@ import math
 from tgrad import blas
 from tgrad.blas import BlasPlan, Col2Im
 from tgrad.fuse import Kernel
-from tgrad.graph import COL2IM, CONV
+from tgrad.graph import COL2IM, CONTRACT, CONV
 from tgrad.opt.opts import Contract, DeviceProps, HostTuning, Opt, OptOps, find
 
 
@@ -84,6 +84,21 @@ def _direct(kernel: Kernel, chans: int, cin: int, kh: int, kw: int, t: HostTunin
     return kh * kw <= t.direct_max_taps and chans >= t.direct_min_channels and big
 
 
+def _batch_pieces(kernel: Kernel, plan: BlasPlan, props: DeviceProps) -> blas.Chunk | None:
+    """A batch of small matmuls (global axis 0 a batch axis, at most `split_batch_max_work` multiply-adds
+    a matrix) cut into two pieces a core along axis 0, each a one-thread BLAS call over its matrices: BLAS's
+    own threads split each small matrix and wait for each other once a matrix, which on a core another
+    process also runs costs a time slice each (bench/HISTORY.md)."""
+    length = kernel.shape[0] if kernel.shape else 0
+    if kernel.contraction != CONTRACT or 0 not in plan.batch or props.compute_units < 2 or length < 2:
+        return None  # (a conv's matmuls have their own pieces and pairs)
+    if math.prod(kernel.shape[x] for x in (*plan.m, *plan.n)) * math.prod(kernel.reduce_shape) > \
+            props.host.split_batch_max_work:
+        return None
+    pieces = min(length, 2 * props.compute_units)
+    return blas.Chunk(0, min(d for d in range(-(-length // pieces), length + 1) if length % d == 0))
+
+
 def host_opts(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
     """The CPU's opts for a kernel (see the module's docstring)."""
     t = props.host
@@ -109,6 +124,8 @@ def host_opts(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
     if chunk is not None and chunk.size != 1 and props.native_pieces and \
             math.prod(kernel.shape) // kernel.shape[chunk.axis] >= t.one_index_min_work:
         chunk = blas.Chunk(chunk.axis, 1)  # compiled pieces pay a call per piece: smaller copies win
+    if chunk is None and impl is Contract.BLAS:
+        chunk = _batch_pieces(kernel, plan, props)
     opts = [Opt(OptOps.CONTRACT, impl)]
     opts += [Opt(OptOps.BATCH, lead)] if lead else []
     opts += [Opt(OptOps.CHUNK, chunk.size, chunk.axis)] if chunk is not None else []

@@ -86,12 +86,14 @@ def _direct(kernel: Kernel, chans: int, cin: int, kh: int, kw: int, t: HostTunin
 
 def _batch_pieces(kernel: Kernel, plan: BlasPlan, props: DeviceProps) -> blas.Chunk | None:
     """A batch of small matmuls (global axis 0 a batch axis, at most `split_batch_max_work` multiply-adds
-    a matrix) cut into two pieces a core along axis 0, each a one-thread BLAS call over its matrices: BLAS's
-    own threads split each small matrix and wait for each other once a matrix, which on a core another
-    process also runs costs a time slice each (bench/HISTORY.md)."""
+    a matrix, `parallel_min_work` in all) cut into two pieces a core along axis 0, each a one-thread BLAS
+    call over its matrices: BLAS's own threads split each small matrix and wait for each other once a
+    matrix, which on a core another process also runs costs a time slice each (bench/HISTORY.md)."""
     length = kernel.shape[0] if kernel.shape else 0
     if kernel.contraction != CONTRACT or 0 not in plan.batch or props.compute_units < 2 or length < 2:
         return None  # (a conv's matmuls have their own pieces and pairs)
+    if math.prod(kernel.shape) < props.host.parallel_min_work:  # (too little work to hand to threads)
+        return None
     if math.prod(kernel.shape[x] for x in (*plan.m, *plan.n)) * math.prod(kernel.reduce_shape) > \
             props.host.split_batch_max_work:
         return None

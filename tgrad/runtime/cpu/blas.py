@@ -133,8 +133,10 @@ class BlasCall:
             way = self.ways[key] = _Matmul(plan, self.kernel, a, b, out)
         if any(side.copy for side in way.sides) or not (way.direct and way.in_order) or way.swap:
             return None
-        if 1 in way.dims[-2:]:  # a matrix times a vector: numpy's matmul calls gemv, which streams the matrix
-            return None  # at memory speed; gemm with one row or column ran 1.7x slower (bench/HISTORY.md)
+        # a matrix times a vector: numpy's matmul calls gemv, which streams the matrix at memory speed; as a
+        # one-row gemm record, GPT-2's decode step took 1.6x as long (bench/HISTORY.md)
+        if 1 in way.dims[-2:]:
+            return None
         x, y = (side.matrix(array, 0, None) for side, array in zip(way.sides, (a, b)))
         ints = _gemm_ints(x, y, (a, b), out.reshape(way.dims))
         return None if ints is None else (ints, (plan.a.input, plan.b.input))

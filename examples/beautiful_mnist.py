@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import sys
 import time
@@ -130,12 +131,13 @@ def train(model_name: str = "cnn", steps: int = 60, batch_size: int = 128, lr: f
             kernels_per_step = Stats.kernels_run - before
             if not quiet and (i % 25 == 24 or i == steps - 1):
                 acc = accuracy()
+            # (the accuracy once it has been measured: nothing, not nan, before)
+            shown = "" if math.isnan(acc) else f" accuracy {acc * 100:5.2f}%"
             if hasattr(bar, "set_description") and (i % 10 == 0 or i == steps - 1):
-                bar.set_description(f"loss {loss.item():6.3f} accuracy {acc * 100:5.2f}%")
+                bar.set_description(f"loss {loss.item():6.3f}{shown}")
             elif not quiet and not hasattr(bar, "set_description") and (i % 50 == 0 or i == steps - 1):
                 rate = (i + 1) / (time.perf_counter() - t_train)
-                print(f"step {i:4d}  loss {loss.item():6.3f}  accuracy {acc * 100:5.2f}%  "
-                      f"{rate:6.1f} steps/s", flush=True)
+                print(f"step {i:4d}  loss {loss.item():6.3f}{shown}  {rate:6.1f} steps/s", flush=True)
     finally:
         Tensor.training = False
     train_time = time.perf_counter() - t_train

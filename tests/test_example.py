@@ -34,6 +34,16 @@ def test_beautiful_mnist_cnn_learns_digits(example):
     assert result["model"] == "cnn" and result["accuracy"] >= 0.85, result
 
 
+def test_progress_shows_the_accuracy_once_measured_and_never_nan(example, capsys):
+    """The progress line gives the loss from the first step and the test accuracy once it was measured
+    (every 25 steps): before that nothing, not 'nan%' (issue 45)."""
+    example.train("mlp", steps=30, batch_size=32, lr=3e-3, dataset="digits", quiet=False)
+    out = capsys.readouterr()
+    shown = (out.out + out.err).replace("\r", "\n")
+    assert "loss" in shown and "accuracy" in shown
+    assert "nan" not in shown.lower()
+
+
 def test_digits_scaled_to_28(example):
     import numpy as np
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from bench.contenders import Contender, NotApplicable, TorchContender, Unavailable
+from bench.contenders import Contender, NotApplicable, TorchContender, Unavailable, require
 from bench.models import CNN_CONVS
 
 LR, BETAS, EPS = 1e-3, (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which every contender uses
@@ -32,7 +32,7 @@ class TorchCompileContender(TorchContender):
         if shutil.which("cc") is None and shutil.which("gcc") is None:
             raise Unavailable("torch.compile's CPU backend (inductor) compiles C++: no C compiler here")
 
-    def _compiled(self, fn):
+    def _prepare(self, fn):
         return self.torch.compile(fn)
 
     def settle(self, run) -> None:
@@ -53,18 +53,18 @@ class TorchCompileContender(TorchContender):
 
     def build_elementwise(self, wl, d):
         a, b, c = self._t(d, "a", "b", "c")
-        f = self._compiled(lambda a, b, c: (a * b + c).relu().sum())
+        f = self._prepare(lambda a, b, c: (a * b + c).relu().sum())
         return lambda: f(a, b, c)
 
     def build_softmax(self, wl, d):
         (x,) = self._t(d, "x")
-        f = self._compiled(lambda x: x.softmax(-1))
+        f = self._prepare(lambda x: x.softmax(-1))
         return lambda: f(x)
 
     def build_reduce(self, wl, d):
         (x,) = self._t(d, "x")
         axis = wl.arg
-        f = self._compiled(lambda x: x.sum(axis))
+        f = self._prepare(lambda x: x.sum(axis))
         return lambda: f(x)
 
     def build_matmul(self, wl, d):
@@ -80,33 +80,7 @@ class TorchCompileContender(TorchContender):
         raise NotApplicable("the eager row: torch.compile's step is in mlp_step_jit")
 
     def build_mlp_jit(self, wl, d):
-        return self._mlp(d)  # (eager PyTorch's step, made with _compiled models: _train below)
-
-    def _mlp(self, d):
-        torch = self.torch
-        model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-        with torch.no_grad():
-            for p, name in zip(model.parameters(), ("w1", "b1", "w2", "b2")):
-                p.copy_(torch.from_numpy(d[name]))
-        return self._train(model, d["x"], d["y"])
-
-    def _train(self, model, x, y, device: str = "cpu"):
-        torch = self.torch
-        model.train()
-        opt = torch.optim.Adam(model.parameters(), lr=LR)
-        x, y = torch.from_numpy(x.copy()).to(device), torch.from_numpy(y.copy()).to(device)
-        forward = self._compiled(model)
-        update = self._compiled(opt.step)
-
-        def step():
-            opt.zero_grad()
-            logits = forward(x)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            loss.backward()
-            update()
-            return loss.detach()
-
-        return step
+        return self._mlp(d)  # (PyTorch's step with the model and optimizer.step compiled: _prepare)
 
     def build_gpt2_decode(self, wl, d):
         raise NotApplicable("transformers' generate runs eagerly here (the torch row)")
@@ -130,12 +104,7 @@ class JaxContender(Contender):
     group = "baseline"
 
     def open(self) -> None:
-        try:
-            import jax
-            import jax.numpy as jnp
-        except ImportError as e:
-            raise Unavailable("JAX is not installed: pip install jax") from e
-        self.jax, self.jnp = jax, jnp
+        self.jax, self.jnp = require("jax", "pip install jax"), require("jax.numpy", "pip install jax")
 
     def version(self) -> str:
         return self.jax.__version__

@@ -9,6 +9,7 @@ what run() returned into a numpy array for the correctness check.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -81,6 +82,14 @@ class Contender:
     def peak(self, run: Callable[[], object]) -> dict[str, float]:
         """Peak memory of one run above what was live before it: {'peak_mib': ...} (peak_memory rows)."""
         raise NotApplicable(f"{self.name} has no peak memory measurement")
+
+
+def require(module: str, install: str):
+    """The module, imported, or Unavailable saying how to install it (a contender's open())."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise Unavailable(f"{module.split('.')[0]} is not installed ({e}): {install}") from e
 
 
 def traced_peak_mib(run: Callable[[], object]) -> float:
@@ -170,11 +179,7 @@ class NumbaHandContender(Contender):
     group = "baseline"
 
     def open(self) -> None:
-        try:
-            import numba
-        except ImportError as e:
-            raise Unavailable("numba is not installed: pip install numba") from e
-        self.numba = numba
+        self.numba = require("numba", "pip install numba")
 
     def version(self) -> str:
         return self.numba.__version__
@@ -220,11 +225,7 @@ class TorchContender(Contender):
     group = "baseline"
 
     def open(self) -> None:
-        try:
-            import torch
-        except ImportError as e:
-            raise Unavailable("PyTorch is not installed: pip install -e '.[bench]'") from e
-        self.torch = torch
+        self.torch = require("torch", "pip install -e '.[bench]'")
 
     def version(self) -> str:
         return self.torch.__version__
@@ -270,17 +271,11 @@ class TorchContender(Contender):
         with torch.no_grad():
             for p, name in zip(model.parameters(), ("w1", "b1", "w2", "b2")):
                 p.copy_(torch.from_numpy(d[name]))
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        x, y = torch.from_numpy(d["x"]), torch.from_numpy(d["y"])
+        return self._train(model, d["x"], d["y"])
 
-        def step():
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return step
+    def _prepare(self, fn):
+        """fn as the step calls it: eager PyTorch runs it as it is (torch.compile's contender compiles it)."""
+        return fn
 
     def build_mlp(self, wl, d):
         return self._mlp(d)
@@ -295,13 +290,14 @@ class TorchContender(Contender):
         model.train()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         x, y = torch.from_numpy(x.copy()).to(device), torch.from_numpy(y.copy()).to(device)
+        forward, update = self._prepare(model), self._prepare(opt.step)
 
         def step():
             opt.zero_grad()
-            logits = model(x)
+            logits = forward(x)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             loss.backward()
-            opt.step()
+            update()
             return loss.detach()
 
         return step

@@ -147,19 +147,30 @@ def lazy_backward(monkeypatch):
     monkeypatch.setenv("TGRAD_BACKWARD_REPLAY", "0")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cpu_cache_pinned():
+    """The CPU device's core cache as 1 MiB for the whole suite, whatever this machine's sysfs says: the
+    optimizer sizes copied matmul operands' pieces to it (opt/host.chunk_elems), and the tests that check
+    which plan a conv gets (pieces, shifts, direct or BLAS) were written for that size. Values are the
+    same at any size (tests/test_opt_host.py tries others); only the plans differ."""
+    rt = get_runtime("CPU")
+    rt.set_props(dataclasses.replace(rt.props, cache_bytes=1 << 20))
+    yield
+
+
 @pytest.fixture
 def cpu_tuning():
     """cpu_tuning(pair_min_result=1 << 16, ...): the CPU device's HostTuning (opt/host.py) with these
-    fields for one test (Runtime.set_props), and its properties (`native_pieces=...`) the same way; the
-    device's own properties come back after it."""
+    fields for one test (Runtime.set_props), and its properties (`native_pieces=...`, `cache_bytes=...`)
+    the same way; the device's own properties come back after it."""
     rt = get_runtime("CPU")
     old = rt.props
 
-    def tune(native_pieces: bool | None = None, **fields) -> None:
-        props = dataclasses.replace(rt.props, host=dataclasses.replace(rt.props.host, **fields))
-        if native_pieces is not None:
-            props = dataclasses.replace(props, native_pieces=native_pieces)
-        rt.set_props(props)
+    def tune(**fields) -> None:
+        own = {f.name for f in dataclasses.fields(rt.props)}
+        props = {k: v for k, v in fields.items() if k in own and v is not None}
+        host = {k: v for k, v in fields.items() if k not in own}
+        rt.set_props(dataclasses.replace(rt.props, host=dataclasses.replace(rt.props.host, **host), **props))
 
     yield tune
     rt.set_props(old)

@@ -163,7 +163,9 @@ def test_shifted_pieces_match_torch(case, threads, native, monkeypatch, cpu_tuni
     (where numpy's BLAS has the ILP64 gemm it calls) and as numpy calls. (Forwards like these run as
     direct convolutions, tests/test_direct_conv.py; BLAS takes them here, as it takes those that path
     does not.)"""
-    cpu_tuning(direct_min_channels=1 << 30)  # no direct convolutions
+    # no direct convolutions; a core cache that holds one image's windows (<= 230K elements here), so the
+    # pieces are single images (with the suite's 1 MiB, two input channels a piece: no shift)
+    cpu_tuning(direct_min_channels=1 << 30, cache_bytes=2 << 20)
     monkeypatch.setenv("TGRAD_THREADS", threads)
     ran = []
     real = cpu_gemm.shifted_spec

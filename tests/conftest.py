@@ -86,6 +86,12 @@ SWEEP_DEVICES = ("NUMPY", "CPU")
 
 
 def pytest_configure(config):
+    # the CPU device's core cache as 1 MiB for the whole suite, whatever this machine's sysfs says: the
+    # optimizer sizes copied matmul operands' pieces to it (opt/host.chunk_elems), and the tests that check
+    # which plan a conv gets (pieces, shifts, direct or BLAS) were written for that size. Values are the
+    # same at any size (tests/test_opt_host.py tries others); only the plans differ
+    rt = get_runtime("CPU")
+    rt.set_props(dataclasses.replace(rt.props, cache_bytes=1 << 20))
     config.addinivalue_line(
         "markers", "sweep: a parameter product run whole on SWEEP_DEVICES, as a diagonal on the others"
     )
@@ -145,17 +151,6 @@ def lazy_backward(monkeypatch):
     """backward() leaves the gradients lazy (TGRAD_BACKWARD_REPLAY=0), for tests that read the gradient
     graph (its kernels, its schedule) instead of its values."""
     monkeypatch.setenv("TGRAD_BACKWARD_REPLAY", "0")
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _cpu_cache_pinned():
-    """The CPU device's core cache as 1 MiB for the whole suite, whatever this machine's sysfs says: the
-    optimizer sizes copied matmul operands' pieces to it (opt/host.chunk_elems), and the tests that check
-    which plan a conv gets (pieces, shifts, direct or BLAS) were written for that size. Values are the
-    same at any size (tests/test_opt_host.py tries others); only the plans differ."""
-    rt = get_runtime("CPU")
-    rt.set_props(dataclasses.replace(rt.props, cache_bytes=1 << 20))
-    yield
 
 
 @pytest.fixture

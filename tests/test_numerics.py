@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import compare
-from tgrad import Tensor
+from tgrad import Tensor, dtypes
 
 SPECIAL = [0.0, -0.0, -1.0, 1.0, math.inf, -math.inf, math.nan, 1e-30, -2.5]
 
@@ -179,6 +179,68 @@ def test_half_mean_and_matmul_accumulate_in_float32(device):
     np.testing.assert_allclose(mean.astype(np.float32), torch.tensor(x).mean(1).float().numpy(), rtol=2e-3)
     total = Tensor(x).sum().numpy()
     np.testing.assert_allclose(float(total), float(torch.tensor(x).sum()), rtol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_narrow_float_mean_var_std_past_the_dtypes_range_of_counts(device, dtype):
+    """70000 elements: the count and 1 / count are not float16 numbers (inf, a subnormal), so mean, var and
+    std of float16 / bfloat16 run in float32 and round once, as PyTorch's (tinygrad's
+    test_var_half_precision_large_n: var gave 0.0 on NUMPY, TRITON and WEBGPU); prod too."""
+    from tgrad import Device
+
+    dt = getattr(dtypes, dtype)
+    if not Device[device].supports(dt):
+        pytest.skip(f"{device} has no {dtype}")
+    rng = np.random.default_rng(5)
+    x = rng.random((35000, 2)).astype(np.float32)
+    x[:, 1] += 1
+    tt = torch.tensor(x).to(getattr(torch, dtype))
+    t = Tensor(tt.float().numpy(), dtype=dt)
+    for name, got, ref in [
+        ("mean", t.mean(), tt.mean()), ("var", t.var(), tt.var()), ("std", t.std(), tt.std()),
+        ("mean(0)", t.mean(0), tt.mean(0)), ("var(0)", t.var(0), tt.var(0)),
+        ("std(0, correction=0)", t.std(0, correction=0), tt.std(0, correction=0)),
+        # PyTorch's CPU prod of float16 multiplies in float16 (1% off after these 300 factors): the
+        # reference is the exact product of the same float16 factors, rounded once
+        ("prod(0) of a slice", (t[:300] * 0.01 + 1).prod(0),
+         (tt[:300] * 0.01 + 1).double().prod(0).to(tt.dtype)),
+    ]:
+        assert got.dtype == dt, name
+        out = got.float().numpy()
+        want = ref.float().numpy()
+        np.testing.assert_allclose(out, want, rtol=1e-2 if dtype == "bfloat16" else 2e-3, err_msg=name)
+
+
+def _f16_steps(got: np.ndarray, want: np.ndarray) -> int:
+    """The most float16 steps between two arrays of float16 values (the bit patterns in order)."""
+    g, w = (np.asarray(v, np.float16).view(np.int16).astype(np.int64) for v in (got, want))
+    g, w = (np.where(v < 0, -(v & 0x7FFF), v) for v in (g, w))
+    return int(np.abs(g - w).max())
+
+
+def test_float16_chains_round_per_op_and_formulas_once(device):
+    """float16 as PyTorch computes it: each op's result a float16 value (on CPU and CL, which compute
+    float16 in float32, a fused chain kept float32 precision, and `.float()` of it gave values no float16
+    holds), and a formula of several steps (exp, tanh, gelu, division, pow...) computed in float32 and
+    rounded once: exactly PyTorch's for chains of exact constants, within one float16 step for formulas."""
+    x = np.linspace(-6, 6, 2001).astype(np.float16)
+    t, tt = Tensor(x), torch.tensor(x)
+    for name, f in [("chain", lambda v: (v * v - v * 3) * 0.5 + 2), ("mul-sub", lambda v: v * 1.5 - v * v)]:
+        got, want = f(t).float().numpy(), f(tt).float().numpy()
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        np.testing.assert_array_equal(got, got.astype(np.float16).astype(np.float32), err_msg=name)
+    F = torch.nn.functional
+    for name, mine, ref in [
+        ("exp", t.exp(), tt.exp()), ("tanh", t.tanh(), tt.tanh()), ("sigmoid", t.sigmoid(), tt.sigmoid()),
+        ("gelu", t.gelu(), F.gelu(tt)), ("silu", t.silu(), F.silu(tt)),
+        ("softplus", t.softplus(), F.softplus(tt)), ("erf", t.erf(), tt.erf()), ("div", t / 3, tt / 3),
+        ("tensor div", t / (t.abs() + 3), tt / (tt.abs() + 3)),
+        ("log", (t.abs() + 0.5).log(), (tt.abs() + 0.5).log()),
+        ("pow", (t.abs() + 0.5) ** 1.7, (tt.abs() + 0.5) ** 1.7),
+        ("rsqrt", (t.abs() + 0.5).rsqrt(), (tt.abs() + 0.5).rsqrt()), ("cos", t.cos(), tt.cos()),
+    ]:
+        assert mine.dtype == dtypes.float16, name
+        assert _f16_steps(mine.numpy(), ref.numpy()) <= 1, name
 
 
 def test_special_results_of_constant_operands(device):

@@ -29,7 +29,7 @@ import numpy as np
 
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import DTypeError, KernelError
-from tgrad.fuse import IDX_DT, Expr, Kernel, StatementPlacer, const, reduce_identity
+from tgrad.fuse import IDX_DT, NARROW_ROUNDED, Expr, Kernel, StatementPlacer, const, reduce_identity
 from tgrad.opt.opts import OptOps, find, upcasts
 
 INT32_MAX = 2**31 - 1
@@ -259,7 +259,10 @@ class Dialect:
         """The expression computing e (an ALU op or CAST) from its rendered sources."""
         if self.value_type(e) == "long":  # widen int-rendered index operands before arithmetic
             srcs = [f"((long){t})" if self.value_type(s) == "int" else t for s, t in zip(e.srcs, srcs)]
-        return self.apply(e, srcs)
+        text = self.apply(e, srcs)
+        if e.dtype == dtypes.float16 and not self.native_half and e.op in NARROW_ROUNDED:
+            return f"f16r({text})"  # computed in float: rounded per op, as op-by-op evaluation is
+        return text
 
     def load(self, buf: str, dtype: DType, idx: str) -> str:
         """Element idx of input buffer `buf`, as a value of its compute type."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from tgrad.blas import BlasPlan, Operand, _affine  # noqa: F401 (re-exported)
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import (
+    NARROW_ROUNDED,
     Expr,
     Kernel,
     StatementPlacer,
@@ -53,9 +54,8 @@ from tgrad.runtime.cpu.numba_rt import (  # runtime {_RT_DIGEST}
 )
 """
 
+NARROW = {dtypes.float16: "_f16", dtypes.bfloat16: "_bf16"}  # their rounding functions (numba_rt)
 NP_NAME = {dtypes.bool: "np.bool_", dtypes.float16: "np.float32", dtypes.bfloat16: "np.float32"}
-# ops whose bfloat16 result is rounded (the others are exact on bfloat16 values: NEG MAX WHERE TRUNC)
-ROUNDED = {"ADD", "SUB", "MUL", "EXP2", "LOG2", "SIN", "SQRT", "RECIP"}
 
 
 def np_type(dtype: DType) -> str:
@@ -206,8 +206,8 @@ class _Renderer(StatementPlacer):
                 text = _cast(e.srcs[0], e.dtype, srcs[0])
             else:
                 text = code_for_op[e.op](e.dtype, *srcs)
-                if e.dtype == dtypes.bfloat16 and e.op in ROUNDED:
-                    text = f"_bf16({text})"
+                if e.dtype in NARROW and e.op in NARROW_ROUNDED:  # computed in float32: rounded per op
+                    text = f"{NARROW[e.dtype]}({text})"
             name = self.names[e] = f"v{self.count}"
             self.count += 1
             self.place(e, f"{name} = {text}")

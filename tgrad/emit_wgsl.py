@@ -35,12 +35,10 @@ from tgrad import emit_cstyle, emit_wgsl_int64
 from tgrad.dtype import DType, dtypes
 from tgrad.emit_cstyle import MATH, Dialect
 from tgrad.errors import DTypeError, KernelError
-from tgrad.fuse import Expr, Kernel, const, is_const, reduce_identity
+from tgrad.fuse import NARROW_ROUNDED, Expr, Kernel, const, is_const, reduce_identity
 from tgrad.opt.opts import OptOps, find, upcasts
 from tgrad.program import Program
 
-# float16 computes in f32 and is rounded to half precision after each of these ops (as numpy does)
-F16_ROUNDED = {"ADD", "SUB", "MUL", "MAX", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "IDIV", "MOD"}
 # Vulkan's GLSL.std.450 has these for 16/32-bit floats only: float64 uses the helpers in HELPERS_F64
 F64_MATH = {"EXP2": "exp2_64", "LOG2": "log2_64", "SIN": "sin64"}
 PACKED = {dtypes.bool: 4, dtypes.uint8: 4, dtypes.int8: 4, dtypes.int16: 2, dtypes.float16: 2}
@@ -439,7 +437,7 @@ class WGSLDialect(Dialect):
             s.op == "CONST" and s.arg != s.arg for s in e.srcs
         ):  # x + nan, x * nan are nan; Mesa folds 0 * nan to 0 (the mean of an empty axis)
             text = self.const(math.nan, e.dtype)
-        if e.dtype == dtypes.float16 and e.op in F16_ROUNDED:
+        if e.dtype == dtypes.float16 and e.op in NARROW_ROUNDED:  # f16 computes in f32
             text = f"f16round({text})"
         return text
 

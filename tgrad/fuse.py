@@ -92,6 +92,10 @@ class Expr:
 
 
 IDX_DT = dtypes.int64
+# ops whose result need not be a value of a narrow float (float16, bfloat16) even when the operands are:
+# an emitter that computes those dtypes in float32 rounds after each of them, so a fused chain gives what
+# op-by-op evaluation (PyTorch's, numpy's) gives; the others (negation, max, where...) are exact
+NARROW_ROUNDED = frozenset({"ADD", "SUB", "MUL", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "IDIV", "MOD"})
 
 
 def const(value, dtype: DType) -> Expr:

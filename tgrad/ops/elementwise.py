@@ -138,6 +138,8 @@ class ElementwiseOps:
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
         if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
+            if a.dtype == dtypes.float16:  # in float32, rounded once (as _true_divide)
+                return a.cast(dtypes.float32).div(y).cast(a.dtype)
             edge = _DIVISOR_EDGE.get(a.dtype, 100)
             if y == 0 or not math.isfinite(y) or 2.0**-edge <= abs(y) <= 2.0**edge:  # 1 / y is a number
                 return a._alu(Op.MUL, b.reciprocal())

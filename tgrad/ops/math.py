@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,20 @@ from tgrad.ops.numerics import (
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
+
+
+def _through_float32(method):
+    """A formula of several steps (exp is exp2(x / ln 2), tanh a sigmoid...) on float16 computed in float32
+    and rounded once, as PyTorch computes each of its float16 ops: rounded after every step (as float16
+    arithmetic is, on every device) its result drifted a few float16 steps from PyTorch's."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        if self.dtype == dtypes.float16:
+            return method(self.cast(dtypes.float32), *args, **kwargs).cast(dtypes.float16)
+        return method(self, *args, **kwargs)
+
+    return wrapped
 
 
 class MathOps:
@@ -44,10 +59,12 @@ class MathOps:
         x = self._float()
         return x._alu(Op.LOG2)
 
+    @_through_float32
     def exp(self) -> Tensor:
         x = self._float()
         return x._from(_exp_node(x.node))
 
+    @_through_float32
     def log(self) -> Tensor:
         x = self._float()
         return x._from(_log_node(x.node))
@@ -56,6 +73,7 @@ class MathOps:
         x = self._float()
         return x._alu(Op.SQRT)
 
+    @_through_float32
     def rsqrt(self) -> Tensor:
         return self.sqrt().reciprocal()
 
@@ -67,9 +85,11 @@ class MathOps:
         x = self._float()
         return x._alu(Op.SIN)
 
+    @_through_float32
     def cos(self) -> Tensor:
         return (math.pi / 2 - self._float()).sin()
 
+    @_through_float32
     def tan(self) -> Tensor:
         return self.sin() / self.cos()
 
@@ -136,16 +156,20 @@ class MathOps:
         d = same.where(0.0, -(a - b).abs())
         return same.where(a * 0.5 + b * 0.5 + math.log(2), a.maximum(b) + (d.exp() + 1).log())
 
+    @_through_float32
     def log10(self) -> Tensor:
         return self.log2() * math.log10(2)
 
+    @_through_float32
     def sinh(self) -> Tensor:
         x = self._float()
         return x._near_zero((x.exp() - (-x).exp()) * 0.5, _SINH_SERIES, 0.5)
 
+    @_through_float32
     def cosh(self) -> Tensor:
         return (self.exp() + (-self).exp()) * 0.5
 
+    @_through_float32
     def asin(self) -> Tensor:
         """Abramowitz & Stegun 4.4.46 (|error| <= 2e-8) on a = |x|, the sign put back by where(): the
         gradient is 1 at 0 and inf at +-1 as PyTorch's; nan outside [-1, 1]."""
@@ -167,9 +191,11 @@ class MathOps:
         y = small.where(s * series, y)
         return pos.where(y, -y)
 
+    @_through_float32
     def acos(self) -> Tensor:
         return math.pi / 2 - self.asin()
 
+    @_through_float32
     def atan(self) -> Tensor:
         """Abramowitz & Stegun 4.4.49 on [-1, 1] (|error| <= 2e-8), and pi/2 - atan(1/x) beyond, written
         with where() on safe inputs so that the gradient is right at 0, large |x| and +-inf."""
@@ -183,6 +209,7 @@ class MathOps:
         near = z * poly
         return big.where((x > 0).where(math.pi / 2, -math.pi / 2) - near, near)
 
+    @_through_float32
     def asinh(self) -> Tensor:
         """log(a + sqrt(a^2 + 1)) on a = |x| (log(2a) beyond 1e4), with the sign put back by where():
         gradient 1 at 0 and 0 at +-inf."""
@@ -194,6 +221,7 @@ class MathOps:
         y = big.where(big.where(a, 1.0).log() + math.log(2), (small + (small * small + 1).sqrt()).log())
         return x._near_zero(pos.where(y, -y), _ASINH_SERIES, 0.25)
 
+    @_through_float32
     def acosh(self) -> Tensor:
         """log(x + sqrt(x^2 - 1)), log(2x) beyond 1e4 (gradient 0 at inf); nan below 1."""
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
@@ -212,6 +240,7 @@ class MathOps:
 
         return x._from(autodiff.custom_gradient(out.node, (x_node,), rule, "acosh"))
 
+    @_through_float32
     def atanh(self) -> Tensor:
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         x = self._float()
@@ -242,11 +271,13 @@ class MathOps:
     def leaky_relu(self, negative_slope: float = 0.01) -> Tensor:
         return self.leakyrelu(negative_slope)
 
+    @_through_float32
     def elu(self, alpha: float = 1.0) -> Tensor:
         """x above 0, alpha * (exp(x) - 1) at or below (exp of 0 elsewhere: no inf * 0 in the gradient)."""
         neg = (self < 0) | (self == 0)  # not `<=`: NaN takes the linear side, as in PyTorch
         return neg.where((neg.where(self, 0).exp() - 1) * alpha, self)
 
+    @_through_float32
     def sigmoid(self) -> Tensor:
         """With e = exp(-|x|) (in (0, 1]: it never overflows, so the gradient at large |x| is 0, not
         inf * 0) and s = 1 / (1 + e): s for x >= 0, e * s (= exp(x) / (1 + exp(x))) below. One exp and one
@@ -257,6 +288,7 @@ class MathOps:
         s = (1 + e).reciprocal()
         return pos.where(s, e * s)
 
+    @_through_float32
     def tanh(self) -> Tensor:
         x = self._float()
         return x._near_zero(x._tanh_far(), _TANH_SERIES, 0.3)
@@ -279,6 +311,7 @@ class MathOps:
             poly = poly * z2 + c
         return small.where(z * poly, far)
 
+    @_through_float32
     def erf(self) -> Tensor:
         """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), its Taylor series near 0 (_near_zero)."""
         x = self._float()
@@ -298,6 +331,7 @@ class MathOps:
         y = 1.0 - poly * (-a * a).exp()
         return pos.where(y, -y)
 
+    @_through_float32
     def gelu(self, approximate: str = "none") -> Tensor:
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         if approximate not in ("none", "tanh"):
@@ -323,15 +357,18 @@ class MathOps:
             return self._from(autodiff.custom_gradient(out.node, (x_node,), rule, "gelu"))
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2)))._float()._erf_far())
 
+    @_through_float32
     def quick_gelu(self) -> Tensor:
         return self * (self * 1.702).sigmoid()
 
+    @_through_float32
     def silu(self) -> Tensor:
         return self * self.sigmoid()
 
     def swish(self) -> Tensor:
         return self.silu()
 
+    @_through_float32
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
         # max(bx, 0) + log(1 + exp(-|bx|)): no overflow, so no inf * 0 in the gradient (and 1/2 at 0)
         bx = self * beta
@@ -340,6 +377,7 @@ class MathOps:
         m = bx.maximum(0)
         return linear.where(self, (m + (1 + (bx - 2 * m).exp()).log()) * (1 / beta))
 
+    @_through_float32
     def mish(self) -> Tensor:
         return self * self.softplus().tanh()
 
@@ -348,6 +386,7 @@ class MathOps:
         outside = (self < min_val) | (self == min_val) | (self > max_val) | (self == max_val)
         return outside.where(self.clip(min_val, max_val).detach(), self)  # NaN is inside, as in PyTorch
 
+    @_through_float32
     def hardsigmoid(self) -> Tensor:
         """x / 6 + 1/2 clipped to [0, 1]; PyTorch's gradient: 1/6 strictly inside (-3, 3), else 0 (NaN
         too)."""
@@ -357,6 +396,7 @@ class MathOps:
     def relu6(self) -> Tensor:
         return self.hardtanh(0, 6)
 
+    @_through_float32
     def hardswish(self) -> Tensor:
         # PyTorch's pieces: 0 below -3, x (x + 3) / 6 up to 3 (gradient -0.5 at -3), x above (and at NaN)
         low = self < -3
@@ -364,17 +404,21 @@ class MathOps:
         xm = mid.where(self, 0.0)  # the middle piece never sees +-inf (no inf * 0 in its gradient)
         return low.where(self * 0, mid.where(xm * (xm + 3) * (1 / 6), self))
 
+    @_through_float32
     def celu(self, alpha: float = 1.0) -> Tensor:
         neg = (self < 0) | (self == 0)
         return neg.where(((neg.where(self, 0) / alpha).exp() - 1) * alpha, self)
 
+    @_through_float32
     def selu(self) -> Tensor:
         alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
         return self.elu(alpha) * scale
 
+    @_through_float32
     def softsign(self) -> Tensor:
         return self / (1 + self.abs())
 
+    @_through_float32
     def logsigmoid(self) -> Tensor:
         return -(-self).softplus()
 

@@ -21,13 +21,17 @@ _ASINH_SERIES = (1.0, -1 / 6, 3 / 40, -15 / 336, 105 / 3456)
 _ATANH_SERIES = (1.0, 1 / 3, 1 / 5, 1 / 7, 1 / 9, 1 / 11)
 _ERF_SERIES = tuple(2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(7))
 
-_DIVISOR_EDGE = {dtypes.float16: 12, dtypes.float64: 1000}  # else (float32) 100: see _true_divide
+_DIVISOR_EDGE = {dtypes.float64: 1000}  # else (float32) 100: see _true_divide
 
 
 def _pow_value(a: Tensor, b: Tensor | float) -> Tensor:
     """a ** b for float tensors as exp2(b * log2|a|), with C pow's signs and special values: a negative
     base needs an integer exponent (else nan; -inf gives inf or 0), b == 0 gives 1. A Python exponent's
-    cases are decided here (no constant-only expressions in the kernel)."""
+    cases are decided here (no constant-only expressions in the kernel). float16 in float32, rounded once
+    (log2, the product and exp2 each rounded to float16 were a few float16 steps off PyTorch's)."""
+    if a.dtype == dtypes.float16:
+        wide = b.cast(dtypes.float32) if isinstance(b, type(a)) else b
+        return _pow_value(a.cast(dtypes.float32), wide).cast(a.dtype)
     if not isinstance(b, type(a)):
         if b == 0:
             return a.ones_like()
@@ -62,9 +66,11 @@ def _true_divide(a: Tensor, b: Tensor, refine: bool = False) -> Tensor:
     """a / b for float tensors as a * (1 / b), scaled so that 1 / b cannot overflow (|b| tiny) or
     underflow (|b| huge) where a / b itself is a number: 1e-5 / 1e-40 is 1e35, not inf. refine: one Newton
     step more, for the callers that round the quotient (a * (1 / a) can be 0.99999994, trunc 0)."""
+    if a.dtype == dtypes.float16:  # in float32, rounded once as PyTorch's (1 / b rounded to float16 first
+        return _true_divide(a.cast(dtypes.float32), b.cast(dtypes.float32), refine).cast(a.dtype)  # drifts)
     # |b| outside 2**-edge .. 2**edge is scaled by 2**+-scale: also the gradient's 1 / (b * s)**2 is finite
     edge = _DIVISOR_EDGE.get(a.dtype, 100)
-    scale = {dtypes.float16: 8, dtypes.float64: 1000}.get(a.dtype, 100)
+    scale = {dtypes.float64: 1000}.get(a.dtype, 100)
     mag = b.abs()
     up, down, one = mag._const(2.0**scale), mag._const(2.0**-scale), mag._const(1.0)
     s = (mag < 2.0**-edge).where(up, (mag > 2.0**edge).where(down, one))

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 # argmax / argmin of an axis of 2**31 elements or more work in blocks of this many (_arg_first_max_blocked;
 # its positions 1..ARG_BLOCK are int16)
 ARG_BLOCK = 1 << 14
+# float16 is summed and multiplied in float32, and float16 and bfloat16 averaged (mean, var, std) in
+# float32, each rounded once at the end as PyTorch's reductions do (its acc_type): every device then
+# gives PyTorch's value whatever its emitter's accumulator, and a half mean of 70000 elements is not
+# divided by a half 1 / 70000 (a subnormal) nor a var by a half 69999 (inf)
+_NARROW_FLOATS = (dtypes.float16, dtypes.bfloat16)
 
 
 
@@ -82,6 +87,8 @@ class ReduceOps:
         axes = self._axes(axis, op)
         if self.ndim == 0:
             return self
+        if kind != "MAX" and self.dtype == dtypes.float16:  # (bfloat16's own sums accumulate in float32)
+            return self.cast(dtypes.float32)._reduce(kind, axes, keepdim, op).cast(self.dtype)
         if kind == "MAX" and op != "any" and any(self.shape[a] == 0 for a in axes):
             # no identity to return (PyTorch raises too; any() of nothing is False)
             raise IndexRangeError(f"{op}(): the reduced dimension of shape {self.shape} has size 0")
@@ -127,6 +134,8 @@ class ReduceOps:
     def mean(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
+        if x.dtype in _NARROW_FLOATS:
+            return x.cast(dtypes.float32).mean(axis, keepdim).cast(x.dtype)
         axes = self._axes(axis, "mean")
         if symbolic.has_var(x.shape[a] for a in axes):  # a variable's extent: its value at launch
             return symbolic.mean(x, axes, keepdim)
@@ -139,6 +148,8 @@ class ReduceOps:
         if unbiased is not None:
             correction = int(unbiased)
         x = self._float()
+        if x.dtype in _NARROW_FLOATS:
+            return x.cast(dtypes.float32).var(axis, keepdim, correction).cast(x.dtype)
         axes = self._axes(axis, "var")
         if symbolic.has_var(x.shape[a] for a in axes):  # a variable's extent: its value at launch
             return symbolic.var(x, axes, keepdim, correction)
@@ -164,6 +175,8 @@ class ReduceOps:
         return x._from(autodiff.custom_gradient(out.node, (x.node,), rule, "var"))
 
     def std(self, axis=None, keepdim: bool = False, correction: int = 1, dim=None, unbiased=None) -> Tensor:
+        if self.dtype in _NARROW_FLOATS:
+            return self.cast(dtypes.float32).std(axis, keepdim, correction, dim, unbiased).cast(self.dtype)
         var = self.var(axis, keepdim, correction, dim, unbiased)
         out = var.sqrt()
         if type(self).no_grad or not var.requires_grad:
@@ -291,6 +304,8 @@ class ReduceOps:
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         axis = dim if dim is not None else axis
         x = self._float()
+        if x.dtype == dtypes.float16:  # in float32, rounded once (as PyTorch; see ops/math._through_float32)
+            return x.cast(dtypes.float32).softmax(axis).cast(x.dtype)
         ax = _normalize_axis(axis, x.ndim, "softmax")
         if x.ndim and x.shape[ax] == 0:
             return x  # nothing to normalize (PyTorch returns the empty tensor too)
@@ -314,6 +329,8 @@ class ReduceOps:
             return self.cast(dtype).log_softmax(axis, dim)
         axis = dim if dim is not None else axis
         x = self._float()
+        if x.dtype == dtypes.float16:  # in float32, rounded once
+            return x.cast(dtypes.float32).log_softmax(axis).cast(x.dtype)
         ax = _normalize_axis(axis, x.ndim, "log_softmax")
         if x.ndim and x.shape[ax] == 0:
             return x
@@ -326,6 +343,8 @@ class ReduceOps:
     def logsumexp(self, axis=None, keepdim: bool = False, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
         x = self._float()
+        if x.dtype == dtypes.float16:  # in float32, rounded once
+            return x.cast(dtypes.float32).logsumexp(axis, keepdim).cast(x.dtype)
         if x.ndim and any(x.shape[a] == 0 for a in x._axes(axis, "logsumexp")):
             return x.exp().sum(axis, keepdim=keepdim).log()  # log(0): -inf as in PyTorch (no max to shift by)
         m = x.max(axis, keepdim=True).detach()

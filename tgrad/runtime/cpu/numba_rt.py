@@ -9,11 +9,9 @@ are rebuilt instead of loaded.
 from __future__ import annotations
 
 import functools
-import math
 
-import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
 from tgrad.runtime.cpu.gemm import KERNEL_ARGS, SYMBOLS
@@ -200,17 +198,33 @@ def _bf16(typingctx, x):
     return types.float32(x), codegen
 
 
-@njit
-def _f16(x):
-    """Round a float32 to the nearest float16 value (kept as float32)."""
-    if not math.isfinite(x) or x == 0:
-        return x
-    ax = abs(x)
-    if ax >= 65520.0:
-        return x * np.float32(np.inf)
-    e = math.frexp(ax)[1] - 1
-    q = 2.0 ** max(e - 10, -24)
-    return np.float32(np.round(np.float64(x) / q) * q)
+@intrinsic
+def _f16(typingctx, x):
+    """Round a float32 to the nearest float16 value (ties to even), kept as float32, as numpy's and
+    PyTorch's casts do: the mantissa rounded to 10 bits on the integer bits; below float16's smallest
+    normal (2**-14) to a multiple of 2**-24, as (|x| + 0.5) - 0.5 does in float32; past 65504 inf; nan and
+    inf kept. Integer and plain float IR (no call to a float16 conversion routine), so it vectorizes."""
+    x = types.unliteral(x)
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f32, i32 = ir.FloatType(), ir.IntType(32)
+        c = lambda v: ir.Constant(i32, v - (1 << 32) if v >= 1 << 31 else v)  # noqa: E731
+        v = args[0] if x == types.float32 else builder.fptrunc(args[0], f32)  # (kernels pass float32)
+        bits = builder.bitcast(v, i32)
+        sign = builder.and_(bits, c(0x80000000))
+        mag = builder.and_(bits, c(0x7FFFFFFF))
+        kept = builder.and_(builder.lshr(mag, c(13)), c(1))
+        normal = builder.and_(builder.add(builder.add(mag, c(0xFFF)), kept), c(0xFFFFE000))
+        small = builder.bitcast(builder.fsub(builder.fadd(builder.bitcast(mag, f32), ir.Constant(f32, 0.5)),
+                                             ir.Constant(f32, 0.5)), i32)
+        out = builder.select(builder.icmp_signed("<", mag, c(0x38800000)), small, normal)
+        out = builder.select(builder.icmp_signed(">", out, c(0x477FE000)), c(0x7F800000), out)  # > 65504
+        out = builder.select(builder.icmp_signed(">=", mag, c(0x7F800000)), mag, out)  # inf, nan
+        return builder.bitcast(builder.or_(out, sign), f32)
+
+    return types.float32(x), codegen
 
 
 GEMM_SYMBOLS = {types.float32: SYMBOLS["float32"], types.float64: SYMBOLS["float64"]}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import os
 import pickle
 import zipfile
 from collections import OrderedDict
@@ -124,7 +126,11 @@ def safe_save(state: dict[str, Any], path: str | Path, metadata: dict[str, str] 
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    Path(path).write_bytes(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+    # written to a new file renamed into place: tensors safe_load mapped from the old file keep its bytes
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+    os.replace(tmp, path)
 
 
 def _host_dtype(dtype: DType, device: str | None) -> DType:
@@ -135,22 +141,66 @@ def _host_dtype(dtype: DType, device: str | None) -> DType:
 
 
 def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
-    """Read a .safetensors file into a dict of Tensors (file order kept), with the standard library and
-    numpy. BF16 tensors load as bfloat16 (as float32 on devices without bfloat16)."""
-    raw = Path(path).read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8 : 8 + n])
+    """Read a .safetensors file into a dict of Tensors (file order kept). The file is memory-mapped (the
+    DISK device, runtime/disk.py), never read whole: device="disk" returns the tensors as views of the
+    file, each read only when copied (.to(device), load_state_dict); any other device (None: the
+    default one) gets a copy of each. BF16 tensors load as bfloat16 (as float32 on devices without
+    bfloat16). The header is checked first: a StateDictError names the file and the key of a tensor
+    whose dtype, shape or byte range is wrong, or that lies past the end of a truncated file."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little")
+        if len(head) < 8 or 8 + n > size:
+            raise StateDictError(f"safe_load: {path} is {size} bytes, too short for its header "
+                                 f"({'no 8-byte header length' if len(head) < 8 else f'{n} bytes'}): "
+                                 "a truncated or not a safetensors file")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StateDictError(f"safe_load: {path}: the header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise StateDictError(f"safe_load: {path}: the header is not a JSON object")
     header.pop("__metadata__", None)
+    ranges = {key: _checked_entry(path, key, info, size - 8 - n) for key, info in header.items()}
+    order = sorted(ranges, key=lambda k: ranges[k][:2])
+    for before, after in zip(order, order[1:]):
+        if ranges[after][0] < ranges[before][1]:
+            raise StateDictError(f"safe_load: {path}: the bytes of {after} ({list(ranges[after][:2])}) "
+                                 f"overlap those of {before} ({list(ranges[before][:2])})")
+    disk = str(device).split(":")[0].upper() == "DISK" if device is not None else False
+    data = Tensor.empty(size, dtype=dtypes.uint8, device=f"disk:{path}")
     out = {}
-    for key, info in header.items():
-        if info["dtype"] not in _SAFE_DTYPES:
-            raise StateDictError(f"safe_load: {key} has dtype {info['dtype']}, which tgrad cannot read")
-        begin, end = info["data_offsets"]
-        dtype = _SAFE_DTYPES[info["dtype"]]
-        data = np.frombuffer(raw, np.uint8, end - begin, 8 + n + begin)
-        values = from_bytes(data, dtype)
-        out[key] = Tensor(values.reshape(info["shape"]), device=device, dtype=_host_dtype(dtype, device))
+    for key, (begin, end, dtype, shape) in ranges.items():
+        view = data[8 + n + begin : 8 + n + end].bitcast(dtype).reshape(shape)
+        out[key] = view if disk else Tensor(view.numpy(), device=device, dtype=_host_dtype(dtype, device))
     return out
+
+
+def _checked_entry(path: Path, key: str, info: Any, nbytes: int) -> tuple[int, int, DType, tuple[int, ...]]:
+    """(begin, end, dtype, shape) of a header entry, checked against the data's `nbytes` bytes."""
+    where = f"safe_load: {path}: {key}"
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise StateDictError(f"{where}: the header entry {info!r} has no dtype, shape and data_offsets")
+    if info["dtype"] not in _SAFE_DTYPES:
+        raise StateDictError(f"{where} has dtype {info['dtype']}, which tgrad cannot read "
+                             f"(known: {', '.join(_SAFE_DTYPES)})")
+    dtype, shape, offsets = _SAFE_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+    ints = lambda xs: isinstance(xs, list) and all(type(x) is int and x >= 0 for x in xs)  # noqa: E731
+    if not ints(shape):
+        raise StateDictError(f"{where}: the shape {shape!r} is not a list of non-negative ints")
+    if not ints(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
+        raise StateDictError(f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
+    begin, end = offsets
+    if end > nbytes:
+        raise StateDictError(f"{where}: its bytes [{begin}, {end}) run past the end of the data ({nbytes} "
+                             "bytes after the header): a truncated file or a wrong header")
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        need = math.prod(shape) * dtype.itemsize
+        raise StateDictError(f"{where}: shape {shape} of {dtype.name} needs {need} bytes, its "
+                             f"data_offsets give {end - begin}")
+    return begin, end, dtype, tuple(shape)
 
 
 # torch.save's storage classes

@@ -2,9 +2,11 @@
 copies to and from compute devices, writes; safe_load from a mapping with its header checked. Values are
 compared with numpy's view of the same bytes, and with safetensors / PyTorch."""
 
+import gc
 import json
 import os
 import pathlib
+import zipfile
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import torch
 from tgrad import Tensor, dtypes
 from tgrad.device import DEVICES, Device, default_device
 from tgrad.errors import DeviceError, DiskError, DTypeError, ShapeError
-from tgrad.nn.state import StateDictError, load_state_dict, safe_load, safe_save
+from tgrad.nn.state import StateDictError, load_state_dict, safe_load, safe_save, torch_load
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -251,3 +253,38 @@ def test_safe_save_over_a_mapped_file_keeps_loaded_values(tmp_path):
     safe_save({"w": Tensor([9.0, 9.0, 9.0, 9.0])}, path)  # a new file renamed into place
     np.testing.assert_array_equal(mapped["w"].numpy(), [1.0, 2.0, 3.0])
     np.testing.assert_array_equal(safe_load(path, "disk")["w"].numpy(), [9.0] * 4)
+
+
+def test_a_mapping_goes_with_its_last_tensor(tmp_path):
+    t = Tensor([1.0, 2.0]).to(f"disk:{tmp_path}/x")
+    view, runtime = t[1:], Device[t.device]
+    del t
+    gc.collect()
+    assert isinstance(runtime.mapping, np.memmap)  # the view holds it
+    np.testing.assert_array_equal(view.numpy(), [2.0])
+    del view
+    gc.collect()
+    assert runtime.mapping is None  # (a deleted file's space is given back)
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_torch_load_maps_stored_storages(tmp_path, monkeypatch, compression):
+    torch.manual_seed(0)
+    a = torch.randn(100)
+    state = {"a": a, "tail": a[5:], "t": torch.randn(3, 4).t(), "h": torch.randn(5).bfloat16(),
+             "i": torch.arange(6).reshape(2, 3)}
+    path = tmp_path / "ckpt.pt"
+    torch.save(state, path)
+    if compression != zipfile.ZIP_STORED:  # the same members, compressed: read, not mapped
+        with zipfile.ZipFile(path) as src:
+            members = [(n, src.read(n)) for n in src.namelist()]
+        with zipfile.ZipFile(path, "w", compression) as out:
+            for name, data in members:
+                out.writestr(name, data)
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: pytest.fail("read the whole file"))
+    if compression == zipfile.ZIP_STORED:  # storages come from the mapping, never read as members
+        monkeypatch.setattr(zipfile.ZipFile, "read", lambda *a: pytest.fail("read a stored member"))
+    loaded = torch_load(path, "NUMPY")
+    for key, value in state.items():
+        want = value.float().numpy() if key == "h" else value.numpy()
+        np.testing.assert_array_equal(loaded[key].numpy(), want, err_msg=key)

@@ -219,7 +219,6 @@ def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
     state dict) with Tensors in place of torch tensors (bfloat16 stays bfloat16, float32 on devices without
     it). Both formats: zip (PyTorch >= 1.6) and legacy (`_use_new_zipfile_serialization=False`: pickles,
     then each storage's element count as 8 bytes and its raw bytes)."""
-    raw = Path(path).read_bytes()
     storages: dict[str, np.ndarray] = {}  # key -> the storage's values, flat
     kinds: dict[str, DType] = {}  # key -> dtype, from the persistent ids
 
@@ -249,17 +248,18 @@ def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
             kinds[str(pid[2])] = pid[1]
             return pid[1], str(pid[2])
 
-    if zipfile.is_zipfile(io.BytesIO(raw)):
-        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
             pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
             root = pkl[: -len("data.pkl")]
             with archive.open(pkl) as f:
                 Unpickler(f).load()  # learns the storages it needs
+            mapping = np.memmap(path, np.uint8, mode="r")
             for key, dtype in kinds.items():
-                storages[key] = from_bytes(np.frombuffer(archive.read(f"{root}data/{key}"), np.uint8), dtype)
+                storages[key] = from_bytes(_zip_member(archive, f"{root}data/{key}", mapping), dtype)
             with archive.open(pkl) as f:
                 return Unpickler(f).load()
-    f = io.BytesIO(raw)
+    f = io.BytesIO(Path(path).read_bytes())
     try:
         magic = pickle.load(f)
     except Exception:
@@ -275,6 +275,22 @@ def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
         storages[str(key)] = from_bytes(np.frombuffer(f.read(numel * dtype.itemsize), np.uint8), dtype)
     f.seek(start)
     return Unpickler(f).load()
+
+
+def _zip_member(archive: zipfile.ZipFile, name: str, mapping: np.ndarray) -> np.ndarray:
+    """A zip member's bytes: where it is stored uncompressed (torch.save stores every storage so) a view of
+    the file's mapping (its local header, 30 bytes, a name and an extra field, comes first), read only
+    where a tensor uses it; else the member read and decompressed."""
+    info = archive.getinfo(name)
+    start = info.header_offset
+    local = mapping[start : start + 30].tobytes()
+    if info.compress_type != zipfile.ZIP_STORED or len(local) < 30 or local[:4] != b"PK\x03\x04":
+        return np.frombuffer(archive.read(name), np.uint8)
+    start += 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+    if start + info.file_size > mapping.size:
+        raise StateDictError(f"torch_load: {archive.filename}: {name} runs past the end of the file "
+                             "(truncated?)")
+    return mapping[start : start + info.file_size]
 
 
 __all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "torch_load",

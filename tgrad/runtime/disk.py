@@ -17,6 +17,7 @@ tensors made before keep the mapping they were made from.
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 
@@ -65,9 +66,11 @@ class DiskBuffer(Buffer):
         else:  # PAD: the border is not in the file
             out = None
         if out is None or not out.flags.c_contiguous or out.shape != new:
+            padded = "; a padded one has elements the file has not" if op is Op.PAD else ""
             raise DiskError(f"{op.name} {arg} of a disk tensor of shape {shape} ({self.device}): a "
                             "non-contiguous view is not supported on a disk device (a view there is one "
-                            "contiguous range of the file); copy it to a compute device first: t.to('CPU')")
+                            f"contiguous range of the file{padded}); copy it to a compute device first: "
+                            "t.to('CPU')")
         return DiskBuffer(self.device, _prod(new), self.dtype, out.reshape(-1).view(np.uint8))
 
     def retyped(self, dtype: DType) -> DiskBuffer:
@@ -89,8 +92,15 @@ class DiskRuntime(Runtime):
         self.name = name
         self.path = name[len("DISK:"):]
         super().__init__()
-        self.mapping: np.ndarray | None = None
+        # the mapping, weakly: its buffers hold it, and it goes (with the file's space, where the file was
+        # deleted) when the last of them does
+        self._mapping: weakref.ref | None = None
         self.identity: tuple | None = None  # (device, inode, size) of the file when mapped
+
+    @property
+    def mapping(self) -> np.ndarray | None:
+        """The file's mapping, while a buffer over it lives."""
+        return None if self._mapping is None else self._mapping()
 
     def supports(self, dtype: DType) -> bool:
         return True  # bytes of any dtype
@@ -111,14 +121,13 @@ class DiskRuntime(Runtime):
                                 f"{nbytes} bytes does not fit in it")
             os.truncate(self.path, nbytes)
             st = os.stat(self.path)
-        identity = (st.st_dev, st.st_ino, st.st_size)
-        if self.mapping is None or identity != self.identity:
-            if st.st_size == 0:  # (nothing to map: numpy refuses an empty file)
-                self.mapping = np.empty(0, np.uint8)
-            else:
-                self.mapping = np.memmap(self.path, np.uint8, mode="r+" if writable else "r")
-            self.identity = identity
-        return self.mapping
+        if st.st_size == 0:  # (nothing to map: numpy refuses an empty file)
+            return np.empty(0, np.uint8)
+        identity, mapping = (st.st_dev, st.st_ino, st.st_size), self.mapping
+        if mapping is None or identity != self.identity:
+            mapping = np.memmap(self.path, np.uint8, mode="r+" if writable else "r")
+            self._mapping, self.identity = weakref.ref(mapping), identity
+        return mapping
 
     def alloc(self, size: int, dtype: DType) -> DiskBuffer:
         """`size` elements of `dtype` at the start of the file."""

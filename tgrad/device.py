@@ -40,6 +40,9 @@ RUNTIMES = {
     "WEBGPU": "tgrad.runtime.webgpu:WebGPURuntime",
 }
 DEVICES = tuple(RUNTIMES)
+# devices that hold a file's bytes and run no kernels (tinygrad's `disk:`): named "DISK:<path>", one
+# runtime per file; not compute devices, so not in DEVICES (nor in the test suite's device list)
+FILE_DEVICES = {"DISK": "tgrad.runtime.disk:DiskRuntime"}
 # devices that run another one's code on other hardware: where that hardware is missing they are
 # exercised through the device named here (the test suite runs TRITON for CUDA and AMD, CL for QCOM)
 VARIANT_OF = {"CUDA": "TRITON", "AMD": "TRITON", "QCOM": "CL"}
@@ -310,9 +313,20 @@ def canonical(name: str) -> str:
         name = name[0]
     base = str(name).split(":")[0].upper()
     base = ALIASES.get(base, base)
+    if base in FILE_DEVICES:  # "disk:/path": the path is part of the name (one device per file)
+        path = str(name)[len(base) + 1 :]
+        if not path:
+            raise DeviceError(f"device {name!r}: a disk device names its file, as 'disk:/path/to/file'")
+        return f"{base}:{os.path.abspath(os.path.expanduser(path))}"
     if base not in RUNTIMES:
-        raise DeviceError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)}")
+        raise DeviceError(f"unknown device {name!r}; known devices: {', '.join(DEVICES)} and "
+                          "'disk:<path>' (a file's bytes)")
     return base
+
+
+def is_disk(name: str) -> bool:
+    """Whether a canonical device name is a file's (DISK:<path>)."""
+    return name.startswith("DISK:")
 
 
 def get_runtime(name: str) -> Runtime:
@@ -334,6 +348,9 @@ def get_runtime(name: str) -> Runtime:
 
 
 def _open(name: str) -> Runtime:
+    if is_disk(name):
+        module_name, cls_name = FILE_DEVICES["DISK"].split(":")
+        return getattr(importlib.import_module(module_name), cls_name)(name)
     module_name, cls_name = RUNTIMES[name].split(":")
     try:
         module = importlib.import_module(module_name)
@@ -347,7 +364,11 @@ def _open(name: str) -> Runtime:
 def default_device() -> str:
     """DEVICE=name, else the first of CPU=1, CL=1, ... set in the environment, else CPU."""
     if config.is_set("DEVICE"):
-        return canonical(config.get("DEVICE"))
+        name = canonical(config.get("DEVICE"))
+        if is_disk(name):
+            raise DeviceError(f"DEVICE={config.get('DEVICE')}: a disk device holds a file's bytes and "
+                              f"computes nothing; choose a compute device ({', '.join(DEVICES)})")
+        return name
     for name in DEVICES:
         if config.device_flag(name):
             return name

@@ -93,6 +93,11 @@ class DeviceError(TgradError, RuntimeError):
     pass
 
 
+class DiskError(DeviceError, NotImplementedError):
+    """An op a disk tensor (runtime/disk.py: a file's bytes) cannot do: compute, or a view that is not one
+    contiguous range of the file. A NotImplementedError (a RuntimeError too), as tinygrad raises."""
+
+
 class OutOfMemoryError(DeviceError, MemoryError):
     """A tensor that does not fit: more bytes than the device's memory, or than the largest buffer it
     allocates. A MemoryError, and a RuntimeError as PyTorch's torch.OutOfMemoryError; names the op, the

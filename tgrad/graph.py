@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tgrad.dtype import DType, dtypes, round_to
+from tgrad.errors import DiskError
 
 
 class Op(Enum):
@@ -148,6 +149,8 @@ class Node:
             srcs, sym = SYM_RULE(op, srcs, arg, shape)
         if op is _BUFFER or op is _ASSIGN:
             key = None
+            if op is _ASSIGN and device.startswith("DISK:"):  # (Tensor.assign writes a disk tensor itself)
+                return _on_disk(op, srcs, arg, shape, device)
         else:
             # (the op's and dtype's names: hashing them is cached, hashing an Enum or a dataclass is Python)
             # (_arg_key(arg), inline)
@@ -160,6 +163,8 @@ class Node:
                     if sym is not None:  # graph built again computes again (else TinyJit's calls differ)
                         _SYM_SET(hit, sym)
                     return hit
+            if device.startswith("DISK:"):  # a file's bytes (runtime/disk.py): views only, never in a kernel
+                return _on_disk(op, srcs, arg, shape, device)
         self = object.__new__(cls)
         self.op = op
         self.srcs = srcs
@@ -209,6 +214,24 @@ class Node:
         return (
             f"<Node {self.op.name} {self.arg if self.op is not Op.BUFFER else ''} {self.shape} {self.dtype}>"
         )
+
+
+def _on_disk(op: Op, srcs: tuple[Node, ...], arg: Any, shape: tuple[int, ...], device: str) -> Node:
+    """A node on a disk device: a movement op of a disk buffer is a buffer of its own over the same bytes
+    (DiskBuffer.moved; a DiskError where they are not one contiguous range), a DETACH the node itself;
+    anything else computes, which a file cannot: a DiskError naming the op."""
+    src = srcs[0] if srcs else None
+    if src is not None and src.op is Op.BUFFER and src.buffer is not None:
+        if op in MOVEMENT:
+            buffer = src.buffer.moved(op, arg, src.shape, shape)
+            return Node.from_buffer(buffer, shape, src.dtype, device)
+        if op is Op.DETACH:
+            return src
+    what = "a constant (CONST)" if op is Op.CONST else op.name
+    raise DiskError(f"a disk tensor ({device}) computes nothing, so {what} cannot run on it: a disk device "
+                    "holds a file's bytes and runs no kernels; it supports views of contiguous ranges "
+                    "(reshape, shrink, slicing, bitcast), .to(device), assign() and t[...] = value. Copy it "
+                    "to a compute device first: t.to('CPU')")
 
 
 def _arg_key(arg):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import pathlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,7 @@ import numpy as np
 from tgrad import autodiff, inplace, symbolic
 from tgrad import graph as g
 from tgrad import realize as driver
-from tgrad.device import Device, check_memory, get_runtime, out_of_memory
+from tgrad.device import Device, check_memory, get_runtime, is_disk, out_of_memory
 from tgrad.dtype import (
     DType,
     check_fits,
@@ -39,7 +40,7 @@ from tgrad.graph import MOVEMENT as MOVEMENT_OPS
 from tgrad.graph import Node, Op
 from tgrad.ops.elementwise import ElementwiseOps
 from tgrad.ops.helpers import Scalar, _normalize_axis
-from tgrad.ops.indexing import IndexingOps
+from tgrad.ops.indexing import IndexingOps, file_node
 from tgrad.ops.linalg import LinalgOps
 from tgrad.ops.losses import LossOps
 from tgrad.ops.math import MathOps
@@ -51,8 +52,6 @@ from tgrad.ops.reduce import ReduceOps
 _grad_leaves: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 # tensors with an assign() not realized yet (TinyJit realizes them before and after a jitted call)
 PENDING_ASSIGNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
 
 
 _SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives: symbolic.py)
@@ -85,6 +84,8 @@ def backward_roots() -> list[Tensor]:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (dtype.py: UINT_DEVICES...)."""
+    if is_disk(device):  # a file holds the bytes of any dtype
+        return dtype
     if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
         raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
                          f"{device}; cast to float16 or bfloat16 first")
@@ -190,6 +191,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     ):
         if isinstance(data, Node):  # an op's result: no device lookup (it reads the environment)
             node = data
+        elif isinstance(data, pathlib.PurePath):  # tinygrad's: the file's bytes, memory-mapped (on DISK)
+            node = file_node(Tensor, data, device, dtype)
         elif isinstance(data, symbolic.BoundVariable):  # its value, a 0-d int32 tensor read at launch
             node = data.node(Device.canonicalize(device))
             if dtype is not None:
@@ -414,6 +417,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         device = Device.canonicalize(device)
         if device == self.device:
             return self
+        if is_disk(device):  # written into the file now (the file is created or extended to its size)
+            return Tensor.empty(self.shape, dtype=self.dtype, device=device).assign(self)
         _dtype_on(self.dtype, device)
         if not get_runtime(device).supports(self.dtype):
             raise DTypeError(f"to({device!r}): {device} has no {self.dtype.name}; cast first")
@@ -425,7 +430,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         step = driver.HostStep("to", copy, [(self.shape, self.dtype)], device, key=(source, device))
         node = self.node  # (run_host's realize may drop the graph behind self.node)
         (out,) = Tensor.run_host(step, self)
-        if Tensor.no_grad or not self.dtype.is_float:
+        if Tensor.no_grad or not self.dtype.is_float or is_disk(source):
             return out
 
         def rule(grad: Node) -> tuple[Node]:
@@ -480,6 +485,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def assign(self, x: Tensor | Any) -> Tensor:
         """Replace this tensor's value (x broadcast to its shape and cast to its dtype, as PyTorch's copy_);
         writes into its buffer when it has one."""
+        if is_disk(self.device):
+            return self._write_file(x)
         x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
         if _SYM_DATA and symbolic.of(self.node) is not None:
             raise ShapeError(f"assign: writing into a tensor of symbolic shape {self.shape} is not "
@@ -711,23 +718,13 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     @staticmethod
     def zeros(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
-        return Tensor.full(
-            Tensor._shape_arg(shape),
-            0.0,
-            dtype=dtype or dtypes.default_float,
-            device=device,
-            requires_grad=requires_grad,
-        )
+        return Tensor.full(Tensor._shape_arg(shape), 0.0, dtype=dtype or dtypes.default_float, device=device,
+                           requires_grad=requires_grad)
 
     @staticmethod
     def ones(*shape, dtype=None, device=None, requires_grad=None) -> Tensor:
-        return Tensor.full(
-            Tensor._shape_arg(shape),
-            1.0,
-            dtype=dtype or dtypes.default_float,
-            device=device,
-            requires_grad=requires_grad,
-        )
+        return Tensor.full(Tensor._shape_arg(shape), 1.0, dtype=dtype or dtypes.default_float, device=device,
+                           requires_grad=requires_grad)
 
     @staticmethod
     def empty(*shape, dtype=None, device=None) -> Tensor:
@@ -960,6 +957,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             shape = (*shape[:-1], shape[-1] * src.itemsize // dtype.itemsize)
         if self.requires_grad and dtype.is_float and not Tensor.no_grad:
             raise AutogradError("bitcast is not differentiable; bitcast x.detach()")
+        if is_disk(self.device):  # the same bytes of the file, read as dtype
+            return Tensor(Node.from_buffer(self.node.buffer.retyped(dtype), shape, dtype, self.device))
 
         def reinterpret(inputs, outputs):
             outputs[0][...] = from_bytes(to_bytes(inputs[0], src), dtype).reshape(shape)

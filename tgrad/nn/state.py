@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import os
 import pickle
 import zipfile
 from collections import OrderedDict
@@ -124,7 +126,11 @@ def safe_save(state: dict[str, Any], path: str | Path, metadata: dict[str, str] 
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    Path(path).write_bytes(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+    # written to a new file renamed into place: tensors safe_load mapped from the old file keep its bytes
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+    os.replace(tmp, path)
 
 
 def _host_dtype(dtype: DType, device: str | None) -> DType:
@@ -135,22 +141,66 @@ def _host_dtype(dtype: DType, device: str | None) -> DType:
 
 
 def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
-    """Read a .safetensors file into a dict of Tensors (file order kept), with the standard library and
-    numpy. BF16 tensors load as bfloat16 (as float32 on devices without bfloat16)."""
-    raw = Path(path).read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8 : 8 + n])
+    """Read a .safetensors file into a dict of Tensors (file order kept). The file is memory-mapped (the
+    DISK device, runtime/disk.py), never read whole: device="disk" returns the tensors as views of the
+    file, each read only when copied (.to(device), load_state_dict); any other device (None: the
+    default one) gets a copy of each. BF16 tensors load as bfloat16 (as float32 on devices without
+    bfloat16). The header is checked first: a StateDictError names the file and the key of a tensor
+    whose dtype, shape or byte range is wrong, or that lies past the end of a truncated file."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little")
+        if len(head) < 8 or 8 + n > size:
+            raise StateDictError(f"safe_load: {path} is {size} bytes, too short for its header "
+                                 f"({'no 8-byte header length' if len(head) < 8 else f'{n} bytes'}): "
+                                 "a truncated or not a safetensors file")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StateDictError(f"safe_load: {path}: the header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise StateDictError(f"safe_load: {path}: the header is not a JSON object")
     header.pop("__metadata__", None)
+    ranges = {key: _checked_entry(path, key, info, size - 8 - n) for key, info in header.items()}
+    order = sorted(ranges, key=lambda k: ranges[k][:2])
+    for before, after in zip(order, order[1:]):
+        if ranges[after][0] < ranges[before][1]:
+            raise StateDictError(f"safe_load: {path}: the bytes of {after} ({list(ranges[after][:2])}) "
+                                 f"overlap those of {before} ({list(ranges[before][:2])})")
+    disk = str(device).split(":")[0].upper() == "DISK" if device is not None else False
+    data = Tensor.empty(size, dtype=dtypes.uint8, device=f"disk:{path}")
     out = {}
-    for key, info in header.items():
-        if info["dtype"] not in _SAFE_DTYPES:
-            raise StateDictError(f"safe_load: {key} has dtype {info['dtype']}, which tgrad cannot read")
-        begin, end = info["data_offsets"]
-        dtype = _SAFE_DTYPES[info["dtype"]]
-        data = np.frombuffer(raw, np.uint8, end - begin, 8 + n + begin)
-        values = from_bytes(data, dtype)
-        out[key] = Tensor(values.reshape(info["shape"]), device=device, dtype=_host_dtype(dtype, device))
+    for key, (begin, end, dtype, shape) in ranges.items():
+        view = data[8 + n + begin : 8 + n + end].bitcast(dtype).reshape(shape)
+        out[key] = view if disk else Tensor(view.numpy(), device=device, dtype=_host_dtype(dtype, device))
     return out
+
+
+def _checked_entry(path: Path, key: str, info: Any, nbytes: int) -> tuple[int, int, DType, tuple[int, ...]]:
+    """(begin, end, dtype, shape) of a header entry, checked against the data's `nbytes` bytes."""
+    where = f"safe_load: {path}: {key}"
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise StateDictError(f"{where}: the header entry {info!r} has no dtype, shape and data_offsets")
+    if info["dtype"] not in _SAFE_DTYPES:
+        raise StateDictError(f"{where} has dtype {info['dtype']}, which tgrad cannot read "
+                             f"(known: {', '.join(_SAFE_DTYPES)})")
+    dtype, shape, offsets = _SAFE_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+    ints = lambda xs: isinstance(xs, list) and all(type(x) is int and x >= 0 for x in xs)  # noqa: E731
+    if not ints(shape):
+        raise StateDictError(f"{where}: the shape {shape!r} is not a list of non-negative ints")
+    if not ints(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
+        raise StateDictError(f"{where}: data_offsets {offsets!r} is not [begin, end] with begin <= end")
+    begin, end = offsets
+    if end > nbytes:
+        raise StateDictError(f"{where}: its bytes [{begin}, {end}) run past the end of the data ({nbytes} "
+                             "bytes after the header): a truncated file or a wrong header")
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        need = math.prod(shape) * dtype.itemsize
+        raise StateDictError(f"{where}: shape {shape} of {dtype.name} needs {need} bytes, its "
+                             f"data_offsets give {end - begin}")
+    return begin, end, dtype, tuple(shape)
 
 
 # torch.save's storage classes
@@ -169,7 +219,6 @@ def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
     state dict) with Tensors in place of torch tensors (bfloat16 stays bfloat16, float32 on devices without
     it). Both formats: zip (PyTorch >= 1.6) and legacy (`_use_new_zipfile_serialization=False`: pickles,
     then each storage's element count as 8 bytes and its raw bytes)."""
-    raw = Path(path).read_bytes()
     storages: dict[str, np.ndarray] = {}  # key -> the storage's values, flat
     kinds: dict[str, DType] = {}  # key -> dtype, from the persistent ids
 
@@ -199,17 +248,18 @@ def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
             kinds[str(pid[2])] = pid[1]
             return pid[1], str(pid[2])
 
-    if zipfile.is_zipfile(io.BytesIO(raw)):
-        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
             pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
             root = pkl[: -len("data.pkl")]
             with archive.open(pkl) as f:
                 Unpickler(f).load()  # learns the storages it needs
+            mapping = np.memmap(path, np.uint8, mode="r")
             for key, dtype in kinds.items():
-                storages[key] = from_bytes(np.frombuffer(archive.read(f"{root}data/{key}"), np.uint8), dtype)
+                storages[key] = from_bytes(_zip_member(archive, f"{root}data/{key}", mapping), dtype)
             with archive.open(pkl) as f:
                 return Unpickler(f).load()
-    f = io.BytesIO(raw)
+    f = io.BytesIO(Path(path).read_bytes())
     try:
         magic = pickle.load(f)
     except Exception:
@@ -225,6 +275,22 @@ def torch_load(path: str | Path, device: str | None = None) -> dict[str, Any]:
         storages[str(key)] = from_bytes(np.frombuffer(f.read(numel * dtype.itemsize), np.uint8), dtype)
     f.seek(start)
     return Unpickler(f).load()
+
+
+def _zip_member(archive: zipfile.ZipFile, name: str, mapping: np.ndarray) -> np.ndarray:
+    """A zip member's bytes: where it is stored uncompressed (torch.save stores every storage so) a view of
+    the file's mapping (its local header, 30 bytes, a name and an extra field, comes first), read only
+    where a tensor uses it; else the member read and decompressed."""
+    info = archive.getinfo(name)
+    start = info.header_offset
+    local = mapping[start : start + 30].tobytes()
+    if info.compress_type != zipfile.ZIP_STORED or len(local) < 30 or local[:4] != b"PK\x03\x04":
+        return np.frombuffer(archive.read(name), np.uint8)
+    start += 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+    if start + info.file_size > mapping.size:
+        raise StateDictError(f"torch_load: {archive.filename}: {name} runs past the end of the file "
+                             "(truncated?)")
+    return mapping[start : start + info.file_size]
 
 
 __all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "torch_load",

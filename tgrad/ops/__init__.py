@@ -6,7 +6,8 @@ elementwise  ElementwiseOps: arithmetic with broadcasting, comparisons and logic
 math         MathOps: unary math and activations
 reduce       ReduceOps: reductions, softmax and its kin, sort and topk, cumulative ops
 movement     MovementOps: views (reshape, permute, pad, shrink, cat, split...), tril/triu, diagonal
-indexing     IndexingOps: __getitem__/__setitem__, gather, scatter, masked ops, takes and their host steps
+indexing     IndexingOps: __getitem__/__setitem__, gather, scatter, masked ops, takes and their host steps;
+             writes into disk tensors
 linalg       LinalgOps: matmul, einsum, linear
 nn           NNOps: convolutions and their gradients, pooling, interpolation, norms, dropout, attention
 losses       LossOps: cross_entropy, nll_loss, binary cross-entropy, mse, l1, smooth l1

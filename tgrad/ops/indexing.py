@@ -5,14 +5,16 @@ steps that check indices."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+import pathlib
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tgrad import autodiff, inplace, symbolic
 from tgrad import realize as driver
-from tgrad.dtype import check_fits, dtypes
-from tgrad.errors import ArgumentError, DTypeError, IndexRangeError, ShapeError
+from tgrad.device import canonical, is_disk
+from tgrad.dtype import DType, check_fits, dtypes, to_bytes
+from tgrad.errors import ArgumentError, DiskError, DTypeError, IndexRangeError, ShapeError
 from tgrad.graph import SYM as g_SYM
 from tgrad.graph import Node, Op, move
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
@@ -103,6 +105,8 @@ class IndexingOps:
         masks gather (PyTorch's advanced indexing: index tensors broadcast together; their result dims go
         where the first one stood when they are adjacent, else first)."""
         index = index if isinstance(index, tuple) else (index,)
+        if self.device.startswith("DISK:"):
+            _basic_only(self, index)
         if any(isinstance(v, slice) and isinstance(v.stop, BoundVariable) for v in index):
             return symbolic.getitem(self, index)  # cache[:, :, :pos] (symbolic.py)
         index = self._index_tensors(index)
@@ -170,12 +174,34 @@ class IndexingOps:
     def __delitem__(self, index) -> None:
         raise TypeError("Tensor does not support deleting items (as in PyTorch and tinygrad)")
 
+    def _write_file(self, x: Tensor | Any, squeeze: bool = False) -> Tensor:
+        """assign() into a disk tensor: x's value (from any device; host data as Tensor(x) reads it),
+        cast to this dtype and broadcast to this shape, written into the file now (`squeeze`: leading
+        size-1 axes of x dropped first, as t[...] = value does)."""
+        Tensor = type(self)
+        if not isinstance(x, Tensor):
+            x = Tensor(x, device="NUMPY", dtype=self.dtype)
+        elif is_disk(x.device):  # (disk to disk: the bytes, read through the host)
+            x = x.to("NUMPY")
+        x = x.cast(self.dtype)
+        while squeeze and x.ndim > self.ndim and x.shape[0] == 1:
+            x = x.reshape(x.shape[1:])
+        pairs = zip(x.shape[::-1], self.shape[::-1])
+        if x.ndim > self.ndim or any(a not in (1, b) for a, b in pairs):
+            raise ShapeError(f"assign: shape {x.shape} does not match {self.shape} nor broadcasts to it")
+        values = np.broadcast_to(x.numpy(), self.shape)
+        self.node.buffer.write(to_bytes(values, self.dtype))
+        return self
+
     def __setitem__(self, index, value) -> None:
         """t[index] = value (PyTorch's): ints, slices, None and ... write a box (a padded mask); slices
         with steps, integer tensors and masks write through scatter. Done with assign(): the tensor's
         buffer is updated in place, and gradients flow to value and to the elements not written."""
         Tensor = type(self)  # (tensor.py, which defines it, cannot be imported here)
         index = index if isinstance(index, tuple) else (index,)
+        if self.device.startswith("DISK:"):  # a view of the file (one contiguous range), written now
+            self[index]._write_file(value, squeeze=True)
+            return
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             # PyTorch: float16 / bfloat16 take an overflowing float as inf, float32 / float64 raise
             strict = self.dtype in (dtypes.float32, dtypes.float64)
@@ -550,3 +576,28 @@ def _check_mask(mask, op: str, tensor_class: type) -> None:
     if not isinstance(mask, tensor_class) or mask.dtype != dtypes.bool:
         kind = mask.dtype.name if isinstance(mask, tensor_class) else type(mask).__name__
         raise DTypeError(f"{op}: mask must be a bool tensor, got {kind}; compare (mask != 0) or use where()")
+
+
+def _basic_only(t: Tensor, index: tuple) -> None:
+    """A disk tensor takes basic indices only (ints, slices, None, ...): an index of data (a tensor, list or
+    array) gathers, which a file cannot compute."""
+    for v in index:
+        if not (v is None or v is Ellipsis or isinstance(v, (slice, int, np.integer))) or isinstance(v, bool):
+            raise DiskError(f"advanced indexing ({type(v).__name__} index) of a disk tensor ({t.device}) is "
+                            "not supported: it gathers, and a disk device computes nothing; copy it to a "
+                            "compute device first: t.to('CPU')[index]")
+
+
+def file_node(Tensor: type, path: pathlib.PurePath, device: str | None, dtype: DType | str | None) -> Node:
+    """Tensor(pathlib.Path(p)): the file's bytes as a 1-d tensor of dtype (uint8 by default) on its disk
+    device, or copied to `device` when one is given."""
+    dtype = dtypes.from_any(dtype) if dtype is not None else dtypes.uint8
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"Tensor({path!r}): no such file")
+    nbytes = pathlib.Path(path).stat().st_size
+    if nbytes % dtype.itemsize:
+        raise ShapeError(f"Tensor({str(path)!r}, dtype={dtype.name}): the file's {nbytes} bytes are not a "
+                         f"whole number of {dtype.name} elements ({dtype.itemsize} bytes each)")
+    disk = canonical(f"disk:{path}")
+    t = Tensor.empty(nbytes // dtype.itemsize, dtype=dtype, device=disk)
+    return t.node if device is None or is_disk(canonical(device)) else t.to(device).node

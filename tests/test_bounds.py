@@ -105,3 +105,25 @@ def test_jitted_step_checks_its_labels_on_every_replay(device):
         step(x, Tensor([0, 2])).numpy()
     with pytest.raises(IndexError, match="cross_entropy"):
         step(x, Tensor([0, 3]))
+
+
+def test_index_into_a_broadcast_axis_takes_its_one_value(device):
+    """An index into an expanded (broadcast) axis reads the one value there without a take: values and
+    gradients as PyTorch's, out-of-range indices raise; on the host devices an axis of 2**31 + 3 too (the
+    host take wrote the whole 16 GiB expansion first and the process died: tinygrad's
+    test_tensor_index_overflow)."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3, 1)
+    ids = [[4, 0], [-1, 2]]
+    t, tt = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, ref = t.expand(2, 3, 5)[:, 1, Tensor(ids)], tt.expand(2, 3, 5)[:, 1, torch.tensor(ids)]
+    np.testing.assert_array_equal(out.numpy(), ref.detach().numpy())
+    (out * out).sum().backward()
+    (ref * ref).sum().backward()
+    np.testing.assert_array_equal(t.grad.numpy(), tt.grad.numpy())
+    both_raise(lambda: tt.expand(2, 3, 5)[:, :, torch.tensor([5])],
+               lambda: t.expand(2, 3, 5)[:, :, Tensor([5])].numpy())
+    if device in ("CPU", "NUMPY"):
+        big = Tensor([7]).expand(2**31 + 3)
+        np.testing.assert_array_equal(big[Tensor([0, 2**31 + 2, -1])].numpy(), [7, 7, 7])
+        with pytest.raises(IndexError):
+            big[Tensor([2**31 + 3])].numpy()

@@ -352,6 +352,15 @@ class IndexingOps:
         if index.dtype.is_float:
             raise DTypeError(f"tensor indices must be integers, got {index.dtype.name}")
         n = self.shape[axis]
+        src = self.node.srcs[0] if self.node.op is Op.EXPAND else None
+        if src is not None and len(src.shape) == self.ndim and src.shape[axis] == 1 and n > 1:
+            # the axis is a broadcast of one value (x.expand(2**31 + 3)[idx]): every index reads it, so no
+            # take (the host take would write the whole expanded tensor first: 16 GiB there)
+            if not checked:
+                type(self)._check_index(index, -n, n, "index")
+            pre, post = self.shape[:axis], self.shape[axis + 1 :]
+            one = type(self)(src).reshape(src.shape[:axis] + (1,) * index.ndim + src.shape[axis + 1 :])
+            return self._from(one.expand(pre + index.shape + post).node)
         if self.device in dtypes.HOST_DEVICES and index.numel() * n >= HOST_TAKE_MIN:
             return self._host_take(axis, index, checked)
         if not checked:

@@ -396,3 +396,32 @@ def test_two_optimizers_alternate_eager_steps(device):
     for params, tmodel, _, _ in (a, b):
         for p, tp in zip(params, tmodel.parameters()):
             np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam", "adamw"])
+@pytest.mark.parametrize("lr", [1e10, 1e-3])
+def test_hyperparameters_in_float32_whatever_the_default_float(device, monkeypatch, kind, lr):
+    """With dtypes.default_float set to float16, float32 parameters step as PyTorch's: lr, momentum, the
+    betas and the step count are float32 tensors (a float16 lr of 1e10 was inf, and the parameters with it;
+    tinygrad's test_mixed_precision), and float16 parameters update in float32, rounded once."""
+    from tgrad import dtypes
+
+    monkeypatch.setattr(dtypes, "default_float", dtypes.float16)
+    x0 = RNG.standard_normal((3, 4)).astype(np.float32)
+    g0 = RNG.standard_normal((3, 4)).astype(np.float32)
+    make = {"sgd": lambda p, t: (SGD, torch.optim.SGD, {}), "momentum": lambda p, t: (SGD, torch.optim.SGD,
+            {"momentum": 0.9}), "adam": lambda p, t: (Adam, torch.optim.Adam, {}),
+            "adamw": lambda p, t: (AdamW, torch.optim.AdamW, {"weight_decay": 0.01})}[kind]
+    mine_cls, torch_cls, kw = make(None, None)
+    p, tp = Tensor(x0, requires_grad=True), torch.tensor(x0, requires_grad=True)
+    opt, topt = mine_cls([p], lr=lr, **kw), torch_cls([tp], lr=lr, **kw)
+    for _ in range(3):
+        opt.zero_grad()
+        topt.zero_grad()
+        (p * Tensor(g0)).sum().backward()
+        (tp * torch.tensor(g0)).sum().backward()
+        opt.step()
+        topt.step()
+    assert p.dtype == dtypes.float32 and opt.lr.dtype == dtypes.float32
+    # (WEBGPU: its exp2 and log2 in the bias correction, up to 6e-5 relative)
+    np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-4, atol=1e-5 * max(lr, 1))

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from tgrad import replay
+from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, AutogradError, ShapeError
 from tgrad.jit import TinyJit
 from tgrad.nn.param_groups import ParamGroup
@@ -29,6 +30,16 @@ def _run_update(opt: Optimizer) -> None:
 def _state(t: Tensor, value: float = 0.0) -> Tensor:
     """A state tensor like t with a buffer of its own."""
     return Tensor(np.full(t.shape, value, t.dtype.np), device=t.device)
+
+
+def _hyper(value: float, params: list[Tensor]) -> Tensor:
+    """A hyperparameter (lr, momentum, beta1, the step count) as a realized 1-element tensor: float64 where
+    a parameter is float64, else float32 whatever dtypes.default_float is, as PyTorch applies its Python
+    float hyperparameters in float (its opmath type) to float16 and bfloat16 parameters too. In float16 an
+    lr of 1e10 was inf and an lr of 1e-4 lost 3 digits; updates of narrow parameters now compute in float32
+    and round once as they are assigned."""
+    wide = any(t.dtype == dtypes.float64 for t in params)
+    return Tensor([float(value)], dtype=dtypes.float64 if wide else dtypes.float32, device=params[0].device)
 
 
 def _check(op: str, what: str, value, below: float | None = None) -> None:
@@ -58,8 +69,8 @@ class Optimizer:
         # lr is a tensor so that changing it also works under TinyJit (see the lr property); a float one
         # even from an int (lr=10 made an int64 tensor: a later opt.lr = 0.5 truncated to 0, NUMPY's Adam
         # step multiplied in int64)
-        lr = float(lr) if isinstance(lr, (int, float)) else lr
-        self._lr = Tensor([lr], device=self.params[0].device).realize()
+        self._lr = (_hyper(lr, self.params) if isinstance(lr, (int, float)) else
+                    Tensor([lr], device=self.params[0].device)).realize()
 
     @property
     def lr(self) -> Tensor:
@@ -71,7 +82,8 @@ class Optimizer:
         """`opt.lr = 0.01` writes into that tensor (realized now), so a step TinyJit captured earlier
         uses the new rate too; rebinding it to another tensor would leave the captured kernels reading
         the old one."""
-        new = value if isinstance(value, Tensor) else Tensor([float(value)], device=self._lr.device)
+        new = value if isinstance(value, Tensor) else \
+            Tensor([float(value)], dtype=self._lr.dtype, device=self._lr.device)
         if new.numel() != 1:
             raise ShapeError(f"Optimizer.lr: expected one number, got a tensor of shape {new.shape}")
         self._lr.assign(new.reshape(1).cast(self._lr.dtype).to(self._lr.device)).realize()
@@ -164,7 +176,7 @@ class SGD(Optimizer):
 
     def momentum_tensor(self) -> Tensor:
         if not isinstance(self.momentum, Tensor):
-            self.momentum = Tensor([float(self.momentum)], device=self.params[0].device).realize()
+            self.momentum = _hyper(self.momentum, self.params).realize()
             self.bufs = self.bufs or [_state(t) for t in self.params]
         return self.momentum
 
@@ -180,7 +192,7 @@ class LAMB(Optimizer):
                                  ("weight_decay", weight_decay, None)):
             _check(type(self).__name__, what, value, top)
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
-        self.t = Tensor([0.0], device=self.params[0].device)
+        self.t = _hyper(0.0, self.params)
         self.m = [_state(t) for t in self.params]
         self.v = [_state(t) for t in self.params]
 
@@ -212,7 +224,7 @@ class LAMB(Optimizer):
 
     def momentum_tensor(self) -> Tensor:
         if not isinstance(self.b1, Tensor):
-            self.b1 = Tensor([float(self.b1)], device=self.params[0].device).realize()
+            self.b1 = _hyper(self.b1, self.params).realize()
         return self.b1
 
 
@@ -286,7 +298,7 @@ class Muon(Optimizer):
 
     def momentum_tensor(self) -> Tensor:
         if not isinstance(self.momentum, Tensor):
-            self.momentum = Tensor([float(self.momentum)], device=self.params[0].device).realize()
+            self.momentum = _hyper(self.momentum, self.params).realize()
         return self.momentum
 
 
@@ -318,7 +330,7 @@ class LRScheduler:
     def __init__(self, optimizer: Optimizer):
         self.optimizer = optimizer
         self.base_lr = float(optimizer.lr.numpy()[0])
-        self.step_count = Tensor([0.0], device=optimizer.lr.device)
+        self.step_count = Tensor([0.0], dtype=optimizer.lr.dtype, device=optimizer.lr.device)
         Tensor.realize(*self._apply())
 
     def lr_at(self, step: Tensor) -> Tensor:

@@ -1,21 +1,25 @@
-"""Symbolic shapes: `Variable("pos", 1, 1024).bind(n)` as the extent of one axis (tinygrad's spelling).
+"""Symbolic shapes: `Variable("pos", 1, 1024).bind(n)` as the extent of one axis (tinygrad's spelling), or an
+affine expression of bound variables (`Expr`: `pos + 1`, `10 - v`, `2 * v`, `v1 + v2`).
 
-A tensor with a bound variable `v` on an axis is stored at the variable's max along that axis; only the
-first v.val positions are its elements. Nothing about the value is in a kernel's code: the value is a
-0-d int32 buffer (`BoundVariable.node`) that kernels read, so one compiled kernel (and one TinyJit
-capture, where the variable is an argument of the call) serves every value in range. `graph.SYM` maps
-a node to its per-axis variables: filled by `extent` (the entry point: a DETACH that fusion looks
-through) and carried to every node built over a symbolic source by `derive`, which graph.Node calls:
-- elementwise ops keep their sources' variables; movement ops move them with their axes (a reshape must
-  keep the axis whole; a pad, a flip, or a shrink of the axis other than to v.val raises);
-- a reduce over a symbolic axis first replaces the positions past v with the reduce's identity
+A tensor with an extent e (a BoundVariable or an Expr, both `Sym`) on an axis is stored at e's max along
+that axis; only the first e.val positions are its elements. Nothing about the value is in a kernel's
+code: a variable's value is a 0-d int32 buffer (`BoundVariable.node`; an Expr's node is arithmetic on
+them) that kernels read, so one compiled kernel (and one TinyJit capture, where the variable is an
+argument of the call) serves every value in range. `graph.SYM` maps a node to its per-axis extents:
+filled by `extent` (the entry point: a DETACH that fusion looks through) and carried to every node built
+over a symbolic source by `derive`, which graph.Node calls:
+- elementwise ops keep their sources' extents; movement ops move them with their axes (a reshape must
+  keep the axis whole; a flip, or a raw pad or shrink of the axis other than to e.val raises: the
+  Tensor ops' symbolic forms in symbolic_ops.py handle pads, windows and cats through `release`);
+- a reduce over a symbolic axis first replaces the positions past e with the reduce's identity
   (0 for SUM, 1 for PROD, the lowest value for MAX): so sum, mean, softmax and a matmul over the axis
-  read only the first v positions (the positions past v hold anything);
-- an assign into a symbolic tensor raises (not supported).
-Tensor.shape shows the BoundVariable on its axis (as tinygrad shows the variable); arithmetic on it
-raises, so an op that needs the axis' size as a number fails clearly instead of using the max.
-numpy(), int indexes and reshapes to ints cut each axis to its value (outside TinyJit only).
-Compute runs over the max extent (masked), not only over the first v positions.
+  read only the first e positions (the positions past e hold anything);
+- an assign into a symbolic tensor raises (symbolic_ops.assign_window writes a window of a cache).
+Tensor.shape shows the extent on its axis (as tinygrad shows the variable). Arithmetic on extents is
+affine (+, -, * by an int); int(), bool() and comparisons the ranges do not decide give the value
+outside TinyJit and raise a JitError inside. numpy(), int indexes and reshapes to ints cut each axis
+to its value (outside TinyJit only). Compute runs over the max extent (masked), not only over the
+first e positions.
 """
 
 from __future__ import annotations

@@ -446,3 +446,31 @@ def test_expressions_one_capture(device):
                                       A[:, k:k + 2] + np.arange(k, k + 2, dtype=np.float32))
     if not get_runtime(device).evaluates_graphs:
         assert all(f.captures == 1 for f in fns)
+
+
+def test_window_keeps_special_values_and_writes_through_views(device):
+    """A window of variable start (a one-hot sum) gives each element as it is: NaN, infinities, -0.0,
+    ints, bools; assign() into a view of a window, or a window of a view, writes the cache."""
+    special = np.array([[np.nan, -0.0, np.inf, 1.5, -np.inf, 2.0]], np.float32)
+    ints = np.arange(12, dtype=np.int32).reshape(2, 6) - 5
+    for p in range(5):
+        v = Variable("p", 0, 4).bind(p)
+        got = Tensor(special, device=device)[:, v:v + 2].numpy()
+        np.testing.assert_array_equal(got, special[:, p:p + 2])
+        assert np.signbit(got).tolist() == np.signbit(special[:, p:p + 2]).tolist()
+        np.testing.assert_array_equal(Tensor(ints, device=device)[:, v:v + 2].numpy(), ints[:, p:p + 2])
+        positive = Tensor(ints > 0, device=device)
+        np.testing.assert_array_equal(positive[:, v:v + 2].numpy(), ints[:, p:p + 2] > 0)
+    v = Variable("p", 0, 6).bind(3)
+    cache = Tensor.zeros(2, 8, 3, device=device).contiguous().realize()
+    want = np.zeros((2, 8, 3), np.float32)
+    cache[:, v:v + 2][0].assign(Tensor.ones(2, 3, device=device))
+    want[0, 3:5] = 1
+    np.testing.assert_array_equal(cache.numpy(), want)
+    cache[1][v:v + 2].assign(Tensor.full((2, 3), 5.0, device=device))
+    want[1, 3:5] = 5
+    np.testing.assert_array_equal(cache.numpy(), want)
+    with pytest.raises(ShapeError, match="assign: shape \\(2, 3, 3\\) does not match the window"):
+        cache[:, v:v + 2].assign(Tensor.ones(2, 3, 3, device=device))
+    with pytest.raises(ShapeError, match="variable start beside ints or None"):
+        cache[1, v:v + 2]

@@ -50,14 +50,19 @@ def _value(t, x):
 def _window(t, axis: int, start, size: int):
     """out[..., j, ...] = t[..., start + j, ...] for j < size along axis (t's node not symbolic there;
     start an int or an extent; a position outside t gives 0): a one-hot sum over the axis, so the start
-    is read at launch. The sum of one element and zeros is that element (-0.0 the floats' zero)."""
+    is read at launch. The sum of one element and zeros is that element, but for the sign of a zero
+    (a sum's accumulator starts at +0.0): a selected -0.0 is put back (PyTorch's slice keeps it)."""
     T, n = type(t), t.node.shape[axis]
     hit = _along(t, axis, n).unsqueeze(axis) == _along(t, axis, size).unsqueeze(axis + 1) + _value(t, start)
     x = t.unsqueeze(axis)
     if t.dtype == dtypes.bool:
         return hit.where(x, False).max(axis + 1)
-    zero = -0.0 if t.dtype.is_float else 0
-    return hit.where(x, T(g.const(zero, t.dtype, t.device))).sum(axis + 1, dtype=t.dtype)
+    if not t.dtype.is_float:
+        return hit.where(x, 0).sum(axis + 1, dtype=t.dtype)
+    out = hit.where(x, T(g.const(0.0, t.dtype, t.device))).sum(axis + 1, dtype=t.dtype)
+    # (counted as a float sum, as the value: a bool any() there crashed pocl's LLVM on CL)
+    negative_zero = (hit & (x == 0) & (x.detach().reciprocal() < 0)).where(1.0, 0.0).sum(axis + 1) > 0
+    return negative_zero.where(T(g.const(-0.0, t.dtype, t.device)), out)
 
 
 # a tensor cut by a window of variable start -> (weakref to it, the tensor cut, the shrink's argument):
@@ -109,6 +114,7 @@ def shrink(t, arg):
         if isinstance(n, Sym):
             x = x._from(extent(x.node, i, n), x)
     if windowed:
+        x._base = None  # (its own memory: views of it, `w[0]`, write into it, so through assign_window)
         if len(WINDOWS) > 256:
             for k in [k for k, (ref, *_) in WINDOWS.items() if ref() is None]:
                 del WINDOWS[k]

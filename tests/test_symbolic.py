@@ -273,10 +273,18 @@ def test_expression_arithmetic_and_values():
     def compares(t, p):
         return (t + 1).realize() if p + 1 < 6 else t.realize()
 
+    @TinyJit
+    def truth(t, p):  # (bool(p - 1): 0 is in its range, so its value decides)
+        return (t + 1).realize() if p - 1 else t.realize()
+
     with pytest.raises(JitError, match="value of <i \\+ 1=5> \\(variables 'i'\\) was read inside a TinyJit"):
         reads(Tensor([1.0]), v)
     with pytest.raises(JitError, match="depends on the values of variables 'i'"):
         compares(Tensor([1.0]), v)
+    with pytest.raises(JitError, match="value of <i - 1=3> \\(variables 'i'\\) was read"):
+        truth(Tensor([1.0]), v)
+    decided = TinyJit(lambda t, p: (t + 1).realize() if p and p + 1 > 1 else t)  # (the ranges decide)
+    np.testing.assert_array_equal(decided(Tensor([1.0]), v).numpy(), [2.0])
 
 
 @pytest.mark.parametrize("n", [1, 4, 8])

@@ -182,8 +182,8 @@ class Sym:
     def __float__(self) -> float:
         return float(self.val)
 
-    def __bool__(self) -> bool:
-        return self.val != 0
+    def __bool__(self) -> bool:  # (an extent whose range excludes 0 is true without its value)
+        return self.min > 0 or self.max < 0 or self.val != 0
 
     def __eq__(self, other) -> bool:  # (the same expression of the same variables bound to the same values)
         return isinstance(other, Sym) and other.ident == self.ident

@@ -115,11 +115,15 @@ def shrink(t, arg):
             x = x._from(extent(x.node, i, n), x)
     if windowed:
         x._base = None  # (its own memory: views of it, `w[0]`, write into it, so through assign_window)
-        if len(WINDOWS) > 256:
-            for k in [k for k, (ref, *_) in WINDOWS.items() if ref() is None]:
-                del WINDOWS[k]
         WINDOWS[id(x)] = (weakref.ref(x), t, tuple(arg))
+        weakref.finalize(x, _forget, id(x))  # (the entry holds the cut tensor: dropped with the window)
     return x
+
+
+def _forget(key: int) -> None:
+    entry = WINDOWS.get(key)
+    if entry is not None and entry[0]() is None:
+        del WINDOWS[key]
 
 
 def window_of(t) -> tuple | None:

@@ -482,3 +482,36 @@ def test_window_keeps_special_values_and_writes_through_views(device):
         cache[:, v:v + 2].assign(Tensor.ones(2, 3, 3, device=device))
     with pytest.raises(ShapeError, match="variable start beside ints or None"):
         cache[1, v:v + 2]
+
+
+def test_shrink_then_cat_cache_one_capture(device):
+    """LLaMA's older decode: keys = cache.shrink(past).cat(new) (extent start + 1, start from 0), the
+    cache rebuilt by a pad by MAX - start - 1 (a number again); one capture, nothing compiled after it."""
+    d = 3
+    cache = Tensor.zeros(1, MAX, d, device=device).contiguous().realize()
+    want_cache = np.zeros((1, MAX, d), np.float32)
+
+    @TinyJit
+    def step(xk, start):
+        keys = cache.shrink((None, (0, start), None)).cat(xk, dim=1)
+        cache.assign(keys.pad((None, (0, MAX - start - 1), None)).contiguous())
+        return (xk @ keys.transpose(1, 2)).softmax(-1).realize(), cache.realize()
+
+    graphs = not get_runtime(device).evaluates_graphs
+    for pos in [0, 1, 2, 9, MAX - 1, 4]:
+        xk = RNG.standard_normal((1, 1, d)).astype(np.float32)
+        start = Variable("start", 0, MAX - 1).bind(pos)
+        xt = Tensor(xk, device=device).realize()
+        before = compiled(device)
+        out, _ = step(xt, start)
+        if graphs and step.replays:
+            assert compiled(device) == before
+        keys = np.concatenate([want_cache[:, :pos], xk], 1)
+        s = xk @ keys.transpose(0, 2, 1)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        assert out.shape == (1, 1, start + 1)
+        np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), atol=1e-6, rtol=1e-5)
+        want_cache[:] = 0
+        want_cache[:, :pos + 1] = keys
+        np.testing.assert_allclose(cache.numpy(), want_cache)
+    assert not graphs or step.captures == 1 and step.replays >= 3

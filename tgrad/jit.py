@@ -77,7 +77,7 @@ def _arg_key(v: Any) -> tuple:
     """How a non-Tensor argument enters the signature: plain values by value, objects by identity."""
     if v is None or isinstance(v, (bool, int, str, bytes)):
         return (type(v).__name__, v)
-    if isinstance(v, symbolic.BoundVariable):  # the variable, not its value: an argument of the capture
+    if isinstance(v, symbolic.Sym):  # the variables, not their values: arguments of the capture
         return v.var.key
     if isinstance(v, (float, complex)):
         return (type(v).__name__, repr(v))  # repr: nan equals nan
@@ -267,7 +267,7 @@ def _with_variables(t: Tensor, like: Tensor, current: dict) -> Tensor:
     """t (a returned buffer) with like's symbolic axes, their variables those of this call."""
     sym = symbolic.of(like.node)
     if sym is not None:
-        symbolic.register(t.node, tuple(None if v is None else current.get(v.var.key, v) for v in sym))
+        symbolic.register(t.node, tuple(None if v is None else v.rebind(current) for v in sym))
     return t
 
 

@@ -1,21 +1,25 @@
-"""Symbolic shapes: `Variable("pos", 1, 1024).bind(n)` as the extent of one axis (tinygrad's spelling).
+"""Symbolic shapes: `Variable("pos", 1, 1024).bind(n)` as the extent of one axis (tinygrad's spelling), or an
+affine expression of bound variables (`Expr`: `pos + 1`, `10 - v`, `2 * v`, `v1 + v2`).
 
-A tensor with a bound variable `v` on an axis is stored at the variable's max along that axis; only the
-first v.val positions are its elements. Nothing about the value is in a kernel's code: the value is a
-0-d int32 buffer (`BoundVariable.node`) that kernels read, so one compiled kernel (and one TinyJit
-capture, where the variable is an argument of the call) serves every value in range. `graph.SYM` maps
-a node to its per-axis variables: filled by `extent` (the entry point: a DETACH that fusion looks
-through) and carried to every node built over a symbolic source by `derive`, which graph.Node calls:
-- elementwise ops keep their sources' variables; movement ops move them with their axes (a reshape must
-  keep the axis whole; a pad, a flip, or a shrink of the axis other than to v.val raises);
-- a reduce over a symbolic axis first replaces the positions past v with the reduce's identity
+A tensor with an extent e (a BoundVariable or an Expr, both `Sym`) on an axis is stored at e's max along
+that axis; only the first e.val positions are its elements. Nothing about the value is in a kernel's
+code: a variable's value is a 0-d int32 buffer (`BoundVariable.node`; an Expr's node is arithmetic on
+them) that kernels read, so one compiled kernel (and one TinyJit capture, where the variable is an
+argument of the call) serves every value in range. `graph.SYM` maps a node to its per-axis extents:
+filled by `extent` (the entry point: a DETACH that fusion looks through) and carried to every node built
+over a symbolic source by `derive`, which graph.Node calls:
+- elementwise ops keep their sources' extents; movement ops move them with their axes (a reshape must
+  keep the axis whole; a flip, or a raw pad or shrink of the axis other than to e.val raises: the
+  Tensor ops' symbolic forms in symbolic_ops.py handle pads, windows and cats through `release`);
+- a reduce over a symbolic axis first replaces the positions past e with the reduce's identity
   (0 for SUM, 1 for PROD, the lowest value for MAX): so sum, mean, softmax and a matmul over the axis
-  read only the first v positions (the positions past v hold anything);
-- an assign into a symbolic tensor raises (not supported).
-Tensor.shape shows the BoundVariable on its axis (as tinygrad shows the variable); arithmetic on it
-raises, so an op that needs the axis' size as a number fails clearly instead of using the max.
-numpy(), int indexes and reshapes to ints cut each axis to its value (outside TinyJit only).
-Compute runs over the max extent (masked), not only over the first v positions.
+  read only the first e positions (the positions past e hold anything);
+- an assign into a symbolic tensor raises (symbolic_ops.assign_window writes a window of a cache).
+Tensor.shape shows the extent on its axis (as tinygrad shows the variable). Arithmetic on extents is
+affine (+, -, * by an int); int(), bool() and comparisons the ranges do not decide give the value
+outside TinyJit and raise a JitError inside. numpy(), int indexes and reshapes to ints cut each axis
+to its value (outside TinyJit only). Compute runs over the max extent (masked), not only over the
+first e positions.
 """
 
 from __future__ import annotations
@@ -60,24 +64,241 @@ class Variable:
         return f"Variable({self.name!r}, {self.min}, {self.max})"
 
 
-class BoundVariable:
+class Sym:
+    """An extent that is not a number: a bound variable or an affine expression of bound variables
+    (`v + 2`, `10 - v`, `2 * v`, `v1 + v2`). Its value is known at trace time outside TinyJit (int(),
+    bool(), comparisons whose answer the ranges do not decide give it) and read at launch by kernels."""
+
+    terms: tuple  # ((BoundVariable, coefficient), ...) sorted by the variable's key
+    const: int
+
+    @property
+    def min(self) -> int:
+        return self.const + sum(c * (v.var.min if c > 0 else v.var.max) for v, c in self.terms)
+
+    @property
+    def max(self) -> int:
+        return self.const + sum(c * (v.var.max if c > 0 else v.var.min) for v, c in self.terms)
+
+    @property
+    def _val(self) -> int:
+        return self.const + sum(c * v._val for v, c in self.terms)
+
+    @property
+    def val(self) -> int:
+        if driver.RECORDER is not None:
+            raise JitError(f"the value of {self} (variables {self._names()}) was read inside a TinyJit "
+                           "function: a replay would keep it; use the expression itself (a shape, Tensor(e))")
+        return self._val
+
+    @property
+    def vars(self) -> tuple:
+        return tuple(v for v, _ in self.terms)
+
+    @property
+    def ident(self) -> tuple:
+        """The structure and the values: two extents are the same when these are."""
+        return (self.key, tuple(v._val for v in self.vars))
+
+    def _names(self) -> str:
+        return ", ".join(repr(v.var.name) for v in self.vars)
+
+    def rebind(self, current: dict) -> Sym:
+        """This expression over the variables of current (var key -> BoundVariable) where it names them."""
+        return _make({v.var.key: (current.get(v.var.key, v), c) for v, c in self.terms}, self.const)
+
+    # arithmetic: affine only; the result is an int where the variables cancel (`(v + 2) - v` is 2)
+    def __add__(self, other):
+        return _combine(self, other, 1, "+")
+
+    def __radd__(self, other):
+        return _combine(other, self, 1, "+")
+
+    def __sub__(self, other):
+        return _combine(self, other, -1, "-")
+
+    def __rsub__(self, other):
+        return _combine(other, self, -1, "-")
+
+    def __neg__(self):
+        return _combine(0, self, -1, "-")
+
+    def __pos__(self):
+        return self
+
+    def __mul__(self, other):
+        if isinstance(other, Sym):
+            raise ShapeError(f"{self} * {other}: a product of variables (variables {self._names()}, "
+                             f"{other._names()}) is not supported as an extent")
+        if not _is_int(other):
+            return _not_int(self, other, "*")
+        return _make({v.var.key: (v, c * int(other)) for v, c in self.terms}, self.const * int(other))
+
+    __rmul__ = __mul__
+
+    def _refuse(self, other=None):
+        if other is not None and isinstance(getattr(other, "node", None), Node):
+            return NotImplemented  # (v / tensor: the Tensor's reflected op reads the value at launch)
+        raise ShapeError(f"{self}: division and remainder of an extent of variables {self._names()} are not "
+                         "supported (only +, - and * by an int)")
+
+    __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _refuse
+
+    # comparisons: decided by the ranges where they can be, else by the values (outside TinyJit only)
+    def _cmp(self, other, op: str) -> bool:
+        if not (_is_int(other) or isinstance(other, Sym)):
+            return NotImplemented
+        d = self - other
+        if isinstance(d, int):
+            return _CMP[op](d, 0)
+        lo, hi = d.min, d.max
+        if op == "!=":
+            if lo > 0 or hi < 0:
+                return True
+        elif _CMP[op](lo, 0) == _CMP[op](hi, 0):  # (d op 0 is true on a ray: the ends agree, so do all)
+            return _CMP[op](lo, 0)
+        if driver.RECORDER is not None:
+            raise JitError(f"{self} {op} {other} depends on the values of variables {d._names()}, read "
+                           "inside a TinyJit function (a replay would keep the answer)")
+        return _CMP[op](d._val, 0)
+
+    def __lt__(self, other):
+        return self._cmp(other, "<")
+
+    def __le__(self, other):
+        return self._cmp(other, "<=")
+
+    def __gt__(self, other):
+        return self._cmp(other, ">")
+
+    def __ge__(self, other):
+        return self._cmp(other, ">=")
+
+    def __int__(self) -> int:
+        return self.val
+
+    __index__ = __int__
+
+    def __float__(self) -> float:
+        return float(self.val)
+
+    def __bool__(self) -> bool:  # (an extent whose range excludes 0 is true without its value)
+        return self.min > 0 or self.max < 0 or self.val != 0
+
+    def __eq__(self, other) -> bool:  # (the same expression of the same variables bound to the same values)
+        return isinstance(other, Sym) and other.ident == self.ident
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(self.ident)
+
+
+_CMP = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__, ">=": int.__ge__, "!=": int.__ne__}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _not_int(a, b, op: str):
+    if not isinstance(b, (float, complex, np.floating, bool, np.bool_)):
+        return NotImplemented  # (v * tensor: the Tensor's reflected op; [0] * v: the list's repeat)
+    raise ShapeError(f"{a} {op} {b!r}: an extent of variables {a._names()} combines only with ints and "
+                     "other extents (use Tensor(v) for arithmetic on values)")
+
+
+def _terms(x) -> tuple[dict, int]:
+    if isinstance(x, Sym):
+        return {v.var.key: (v, c) for v, c in x.terms}, x.const
+    return {}, int(x)
+
+
+def _combine(a, b, sign: int, op: str):
+    """a + sign * b for ints and Syms (a variable bound to two values in one expression raises)."""
+    for x, y in ((a, b), (b, a)):
+        if not (_is_int(x) or isinstance(x, Sym)):
+            return _not_int(y, x, op) if isinstance(y, Sym) else NotImplemented
+    ta, ca = _terms(a)
+    tb, cb = _terms(b)
+    out = dict(ta)
+    for k, (v, c) in tb.items():
+        if k in out:
+            u, cu = out[k]
+            if u._val != v._val:
+                raise ShapeError(f"{a} {op} {b}: variable {v.var.name!r} is bound to two values "
+                                 f"({u._val} and {v._val})")
+            out[k] = (u, cu + sign * c)
+        else:
+            out[k] = (v, sign * c)
+    return _make(out, ca + sign * cb)
+
+
+def _make(terms: dict, const: int):
+    items = tuple(sorted(((v, c) for v, c in terms.values() if c), key=lambda vc: vc[0].var.key))
+    if not items:
+        return int(const)
+    if len(items) == 1 and items[0][1] == 1 and const == 0:
+        return items[0][0]
+    return Expr(items, int(const))
+
+
+class Expr(Sym):
+    """const + sum(coefficient * variable): an affine expression of bound variables."""
+
+    def __init__(self, terms: tuple, const: int):
+        self.terms, self.const = terms, const
+
+    @property
+    def key(self) -> tuple:
+        return ("Expr", tuple((v.var.key, c) for v, c in self.terms), self.const)
+
+    def node(self, device: str) -> Node:
+        """The value as a 0-d int32 node over the variables' buffers (read at launch)."""
+        out = g.const(self.const, dtypes.int32, device, ())
+        for v, c in self.terms:
+            term = v.node(device)
+            if c != 1:
+                term = g.alu(Op.MUL, term, g.const(c, dtypes.int32, device, ()))
+            out = g.alu(Op.ADD, out, term)
+        return out
+
+    def __repr__(self) -> str:
+        parts = [("" if c == 1 else "-" if c == -1 else f"{c}*") + v.var.name for v, c in self.terms]
+        text = " + ".join(parts).replace("+ -", "- ")
+        if self.const:
+            text += f" {'+' if self.const > 0 else '-'} {abs(self.const)}"
+        return f"<{text}={self._val}>"
+
+
+class BoundVariable(Sym):
     """A Variable with a value: an axis extent (in shrink, reshape, slices, arange, full...) or, as
     Tensor(bv) or an operand of an elementwise op, a 0-d int32 tensor holding the value."""
 
+    const = 0
+
     def __init__(self, var: Variable, val: int):
-        self.var, self._val = var, val
+        self.var, self._value = var, val
         self._nodes: dict[str, Node] = {}  # device -> its 0-d int32 buffer holding the value
 
     name = property(lambda self: self.var.name)
     min = property(lambda self: self.var.min)
     max = property(lambda self: self.var.max)
+    _val = property(lambda self: self._value)
+    terms = property(lambda self: ((self, 1),))
+    key = property(lambda self: self.var.key)
 
     @property
     def val(self) -> int:
         if driver.RECORDER is not None:
             raise JitError(f"the value of variable {self.var.name!r} was read inside a TinyJit function: "
                            "a replay would keep it; use the variable itself (a shape, Tensor(v))")
-        return self._val
+        return self._value
+
+    @property
+    def ident(self) -> tuple:
+        return (self.var.key, self._value)
 
     def unbind(self) -> tuple[Variable, int]:
         return self.var, self.val
@@ -87,28 +308,12 @@ class BoundVariable:
         function a variable made there is keyed by the data; one passed in is an argument buffer)."""
         node = self._nodes.get(device)
         if node is None:
-            buf = driver.upload(np.array(self._val, np.int32), device)
+            buf = driver.upload(np.array(self._value, np.int32), device)
             node = self._nodes[device] = Node.from_buffer(buf, (), dtypes.int32, device)
         return node
 
-    def _refuse(self, *other):
-        if other and isinstance(getattr(other[0], "node", None), Node):
-            return NotImplemented  # (v * tensor: the Tensor's reflected op reads the value at launch)
-        raise ShapeError(f"the size of an axis is the variable {self.var.name!r} (bound to {self._val}), not "
-                         "a number: this op needs it as a number (not supported with symbolic shapes)")
-
-    __index__ = __int__ = __float__ = __add__ = __radd__ = __sub__ = __rsub__ = _refuse
-    __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = _refuse
-    __lt__ = __le__ = __gt__ = __ge__ = __neg__ = _refuse
-
-    def __eq__(self, other) -> bool:  # (the same variable bound to the same value twice: one extent)
-        return isinstance(other, BoundVariable) and other.var.key == self.var.key and other._val == self._val
-
-    def __hash__(self) -> int:
-        return hash((self.var.key, self._val))
-
     def __repr__(self) -> str:
-        return f"<{self.var.name}[{self.var.min}-{self.var.max}]={self._val}>"
+        return f"<{self.var.name}[{self.var.min}-{self.var.max}]={self._value}>"
 
 
 SYM = g.SYM
@@ -125,12 +330,12 @@ def shape_of(node: Node) -> tuple:
 
 
 def is_var(x) -> bool:
-    return isinstance(x, BoundVariable)
+    return isinstance(x, Sym)
 
 
 def physical(shape) -> tuple[int, ...]:
     """A shape with its variables at their max."""
-    return tuple(s.max if isinstance(s, BoundVariable) else s for s in shape)
+    return tuple(s.max if isinstance(s, Sym) else s for s in shape)
 
 
 def register(node: Node, sym) -> Node:
@@ -154,7 +359,7 @@ def _arange(n: int, device: str) -> Node:
     return node
 
 
-def _inside(shape: tuple[int, ...], axis: int, bv: BoundVariable, device: str) -> Node:
+def _inside(shape: tuple[int, ...], axis: int, bv: Sym, device: str) -> Node:
     """A bool node of `shape`: True where the index along axis is below the variable's value."""
     one = tuple(n if i == axis else 1 for i, n in enumerate(shape))
     pos = g.move(g.move(_arange(shape[axis], device), Op.RESHAPE, one), Op.EXPAND, shape)
@@ -163,19 +368,22 @@ def _inside(shape: tuple[int, ...], axis: int, bv: BoundVariable, device: str) -
     return g.alu(Op.CMPLT, pos, val)
 
 
-def _fill(node: Node, axis: int, bv: BoundVariable, value) -> Node:
+def _fill(node: Node, axis: int, bv: Sym, value) -> Node:
     """node with the positions at or past the variable's value along axis set to value."""
     other = g.const(value, node.dtype, node.device, node.shape)
     return g.alu(Op.WHERE, _inside(node.shape, axis, bv, node.device), node, other)
 
 
-def extent(node: Node, axis: int, bv: BoundVariable) -> Node:
+def extent(node: Node, axis: int, bv: Sym) -> Node:
     """An entry point: node (its axis at bv.max) as a tensor whose axis has the extent bv. A DETACH node of
     its own, which fusion looks through (a matmul's operand stays a view: BLAS, tl.dot): the graph is
     hash-consed, and a node that is also a concrete tensor must not become symbolic. Its positions past
     the value keep what node holds there (every reduce masks them)."""
     if node.shape[axis] != bv.max:
         raise ShapeError(f"axis {axis} of size {node.shape[axis]} cannot have the extent {bv} (its max)")
+    if bv.min < 0:
+        raise ShapeError(f"the extent {bv} of axis {axis} can be negative (down to {bv.min}) for variables "
+                         f"{bv._names()} in their ranges")
     sym = list(of(node) or (None,) * len(node.shape))
     if sym[axis] is not None and not _same(sym[axis], bv):
         raise ShapeError(f"axis {axis} already has the extent {sym[axis]}, not {bv}")
@@ -183,7 +391,7 @@ def extent(node: Node, axis: int, bv: BoundVariable) -> Node:
     # the gradient that reaches node (a tensor of no variable on axis) has none there, and 0 past the value
     # (keyed by the bound object: under TinyJit each call's is an argument of its own, and a node of an
     # earlier call with the same value must not be handed out, its kernels reading that call's value)
-    name = ("extent", axis, bv.var.key, bv._val, id(bv))
+    name = ("extent", axis, bv.ident, tuple(map(id, bv.vars)))
     out = autodiff.custom_gradient(node, (node,), _extent_gradient(inside, axis), name)
     return register(out, sym[:axis] + [bv] + sym[axis + 1:])
 
@@ -232,7 +440,7 @@ def derive(op: Op, srcs: tuple, arg, shape: tuple[int, ...]) -> tuple[tuple, tup
     syms = [SYM.get(s) for s in srcs]
     if not any(syms):
         return srcs, None
-    if any(isinstance(s, BoundVariable) for s in shape):  # (an op that built a node from Tensor.shape)
+    if any(isinstance(s, Sym) for s in shape):  # (an op that built a node from Tensor.shape)
         raise ShapeError(f"{op.name} of shape {shape}: this op does not support symbolic shapes yet")
     s0 = syms[0]
     if op in g.MOVEMENT:
@@ -276,7 +484,7 @@ def _moved(op: Op, old: tuple, arg, new: tuple, sym: tuple) -> tuple | None:
             if op is Op.SHRINK and arg[i] == (0, v._val) and driver.RECORDER is None:
                 out[i] = None  # cut to its value: a concrete axis (outside TinyJit: the value is fixed here)
                 continue
-            if op is Op.SHRINK and arg[i][0] == 0 and arg[i][1] <= v.var.min:
+            if op is Op.SHRINK and arg[i][0] == 0 and arg[i][1] <= v.min:
                 out[i] = None  # the first positions, inside for every value
                 continue
             whole = (0, 0) if op is Op.PAD else (0, old[i])
@@ -314,177 +522,51 @@ def concrete(node: Node) -> Node:
 
 
 def bound_in(values) -> dict:
-    """{id: BoundVariable} of the variables in a flat list of arguments (bound variables, tensors' axes)."""
+    """{id: BoundVariable} of the variables in a flat list of arguments (extents, tensors' axes)."""
     out: dict[int, BoundVariable] = {}
     for x in values:
-        if isinstance(x, BoundVariable):
-            out.setdefault(id(x), x)
+        if isinstance(x, Sym):
+            for v in x.vars:
+                out.setdefault(id(v), v)
         else:
             node = getattr(x, "node", None)
             sym = of(node) if isinstance(node, Node) else None
-            for v in sym or ():
-                if v is not None:
+            for e in sym or ():
+                for v in () if e is None else e.vars:
                     out.setdefault(id(v), v)
     return out
 
 
 def key_of(node: Node) -> tuple | None:
-    """The signature of node's symbolic axes: the variables, not their values."""
+    """The signature of node's symbolic axes: the variables and expressions, not their values."""
     sym = of(node)
-    return None if sym is None else tuple(None if v is None else v.var.key for v in sym)
+    return None if sym is None else tuple(None if v is None else v.key for v in sym)
 
 
-# ---------------------------------------------------------------------------------------------------
-# the Tensor ops' symbolic forms (ops/movement.py and ops/indexing.py call these when a shape or an index
-# holds a BoundVariable, or the tensor has a symbolic axis)
-
-
-def has_var(xs) -> bool:
-    return any(isinstance(x, BoundVariable) for x in xs)
-
-
-def shrink(t, arg):
-    """t.shrink(arg) where an end is a BoundVariable v (its start 0): the axis cut to v.max, extent v."""
-    shape, phys, marks = t.shape, [], []
-    for i, (a, s) in enumerate(zip(arg, shape)):
-        b, e = (None, None) if a is None else a
-        if isinstance(b, BoundVariable):
-            raise ShapeError(f"shrink: a variable start ({b}) is not supported, only a variable end")
-        if not isinstance(e, BoundVariable):
-            phys.append(a)
-            continue
-        if b not in (0, None):
-            raise ShapeError(f"shrink: the axis {i} cut to the variable {e} must start at 0, not {b}")
-        if isinstance(s, BoundVariable):
-            if not _same(s, e):
-                raise ShapeError(f"shrink: axis {i} has the extent {s}, it cannot be cut to {e}")
-            phys.append(None)
-            continue
-        if e.max > s:
-            raise ShapeError(f"shrink: variable {e.var.name!r} can be up to {e.max}, past axis {i}'s size "
-                             f"{s}")
-        phys.append((0, e.max))
-        marks.append((i, e))
-    out = t.shrink(tuple(phys))
-    node = out.node
-    for i, e in marks:
-        node = extent(node, i, e)
-    return out._from(node, out)
-
-
-def reshape(t, shape):
-    """t.reshape(shape) for a shape with BoundVariables or a tensor with a symbolic axis: each variable
-    stays its own axis; a shape of ints cuts the symbolic axes to their values first (outside TinyJit)."""
-    if not has_var(shape):
-        if of(t.node) is None:
-            return None
-        if driver.RECORDER is not None:
-            raise ShapeError(f"reshape of {t.shape} to the numbers {shape} inside a TinyJit function: the "
-                             "variables' values would be frozen in the capture; keep the variables in the "
-                             "shape")
-        return t._from(concrete(t.node), t).reshape(shape)
-    phys = physical(shape)
-    if -1 in phys or g.prod(phys) != g.prod(t.node.shape) or min(phys, default=0) < 0:
-        raise ShapeError(f"reshape: cannot reshape {t.shape} to {tuple(shape)}")
-    out = t._from(g.move(t.node, Op.RESHAPE, phys), t)
-    got = of(out.node) or (None,) * len(shape)
-    for j, s in enumerate(shape):
-        want = s if isinstance(s, BoundVariable) else None
-        if (want is None) != (got[j] is None) or want is not None and not _same(want, got[j]):
-            raise ShapeError(f"reshape: cannot reshape {t.shape} to {tuple(shape)} (axis {j} would be "
-                             f"{got[j] if got[j] is not None else out.node.shape[j]})")
+def release(node: Node, axis: int) -> Node:
+    """node without its variable on axis: the axis' positions at its max (those past the extent hold
+    anything: the caller masks or cuts them). A DETACH node of its own, as extent()'s."""
+    sym = of(node)
+    if sym is None or sym[axis] is None:
+        return node
+    v = sym[axis]
+    out = autodiff.custom_gradient(node, (node,), _same_gradient, ("release", axis, v.ident,
+                                                                   tuple(map(id, v.vars))))
+    rest = sym[:axis] + (None,) + sym[axis + 1:]
+    if any(e is not None for e in rest):
+        SYM[out] = rest
+    else:
+        SYM.pop(out, None)
     return out
 
 
-def expand(t, shape):
-    """t.expand(shape) where a size-1 axis becomes a variable's extent."""
-    phys = physical(shape)
-    lead = len(phys) - t.ndim
-    if lead < 0 or any(s not in (1, p) for s, p in zip(t.node.shape, phys[lead:])):
-        raise ShapeError(f"expand: cannot expand {t.shape} to {tuple(shape)}")
-    out = t._expand_to(phys)
-    node, got = out.node, of(out.node) or (None,) * len(shape)
-    for j, s in enumerate(shape):
-        if got[j] is not None and not _same(got[j], s):
-            raise ShapeError(f"expand: cannot expand {t.shape} to {tuple(shape)} (axis {j} is {got[j]})")
-        if isinstance(s, BoundVariable) and got[j] is None:
-            node = extent(node, j, s)
-    return out._from(node, out)
+def _same_gradient(grad: Node) -> tuple[Node]:
+    return (grad,)
 
 
-def getitem(t, index: tuple):
-    """t[index] where slices end at a BoundVariable (`cache[:, :, :pos]`), beside ints, slices, None and
-    one Ellipsis: the variables' slices first (a shrink), then the rest as usual."""
-    allowed = (slice, int, np.integer)
-    if not all(v is None or v is Ellipsis or isinstance(v, allowed) and not isinstance(v, bool)
-               for v in index):
-        raise ShapeError(f"an index with a variable takes only ints, slices, None and ...: got {index}")
-    n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
-    if sum(v is Ellipsis for v in index) > 1 or n_real > t.ndim:
-        raise ShapeError(f"index {index} does not fit shape {t.shape}")
-    if any(v is Ellipsis for v in index):
-        at = next(i for i, v in enumerate(index) if v is Ellipsis)
-        index = index[:at] + (slice(None),) * (t.ndim - n_real) + index[at + 1:]
-    index = index + (slice(None),) * (t.ndim - sum(1 for v in index if v is not None))
-    arg = []
-    for v in index:
-        if v is None:
-            continue
-        if isinstance(v, slice) and isinstance(v.stop, BoundVariable):
-            if isinstance(v.start, BoundVariable) or v.step not in (None, 1):
-                raise ShapeError(f"a slice with a variable takes only a variable end (:v), got {v}")
-            arg.append((v.start or 0, v.stop))
-        else:
-            arg.append(None)
-    x = shrink(t, tuple(arg))
-    plain = tuple(slice(None) if isinstance(v, slice) and isinstance(v.stop, BoundVariable) else v
-                  for v in index)
-    return x if all(isinstance(v, slice) and v == slice(None) for v in plain) else x[plain]
-
-
-def indexable(t, index: tuple):
-    """t, where `index` (normalized: one entry per axis, None for new axes) keeps every symbolic axis
-    whole (`:`); else t cut to its variables' values (outside TinyJit), which ints and slices then index
-    as usual (tinygrad's `out[:3, :i]`)."""
-    sym = of(t.node)
-    real = [v for v in index if v is not None]
-    if all(s is None or isinstance(v, slice) and v == slice(None) for v, s in zip(real, sym)):
-        return t
-    if driver.RECORDER is not None:
-        raise ShapeError(f"indexing {t.shape} with {index} inside a TinyJit function: an axis whose extent "
-                         "is a variable takes only ':' there (its value would be frozen in the capture)")
-    return t._from(concrete(t.node), t)
-
-
-def count(t, axes: tuple[int, ...], dtype):
-    """The number of elements over axes, some of them variables: a 0-d tensor read at launch."""
-    n, known = None, 1
-    for a in axes:
-        s = t.shape[a]
-        if isinstance(s, BoundVariable):
-            v = type(t)(s, device=t.device).cast(dtype)
-            n = v if n is None else n * v
-        else:
-            known *= s
-    return n * known
-
-
-def mean(t, axes: tuple[int, ...], keepdim: bool):
-    """t.mean(axes) where some reduced axes are variables: the sum divided by the count."""
-    total = t.sum(axes, keepdim)
-    return total / count(t, axes, total.dtype)
-
-
-def var(t, axes: tuple[int, ...], keepdim: bool, correction: int):
-    """t.var(axes) (t a float tensor) where some reduced axes are variables: shifted by the first element
-    (a variable's min is at least 1 here), then sum((x - mean)**2) / max(0, count - correction)."""
-    if any(isinstance(t.shape[a], BoundVariable) and t.shape[a].min < 1 for a in axes):
-        raise ShapeError(f"var over an axis of {t.shape} whose variable can be 0 is not supported")
-    first = tuple((0, 1) if i in axes else None for i in range(t.ndim))
-    x = t - t.shrink(first).detach()
-    d = x - mean(x, axes, True)
-    return d.square().sum(axes, keepdim) / (count(t, axes, t.dtype) - correction).maximum(0)
+def has_var(xs) -> bool:
+    return any(isinstance(x, Sym) for x in xs)
 
 
 g.SYM_RULE = derive
-__all__ = ["Variable", "BoundVariable"]
+__all__ = ["Variable", "BoundVariable", "Expr", "Sym"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad import autodiff, inplace, symbolic
+from tgrad import autodiff, inplace, symbolic, symbolic_ops
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, check_memory, get_runtime, is_disk, out_of_memory
@@ -193,7 +193,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             node = data
         elif isinstance(data, pathlib.PurePath):  # tinygrad's: the file's bytes, memory-mapped (on DISK)
             node = file_node(Tensor, data, device, dtype)
-        elif isinstance(data, symbolic.BoundVariable):  # its value, a 0-d int32 tensor read at launch
+        elif isinstance(data, symbolic.Sym):  # its value, a 0-d int32 tensor read at launch
             node = data.node(Device.canonicalize(device))
             if dtype is not None:
                 node = g.cast(node, _dtype_on(dtypes.from_any(dtype), node.device))
@@ -488,6 +488,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if is_disk(self.device):
             return self._write_file(x)
         x = x if isinstance(x, Tensor) else Tensor(x, device=self.device, dtype=self.dtype)
+        if symbolic_ops.WINDOWS and symbolic_ops.window_of(self) is not None:  # cache[:, :, pos:pos+n]
+            return symbolic_ops.assign_window(self, x)
         if _SYM_DATA and symbolic.of(self.node) is not None:
             raise ShapeError(f"assign: writing into a tensor of symbolic shape {self.shape} is not "
                              "supported; write the whole buffer (where() over arange(n) == variable)")
@@ -693,8 +695,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         if not all(isinstance(s, (int, np.integer)) for s in shape):
-            if all(isinstance(s, (int, np.integer, symbolic.BoundVariable)) for s in shape):
-                return tuple(s if isinstance(s, symbolic.BoundVariable) else int(s) for s in shape)
+            if all(isinstance(s, (int, np.integer, symbolic.Sym)) for s in shape):
+                return tuple(s if isinstance(s, symbolic.Sym) else int(s) for s in shape)
             raise ShapeError(f"a shape is a sequence of ints, got {shape}")
         out = tuple(int(s) for s in shape)
         if any(s < 0 for s in out):
@@ -709,7 +711,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         fill = check_fits(fill_value, dt, "full", strict_float=True)
         node = g.const(fill, dt, device, symbolic.physical(shape))
         for axis, s in enumerate(shape):  # an axis of a variable's extent (symbolic.py)
-            if isinstance(s, symbolic.BoundVariable):
+            if isinstance(s, symbolic.Sym):
                 node = symbolic.extent(node, axis, s)
         t = Tensor(node)
         if requires_grad is not None:
@@ -761,11 +763,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
         if stop is None:
             start, stop = 0, start
-        if isinstance(stop, symbolic.BoundVariable):  # 0, 1, ..., v - 1 (symbolic.py)
-            if start != 0 or step != 1:
-                raise ArgumentError(f"arange: a variable stop ({stop}) takes start 0 and step 1")
-            t = Tensor.arange(stop.max, dtype=dtype or dtypes.int32, device=device)
-            return Tensor(symbolic.extent(t.node, 0, stop))
+        if isinstance(start, symbolic.Sym) or isinstance(stop, symbolic.Sym):  # extents (symbolic.py)
+            return symbolic_ops.arange(Tensor, start, stop, step, dtype, device)
         if step == 0:
             raise ArgumentError("arange: step must not be zero")
         all_int = all(isinstance(v, int) for v in (start, stop, step))
@@ -949,6 +948,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         src, shape = self.dtype, self.shape
         if dtype == src:
             return self
+        if _SYM_DATA and symbolic.of(self.node) is not None:  # the stored bits, the variables kept
+            return symbolic_ops.bitcast(self, dtype)
         if dtype.itemsize != src.itemsize:
             if not shape or shape[-1] * src.itemsize % dtype.itemsize:
                 nbytes = shape[-1] * src.itemsize if shape else "a 0-d tensor has none"

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tgrad import autodiff, symbolic
+from tgrad import autodiff, symbolic, symbolic_ops
 from tgrad import graph as g
 from tgrad.dtype import DType, check_fits, dtypes, promote, promote_scalar
 from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
@@ -77,7 +77,7 @@ class ElementwiseOps:
         if node.shape == shape:
             return self
         if _SYM_DATA and symbolic.has_var(shape):  # a variable's extent is its max in the graph
-            return symbolic.expand(self, shape)
+            return symbolic_ops.expand(self, shape)
         steps = ((Op.EXPAND, shape),)
         if len(shape) != len(node.shape):
             lead = (1,) * (len(shape) - len(node.shape)) + node.shape

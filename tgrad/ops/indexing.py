@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tgrad import autodiff, inplace, symbolic
+from tgrad import autodiff, inplace, symbolic, symbolic_ops
 from tgrad import realize as driver
 from tgrad.device import canonical, is_disk
 from tgrad.dtype import DType, check_fits, dtypes, to_bytes
@@ -18,7 +18,7 @@ from tgrad.errors import ArgumentError, DiskError, DTypeError, IndexRangeError, 
 from tgrad.graph import SYM as g_SYM
 from tgrad.graph import Node, Op, move
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
-from tgrad.symbolic import BoundVariable
+from tgrad.symbolic import Sym
 
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
@@ -107,8 +107,8 @@ class IndexingOps:
         index = index if isinstance(index, tuple) else (index,)
         if self.device.startswith("DISK:"):
             _basic_only(self, index)
-        if any(isinstance(v, slice) and isinstance(v.stop, BoundVariable) for v in index):
-            return symbolic.getitem(self, index)  # cache[:, :, :pos] (symbolic.py)
+        if any(isinstance(v, slice) and (isinstance(v.start, Sym) or isinstance(v.stop, Sym)) for v in index):
+            return symbolic_ops.getitem(self, index)  # cache[:, :, :pos], x[:, v:v+2] (symbolic.py)
         index = self._index_tensors(index)
         n_real = sum(1 for v in index if v is not None and v is not Ellipsis)
         if n_real > self.ndim:
@@ -120,7 +120,7 @@ class IndexingOps:
             index = index[:pos] + (slice(None),) * (self.ndim - n_real) + index[pos + 1 :]
         index = index + (slice(None),) * (self.ndim - sum(1 for v in index if v is not None))
         if _SYM_DATA and symbolic.of(self.node) is not None:  # an index into a symbolic axis (symbolic.py)
-            cut = symbolic.indexable(self, index)
+            cut = symbolic_ops.indexable(self, index)
             if cut is not self:
                 return cut[index]
         x, axis, out_shape, gathers = self, 0, [], []

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tgrad import graph as g
-from tgrad import inplace, symbolic
+from tgrad import inplace, symbolic, symbolic_ops
 from tgrad.dtype import check_fits, dtypes, promote
 from tgrad.errors import ArgumentError, IndexRangeError, ModeError, PatternError, ShapeError
 from tgrad.graph import Op
@@ -31,7 +31,7 @@ class MovementOps:
         if None in shape:  # None: keep that dimension
             shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
         if _SYM_DATA:  # a variable in the shape or a symbolic axis in self (symbolic.py)
-            out = symbolic.reshape(self, shape)
+            out = symbolic_ops.reshape(self, shape)
             if out is not None:
                 return out
         shape = tuple(map(int, shape))
@@ -158,7 +158,7 @@ class MovementOps:
             raise ShapeError(f"expand: cannot expand {self.shape} to fewer dimensions {shape}")
         shape = tuple(self.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
         if symbolic.has_var(shape):
-            return symbolic.expand(self, shape)
+            return symbolic_ops.expand(self, shape)
         return self._broadcast_to(shape)
 
     def expand_as(self, other: Tensor) -> Tensor:
@@ -180,6 +180,11 @@ class MovementOps:
         """Pad with value (negative padding crops); padding is one (before, after) pair per axis or
         PyTorch's flat form (last axis first). mode "reflect", "replicate" or "circular" (F.pad's) fill
         from the tensor itself, mapping each new position to a source position (a gather per axis)."""
+        if _SYM_DATA and symbolic.of(self.node) is not None or symbolic.has_var(padding) or any(
+                isinstance(p, (tuple, list)) and symbolic.has_var(p) for p in padding):
+            out = symbolic_ops.pad(self, padding, value, mode)  # extents of variables (symbolic.py)
+            if out is not None:
+                return out
         arg = self._pad_arg(padding)
         if mode != "constant":
             return self._pad_from_self(arg, mode)
@@ -188,7 +193,10 @@ class MovementOps:
             return self.shrink(crop).pad(tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg), value)
         out = self._from(g.move(self.node, Op.PAD, arg), self)
         if value != 0:
-            inside = type(self)(g.move(g.const(True, dtypes.bool, self.device, self.node.shape), Op.PAD, arg))
+            inside = g.move(g.const(True, dtypes.bool, self.device, self.node.shape), Op.PAD, arg)
+            if _SYM_DATA and out.node in g.SYM:  # (the symbolic axes of the other axes' pad: symbolic.py)
+                inside = symbolic.like(inside, g.SYM[out.node])
+            inside = type(self)(inside)
             if type(value) in (bool, int, float):  # in self's dtype, as PyTorch's (and checked as there)
                 fill = check_fits(value, self.dtype, "pad", strict_float=True, wrap=False)
                 value = type(self)(g.const(fill, self.dtype, self.device))
@@ -224,7 +232,7 @@ class MovementOps:
 
     def shrink(self, arg) -> Tensor:
         if any(a is not None and symbolic.has_var(a) for a in arg):  # a variable's extent (symbolic.py)
-            return symbolic.shrink(self, arg)
+            return symbolic_ops.shrink(self, arg)
         arg = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.node.shape))
         if len(arg) != self.ndim or any(not 0 <= b <= e <= s for (b, e), s in zip(arg, self.node.shape)):
             raise ShapeError(f"shrink: {arg} is not inside {self.shape}")
@@ -423,7 +431,12 @@ class MovementOps:
         if self.ndim < 2:
             raise ShapeError(f"tril/triu: needs at least 2 dimensions, got shape {self.shape}")
         r, c = self.shape[-2:]
-        dt = _position_dtype(r, c, diagonal)
+        if symbolic.has_var((r, c, diagonal)):  # extents of variables (symbolic.py): compared at launch
+            dt = dtypes.int32
+            if isinstance(diagonal, symbolic.Sym):
+                diagonal = Tensor(diagonal, device=self.device)
+        else:
+            dt = _position_dtype(r, c, diagonal)
         offset = Tensor.arange(c, device=self.device, dtype=dt) - Tensor.arange(r, device=self.device,
                                                                                  dtype=dt).reshape(r, 1)
         keep = offset >= diagonal if upper else offset <= diagonal

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tgrad import autodiff, symbolic
+from tgrad import autodiff, symbolic, symbolic_ops
 from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.dtype import dtypes
@@ -138,7 +138,7 @@ class ReduceOps:
             return x.cast(dtypes.float32).mean(axis, keepdim).cast(x.dtype)
         axes = self._axes(axis, "mean")
         if symbolic.has_var(x.shape[a] for a in axes):  # a variable's extent: its value at launch
-            return symbolic.mean(x, axes, keepdim)
+            return symbolic_ops.mean(x, axes, keepdim)
         n = math.prod(self.shape[a] for a in axes)
         total = x.sum(axis, keepdim)
         return total * (1 / n) if n else total * math.nan
@@ -152,7 +152,7 @@ class ReduceOps:
             return x.cast(dtypes.float32).var(axis, keepdim, correction).cast(x.dtype)
         axes = self._axes(axis, "var")
         if symbolic.has_var(x.shape[a] for a in axes):  # a variable's extent: its value at launch
-            return symbolic.var(x, axes, keepdim, correction)
+            return symbolic_ops.var(x, axes, keepdim, correction)
         n = math.prod(self.shape[a] for a in axes)
         if n:  # shifted by one element (var does not change): no overflowing mean of [3e38, 3e38]
             x = x - x.shrink(tuple((0, 1) if i in axes else (0, s) for i, s in enumerate(x.shape))).detach()

@@ -232,3 +232,19 @@ def test_exp2_of_log2_of_zero_times_a_negative_is_inf(device):
     for y in (-0.7, -1.0, 2.5):
         same(lambda t, y=y: (t.log2() * y).exp2(), lambda t, y=y: (t.log2() * y).exp2(), x, grad=False)
     same(lambda t: t**0.3, lambda t: t**0.3, np.array([0.0, 4.0], np.float32), grad=False)
+
+
+def test_cat_stack_and_pad_keep_negative_zero(device):
+    """cat and stack put each element where it goes unchanged, -0.0 included (they pad the pieces and add
+    them: a 0.0 pad made -0.0 into 0.0), and pad(value=-0.0) fills -0.0, as PyTorch's."""
+    a = np.array([-0.0, 1.0, 0.0, -np.inf], np.float32)
+    b = np.array([2.0, -0.0, np.nan, -0.0], np.float32)
+    for got, want in [
+        (Tensor.cat(Tensor(a), Tensor(b)), torch.cat([torch.tensor(a), torch.tensor(b)])),
+        (Tensor.stack(Tensor(a), Tensor(b), dim=1), torch.stack([torch.tensor(a), torch.tensor(b)], 1)),
+        (Tensor(a).pad((1, 2), value=-0.0), torch.nn.functional.pad(torch.tensor(a), (1, 2), value=-0.0)),
+        (Tensor(a).half().cat(Tensor(b).half()), torch.cat([torch.tensor(a).half(), torch.tensor(b).half()])),
+    ]:
+        out, ref = got.numpy(), want.numpy()
+        np.testing.assert_array_equal(out, ref)
+        np.testing.assert_array_equal(np.signbit(out[~np.isnan(out)]), np.signbit(ref[~np.isnan(ref)]))

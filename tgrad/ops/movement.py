@@ -192,7 +192,7 @@ class MovementOps:
             crop = tuple((-min(lo, 0), s + min(hi, 0)) for (lo, hi), s in zip(arg, self.shape))
             return self.shrink(crop).pad(tuple((max(lo, 0), max(hi, 0)) for lo, hi in arg), value)
         out = self._from(g.move(self.node, Op.PAD, arg), self)
-        if value != 0:
+        if value != 0 or isinstance(value, float) and math.copysign(1.0, value) < 0:  # (a PAD fills +0.0)
             inside = g.move(g.const(True, dtypes.bool, self.device, self.node.shape), Op.PAD, arg)
             if _SYM_DATA and out.node in g.SYM:  # (the symbolic axes of the other axes' pad: symbolic.py)
                 inside = symbolic.like(inside, g.SYM[out.node])
@@ -288,11 +288,14 @@ class MovementOps:
         for t in tensors[1:]:
             dt = promote(dt, t.dtype)
         total = sum(t.shape[d] for t in tensors)
+        # each piece padded to the whole and the pieces added: float pieces pad with -0.0, which adds to
+        # every value exactly (a 0.0 pad turned a -0.0 element into 0.0: PyTorch's cat keeps it)
+        fill = -0.0 if dt.is_float else 0
         out, start = None, 0
         for t in tensors:
             pad = [(0, 0)] * self.ndim
             pad[d] = (start, total - start - t.shape[d])
-            piece = t.cast(dt).pad(tuple(pad))
+            piece = t.cast(dt).pad(tuple(pad), fill)
             out = piece if out is None else (out | piece if dt == dtypes.bool else out + piece)
             start += t.shape[d]
         return out

@@ -79,8 +79,9 @@ class HostTuning:
     batched_max_k: int = 64  # most this, runs as one generated function (a BLAS call's cost dominates),
     batched_rows: int = 2  # rows of each matmul's result a pass (UPCAST on its M axis)
     # a batch of matmuls of at most this many multiply-adds each is split over the cores, a one-thread BLAS
-    # call per piece of the batch, instead of BLAS's own threads inside each small matrix
-    split_batch_max_work: int = 1 << 22
+    # call per piece of the batch, instead of BLAS's own threads inside each small matrix (a decode step's
+    # attention; from 512K a matrix the pieces' Python threads cost more than they save: bench/HISTORY.md)
+    split_batch_max_work: int = 1 << 17
     one_index_min_work: int = 1 << 18  # multiply-adds of a one-image piece from which pieces are one image
     pair_min_result: int = 1 << 21  # elements of a matmul's result from which a piece pair pays
     pair_max_points: int = 1 << 22  # points of one image up to which a pair's reads are checked

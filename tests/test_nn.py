@@ -102,6 +102,27 @@ def test_scaled_dot_product_attention(device, mask):
                        lambda q, k, v, a: q.scaled_dot_product_attention(k, v, a))
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_attention_of_a_query_with_every_key_masked_is_zero(device, kind):
+    """A query whose every key is masked (a padding row) gives 0 and no gradient, as PyTorch's safe softmax:
+    softmax over all -inf gave nan there, and its gradient put nan into every query, key and value."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4)))
+    m = np.ones((3, 5), bool)
+    m[1], m[2, 1:] = False, False  # row 1: nothing; row 2: its first key only
+    mask = m if kind == "bool" else np.where(m, 0, -np.inf).astype(np.float32)
+    mine = [Tensor(a, requires_grad=True) for a in (q, k, v)]
+    ref = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = mine[0].scaled_dot_product_attention(mine[1], mine[2], attn_mask=Tensor(mask))
+    want = F.scaled_dot_product_attention(*ref, attn_mask=torch.tensor(mask))
+    (out * out).sum().backward()
+    (want * want).sum().backward()
+    np.testing.assert_allclose(out.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert not np.isnan(out.numpy()).any()
+    for a, b in zip(mine, ref):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("op", ["causal", "tril", "triu", "max_pool_grad", "cross_entropy"])
 def test_masks_compare_int32_positions(op):
     """Causal attention, tril/triu, max_pool2d's gradient (which element of a window is its first

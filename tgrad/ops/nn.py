@@ -452,9 +452,15 @@ class NNOps:
             dt = _position_dtype(n, m)
             rows = type(self).arange(n, device=self.device, dtype=dt).reshape(n, 1)
             attn_mask = rows >= type(self).arange(m, device=self.device, dtype=dt).reshape(1, m)
-        if attn_mask is not None:
-            qk = attn_mask.where(qk, -math.inf) if attn_mask.dtype == dtypes.bool else qk + attn_mask
-        return qk.softmax(-1).matmul(value)
+        if attn_mask is None:
+            return qk.softmax(-1).matmul(value)
+        qk = attn_mask.where(qk, -math.inf) if attn_mask.dtype == dtypes.bool else qk + attn_mask
+        if is_causal:  # (a causal row always keeps its first key)
+            return qk.softmax(-1).matmul(value)
+        # a query whose every key is masked attends to nothing: 0 out, 0 gradient (PyTorch's safe softmax;
+        # softmax over all -inf is nan, and its gradient would carry the nan into every query and key)
+        dead = qk.max(-1, keepdim=True) == -math.inf
+        return dead.where(0, dead.where(0, qk).softmax(-1)).matmul(value)
 
 
 # nodes that BatchNorm (with running statistics) and Dropout made in eval mode (Tensor.training False, the

@@ -795,3 +795,44 @@ def test_int64_constants_past_int32(device, op, sym):
             op(t).numpy()
         return
     np.testing.assert_array_equal(op(t).numpy(), op(a))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_huber_loss_matches_torch(device, reduction):
+    """F.huber_loss for three deltas, inf / -inf / nan in input and target: values and gradients."""
+    rng = np.random.default_rng(2)
+    x, y = (rng.standard_normal((4, 5)).astype(np.float32) * 2 for _ in range(2))
+    x[0, 0], y[1, 1], x[2, 2], y[2, 2] = np.inf, np.nan, -np.inf, -np.inf
+    for delta in (1.0, 0.3, 5.0):
+        a, ta = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+        out = a.huber_loss(Tensor(y), reduction, delta)
+        ref = F.huber_loss(ta, torch.tensor(y), reduction=reduction, delta=delta)
+        out.sum().backward()
+        ref.sum().backward()
+        np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ArgumentError, match="delta"):
+        Tensor(x).huber_loss(Tensor(y), delta=0.0)
+    with pytest.raises(RuntimeError):
+        F.huber_loss(torch.tensor(x), torch.tensor(y), delta=0.0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "batchmean", "sum", "none"])
+def test_kl_div_matches_torch(device, reduction):
+    """F.kl_div with log-probability inputs (a -inf one), targets with zeros, and log targets: values and
+    gradients; a bad reduction string is an ArgumentError."""
+    rng = np.random.default_rng(3)
+    lp = np.log(rng.dirichlet(np.ones(5), 4)).astype(np.float32)
+    tg = rng.dirichlet(np.ones(5), 4).astype(np.float32)
+    tg[0, :2], lp[0, 0] = 0, -np.inf
+    for log_target in (False, True):
+        t = np.log(tg + 1e-3).astype(np.float32) if log_target else tg
+        a, ta = Tensor(lp, requires_grad=True), torch.tensor(lp, requires_grad=True)
+        out = a.kl_div(Tensor(t), reduction, log_target=log_target)
+        ref = F.kl_div(ta, torch.tensor(t), reduction=reduction, log_target=log_target)
+        out.sum().backward()
+        ref.sum().backward()
+        np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ArgumentError, match="batchmean"):
+        Tensor(lp).kl_div(Tensor(tg), "average")

@@ -171,6 +171,33 @@ class LossOps:
         return _reduce_loss(loss, reduction)
 
 
+    def huber_loss(self, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+        """0.5 * d**2 where |d| < delta, else delta * (|d| - 0.5 * delta) (PyTorch's F.huber_loss)."""
+        if not delta > 0:
+            raise ArgumentError(f"huber_loss: delta must be > 0 (as PyTorch's), got {delta}")
+        _warn_broadcast(self, target, "huber_loss")
+        d = (self - target).abs()
+        small = (d < delta) | d.isnan()  # nan: PyTorch's gradient is nan there
+        dq = small.where(d, 0)  # the square only sees |d| < delta: no 0 * inf gradient from an inf d
+        return _reduce_loss(small.where(0.5 * dq * dq, delta * (d - 0.5 * delta)), reduction)
+
+    def kl_div(self, target: Tensor, reduction: str = "mean", log_target: bool = False) -> Tensor:
+        """PyTorch's F.kl_div with self the log-probabilities: target * (log(target) - self), 0 where target
+        is 0 (log_target: exp(target) * (target - self)); reduction "mean" (over elements, as PyTorch's),
+        "batchmean" (the sum / the batch size: the mathematical KL divergence), "sum" or "none"."""
+        if reduction not in ("mean", "batchmean", "sum", "none"):
+            raise ArgumentError(f"kl_div: reduction must be 'mean', 'batchmean', 'sum' or 'none', not "
+                                f"{reduction!r}")
+        _warn_broadcast(self, target, "kl_div")
+        if log_target:
+            loss = target.exp() * (target - self)
+        else:  # xlogy(t, t) - t * self: 0 * log(0) is 0 (a nan target stays nan)
+            loss = (target == 0).where(0, target * target.log()) - target * self
+        if reduction == "batchmean":
+            return loss.sum() / (loss.shape[0] if loss.ndim else 1)
+        return _reduce_loss(loss, reduction)
+
+
 def _class_weights(weight, x: Tensor, op: str) -> Tensor:
     """weight (C,) checked (a Tensor of x's dtype, one value per class: PyTorch's rules), shaped to
     broadcast along x's class axis 1."""

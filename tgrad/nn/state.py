@@ -174,7 +174,10 @@ def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
     out = {}
     for key, (begin, end, dtype, shape) in ranges.items():
         view = data[8 + n + begin : 8 + n + end].bitcast(dtype).reshape(shape)
-        out[key] = view if disk else Tensor(view.numpy(), device=device, dtype=_host_dtype(dtype, device))
+        if not disk:  # the mapped bytes as values (a view for most dtypes): copied once, into the device
+            view = Tensor(from_bytes(view.node.buffer.data, dtype).reshape(shape), device=device,
+                          dtype=_host_dtype(dtype, device))
+        out[key] = view
     return out
 
 

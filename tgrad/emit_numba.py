@@ -10,9 +10,10 @@ a serial loop's compile time, and start a threading layer; measured: bench/HISTO
 one local variable, placed at the shallowest loop level whose indices it uses, so loads that do not
 depend on the reduce axes are hoisted out of the reduce loop. float16 is computed in float32 (Numba
 has no float16 on the CPU): the runtime widens float16 buffers on the way in and narrows on the way
-out, and a CAST to float16 inside a kernel rounds with `_f16`. bfloat16 buffers hold float32 values
-already rounded to bfloat16; every op with a bfloat16 result, a CAST to bfloat16 and a bfloat16
-accumulator's value round with `_bf16` (float32 arithmetic, then rounded: PyTorch's CPU semantics).
+out, and every inexact op with a float16 result (fuse.NARROW_ROUNDED) and a CAST to float16 round with
+`_f16`. bfloat16 buffers hold float32 values already rounded to bfloat16; those ops with a bfloat16
+result, a CAST to bfloat16 and a bfloat16 accumulator's value round with `_bf16` (float32 arithmetic,
+then rounded: PyTorch's CPU semantics).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ output; else one work-item per output (per register tile), local size min(LOCAL,
 global size N rounded up to a multiple of it. The opts come from tgrad/opt/ (the device's properties).
 
 float16: in the OpenCL dialect buffers hold `half` and values are loaded and stored with
-`vload_half`/`vstore_half_rte` and computed in float (no `cl_khr_fp16` needed); a CAST to float16
-inside a kernel rounds through `vstore_half_rte`. Metal (and QCOM on a device with `cl_khr_fp16`)
-compute in native `half`; half sums accumulate in float. bool buffers are stored as `uchar`.
+`vload_half`/`vstore_half_rte` and computed in float (no `cl_khr_fp16` needed); every inexact op with a
+float16 result (fuse.NARROW_ROUNDED) and a CAST to float16 inside a kernel round through
+`vstore_half_rte`. Metal (and QCOM on a device with `cl_khr_fp16`) compute in native `half`; half sums
+accumulate in float. bool buffers are stored as `uchar`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Python has), with Adam and a TinyJit training step; prints a sample of generated
 
 The loss starts at ln(vocab) ~ 4.6 (a uniform guess over ~100 characters) and falls to ~1.9 within the
 default 300 steps (19 s of training, 26 s in all from a warm kernel cache, 2 cores); the sample then has
-Python's indentation, `>>>`, `#` comments, parentheses and word-like runs of letters.
+Python's indentation, `>>>`, `#` comments, parentheses and word-like runs of letters. Sampling runs
+the trained model as tgrad.models.gpt2.GPT2, through its KV cache (`generate`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tgrad import Tensor  # noqa: E402
 from tgrad.jit import TinyJit  # noqa: E402
+from tgrad.models.gpt2 import GPT2, GPT2Config  # noqa: E402
 from tgrad.nn import Embedding, LayerNorm, Linear  # noqa: E402
 from tgrad.nn.optim import Adam  # noqa: E402
 from tgrad.nn.state import get_parameters  # noqa: E402
@@ -88,25 +90,49 @@ def progress(steps: int, quiet: bool):
     return range(steps)
 
 
+def as_gpt2(model: GPT) -> GPT2:
+    """The trained model as tgrad.models.gpt2.GPT2 (the same computation: pre-LayerNorm blocks, scaled
+    causal attention, exact-erf GELU, learned positions, an untied head), for sampling through its KV
+    cache. GPT-2 keeps each dense layer's weight as (in, out), a Linear's transposed."""
+    width, heads = model.wte.embed_size, model.blocks[0].heads
+    config = GPT2Config(vocab_size=model.wte.vocab_size, n_positions=model.ctx, n_embd=width,
+                        n_layer=len(model.blocks), n_head=heads, n_inner=model.blocks[0].fc.weight.shape[0],
+                        activation="none", layer_norm_epsilon=model.lnf.eps, scale_attn_weights=True,
+                        scale_attn_by_inverse_layer_idx=False, tie_word_embeddings=False)
+    w = {"wte.weight": model.wte.weight, "wpe.weight": model.wpe, "ln_f.weight": model.lnf.weight,
+         "ln_f.bias": model.lnf.bias, "lm_head.weight": model.head.weight}
+    for i, b in enumerate(model.blocks):
+        for name, ln in (("ln_1", b.ln1), ("ln_2", b.ln2)):
+            w[f"h.{i}.{name}.weight"], w[f"h.{i}.{name}.bias"] = ln.weight, ln.bias
+        for name, lin in (("attn.c_attn", b.attn), ("attn.c_proj", b.proj), ("mlp.c_fc", b.fc),
+                          ("mlp.c_proj", b.fc2)):
+            w[f"h.{i}.{name}.weight"], w[f"h.{i}.{name}.bias"] = lin.weight.T, lin.bias
+    weights = {k: v.detach().contiguous() for k, v in w.items()}
+    Tensor.realize(*weights.values())
+    return GPT2(config, weights)
+
+
 def generate(model: GPT, stoi: dict, itos: list, prompt: str, n: int, temperature: float,
              rng: np.random.Generator) -> str:
-    """Sample n characters after prompt. The model always sees a full window of ctx characters (the
-    text so far, left-padded with newlines), so every call has one shape: its kernels compile once.
-    (tgrad.models.gpt2's KV cache does not fit: the sample is longer than the context and the positions
-    are absolute, so once the window slides every cached key belongs to another position.)"""
+    """Sample n characters after prompt (greedy for temperature 0) through GPT-2's KV cache: the prompt
+    runs once, then each character is one replayed TinyJit decode step. The model knows ctx positions:
+    when the text since the last start fills them, its last ctx // 2 characters start again at position 0
+    (as every training window does), run once, and sampling goes on from there; every such chunk has the
+    same length (ctx), so one decode capture serves them all."""
+    ctx, keep = model.ctx, max(1, model.ctx // 2)
+    lm = as_gpt2(model)
     ids = [stoi.get(c, stoi["?"]) for c in prompt]
-    pad = stoi["\n"]
+    out = list(ids)
+    context = ids if len(ids) <= ctx else ids[-keep:]
+    context = context or [stoi["\n"]]  # (an empty prompt starts after a line break)
     with Tensor.no_grad:
-        for _ in range(n):
-            window = ids[-model.ctx:]
-            window = [pad] * (model.ctx - len(window)) + window
-            logits = model(Tensor(np.array([window], np.int32)))[0, -1].numpy().astype(np.float64)
-            if temperature <= 0:
-                ids.append(int(logits.argmax()))
-                continue
-            p = np.exp((logits - logits.max()) / temperature)
-            ids.append(int(rng.choice(len(p), p=p / p.sum())))
-    return "".join(itos[i] for i in ids)
+        while len(out) < len(ids) + n:
+            # the positions left hold all but the last of the new characters (that one is not fed back)
+            room = ctx - len(context) + 1
+            made = lm.generate(np.array([context]), room, temperature, seed=int(rng.integers(2**63)))
+            out.extend(int(i) for i in made[0, len(context):])
+            context = out[-keep:]
+    return "".join(itos[i] for i in out[:len(ids) + n])
 
 
 def train(steps: int = 300, batch_size: int = 16, ctx: int = 64, width: int = 64, heads: int = 4,

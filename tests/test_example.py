@@ -71,3 +71,51 @@ def test_gpt_example_learns_and_writes_text(gpt_example, capsys):
     assert len(r["sample"]) == len("def ") + 40 and r["sample"].startswith("def ")
     out = capsys.readouterr().out
     assert r["sample"] in out and "sampled characters" in out
+
+
+def _greedy_by_recomputing(gpt_example, model, ids: list[int], n: int) -> list[int]:
+    """The example's sampling rule, each character by running the char GPT itself over the text since the
+    last start (when that passes ctx characters, its last ctx // 2 start again at position 0)."""
+    import numpy as np
+
+    from tgrad import Tensor
+
+    out, window = list(ids), list(ids)
+    for _ in range(n):
+        if len(window) > model.ctx:
+            window = window[-(model.ctx // 2):]
+        logits = model(Tensor(np.array([window], np.int32)))[0, -1].numpy()
+        out.append(int(logits.argmax()))
+        window.append(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("prompt", ["def ", "class Foo(object):\n    def __init__(self, x"])
+def test_gpt_example_samples_through_the_kv_cache_as_the_model_computes(gpt_example, prompt):
+    """generate() runs the char GPT as tgrad.models.gpt2.GPT2 with its KV cache: the same logits as the
+    model's own forward, and greedy sampling the same characters as running the model again for each one,
+    across several restarts of the position window (ctx 16, 70 characters) and for a prompt longer than
+    the context."""
+    import numpy as np
+
+    from tgrad import Tensor
+
+    Tensor.manual_seed(3)
+    text = gpt_example.load_text(20_000)
+    itos = sorted(set(text) | {"\n", "?"})
+    stoi = {c: i for i, c in enumerate(itos)}
+    model = gpt_example.GPT(len(itos), 16, width=32, heads=2, layers=2)
+    ids = np.array([[stoi[c] for c in text[100:116]], [stoi[c] for c in text[300:316]]])
+    with Tensor.no_grad:
+        want = model(Tensor(ids.astype(np.int32))).numpy()
+        got = gpt_example.as_gpt2(model)(ids).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    start = [stoi.get(c, stoi["?"]) for c in prompt]
+    want_text = "".join(itos[i] for i in _greedy_by_recomputing(gpt_example, model, start, 70))
+    sample = gpt_example.generate(model, stoi, itos, prompt, 70, 0.0, np.random.default_rng(0))
+    assert sample == want_text
+    # sampling: seeded by the generator, characters of the vocabulary, n of them after the prompt
+    drawn = [gpt_example.generate(model, stoi, itos, prompt, 40, 0.8, np.random.default_rng(5)) for _ in "ab"]
+    assert drawn[0] == drawn[1] and drawn[0].startswith(prompt) and len(drawn[0]) == len(prompt) + 40
+    assert set(drawn[0]) <= set(itos)

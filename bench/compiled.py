@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from bench import gpt2
 from bench.contenders import Contender, NotApplicable, TorchContender, Unavailable, require
 from bench.models import CNN_CONVS
 
@@ -21,7 +22,8 @@ LR, BETAS, EPS = 1e-3, (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which 
 
 class TorchCompileContender(TorchContender):
     """PyTorch with `torch.compile` (default mode): the ops' rows compile the op, the training rows the
-    model (forward and backward, through AOTAutograd) and the optimizer's step."""
+    model (forward and backward, through AOTAutograd) and the optimizer's step, the GPT-2 rows
+    transformers' forward (generate over a static cache: one compiled decode shape)."""
 
     name = "torch.compile"
 
@@ -83,9 +85,10 @@ class TorchCompileContender(TorchContender):
         return self._mlp(d)  # (PyTorch's step with the model and optimizer.step compiled: _prepare)
 
     def build_gpt2_decode(self, wl, d):
-        raise NotApplicable("transformers' generate runs eagerly here (the torch row)")
+        return gpt2.torch_decode(d, self._prepare)
 
-    build_gpt2_prefill = build_gpt2_decode
+    def build_gpt2_prefill(self, wl, d):
+        return gpt2.torch_prefill(d, self._prepare)
 
     def compile_probe(self, phase: str, cache):
         raise NotApplicable("not measured for torch.compile (its first steps compile for tens of seconds)")

@@ -124,25 +124,32 @@ def torch_model(d: dict):
     return torch, GPT2LMHeadModel.from_pretrained(str(d["path"]), dtype=torch.float32).eval()
 
 
-def torch_decode(d: dict):
+def torch_decode(d: dict, compile_with=None):
+    """transformers' greedy generate; with compile_with (torch.compile) its forward compiled over a static
+    cache (transformers' recipe for a compiled generate: one shape for every decode step)."""
     torch, model = torch_model(d)
     ids, new = torch.from_numpy(d["ids"]), int(d["new"])
+    extra = {}
+    if compile_with is not None:
+        model.forward = compile_with(model.forward)
+        extra["cache_implementation"] = "static"
 
     def run():
         with torch.no_grad():
             return model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                  pad_token_id=0)
+                                  pad_token_id=0, **extra)
 
     return run
 
 
-def torch_prefill(d: dict):
+def torch_prefill(d: dict, compile_with=None):
     torch, model = torch_model(d)
     ids = torch.from_numpy(d["ids"])
+    forward = model if compile_with is None else compile_with(model)
 
     def run():
         with torch.no_grad():
-            return model(ids, logits_to_keep=1).logits[:, -1]
+            return forward(ids, logits_to_keep=1).logits[:, -1]
 
     return run
 

@@ -520,3 +520,78 @@ def test_state_made_by_zeros_contiguous_realize_is_assigned_in_place(device):
         np.testing.assert_allclose(state.numpy(), want, rtol=1e-6)
     if not get_runtime(device).evaluates_graphs:
         assert step.captures == 1 and step.replays >= 2
+
+
+def test_prune_leaves_out_kernels_that_do_not_read_the_arguments(device):
+    """TinyJit(prune=True) (tinygrad's option): a kernel over weights only ran at the capture and replays
+    leave it out, with the values numpy gives at every call; also as `@TinyJit(prune=True)`."""
+    w_np = RNG.standard_normal(16).astype(np.float32)
+    w = Tensor(w_np, device=device).realize()
+
+    def f(x):
+        return (w * 2).contiguous() + x
+
+    plain, pruned = TinyJit(f), TinyJit(f, prune=True)
+
+    @TinyJit(prune=True)
+    def g(x):
+        return (w.exp() * 3).contiguous() * x
+
+    for _ in range(4):
+        x_np = RNG.standard_normal(16).astype(np.float32)
+        x = Tensor(x_np, device=device).realize()
+        np.testing.assert_allclose(plain(x).numpy(), w_np * 2 + x_np, rtol=1e-6)
+        np.testing.assert_allclose(pruned(x).numpy(), w_np * 2 + x_np, rtol=1e-6)
+        np.testing.assert_allclose(g(x).numpy(), np.exp(w_np) * 3 * x_np, rtol=1e-5)
+    if get_runtime(device).evaluates_graphs:
+        return  # (the NUMPY reference has no kernels: the functions ran every time, same values)
+    assert pruned.replays == plain.replays == g.replays == 2
+    assert len(pruned.kernel_names) == 1 and len(g.kernel_names) == 1
+    assert len(plain.kernel_names) in (1, 2)  # (the CPU runs both in one row group)
+
+
+def test_prune_keeps_updates_state_and_what_reads_updated_state(device):
+    """What a pruning replay still runs: assigns (state updated at every call, even from weights only),
+    a kernel over a weight that the step's update overwrites (it runs before the update: its input
+    changes every call), returned values made from weights alone (a new buffer each call), and random
+    draws. A pruned training step (Adam) steps like PyTorch's for 6 steps."""
+    Tensor.manual_seed(0)
+    count = Tensor.zeros(1, device=device).contiguous().realize()
+    lin = Linear(5, 3)
+    lin.weight, lin.bias = lin.weight.to(device).realize(), lin.bias.to(device).realize()
+    for t in (lin.weight, lin.bias):
+        t.requires_grad = True
+    tl = torch.nn.Linear(5, 3)
+    with torch.no_grad():
+        tl.weight[...] = torch.tensor(lin.weight.numpy())
+        tl.bias[...] = torch.tensor(lin.bias.numpy())
+    opt = Adam([lin.weight, lin.bias], lr=0.05)
+    topt = torch.optim.Adam(tl.parameters(), lr=0.05)
+
+    @TinyJit(prune=True)
+    def step(x, y):
+        count.assign(count + 1)
+        norm = (lin.weight * lin.weight).sum()  # read before the update overwrites the weight
+        opt.zero_grad()
+        loss = lin(x).cross_entropy(y)
+        loss.backward()
+        opt.step()
+        return loss.realize(), norm.realize(), (lin.bias * 0 + 1).contiguous(), Tensor.rand(4, device=device)
+
+    draws = []
+    for _ in range(6):
+        x_np = RNG.standard_normal((8, 5)).astype(np.float32)
+        y_np = RNG.integers(0, 3, 8).astype(np.int32)
+        want_norm = float((tl.weight.detach() ** 2).sum())
+        topt.zero_grad()
+        want = torch.nn.functional.cross_entropy(tl(torch.tensor(x_np)), torch.tensor(y_np).long())
+        want.backward()
+        topt.step()
+        loss, norm, ones, r = step(Tensor(x_np, device=device), Tensor(y_np, device=device))
+        np.testing.assert_allclose(loss.numpy(), want.item(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(norm.numpy(), want_norm, rtol=1e-5)
+        np.testing.assert_array_equal(ones.numpy(), np.ones(3, np.float32))
+        draws.append(r.numpy())
+    np.testing.assert_allclose(lin.weight.numpy(), tl.weight.detach().numpy(), rtol=1e-4, atol=1e-6)
+    assert count.numpy()[0] == 6 and step.replays == (0 if get_runtime(device).evaluates_graphs else 4)
+    assert len({d.tobytes() for d in draws}) == 6  # a new draw at every call

@@ -271,6 +271,42 @@ def _with_variables(t: Tensor, like: Tensor, current: dict) -> Tensor:
     return t
 
 
+def _prune(v: _Variant) -> list[tuple]:
+    """TinyJit(prune=True): the captured launches a replay must run. Kept: what reads (directly or through
+    kept launches' results) an argument, a gradient passed in, a random draw or a bound variable; what
+    writes a returned value, a gradient or state in place (an assign: its effect is due at every call);
+    and what reads a buffer a kept launch writes in place (an earlier kernel reading a weight that the
+    step's update overwrites). The rest ran at the capture and its results stay: their buffers leave
+    v.made, so memory planning never gives them to another buffer. (A pruning TinyJit records kernels
+    without row groups; a group's launch and its placeholders would be kept or left out together.)"""
+    units: list[list[tuple]] = [[]]
+    for launch in v.captured:  # a row group's placeholders come before the launch that computes them
+        units[-1].append(launch)
+        if not getattr(launch[0], "placeholder", False):
+            units.append([])
+
+    def outs_of(launch: tuple) -> tuple:
+        return tuple(launch[1]) if isinstance(launch[0], _HostCall) else (launch[1],)
+
+    needed = set(v.in_ids) | {k for _, k in v.grad_ins} | {k for k, *_ in v.randoms}
+    must_write = {k for k, *_ in v.fresh} | set(v.out_ids) | v.inplace
+    kept = [False] * len(units)
+    changed = True
+    while changed:  # (a buffer written in place may be read by an earlier launch: until nothing changes)
+        changed = False
+        for i, unit in enumerate(units):
+            if kept[i]:
+                continue
+            outs = {id(b) for launch in unit for b in outs_of(launch)}
+            if outs & must_write or any(id(b) in needed for launch in unit for b in launch[2]):
+                kept[i], changed = True, True
+                needed |= outs
+    for unit, keep in zip(units, kept):
+        if not keep:
+            v.made -= {id(b) for launch in unit for b in outs_of(launch)}
+    return [launch for unit, keep in zip(units, kept) if keep for launch in unit]
+
+
 class _Variant:
     """The capture for one call signature."""
 
@@ -312,13 +348,22 @@ class _Variant:
 
 class TinyJit:
     """Decorate a function of Tensors: per call signature, call 1 runs it, call 2 captures its kernels,
-    later calls replay them (see the module docstring for the rules)."""
+    later calls replay them (see the module docstring for the rules). `@TinyJit(prune=True)` is the
+    decorator with options."""
 
-    def __init__(self, fn: Callable, max_captures: int = 8, fallback: bool = False):
+    def __new__(cls, fn: Callable | None = None, *args, **kwargs):
+        if fn is None:  # TinyJit(prune=True) as a decorator (tinygrad's spelling)
+            return functools.partial(cls, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, fn: Callable, max_captures: int = 8, fallback: bool = False, prune: bool = False):
         """fallback (tgrad's own uses, Optimizer.step): where a capture is refused (its kernels keep
         changing, too many signatures, state kept in Python), run the function plainly from then on
-        instead of raising JitError."""
-        self.fn, self.max_captures, self.fallback = fn, max_captures, fallback
+        instead of raising JitError. prune (tinygrad's option): replays leave out the kernels whose
+        inputs do not depend on the call's arguments (their results, computed at the capture, are kept),
+        e.g. a transform of weights; the function promises that the tensors it reads besides its
+        arguments do not change between calls (see _prune)."""
+        self.fn, self.max_captures, self.fallback, self.prune = fn, max_captures, fallback, prune
         try:
             self._sig: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -362,7 +407,7 @@ class TinyJit:
         try:
             jit = self._bound.get(obj)
             if jit is None:
-                jit = TinyJit(self._weak_method(obj, objtype), self.max_captures, self.fallback)
+                jit = TinyJit(self._weak_method(obj, objtype), self.max_captures, self.fallback, self.prune)
                 self._bound[obj] = jit
             return jit
         except TypeError:  # not weak-referenceable or unhashable: the instance joins the signature
@@ -466,6 +511,7 @@ class TinyJit:
                 _bare(t.grad, gradient=True)
         pre = {id(t): t.grad for t in leaves}
         log = _Recorder()
+        log.groups = not self.prune
         inplace.OUTSIDE = dict(inplace.LAZY)
         with driver.recording(log), _outside_done():
             ret = self.fn(*args, **kwargs)
@@ -524,10 +570,11 @@ class TinyJit:
             return ret
         v.ret = ret
         self.captures += 1
-        hosts = sum(isinstance(launch[0], _HostCall) for launch in log.launches)
+        hosts = sum(isinstance(launch[0], _HostCall) for launch in v.captured)
+        pruned = len(_kernels(log.launches)) - len(_kernels(v.captured))
         self._debug(
-            f"capture {self.captures} ({len(_kernels(log.launches))} kernels: {' '.join(self.kernel_names)}; "
-            f"{hosts} host steps)"
+            f"capture {self.captures} ({len(_kernels(v.captured))} kernels: {' '.join(self.kernel_names)}; "
+            f"{hosts} host steps{f'; {pruned} pruned: run once, here' if self.prune else ''})"
         )
         return ret
 
@@ -607,6 +654,8 @@ class TinyJit:
                 )
         v.made = set(log.fresh) - set(log.host_outputs())
         v.first_fresh, v.first_inputs, v.captured, v.cnt = {}, [], list(log.launches), 2
+        if self.prune:
+            v.captured = _prune(v)
 
     def _replay(self, v: _Variant, bufs: list, current: dict) -> Any:
         if not v.planned:

@@ -33,6 +33,10 @@ from tgrad.runtime.numpy import movement
 class Recorder:
     """What the driver reports while a recorder is installed (this base class ignores it all)."""
 
+    # whether kernels may run together as the device plans (the CPU's row groups); a pruning TinyJit
+    # records each kernel alone, so that it can leave out some and keep others
+    groups = True
+
     def launch(self, runner: Runner, out: Buffer, inputs: list[Buffer], fresh: bool, node: Node) -> None:
         """A kernel ran: `fresh` when `out` was allocated for it (not an assign()'s target)."""
 
@@ -210,6 +214,8 @@ def _plan(items: list[fuse.ScheduleItem], requested: list[Node]) -> tuple[dict, 
     output only such a group needs (no buffer, never realized)."""
     groups: dict[int, tuple[Runner, list[Node], int]] = {}
     private: set[int] = set()
+    if RECORDER is not None and not RECORDER.groups:
+        return groups, private
     for rt in dict.fromkeys(get_runtime(it.out.device) for it in items):
         more, hidden = rt.plan(items, requested)
         groups.update(more)

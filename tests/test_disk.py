@@ -203,6 +203,24 @@ def test_safe_load_reads_only_what_is_used(tmp_path):
     np.testing.assert_array_equal(model.a.numpy(), state["a"].numpy())
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_safe_load_to_a_device_does_not_keep_the_file_resident(device, tmp_path):
+    """Loading into a compute device copies each tensor and drops its pages of the mapping, so a large
+    checkpoint is not held twice (file pages and copies) at the peak; the values stay the file's, and
+    disk views of the same file read them again."""
+    path, state = _state(tmp_path)
+    views = safe_load(path, "disk")  # (keeps the mapping alive across the load)
+    loaded = safe_load(path, device)
+    assert _mapped_rss(path) < 1 << 20
+    for key in ("a", "b"):
+        np.testing.assert_array_equal(loaded[key].numpy(), state[key].numpy())
+        np.testing.assert_array_equal(views[key].to("NUMPY").numpy(), state[key].numpy())
+    src = np.arange(6, dtype=np.float32)
+    t = Tensor(src, dtype=dtypes.float32, device=device)  # (one copy: still not a view of the array)
+    src[0] = 100
+    assert t.numpy()[0] == 0
+
+
 def _bad_file(tmp_path, header: dict, data: bytes) -> str:
     text = json.dumps(header).encode()
     return _file(tmp_path, "bad.safetensors", len(text).to_bytes(8, "little") + text + data)

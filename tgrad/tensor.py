@@ -1165,7 +1165,9 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
-        arr = host_values(arr, _dtype_on(dtype, device))
+        held = _dtype_on(dtype, device)
+        if arr.dtype != held.np or held == dtypes.bfloat16 or held in dtypes.fp8s:  # (else the upload's
+            arr = host_values(arr, held)  # copy is the one copy: a big weight is not held twice)
     dt = _dtype_on(dtype if dtype in dtypes.HOST_FLOATS + dtypes.fp8s else dtypes.from_any(arr.dtype), device)
     try:
         buf = driver.upload(arr, device)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tgrad.device import Device
+from tgrad.device import Device, get_runtime
 from tgrad.dtype import DType, dtypes, from_bytes, to_bytes
 from tgrad.errors import ShapeError, TgradError
 from tgrad.tensor import Tensor
@@ -175,8 +175,10 @@ def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
     for key, (begin, end, dtype, shape) in ranges.items():
         view = data[8 + n + begin : 8 + n + end].bitcast(dtype).reshape(shape)
         if not disk:  # the mapped bytes as values (a view for most dtypes): copied once, into the device
-            view = Tensor(from_bytes(view.node.buffer.data, dtype).reshape(shape), device=device,
-                          dtype=_host_dtype(dtype, device))
+            mapped = view.node.buffer
+            view = Tensor(from_bytes(mapped.data, dtype).reshape(shape), device=device,
+                          dtype=_host_dtype(dtype, device)).realize()
+            get_runtime(data.device).release(mapped)  # (the copy is made: the file's pages can go)
         out[key] = view
     return out
 

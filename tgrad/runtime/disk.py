@@ -16,6 +16,7 @@ tensors made before keep the mapping they were made from.
 
 from __future__ import annotations
 
+import mmap
 import os
 import weakref
 
@@ -104,6 +105,20 @@ class DiskRuntime(Runtime):
 
     def supports(self, dtype: DType) -> bool:
         return True  # bytes of any dtype
+
+    def release(self, buf: DiskBuffer) -> None:
+        """Take the pages under buf out of this process's resident memory (MADV_DONTNEED; the mapping is
+        shared, so nothing written is lost and the bytes are read from the file again if touched): a
+        loader that copied them to a compute device does not hold the file and the copy at once."""
+        mapping = self.mapping
+        mm = getattr(mapping, "_mmap", None)  # (numpy's memmap keeps its mmap there)
+        if mm is None or not hasattr(mm, "madvise") or buf.data.size == 0:
+            return
+        offset = buf.data.ctypes.data - mapping.ctypes.data
+        if not 0 <= offset <= len(mm) - buf.data.size:
+            return  # (not a view of this mapping: one made before the file changed)
+        start = offset - offset % mmap.PAGESIZE
+        mm.madvise(mmap.MADV_DONTNEED, start, offset + buf.data.size - start)
 
     def buffer_limit(self) -> tuple[int, str]:
         return 2**63 - 1, "the file system's limit"

@@ -193,9 +193,10 @@ def cnn(scale: float = 1.0, batch: int = CNN_BATCH, name: str = "cnn_step") -> W
 
 
 GPT_BATCH, GPT_CTX, GPT_VOCAB, GPT_WIDTH, GPT_HEADS, GPT_LAYERS = 16, 64, 96, 64, 4, 2
-# the rows' shapes: (batch, context, width, heads, layers); the second is one nobody tuned for (issue 42)
+# the rows' shapes: (batch, context, width, heads, layers); the other two are issue 42's shapes nobody
+# tuned for (deeper and longer; wider)
 GPT_SHAPES = {"gpt_step": (GPT_BATCH, GPT_CTX, GPT_WIDTH, GPT_HEADS, GPT_LAYERS),
-              "gpt_4x128_step": (8, 128, 128, 4, 4)}
+              "gpt_4x128_step": (8, 128, 128, 4, 4), "gpt_w256_step": (16, 64, 256, 8, 2)}
 
 
 def gpt(scale: float = 1.0, name: str = "gpt_step") -> Workload:
@@ -291,6 +292,7 @@ def all_workloads(scale: float = 1.0, quick: bool = False) -> list[Workload]:
         cnn(scale, 32, "cnn_b32_step"),
         gpt(scale),
         gpt(scale, "gpt_4x128_step"),
+        gpt(scale, "gpt_w256_step"),
         gpt2("decode", scale),
         gpt2("prefill", scale),
         peak_memory(scale),

@@ -242,7 +242,8 @@ def test_old_row_names_still_select():
     assert names == ["conv2d_fwd_bwd", "eager_mlp_step", "mlp_step_jit"]
     # a kind names every row of it; a row's name only that row (cnn_step is not cnn_b32_step's prefix)
     models = [w.name for w in select(all_workloads(), ["cnn", "gpt"])]
-    assert models == ["cnn_step", "cnn_b32_step", "gpt_step", "gpt_4x128_step", "gpt2_decode", "gpt2_prefill"]
+    assert models == ["cnn_step", "cnn_b32_step", "gpt_step", "gpt_4x128_step", "gpt_w256_step",
+                      "gpt2_decode", "gpt2_prefill"]
     assert [w.name for w in select(all_workloads(), ["cnn_step", "gpt_step"])] == ["cnn_step", "gpt_step"]
     assert [w.name for w in select(all_workloads(), ["gpt_step", "gpt2_p"])] == ["gpt_step", "gpt2_prefill"]
 
@@ -259,6 +260,8 @@ def test_second_model_shapes():
     d = g.make()
     assert d["x"].shape == (8, 128) and d["wte"].shape[1] == 128
     assert sum(k.endswith(".ln1w") for k in d) == 4
+    w = gpt(1.0, "gpt_w256_step")  # the wide one: 8 heads of 32
+    assert w.arg == (16, 64, 8) and w.make()["wte"].shape[1] == 256
 
 
 def test_plot_ratios_or_skip(tmp_path, monkeypatch, capsys):

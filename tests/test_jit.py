@@ -543,6 +543,15 @@ def test_prune_leaves_out_kernels_that_do_not_read_the_arguments(device):
         np.testing.assert_allclose(plain(x).numpy(), w_np * 2 + x_np, rtol=1e-6)
         np.testing.assert_allclose(pruned(x).numpy(), w_np * 2 + x_np, rtol=1e-6)
         np.testing.assert_allclose(g(x).numpy(), np.exp(w_np) * 3 * x_np, rtol=1e-5)
+    @TinyJit(prune=True)
+    def h(x):  # a new buffer made from weights only, then updated in place from the argument
+        t = (w * 2).contiguous().realize()
+        t.assign(t + x)
+        return (t * 1).contiguous()
+
+    for _ in range(3):
+        x_np = RNG.standard_normal(16).astype(np.float32)
+        np.testing.assert_allclose(h(Tensor(x_np, device=device)).numpy(), w_np * 2 + x_np, rtol=1e-6)
     if get_runtime(device).evaluates_graphs:
         return  # (the NUMPY reference has no kernels: the functions ran every time, same values)
     assert pruned.replays == plain.replays == g.replays == 2

@@ -275,8 +275,9 @@ def _prune(v: _Variant) -> list[tuple]:
     """TinyJit(prune=True): the captured launches a replay must run. Kept: what reads (directly or through
     kept launches' results) an argument, a gradient passed in, a random draw or a bound variable; what
     writes a returned value, a gradient or state in place (an assign: its effect is due at every call);
-    and what reads a buffer a kept launch writes in place (an earlier kernel reading a weight that the
-    step's update overwrites). The rest ran at the capture and its results stay: their buffers leave
+    what reads a buffer a kept launch writes in place (an earlier kernel reading a weight that the
+    step's update overwrites); and what writes a buffer a kept launch writes too (the first value of a
+    buffer that a kept assign then updates). The rest ran at the capture and its results stay: their buffers leave
     v.made, so memory planning never gives them to another buffer. (A pruning TinyJit records kernels
     without row groups; a group's launch and its placeholders would be kept or left out together.)"""
     units: list[list[tuple]] = [[]]
@@ -298,7 +299,8 @@ def _prune(v: _Variant) -> list[tuple]:
             if kept[i]:
                 continue
             outs = {id(b) for launch in unit for b in outs_of(launch)}
-            if outs & must_write or any(id(b) in needed for launch in unit for b in launch[2]):
+            ins = {id(b) for launch in unit for b in launch[2]}
+            if (outs | ins) & needed or outs & must_write:  # (outs: a buffer a kept launch writes too)
                 kept[i], changed = True, True
                 needed |= outs
     for unit, keep in zip(units, kept):

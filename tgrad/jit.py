@@ -277,9 +277,10 @@ def _prune(v: _Variant) -> list[tuple]:
     writes a returned value, a gradient or state in place (an assign: its effect is due at every call);
     what reads a buffer a kept launch writes in place (an earlier kernel reading a weight that the
     step's update overwrites); and what writes a buffer a kept launch writes too (the first value of a
-    buffer that a kept assign then updates). The rest ran at the capture and its results stay: their buffers leave
-    v.made, so memory planning never gives them to another buffer. (A pruning TinyJit records kernels
-    without row groups; a group's launch and its placeholders would be kept or left out together.)"""
+    buffer that a kept assign then updates). The rest ran at the capture and its results stay: their
+    buffers leave v.made, so memory planning never gives them to another buffer. (A pruning TinyJit
+    records kernels without row groups; a group's launch and its placeholders would be kept or left out
+    together.)"""
     units: list[list[tuple]] = [[]]
     for launch in v.captured:  # a row group's placeholders come before the launch that computes them
         units[-1].append(launch)

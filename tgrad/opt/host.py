@@ -14,7 +14,7 @@ gradients, marked by the op that built it) that tgrad/blas.py can run as a matmu
   of each result a pass: an UPCAST);
 - a 2-d convolution's forward or weight gradient big enough (`direct_*`) as a direct loop nest (DIRECT,
   WGRAD; BLAS runs until its function is compiled): only a kernel conv2d marked (graph.CONV); the input
-  gradient's scatter only for a kernel marked graph.COL2IM.
+  gradient's scatter only for a kernel marked graph.COL2IM and a sum after it marked graph.Col2ImSum.
 The sizes are the device's HostTuning (opts.py), measured on one machine (bench/HISTORY.md); the cache
 size comes from the machine. emit_numba and the CPU runtime render what the opts say
 (`plan_for`); the runtime's plans over several kernels (piece pairs, row groups) ask here too.
@@ -174,4 +174,4 @@ def scatter_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...], props: De
     cout = k1.reduce_shape[0]
     if cout > 2 * t.scatter_max_k or (cout > t.scatter_max_k and pixels > t.scatter_small_image):
         return None
-    return blas.conv_input_grad(k1, k2, reads, plan, t.pair_max_points)
+    return blas.conv_input_grad(k1, k2, reads, plan)

@@ -447,7 +447,7 @@ class Col2ImSum:
     groups: int
 
 
-def alu(op: Op, *srcs: Node, arg: str | None = None) -> Node:
+def alu(op: Op, *srcs: Node, arg: str | Col2ImSum | None = None) -> Node:
     """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition). `arg`:
     one of CONTRACTS for a MUL that a contraction sums, a Col2ImSum for the ADD that ends a col2im sum."""
     if op in (Op.CMPLT, Op.CMPNE):

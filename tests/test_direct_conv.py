@@ -409,6 +409,16 @@ def test_a_col2im_sum_fusion_changed_is_not_scattered(monkeypatch, cpu_tuning):
     assert blas.col2im(k1, around, reads, plan).epilogue is not None
 
 
+def test_input_gradient_of_more_shares_an_image_than_pair_max_points_keeps_the_pair(monkeypatch, cpu_tuning):
+    """An image's window shares (32 channels x 9 taps x 100 pixels) past HostTuning.pair_max_points, its
+    input gradient (32 x 144) within: the pair, no scatter; same values."""
+    cpu_tuning(pair_min_result=1 << 16, pair_max_points=32 * 9 * 100 - 1)
+    x, wt, _ = _conv_inputs(25, 16, 32, 32, 12, 12, 3, 3)
+    got, want, paths = _input_grads(x, wt, True)
+    assert paths == [False]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 def test_input_gradient_whose_shares_are_written_keeps_the_pair(monkeypatch, cpu_tuning):
     """The scatter runs where nothing but the pair's sum needs the window shares (the group keeps them,
     runtime/cpu/groups.py _private_of); where the shares get a buffer, the pair computes them and their

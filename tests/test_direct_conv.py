@@ -3,6 +3,8 @@
 strides, dilations, padding, kernel sizes, tile tails and dtypes; which path each conv takes is checked, so
 a test cannot pass on the BLAS path alone."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 
 from tests.helpers import cpu_pair, cpu_render
 from tgrad import Tensor, emit_numba_conv, fuse
+from tgrad import graph as g
 from tgrad.device import get_runtime
 from tgrad.opt import host
 from tgrad.runtime.cpu import runtime as cpu
@@ -281,6 +284,136 @@ def test_input_gradients_where_the_pair_is_faster_keep_it(cin, cout, hw, k, monk
     pixels; same values."""
     cpu_tuning(pair_min_result=1 << 16)
     x, wt, _ = _conv_inputs(17, 8, cin, cout, hw, hw, k, k)
+    got, want, paths = _input_grads(x, wt, True)
+    assert paths == [False]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def _scatter_calls(monkeypatch) -> list:
+    """A list that gets an entry at each call of a compiled input-gradient scatter (the `_igrad` function)."""
+    from tgrad.runtime.cpu import runtime as cpu_runtime
+
+    calls, build = [], cpu_runtime.CPURuntime._build
+
+    def counted(self, program, name, free=False):
+        fn = build(self, program, name, free)
+        return (lambda *a: calls.append(1) or fn(*a)) if program.name.endswith("_igrad") else fn
+
+    monkeypatch.setattr(cpu_runtime.CPURuntime, "_build", counted)
+    return calls
+
+
+@pytest.mark.parametrize("other", ["second conv", "square", "second conv and relu"])
+def test_input_gradient_with_more_terms_scatters_the_marked_sum_only(other, monkeypatch, cpu_tuning):
+    """x used elsewhere too: its gradient's kernel adds other terms to the col2im sum the conv's rule built
+    (and marked: graph.Col2ImSum), here a second conv's sum and x*x's 2x. The scatter computes the marked
+    sum alone; the other terms run after it, in its epilogue: PyTorch's values."""
+    cpu_tuning(pair_min_result=1 << 16)
+    x, wt, _ = _conv_inputs(21, 16, 32, 32, 12, 12, 3, 3)
+    w2 = _conv_inputs(22, 1, 32, 16, 1, 1, 5, 5)[1]
+    calls = _scatter_calls(monkeypatch)
+
+    def loss(x, w, w2, conv):
+        h = x.relu() if other.endswith("relu") else x
+        out = conv(h, w)
+        more = (conv(h, w2) ** 2).sum() if other.startswith("second") else (h * h).sum()
+        return (out * out).sum() + more
+
+    tx = Tensor(x, requires_grad=True)
+    loss(tx, Tensor(wt), Tensor(w2), Tensor.conv2d).backward()
+    items = fuse.schedule([tx.grad.node])
+    rt = get_runtime("CPU")
+    scatters = []
+    for a, b in zip(items, items[1:]):
+        reads = tuple(j for j, n in enumerate(b.inputs) if n is a.out)
+        if reads and cpu_pair(a.kernel, b.kernel, reads) is not None:
+            scatters.append(host.scatter_input_grad(rt.optimize(a.kernel), b.kernel, reads, rt.props))
+    assert scatters and scatters[-1] is not None and scatters[-1].epilogue is not None, scatters
+    rx = torch.tensor(x, requires_grad=True)
+    loss(rx, torch.from_numpy(wt), torch.from_numpy(w2), F.conv2d).backward()
+    want = rx.grad.numpy()
+    np.testing.assert_allclose(tx.grad.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert calls
+
+
+@pytest.mark.parametrize("move", ["flip", "transpose", "shrink"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_input_gradient_of_a_moved_input_matches_torch(move, relu, monkeypatch, cpu_tuning):
+    """The conv reads x through a flip, a transpose (of a square image, a 3x5 kernel) or a shrink. Alone,
+    x's gradient is a view of the col2im sum, computed at its own points: scattered. Under relu's mask, the
+    mask's kernel evaluates the sum moved back, not at its own point: fusion drops the sum's mark, the
+    pair runs (no scatter). PyTorch's values both ways."""
+    cpu_tuning(pair_min_result=1 << 16)
+    x, wt, _ = _conv_inputs(23, 16, 32, 32, 13, 13, 3, 5)
+    calls = _scatter_calls(monkeypatch)
+    moved = {"flip": lambda t: t.flip(3), "transpose": lambda t: t.transpose(2, 3),
+             "shrink": lambda t: t[:, :, 1:, :12]}[move]
+    tx, rx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out = moved(tx.relu() if relu else tx).conv2d(Tensor(wt))
+    ref = F.conv2d(moved(rx.relu() if relu else rx), torch.from_numpy(wt))
+    (out * out).sum().backward()
+    (ref * ref).sum().backward()
+    marks = [e for it in fuse.schedule([tx.grad.node]) for e in _exprs(it.kernel.expr)
+             if isinstance(e.arg, g.Col2ImSum)]
+    assert bool(marks) != relu and _input_grad_pairs(tx.grad) == [not relu]
+    want = rx.grad.numpy()
+    np.testing.assert_allclose(tx.grad.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert bool(calls) != relu
+
+
+def _exprs(e) -> list:
+    seen, stack = {}, [e]
+    while stack:
+        x = stack.pop()
+        if id(x) not in seen:
+            seen[id(x)] = x
+            stack.extend(x.srcs)
+    return list(seen.values())
+
+
+def test_a_col2im_sum_fusion_changed_is_not_scattered(monkeypatch, cpu_tuning):
+    """blas.col2im takes the geometry from the sum's mark, so it checks that the marked sum is the one the
+    conv's rule built: a pair whose sum lost a term, gained one, lost its mark, or whose k1 result is read
+    outside the sum too, is no scatter (each made here from the real pair's kernels)."""
+    from tgrad import blas
+    from tgrad.fuse import Expr, const
+
+    cpu_tuning(pair_min_result=1 << 16)
+    x, wt, _ = _conv_inputs(24, 16, 32, 32, 12, 12, 3, 3)
+    tx = Tensor(x, requires_grad=True)
+    (tx.conv2d(Tensor(wt)) ** 2).sum().backward()
+    (a, b), rt = fuse.schedule([tx.grad.node])[-2:], get_runtime("CPU")
+    k1, k2, reads = rt.optimize(a.kernel), b.kernel, (b.inputs.index(a.out),)
+    plan = host.plan_for(k1)
+    got = blas.col2im(k1, k2, reads, plan)
+    assert (got.kh, got.kw, got.oh, got.ow, got.ih, got.iw, got.epilogue) == (3, 3, 10, 10, 12, 12, None)
+    total = k2.expr
+    assert isinstance(total.arg, g.Col2ImSum)
+    last, rest, one = total.srcs[1], total.srcs[0], const(1.0, total.dtype)
+
+    def op(name, *srcs, arg=None):
+        return Expr(name, srcs, arg, total.dtype)
+
+    changed = {
+        "a term lost": op("ADD", rest.srcs[0], last, arg=total.arg),
+        "a term gained": op("ADD", rest, op("ADD", last, one), arg=total.arg),
+        "a term scaled": op("ADD", rest, op("MUL", last, one), arg=total.arg),
+        "the mark lost": op("ADD", *total.srcs),
+        "another kernel size": op("ADD", *total.srcs, arg=dataclasses.replace(total.arg, kernel=(5, 5))),
+        "read outside": op("MUL", total, last),
+    }
+    for why, expr in changed.items():
+        assert blas.col2im(k1, dataclasses.replace(k2, expr=expr), reads, plan) is None, why
+    # (around the sum, a term that does not read k1's result is the epilogue)
+    around = dataclasses.replace(k2, expr=op("ADD", total, one))
+    assert blas.col2im(k1, around, reads, plan).epilogue is not None
+
+
+def test_input_gradient_of_more_shares_an_image_than_pair_max_points_keeps_the_pair(monkeypatch, cpu_tuning):
+    """An image's window shares (32 channels x 9 taps x 100 pixels) past HostTuning.pair_max_points, its
+    input gradient (32 x 144) within: the pair, no scatter; same values."""
+    cpu_tuning(pair_min_result=1 << 16, pair_max_points=32 * 9 * 100 - 1)
+    x, wt, _ = _conv_inputs(25, 16, 32, 32, 12, 12, 3, 3)
     got, want, paths = _input_grads(x, wt, True)
     assert paths == [False]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

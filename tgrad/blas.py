@@ -15,6 +15,7 @@ import numpy as np
 
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse import IDX_DT, Expr, Kernel, const, iadd, imul, is_true, linear_terms, same_index
+from tgrad.graph import COL2IM, Col2ImSum
 
 
 @dataclass(frozen=True)
@@ -479,21 +480,30 @@ class Col2Im:
     epilogue: Kernel | None
 
 
-def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan, most: int) -> Col2Im | None:
-    """The Col2Im a piece pair (k1, k2) computes, or None: k2's value is a sum of loads of k1's result
-    (input `reads`) and nothing else, both results row-major, and the loads of one image, evaluated at
-    every point with their masks, read every element of k1's result once, at the spot a convolution's
-    geometry (some kernel width, output width, strides and dilations) puts it, the same for every
-    channel. Checked at every point, so a k2 that is anything else is not taken for one. `plan`: k1's;
-    `most`: the points of one image of either kernel up to which it checks."""
-    if plan.epilogue is not None or plan.batch != (0,):
+def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan) -> Col2Im | None:
+    """The Col2Im a piece pair (k1, k2) computes, or None. ops/nn.py marks the sum it builds (the
+    graph.Col2ImSum on its last ADD, kept by fusion where k2 evaluates it at k2's own point), so the
+    geometry is the mark's; what is checked is that fusion left that sum as the op built it: in k2 one
+    marked sum whose terms are loads of k1's result (input `reads`), one per kernel position, and no other
+    read of that result; k1 the matmul of that gradient (n, c, tap, pixel; reduce o) with no epilogue, both
+    results row-major, no groups. Anything k2 computes around the sum becomes the epilogue."""
+    if plan.epilogue is not None or plan.batch != (0,) or k1.contraction != COL2IM:
         return None
     if k1.n_global != 4 or len(k1.reduce_shape) != 1 or len(reads) != 1 or k2.reduce_expr is not None:
         return None
-    images, chans, taps, pixels = k1.global_shape
-    if len(k2.shape) != 4 or k2.shape[:2] != (images, chans):
+    total = _marked_sum(k2.expr, reads[0])
+    if total is None:
         return None
-    ih, iw = k2.shape[2:]
+    mark = total.arg
+    if mark.groups != 1 or len(mark.kernel) != 2:
+        return None
+    (kh, kw), (oh, ow), (ih, iw) = mark.kernel, mark.out, mark.input
+    images, chans, taps, pixels = k1.global_shape
+    if k2.shape != (images, chans, ih, iw) or (taps, pixels) != (kh * kw, oh * ow):
+        return None
+    row_major = _row_major(k2.shape, 4)
+    if not (same_index(k1.out_index, _row_major(k1.shape, 4)) and same_index(k2.out_index, row_major)):
+        return None
     a, b = plan.a, plan.b
     if a.strides[0] == a.strides[3] == 0 and b.strides[1] == b.strides[2] == 0:
         weight, grad = a, b
@@ -501,87 +511,59 @@ def col2im(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan, most:
         weight, grad = b, a
     else:
         return None
-    sums = _sums_of(k2.expr, reads[0])
-    if len(sums) != 1:
-        return None
-    total = sums.pop()
-    loads, stack = [], [total]
+    epilogue = None
+    if total is not k2.expr:
+        load = Expr("LOAD", (row_major, const(True, dtypes.bool)), len(k2.in_dtypes), total.dtype)
+        epilogue = replace(k2, name=f"{k2.name}_epilogue", in_dtypes=(*k2.in_dtypes, total.dtype),
+                           expr=_replace_expr(k2.expr, total, load))
+    # (a stride along an axis of one output position, a dilation along one of one tap, moves nothing: 1)
+    (sy, sx), (dh, dw) = mark.stride, mark.dilation
+    sy, sx, dh, dw = sy if oh > 1 else 1, sx if ow > 1 else 1, dh if kh > 1 else 1, dw if kw > 1 else 1
+    return Col2Im(kh, kw, oh, ow, ih, iw, sy, sx, dh, dw, weight, grad, epilogue)
+
+
+def _marked_sum(e: Expr, source: int) -> Expr | None:
+    """The col2im sum in e (an ADD whose arg is a graph.Col2ImSum) whose terms are loads of input `source`,
+    one per kernel position, where e reads `source` nowhere else; else None."""
+    sums, seen, stack = [], set(), [e]
     while stack:
-        e = stack.pop()
-        if e.op == "ADD":
-            stack.extend(e.srcs)
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x.arg, Col2ImSum):
+            sums.append(x)  # (looked into below)
+        elif x.op == "LOAD" and x.arg == source:
+            return None  # read outside a marked sum
         else:
-            loads.append(e)
-    per1, per2 = chans * taps * pixels, chans * ih * iw
-    if max(per1, per2) > most:
-        return None
-    g1 = np.indices((1, chans, taps, pixels), dtype=np.int64).reshape(4, -1)
-    g2 = np.indices((1, chans, ih, iw), dtype=np.int64).reshape(4, -1)
-    try:
-        if not (np.array_equal(_evaluate(k1.out_index, g1, {}), np.arange(per1)) and
-                np.array_equal(_evaluate(k2.out_index, g2, {}), np.arange(per2))):
-            return None
-        memo: dict = {}
-        got = [(_evaluate(e.srcs[0], g2, memo), _evaluate(e.srcs[1], g2, memo).astype(bool)) for e in loads]
-    except (LookupError, ValueError, TypeError):
-        return None
-    index = np.concatenate([i[v] for i, v in got])  # element of k1's result read, per term and point
-    spot = np.concatenate([(g2[2] * iw + g2[3])[v] for _, v in got])  # where it lands (y * iw + x)
-    channel = np.concatenate([g2[1][v] for _, v in got])
-    if index.size != per1 or index.min() < 0 or index.max() >= per1:
-        return None
-    if np.any(index // (taps * pixels) != channel):
-        return None
-    where = np.full(per1, -1)
-    where[index] = spot
-    if np.any(where < 0):  # (every element read, so each once)
-        return None
-    where = where.reshape(chans, taps, pixels)
-    if np.any(where != where[0]):
-        return None
-    qy, qx = np.divmod(where[0], iw)
-    for kw in (d for d in range(1, taps + 1) if taps % d == 0):
-        for ow in (d for d in range(1, pixels + 1) if pixels % d == 0):
-            kh, oh = taps // kw, pixels // ow
-            sy, sx = (qy[0, ow] if oh > 1 else 1), (qx[0, 1] if ow > 1 else 1)
-            dh, dw = (qy[kw, 0] if kh > 1 else 1), (qx[1, 0] if kw > 1 else 1)
-            ky, kx = np.divmod(np.arange(taps), kw)
-            py, px = np.divmod(np.arange(pixels), ow)
-            if np.array_equal(qy, ky[:, None] * dh + py * sy) and \
-                    np.array_equal(qx, kx[:, None] * dw + px * sx):
-                epilogue = None
-                if total is not k2.expr:
-                    index = _row_major(k2.shape, len(k2.shape))
-                    load = Expr("LOAD", (index, const(True, dtypes.bool)), len(k2.in_dtypes), total.dtype)
-                    epilogue = replace(k2, name=f"{k2.name}_epilogue", in_dtypes=(*k2.in_dtypes, total.dtype),
-                                       expr=_replace_expr(k2.expr, total, load))
-                return Col2Im(kh, kw, oh, ow, ih, iw, int(sy), int(sx), int(dh), int(dw), weight, grad,
-                              epilogue)
-    return None
+            stack.extend(x.srcs)
+    found = []
+    for total in sums:
+        terms, stack = [], [total]
+        while stack:  # (the sum's ADDs: the marked one, then those ops/nn.py built before it, unmarked)
+            x = stack.pop()
+            if x.op == "ADD" and (x is total or x.arg is None):
+                stack.extend(x.srcs)
+            else:
+                terms.append(x)
+        loads = all(t.op == "LOAD" and t.arg == source for t in terms)
+        if loads and len(terms) == math.prod(total.arg.kernel):
+            found.append(total)
+        elif _reads(total, source):
+            return None  # a sum fusion changed
+    return found[0] if len(found) == 1 else None
 
 
-def _sums_of(e: Expr, source: int) -> set[Expr]:
-    """The largest sub-expressions of e that are sums of loads of input `source` and nothing else (every
-    load of it is in one of them)."""
-    memo: dict[Expr, bool] = {}
-
-    def is_sum(x: Expr) -> bool:
-        hit = memo.get(x)
-        if hit is None:
-            hit = (x.op == "LOAD" and x.arg == source) or (x.op == "ADD" and all(map(is_sum, x.srcs)))
-            memo[x] = hit
-        return hit
-
-    found, seen, stack = set(), set(), [e]
+def _reads(e: Expr, source: int) -> bool:
+    seen, stack = set(), [e]
     while stack:
         x = stack.pop()
         if x not in seen:
             seen.add(x)
-            if is_sum(x):
-                found.add(x)
-            else:
-                stack.extend(x.srcs)
-    return found
+            if x.op == "LOAD" and x.arg == source:
+                return True
+            stack.extend(x.srcs)
+    return False
 
 
 def _replace_expr(e: Expr, old: Expr, new: Expr) -> Expr:
@@ -699,13 +681,10 @@ def conv_weight_grad(kernel: Kernel, plan: BlasPlan) -> bool:
     return float_dtype(k, plan, plan.a, plan.b) is not None
 
 
-def conv_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan,
-                    most: int) -> Col2Im | None:
+def conv_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...], plan: BlasPlan) -> Col2Im | None:
     """The Col2Im of a piece pair (k1, k2) that emit_numba_conv.render_input_grad renders as one function
-    (a convolution's input gradient: `col2im`, `most` as there), or None; one float dtype throughout."""
-    if k1.n_global != 4:
-        return None
-    g = col2im(k1, k2, reads, plan, most)
+    (a convolution's input gradient: `col2im`), or None; one float dtype throughout."""
+    g = col2im(k1, k2, reads, plan)
     if g is None:
         return None
     summed = k2.out_dtype if g.epilogue is None else g.epilogue.in_dtypes[-1]

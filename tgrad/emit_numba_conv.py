@@ -3,14 +3,14 @@ over copied windows (tgrad/blas.py, runtime/cpu/blas.py): the forward (`render_d
 gradient (`render_weight_grad`) and the input gradient as one scatter (`render_input_grad`).
 
 Each renders a kernel that the optimizer made DIRECT or WGRAD (opt/host.py: a matmul over (c, kh, kw) of
-windows read in place from the input; for the input gradient, the col2im piece pair that blas.col2im
-proves) as a function over a range of images, which the runtime's threads split. The rule: the loop over
-the output channels is innermost, so that LLVM vectorizes it (each accumulator a vector of output
-channels) with the kernel taps as constants in its body; where the output channels fill whole vectors,
-numba_rt's register tile intrinsics keep the sums in registers over the whole reduction instead
-(`_render_tiles`, `_weight_grad_tiles`), since LLVM keeps a vectorized loop's accumulators in registers
-only within one pass of it. The optimizer chooses them only on the shapes where they beat the BLAS path
-(HostTuning's direct_* and scatter_* sizes, which were measured).
+windows read in place from the input; for the input gradient, the col2im piece pair whose sum ops/nn.py
+marked, checked by blas.col2im) as a function over a range of images, which the runtime's threads split.
+The rule: the loop over the output channels is innermost, so that LLVM vectorizes it (each accumulator a
+vector of output channels) with the kernel taps as constants in its body; where the output channels fill
+whole vectors, numba_rt's register tile intrinsics keep the sums in registers over the whole reduction
+instead (`_render_tiles`, `_weight_grad_tiles`), since LLVM keeps a vectorized loop's accumulators in
+registers only within one pass of it. The optimizer chooses them only on the shapes where they beat the
+BLAS path (HostTuning's direct_* and scatter_* sizes, which were measured).
 
 These functions are slow to compile (and every generated value has a name of its own: Numba's SSA pass is
 quadratic in the assignments of one name): the CPU runtime compiles them as optional jobs of its compile

@@ -30,7 +30,7 @@ from typing import Any
 
 from tgrad.dtype import DType, dtypes
 from tgrad.fuse_roots import FuseTuning, kernel_body, kernel_roots
-from tgrad.graph import ALU, CONTRACTS, MOVEMENT, Node, Op, ShapeTracker, strides_for
+from tgrad.graph import ALU, CONTRACTS, MOVEMENT, Col2ImSum, Node, Op, ShapeTracker, strides_for
 from tgrad.schedule_order import order_assigns
 
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
@@ -434,6 +434,7 @@ class _Lowerer:
         self.root, self.realize = root, realize
         self.inputs: list[Node] = []
         self.memo: dict[tuple, Expr] = {}
+        self.point: tuple[Expr, ...] | None = None  # an elementwise kernel's root index (lower_kernel)
 
     def buffer_number(self, node: Node) -> int:
         if node not in self.inputs:
@@ -473,7 +474,10 @@ class _Lowerer:
             return inner
         if node.op in ALU:
             srcs = tuple(self.lower(s, path, idx) for s in node.srcs)
-            return Expr(node.op.name, srcs, node.dtype if node.op is Op.CAST else None, node.dtype)
+            arg = node.dtype if node.op is Op.CAST else None
+            if isinstance(node.arg, Col2ImSum) and not path and idx == self.point:
+                arg = node.arg  # (a col2im sum at the kernel's own point: its geometry holds there)
+            return Expr(node.op.name, srcs, arg, node.dtype)
         if node.op is Op.REDUCE:
             assert all(m.op is Op.RESHAPE for m in path), "a fused reduce is only reached through reshapes"
             return Expr("ACC", (), None, node.dtype)
@@ -527,6 +531,7 @@ def lower_kernel(root: Node, realize: set[Node]) -> ScheduleItem:
         full_idx[a] = Expr("IDX", (), (pos, full[a]), IDX_DT)
     out_idx = tuple(const(0, IDX_DT) if a in axes else full_idx[a] for a in range(len(full)))
     lw = _Lowerer(root, realize)
+    lw.point = None if red is not None else tuple(out_idx)
     reduce_expr = lw.lower(red.srcs[0], (), tuple(full_idx)) if red is not None else None
     # the output is stored row-major; the root may be a reshape of the reduce's (keepdim) shape
     out_index = const(0, IDX_DT)

@@ -431,9 +431,25 @@ CONTRACT, CONV, COL2IM = "contract", "conv", "col2im"
 CONTRACTS = (CONTRACT, CONV, COL2IM)
 
 
-def alu(op: Op, *srcs: Node, arg: str | None = None) -> Node:
+@dataclass(frozen=True)
+class Col2ImSum:
+    """The arg of the last ADD of a convolution's input gradient (ops/nn.py `_conv_input_gradient`): the
+    sum, over kernel positions, of the COL2IM matmul's shares cols[groups, n, c, tap, *out] spread by the
+    stride and shifted to where each window starts (its input, `input` positions per axis). Fusion keeps
+    the mark in the kernel where it evaluates the sum at the kernel's own point, so the CPU optimizer reads
+    the geometry here instead of recovering it (blas.col2im)."""
+
+    kernel: tuple[int, ...]
+    out: tuple[int, ...]
+    input: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+
+
+def alu(op: Op, *srcs: Node, arg: str | Col2ImSum | None = None) -> Node:
     """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition). `arg`:
-    one of CONTRACTS for a MUL that a contraction sums."""
+    one of CONTRACTS for a MUL that a contraction sums, a Col2ImSum for the ADD that ends a col2im sum."""
     if op in (Op.CMPLT, Op.CMPNE):
         dtype = dtypes.bool
     elif op is Op.WHERE:

@@ -201,6 +201,8 @@ class NNOps:
         # bench/HISTORY.md)
         spread = tuple(o + (o - 1) * (s - 1) for o, s in zip(out_sp, s_))
         whole = tuple((0, o) for o in out_sp)
+        # the last ADD says what the sum is (the CPU may scatter the products instead: blas.col2im)
+        mark = g.Col2ImSum(tuple(ks), tuple(out_sp), tuple(in_sp), tuple(s_), tuple(d_), groups)
         total = None
         for k, pos in enumerate(itertools.product(*map(range, ks))):
             t = g.move(cols, Op.SHRINK, ((0, groups), (0, n), (0, cin), (k, k + 1), *whole))
@@ -210,7 +212,7 @@ class NNOps:
             starts = [p * d for p, d in zip(pos, d_)]
             pads = tuple((b, i - b - e) for b, i, e in zip(starts, in_sp, spread))
             t = g.move(t, Op.PAD, ((0, 0), (0, 0), *pads))
-            total = t if total is None else g.alu(Op.ADD, total, t)
+            total = t if total is None else g.alu(Op.ADD, total, t, arg=mark if k == kk - 1 else None)
         return type(self)(total)
 
     def conv_transpose2d(self, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,

@@ -14,7 +14,7 @@ gradients, marked by the op that built it) that tgrad/blas.py can run as a matmu
   of each result a pass: an UPCAST);
 - a 2-d convolution's forward or weight gradient big enough (`direct_*`) as a direct loop nest (DIRECT,
   WGRAD; BLAS runs until its function is compiled): only a kernel conv2d marked (graph.CONV); the input
-  gradient's scatter only for a kernel marked graph.COL2IM.
+  gradient's scatter only for a kernel marked graph.COL2IM and a sum after it marked graph.Col2ImSum.
 The sizes are the device's HostTuning (opts.py), measured on one machine (bench/HISTORY.md); the cache
 size comes from the machine. emit_numba and the CPU runtime render what the opts say
 (`plan_for`); the runtime's plans over several kernels (piece pairs, row groups) ask here too.
@@ -164,14 +164,18 @@ def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...], props: DeviceProp
 def scatter_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...], props: DeviceProps) -> Col2Im | None:
     """A piece pair that is a convolution's input gradient to run as one scatter (emit_numba_conv.
     render_input_grad), or None: at least `direct_min_channels` input channels (the vectorized loop),
-    `direct_min_work` multiply-adds, and a shape where the scatter is faster (`scatter_*`)."""
+    `direct_min_work` multiply-adds, at most `pair_max_points` window shares an image (where the pair's
+    sums were checked point by point before the op marked them; past it the scatter is not measured), and
+    a shape where the scatter is faster (`scatter_*`)."""
     t, plan = props.host, plan_for(k1)
     if plan is None or k1.n_global != 4 or k1.contraction != COL2IM:
         return None
     _, chans, taps, pixels = k1.global_shape
     if chans < t.direct_min_channels or taps > t.scatter_max_taps or math.prod(k1.shape) < t.direct_min_work:
         return None
+    if chans * taps * pixels > t.pair_max_points:
+        return None
     cout = k1.reduce_shape[0]
     if cout > 2 * t.scatter_max_k or (cout > t.scatter_max_k and pixels > t.scatter_small_image):
         return None
-    return blas.conv_input_grad(k1, k2, reads, plan, t.pair_max_points)
+    return blas.conv_input_grad(k1, k2, reads, plan)

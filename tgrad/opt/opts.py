@@ -84,7 +84,8 @@ class HostTuning:
     split_batch_max_work: int = 1 << 17
     one_index_min_work: int = 1 << 18  # multiply-adds of a one-image piece from which pieces are one image
     pair_min_result: int = 1 << 21  # elements of a matmul's result from which a piece pair pays
-    pair_max_points: int = 1 << 22  # points of one image up to which a pair's reads are checked
+    pair_max_points: int = 1 << 22  # points of one image up to which a pair's reads are checked (and a
+    # conv's input gradient scattered: its window shares)
     direct_min_work: int = 1 << 20  # a conv's multiply-adds from which a direct convolution pays,
     direct_min_depth: int = 256  # its multiply-adds per output value,
     direct_min_channels: int = 16  # its output channels (a vector of them),

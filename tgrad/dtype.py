@@ -42,16 +42,22 @@ class DType:
     @property
     def min(self):
         """The smallest value (-inf for floats), as a Python scalar."""
-        if self.kind == "b":
+        kind = self.kind
+        if kind == "f":
+            return -float("inf")
+        if kind == "b":
             return False
-        return -float("inf") if self.is_float else int(np.iinfo(self.np).min)
+        return -(1 << 8 * self.itemsize - 1) if kind == "i" else 0  # (np.iinfo's, without its cost)
 
     @property
     def max(self):
         """The largest value (inf for floats), as a Python scalar."""
-        if self.kind == "b":
+        kind = self.kind
+        if kind == "f":
+            return float("inf")
+        if kind == "b":
             return True
-        return float("inf") if self.is_float else int(np.iinfo(self.np).max)
+        return (1 << 8 * self.itemsize - (kind == "i")) - 1
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
@@ -160,6 +166,11 @@ class dtypes:
         return dtypes.default_float
 
 
+# the names of the dtypes every device has (no fp8, no HOST_ONLY or HOST_FLOATS): a tensor's usual dtypes,
+# checked by name (a set of str is read in C; comparing DTypes calls __eq__)
+ON_EVERY_DEVICE = frozenset(d.name for d in dtypes.all
+                            if d not in dtypes.fp8s + dtypes.HOST_ONLY + dtypes.HOST_FLOATS)
+
 _FINFO = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52), "fp8e4m3": (4, 3),
           "fp8e5m2": (5, 2), "fp8e4m3fnuz": (4, 3), "fp8e5m2fnuz": (5, 2)}
 
@@ -244,7 +255,7 @@ def _overflow(value, dtype: DType, op: str, low, high):
 
 def promote(a: DType, b: DType) -> DType:
     """PyTorch's promotion of two tensor dtypes (e.g. uint8 + int8 -> int16, int32 + float16 -> float16)."""
-    if a == b:
+    if a is b or a == b:
         return a
     if a in dtypes.fp8s or b in dtypes.fp8s:
         raise DTypeError(f"promoting {a.name} with {b.name} is not supported (PyTorch has no promotion for "

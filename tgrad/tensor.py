@@ -17,6 +17,7 @@ from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, check_memory, get_runtime, is_disk, out_of_memory
 from tgrad.dtype import (
+    ON_EVERY_DEVICE,
     DType,
     check_fits,
     dtypes,
@@ -84,8 +85,8 @@ def backward_roots() -> list[Tensor]:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (dtype.py: UINT_DEVICES...)."""
-    if is_disk(device):  # a file holds the bytes of any dtype
-        return dtype
+    if dtype.name in ON_EVERY_DEVICE or is_disk(device):  # (by name: no DType comparisons); a file holds
+        return dtype  # the bytes of any dtype
     if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
         raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
                          f"{device}; cast to float16 or bfloat16 first")
@@ -683,9 +684,14 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def _from(self, node: Node, *inputs: Tensor, view: inplace.Steps | None = None) -> Tensor:
         """A tensor of node, which self and inputs made; `view`: node is these view ops of self, and the
         result a view of self's memory (inplace.py)."""
-        out = Tensor(node)
-        if (self._requires_grad or any(t._requires_grad for t in inputs)) and not _NoGradMeta._no_grad:
-            out._requires_grad = True
+        out = object.__new__(Tensor)  # (Tensor(node)'s fields, without __init__'s checks: every op's result)
+        out.node, out.grad, out._base, out._views, out._before = node, None, None, None, ()
+        grad = self._requires_grad
+        for t in inputs:
+            grad = grad or t._requires_grad
+        out._requires_grad = True if grad and not _NoGradMeta._no_grad else None
+        if node.buffer is None:
+            inplace.track(out)
         if view is not None:
             inplace.add_view(self, out, view)
         return out
@@ -933,10 +939,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if dtype is self.node.dtype:
             return self
         dtype = _dtype_on(dtypes.from_any(dtype), self.device)
-        if dtype == self.dtype:
+        if dtype.name == self.node.dtype.name:
             return self
         out = self._from(g.cast(self.node, dtype))
-        if not dtype.is_float:
+        if dtype.kind != "f":
             out._requires_grad = False
         return out
 
@@ -1019,10 +1025,10 @@ def _bf16_in_float32(fn, wide: DType = dtypes.float32):
         return x.cast(wide) if isinstance(x, Tensor) and x.dtype == dtypes.bfloat16 else x
 
     def op(*args, **kwargs):
-        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
-                   if isinstance(t, Tensor)] if _any_bf16(args, kwargs) else ()
-        if all(t.dtype != dtypes.bfloat16 for t in tensors):
+        if not _any_bf16(args, kwargs):
             return fn(*args, **kwargs)
+        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
+                   if isinstance(t, Tensor)]
         back = all(t.dtype == dtypes.bfloat16 or not t.dtype.is_float for t in tensors)
         down = lambda t: t.cast(dtypes.bfloat16) if back and t.dtype == wide else t  # noqa: E731
         out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})

@@ -19,20 +19,26 @@ Scalar = int | float | bool
 
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
-    if not -max(ndim, 1) <= axis < max(ndim, 1):
+    n = ndim or 1  # (a 0-d tensor takes axis 0 and -1)
+    if not -n <= axis < n:
         raise IndexRangeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
-    return axis % max(ndim, 1) if ndim else 0
+    return axis % n if ndim else 0
 
 
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shapes) == 2 and shapes[0] == shapes[1]:  # (most calls: a binary op of equal shapes)
+        return tuple(shapes[0])
     nd = max(len(s) for s in shapes)
     padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
     out = []
     for dims in zip(*padded):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
-        out.append(sizes.pop() if sizes else 1)
+        size = 1
+        for d in dims:
+            if d != 1:
+                if size != 1 and d != size:
+                    raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
+                size = d
+        out.append(size)
     return tuple(out)
 
 

@@ -112,6 +112,9 @@ class dtypes:
     UINT_DEVICES = HOST_DEVICES + ("CL", "QCOM", "TRITON", "CUDA", "AMD")
     UINT32_DEVICES = UINT_DEVICES + ("WEBGPU",)  # WGSL's u32 (it has no 16-bit or 64-bit integers)
     FP8_DEVICES = ("NUMPY",)  # fp8 tensors (float32 storage rounded to fp8 after every op)
+    # the names of the dtypes every device has (not fp8, HOST_ONLY or HOST_FLOATS), to check a dtype by
+    # name (a set of str is read in C; comparing DTypes calls __eq__)
+    ON_EVERY_DEVICE = frozenset(d.name for d in all) - {d.name for d in fp8s + HOST_ONLY + HOST_FLOATS}
     floats = (float16, bfloat16, float32, float64)
     sints = (int8, int16, int32, int64)
     uints = (uint8, uint16, uint32, uint64)
@@ -165,11 +168,6 @@ class dtypes:
             return dtypes.default_int
         return dtypes.default_float
 
-
-# the names of the dtypes every device has (no fp8, no HOST_ONLY or HOST_FLOATS): a tensor's usual dtypes,
-# checked by name (a set of str is read in C; comparing DTypes calls __eq__)
-ON_EVERY_DEVICE = frozenset(d.name for d in dtypes.all
-                            if d not in dtypes.fp8s + dtypes.HOST_ONLY + dtypes.HOST_FLOATS)
 
 _FINFO = {"float16": (5, 10), "bfloat16": (8, 7), "float32": (8, 23), "float64": (11, 52), "fp8e4m3": (4, 3),
           "fp8e5m2": (5, 2), "fp8e4m3fnuz": (4, 3), "fp8e5m2fnuz": (5, 2)}

@@ -153,10 +153,9 @@ class Node:
                 return _on_disk(op, srcs, arg, shape, device)
         else:
             # (the op's and dtype's names: hashing them is cached, hashing an Enum or a dataclass is Python)
-            if isinstance(arg, (float, int)):  # (_arg_key(arg), inline)
+            arg_key = arg
+            if arg is not None and isinstance(arg, (float, int)):  # (_arg_key(arg), inline)
                 arg_key = (type(arg), arg) if arg == arg and arg != 0 else (type(arg), repr(arg))
-            else:
-                arg_key = arg
             key = (op._value_, tuple(map(id, srcs)), arg_key, shape, dtype.name, device)
             ref = _CACHE.get(key)
             if ref is not None:  # (a dead entry's ids may be reused: its node, holding its sources, is gone)
@@ -165,7 +164,8 @@ class Node:
                     if sym is not None:  # graph built again computes again (else TinyJit's calls differ)
                         _SYM_SET(hit, sym)
                     return hit
-            if device.startswith("DISK:"):  # a file's bytes (runtime/disk.py): views only, never in a kernel
+            # a file's bytes (runtime/disk.py): views only, never in a kernel (device[0]: the cheap test)
+            if device[0] == "D" and device.startswith("DISK:"):
                 return _on_disk(op, srcs, arg, shape, device)
         self = object.__new__(cls)
         self.op = op
@@ -457,7 +457,7 @@ def alu(op: Op, *srcs: Node, arg: str | None = None) -> Node:
 
 
 def cast(node: Node, dtype: DType) -> Node:
-    if node.dtype is dtype or node.dtype == dtype:
+    if node.dtype.name == dtype.name:  # (DType's ==, without its call)
         return node
     return _new(Node, _CAST, (node,), dtype, node.shape, dtype, node.device)
 

@@ -17,7 +17,6 @@ from tgrad import graph as g
 from tgrad import realize as driver
 from tgrad.device import Device, check_memory, get_runtime, is_disk, out_of_memory
 from tgrad.dtype import (
-    ON_EVERY_DEVICE,
     DType,
     check_fits,
     dtypes,
@@ -85,8 +84,8 @@ def backward_roots() -> list[Tensor]:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (dtype.py: UINT_DEVICES...)."""
-    if dtype.name in ON_EVERY_DEVICE or is_disk(device):  # (by name: no DType comparisons); a file holds
-        return dtype  # the bytes of any dtype
+    if dtype.name in dtypes.ON_EVERY_DEVICE or is_disk(device):  # (by name: no DType comparison); a file
+        return dtype  # holds the bytes of any dtype
     if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
         raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
                          f"{device}; cast to float16 or bfloat16 first")
@@ -240,7 +239,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self.node.shape)  # (shape's length: a symbolic axis is one axis too)
 
     def numel(self) -> int:
         return math.prod(self.shape)
@@ -690,8 +689,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         for t in inputs:
             grad = grad or t._requires_grad
         out._requires_grad = True if grad and not _NoGradMeta._no_grad else None
-        if node.buffer is None:
-            inplace.track(out)
+        if node.buffer is None:  # (inplace.track's first line inline: it runs again only to purge)
+            inplace.LAZY[id(out)] = weakref.ref(out)
+            if len(inplace.LAZY) > inplace._purge_at:
+                inplace.track(out)
         if view is not None:
             inplace.add_view(self, out, view)
         return out

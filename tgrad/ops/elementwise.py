@@ -120,43 +120,34 @@ class ElementwiseOps:
             return None
         return (yn, xn) if reverse else (xn, yn)
 
-    def _operands_op(self, op: Op, y, reverse: bool) -> Tensor | None:
-        """self op y (reversed: y op self) from _operands' nodes, or None where it has none."""
-        nodes = self._operands(y, reverse)
+    def _binop(self, op: Op, y, reverse: bool = False, dtype: DType | None = None) -> Tensor:
+        nodes = self._operands(y, reverse) if dtype is None else None
         if nodes is None:
-            return None
+            a, b = self._broadcasted(y, reverse, dtype)
+            return a._alu(op, b)
         node = g.alu(op, *nodes)
         return self._from(node, y) if isinstance(y, type(self)) else self._from(node)
 
-    def _binop(self, op: Op, y, reverse: bool = False, dtype: DType | None = None) -> Tensor:
-        out = self._operands_op(op, y, reverse) if dtype is None else None
-        if out is not None:
-            return out
-        a, b = self._broadcasted(y, reverse, dtype)
-        return a._alu(op, b)
-
+    # (self not bool: neither is the promoted dtype, so these are the op itself)
     def add(self, y, reverse=False) -> Tensor:
-        out = self._operands_op(Op.ADD, y, reverse) if self.node.dtype.kind != "b" else None
-        if out is not None:
-            return out
+        if self.node.dtype.kind != "b":
+            return self._binop(Op.ADD, y, reverse)
         a, b = self._broadcasted(y, reverse)
         if a.node.dtype.kind == "b":
             return a | b
         return a._alu(Op.ADD, b)
 
     def sub(self, y, reverse=False) -> Tensor:
-        out = self._operands_op(Op.SUB, y, reverse) if self.node.dtype.kind != "b" else None
-        if out is not None:
-            return out
+        if self.node.dtype.kind != "b":
+            return self._binop(Op.SUB, y, reverse)
         a, b = self._broadcasted(y, reverse)
         if a.node.dtype.kind == "b":
             raise DTypeError("subtraction of bool tensors is not supported; use ^ or logical_not()")
         return a._alu(Op.SUB, b)
 
     def mul(self, y, reverse=False) -> Tensor:
-        out = self._operands_op(Op.MUL, y, reverse) if self.node.dtype.kind != "b" else None
-        if out is not None:
-            return out
+        if self.node.dtype.kind != "b":
+            return self._binop(Op.MUL, y, reverse)
         a, b = self._broadcasted(y, reverse)
         if a.node.dtype.kind == "b":
             return a & b

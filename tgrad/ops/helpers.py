@@ -28,7 +28,7 @@ def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     if len(shapes) == 2 and shapes[0] == shapes[1]:  # (most calls: a binary op of equal shapes)
         return tuple(shapes[0])
-    nd = max(len(s) for s in shapes)
+    nd = max(map(len, shapes))
     padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
     out = []
     for dims in zip(*padded):
@@ -85,7 +85,7 @@ def _position_dtype(*extents: int) -> DType:
     int32 where every value fits. A CPU kernel then compares 16 of them per 512-bit vector, as many as the
     float32 values they select; with int64 (8 per vector) a causal softmax's exp pass ran much slower
     (measured: bench/HISTORY.md)."""
-    return dtypes.int32 if max(abs(e) for e in extents) < 2**31 - 1 else dtypes.int64
+    return dtypes.int32 if max(map(abs, extents)) < 2**31 - 1 else dtypes.int64
 
 
 def _expand_node(node: Node, shape: tuple[int, ...]) -> Node:

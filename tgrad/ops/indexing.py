@@ -318,6 +318,8 @@ class IndexingOps:
         if index.device in dtypes.HOST_DEVICES:  # the indices are in host memory: read them there
             def check_here(values: list[np.ndarray], outputs: list[np.ndarray]) -> None:
                 v = values[0]
+                if low == 0 and v.dtype.kind in "iu" and v.view(f"u{v.itemsize}").max() < high:
+                    return  # (read as unsigned a negative index is above any bound: one pass checks both)
                 lo, hi = v.min(), v.max()
                 if ignore is not None and (lo < low or hi >= high):  # (else no label is out of range)
                     v = v[v != ignore]

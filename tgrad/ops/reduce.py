@@ -310,7 +310,7 @@ class ReduceOps:
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.dtype == dtypes.float16:  # in float32, rounded once (as PyTorch; see ops/math._through_float32)
+        if x.node.dtype.name == "float16":  # in float32, rounded once (as PyTorch: ops/math._through_float32)
             return x.cast(dtypes.float32).softmax(axis).cast(x.dtype)
         ax = _normalize_axis(axis, x.ndim, "softmax")
         if x.ndim and x.shape[ax] == 0:
@@ -335,7 +335,7 @@ class ReduceOps:
             return self.cast(dtype).log_softmax(axis, dim)
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.dtype == dtypes.float16:  # in float32, rounded once
+        if x.node.dtype.name == "float16":  # in float32, rounded once
             return x.cast(dtypes.float32).log_softmax(axis).cast(x.dtype)
         ax = _normalize_axis(axis, x.ndim, "log_softmax")
         if x.ndim and x.shape[ax] == 0:

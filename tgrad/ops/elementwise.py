@@ -324,8 +324,8 @@ class ElementwiseOps:
         x_tensor = isinstance(x, type(self))
         if x_tensor or isinstance(y, type(self)):
             ref, other = (x, y) if x_tensor else (y, x)
-            if type(other) in (int, float) and promote_scalar(ref.dtype, other) is ref.dtype:
-                # PyTorch refuses a value the dtype cannot hold (but float16 / bfloat16 take inf)
+            if type(other) in (int, float) and other != 0 and promote_scalar(ref.dtype, other) is ref.dtype:
+                # PyTorch refuses a value the dtype cannot hold (0 fits all; float16 / bfloat16 take inf)
                 strict = ref.dtype.name in ("float32", "float64")
                 other = check_fits(other, ref.dtype, "where", strict_float=strict)
             nodes = ref._operands(other, reverse=not x_tensor)

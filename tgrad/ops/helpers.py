@@ -29,16 +29,13 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     if len(shapes) == 2 and shapes[0] == shapes[1]:  # (most calls: a binary op of equal shapes)
         return tuple(shapes[0])
     nd = max(map(len, shapes))
-    padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-        size = 1
-        for d in dims:
+    out = [1] * nd
+    for s in shapes:
+        for i, d in enumerate(s, nd - len(s)):  # (right-aligned)
             if d != 1:
-                if size != 1 and d != size:
+                if out[i] != 1 and out[i] != d:
                     raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
-                size = d
-        out.append(size)
+                out[i] = d
     return tuple(out)
 
 

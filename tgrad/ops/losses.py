@@ -48,7 +48,7 @@ class LossOps:
             loss = -(logp * probs).sum(1)  # as PyTorch's: a 0 probability of a -inf logit is nan
         else:
             t = target if self.ndim != 1 else target.reshape(1)
-            if target.dtype == dtypes.bool:
+            if target.dtype.kind == "b":
                 raise DTypeError("cross_entropy: class labels must be integers, got bool")
             if target.dtype.is_float or t.shape != (x.shape[0],) + x.shape[2:]:
                 raise ShapeError(

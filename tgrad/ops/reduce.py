@@ -98,9 +98,14 @@ class ReduceOps:
             raise IndexRangeError(f"{op}(): the reduced dimension of shape {self.shape} has size 0")
         if keepdim:
             return self._from(g.reduce(node, kind, axes))
-        shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
         if _SYM_DATA:  # (reshape() keeps symbolic axes)
+            shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
             return self._from(g.reduce(node, kind, axes)).reshape(shape)
+        shape = node.shape
+        if len(axes) == 1:  # (the usual cases without a generator: one axis, or all of them)
+            shape = shape[: axes[0]] + shape[axes[0] + 1 :]
+        else:
+            shape = () if len(axes) == len(shape) else tuple(s for i, s in enumerate(shape) if i not in axes)
         return self._from(g.move(g.reduce(node, kind, axes), Op.RESHAPE, shape))
 
     def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:

@@ -318,8 +318,11 @@ class IndexingOps:
         if index.device in dtypes.HOST_DEVICES:  # the indices are in host memory: read them there
             def check_here(values: list[np.ndarray], outputs: list[np.ndarray]) -> None:
                 v = values[0]
-                if low == 0 and v.dtype.kind in "iu" and v.view(f"u{v.itemsize}").max() < high:
-                    return  # (read as unsigned a negative index is above any bound: one pass checks both)
+                # read as unsigned, a negative index is at least 2**(bits - 1), so above a bound up to that:
+                # one pass checks both ends
+                unsigned = low == 0 and v.dtype.kind in "iu" and high <= 1 << 8 * v.itemsize - 1
+                if unsigned and v.view(f"u{v.itemsize}").max() < high:
+                    return
                 lo, hi = v.min(), v.max()
                 if ignore is not None and (lo < low or hi >= high):  # (else no label is out of range)
                     v = v[v != ignore]

@@ -70,6 +70,18 @@ def test_losses_check_class_labels_and_shapes(device):
         Tensor(p).binary_crossentropy_logits(Tensor([0.0, 1.0]))
 
 
+def test_narrow_labels_past_the_sign_bit_are_checked(device):
+    """int8 labels and 200 classes: -100 read as uint8 is 156, inside the bound, so it must still raise (as
+    PyTorch does for these values in its int64 labels); 127 is a class."""
+    logits = np.random.default_rng(0).standard_normal((2, 200)).astype(np.float32)
+    lg, lt = Tensor(logits), torch.tensor(logits)
+    F = torch.nn.functional
+    both_raise(lambda: F.cross_entropy(lt, torch.tensor([-100, 2]), ignore_index=-1),
+               lambda: lg.cross_entropy(Tensor(np.array([-100, 2], np.int8)), ignore_index=-1).numpy())
+    np.testing.assert_allclose(lg.cross_entropy(Tensor(np.array([127, 2], np.int8))).numpy(),
+                               F.cross_entropy(lt, torch.tensor([127, 2])).numpy(), rtol=1e-5)
+
+
 def test_embedding_rejects_ids_outside_the_vocabulary(device):
     emb, temb = Embedding(3, 2), torch.nn.Embedding(3, 2)
     for bad in ([[3]], [[-1]]):

@@ -601,6 +601,6 @@ def test_prune_keeps_updates_state_and_what_reads_updated_state(device):
         np.testing.assert_allclose(norm.numpy(), want_norm, rtol=1e-5)
         np.testing.assert_array_equal(ones.numpy(), np.ones(3, np.float32))
         draws.append(r.numpy())
-    np.testing.assert_allclose(lin.weight.numpy(), tl.weight.detach().numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(lin.weight.numpy(), tl.weight.detach().numpy(), rtol=1e-3, atol=1e-5)
     assert count.numpy()[0] == 6 and step.replays == (0 if get_runtime(device).evaluates_graphs else 4)
     assert len({d.tobytes() for d in draws}) == 6  # a new draw at every call

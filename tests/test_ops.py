@@ -438,24 +438,19 @@ def test_softmax_and_log_softmax_build_the_tensor_ops_graph(device):
     helper_test_op([(3, 0)], lambda a: a.softmax(1), forward_only=True)
 
 
-def test_cross_entropy_mean_builds_the_tensor_codes_graph(device):
-    """cross_entropy's common case (float32 (N, C) logits, class labels, mean, no smoothing) builds its graph
-    from nodes: the nodes of its Tensor code (written out here), so the same kernels, values, gradients."""
-    from tgrad.ops.losses import _class_positions
-
-    x = Tensor(np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32), requires_grad=True)
-    for labels in ([0, 3, 1, -100, 2], [1, 1, 0, 2, 3]):
+def test_cross_entropy_class_labels_int32_int64_and_ignored_rows(device):
+    """cross_entropy's common case (float32 (N, C) logits, class labels, no smoothing, no weight): values and
+    gradients as PyTorch's, for int64 and int32 labels, with and without rows labelled ignore_index (a
+    label outside [0, C)), in each reduction."""
+    F = torch.nn.functional
+    for labels in ([0, 3, 1, -100, 2, 1], [1, 1, 0, 2, 3, 3], [-100] * 6):
         for dtype in ("int64", "int32"):
-            t = Tensor(labels, dtype=dtype)
-            loss = x.cross_entropy(t)
-            logp = x.log_softmax(1)
-            tc, cls = _class_positions(t, 4, -100, 2)
-            per_row = -(tc.unsqueeze(1) != cls).where(0, logp).sum(1)
-            keep = t != -100
-            per_row = keep.where(per_row, 0)
-            assert loss.node is (per_row.sum() * keep.sum().cast(per_row.dtype).reciprocal()).node
-            ref = torch.nn.functional.cross_entropy(torch.tensor(x.numpy()), torch.tensor(labels))
-            compare("cross_entropy", loss.numpy(), ref.numpy(), 1e-6, 1e-6)
+            for reduction in ("mean", "sum", "none"):
+                helper_test_op(
+                    [(6, 4)],
+                    lambda x: F.cross_entropy(x, torch.tensor(labels), reduction=reduction),  # noqa: B023
+                    lambda x: x.cross_entropy(Tensor(labels, dtype=dtype), reduction=reduction),  # noqa: B023
+                )
 
 
 def test_cumsum(device):

@@ -42,16 +42,22 @@ class DType:
     @property
     def min(self):
         """The smallest value (-inf for floats), as a Python scalar."""
-        if self.kind == "b":
+        kind = self.kind
+        if kind == "f":
+            return -float("inf")
+        if kind == "b":
             return False
-        return -float("inf") if self.is_float else int(np.iinfo(self.np).min)
+        return -(1 << 8 * self.itemsize - 1) if kind == "i" else 0  # (np.iinfo's, without its cost)
 
     @property
     def max(self):
         """The largest value (inf for floats), as a Python scalar."""
-        if self.kind == "b":
+        kind = self.kind
+        if kind == "f":
+            return float("inf")
+        if kind == "b":
             return True
-        return float("inf") if self.is_float else int(np.iinfo(self.np).max)
+        return (1 << 8 * self.itemsize - (kind == "i")) - 1
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
@@ -106,6 +112,9 @@ class dtypes:
     UINT_DEVICES = HOST_DEVICES + ("CL", "QCOM", "TRITON", "CUDA", "AMD")
     UINT32_DEVICES = UINT_DEVICES + ("WEBGPU",)  # WGSL's u32 (it has no 16-bit or 64-bit integers)
     FP8_DEVICES = ("NUMPY",)  # fp8 tensors (float32 storage rounded to fp8 after every op)
+    # the names of the dtypes every device has (not fp8, HOST_ONLY or HOST_FLOATS), to check a dtype by
+    # name (a set of str is read in C; comparing DTypes calls __eq__)
+    ON_EVERY_DEVICE = frozenset(d.name for d in all) - {d.name for d in fp8s + HOST_ONLY + HOST_FLOATS}
     floats = (float16, bfloat16, float32, float64)
     sints = (int8, int16, int32, int64)
     uints = (uint8, uint16, uint32, uint64)
@@ -244,7 +253,7 @@ def _overflow(value, dtype: DType, op: str, low, high):
 
 def promote(a: DType, b: DType) -> DType:
     """PyTorch's promotion of two tensor dtypes (e.g. uint8 + int8 -> int16, int32 + float16 -> float16)."""
-    if a == b:
+    if a is b or a == b:
         return a
     if a in dtypes.fp8s or b in dtypes.fp8s:
         raise DTypeError(f"promoting {a.name} with {b.name} is not supported (PyTorch has no promotion for "
@@ -376,10 +385,11 @@ def from_bytes(raw: np.ndarray, dtype: DType) -> np.ndarray:
     return raw.view(dtype.np)
 
 
-def host_values(x, dtype: DType) -> np.ndarray:
-    """x as a numpy array of dtype's host values (dtype.np; rounded to bfloat16 for bfloat16)."""
+def host_values(x, dtype: DType, copy: bool = True) -> np.ndarray:
+    """x as a numpy array of dtype's host values (dtype.np; rounded to bfloat16 for bfloat16); copy=False:
+    x itself where it already holds them (no rounding, same numpy dtype)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        out = np.asarray(x).astype(dtype.np)
+        out = np.asarray(x).astype(dtype.np, copy=copy)
     return round_to(out, dtype)
 
 

@@ -153,9 +153,10 @@ class Node:
                 return _on_disk(op, srcs, arg, shape, device)
         else:
             # (the op's and dtype's names: hashing them is cached, hashing an Enum or a dataclass is Python)
-            # (_arg_key(arg), inline)
-            key = (op._value_, tuple(map(id, srcs)), (type(arg), repr(arg)) if isinstance(arg, (float, int))
-                   else arg, shape, dtype.name, device)
+            arg_key = arg
+            if arg is not None and isinstance(arg, (float, int)):  # (_arg_key(arg), inline)
+                arg_key = (type(arg), arg) if arg == arg and arg != 0 else (type(arg), repr(arg))
+            key = (op._value_, tuple(map(id, srcs)), arg_key, shape, dtype.name, device)
             ref = _CACHE.get(key)
             if ref is not None:  # (a dead entry's ids may be reused: its node, holding its sources, is gone)
                 hit = ref()
@@ -163,7 +164,8 @@ class Node:
                     if sym is not None:  # graph built again computes again (else TinyJit's calls differ)
                         _SYM_SET(hit, sym)
                     return hit
-            if device.startswith("DISK:"):  # a file's bytes (runtime/disk.py): views only, never in a kernel
+            # a file's bytes (runtime/disk.py): views only, never in a kernel (device[0]: the cheap test)
+            if device[0] == "D" and device.startswith("DISK:"):
                 return _on_disk(op, srcs, arg, shape, device)
         self = object.__new__(cls)
         self.op = op
@@ -235,9 +237,11 @@ def _on_disk(op: Op, srcs: tuple[Node, ...], arg: Any, shape: tuple[int, ...], d
 
 
 def _arg_key(arg):
-    # nan != nan, and 1 == 1.0 == True: key scalars by type and repr so each constant is its own node
-    if isinstance(arg, (float, int, bool)):
-        return (type(arg), repr(arg))
+    """nan != nan, 0.0 == -0.0 and 1 == 1.0 == True: scalars are keyed by type, and zeros and nan by repr
+    (equal other values of one type are the same number: keyed by it, no repr made), so each constant is
+    its own node."""
+    if isinstance(arg, (float, int)):
+        return (type(arg), arg) if arg == arg and arg != 0 else (type(arg), repr(arg))
     return arg
 
 
@@ -447,38 +451,54 @@ class Col2ImSum:
     groups: int
 
 
+# (the ops the constructors below test for, as module names: an Enum member's lookup on its class is slow)
+_CMPLT, _CMPNE, _WHERE, _CAST, _CONST, _REDUCE = Op.CMPLT, Op.CMPNE, Op.WHERE, Op.CAST, Op.CONST, Op.REDUCE
+_RESHAPE, _PERMUTE, _EXPAND = Op.RESHAPE, Op.PERMUTE, Op.EXPAND
+_PAD, _SHRINK, _FLIP = Op.PAD, Op.SHRINK, Op.FLIP
+_BOOL = dtypes.bool
+_new = Node.__new__  # (called as _new(Node, ...): Node(...) goes through type.__call__ first)
+
+
 def alu(op: Op, *srcs: Node, arg: str | Col2ImSum | None = None) -> Node:
     """An elementwise op; sources already share one shape (and one dtype, except WHERE's condition). `arg`:
     one of CONTRACTS for a MUL that a contraction sums, a Col2ImSum for the ADD that ends a col2im sum."""
-    if op in (Op.CMPLT, Op.CMPNE):
-        dtype = dtypes.bool
-    elif op is Op.WHERE:
+    first = srcs[0]
+    if op is _CMPNE or op is _CMPLT:
+        dtype = _BOOL
+    elif op is _WHERE:
         dtype = srcs[1].dtype
     else:
-        dtype = srcs[0].dtype
-    return Node(op, tuple(srcs), arg, srcs[0].shape, dtype, srcs[0].device)
+        dtype = first.dtype
+    return _new(Node, op, srcs, arg, first.shape, dtype, first.device)
 
 
 def cast(node: Node, dtype: DType) -> Node:
-    if node.dtype == dtype:
+    if node.dtype.name == dtype.name:  # (DType's ==, without its call)
         return node
-    return Node(Op.CAST, (node,), dtype, node.shape, dtype, node.device)
+    return _new(Node, _CAST, (node,), dtype, node.shape, dtype, node.device)
 
 
 _INT_SPAN = {d.name: (d.min, 1 << 8 * d.itemsize) for d in dtypes.all if d.is_int}
+# float dtypes held as float32 values rounded to themselves (by name: a set of str is read in C)
+_ROUNDED = frozenset(d.name for d in dtypes.HOST_FLOATS + dtypes.fp8s)
 
 
 def const(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> Node:
     """A constant of any shape: one node (no memory; every kernel reads it as a literal), which movement
     ops other than PAD fold into (a constant of their shape)."""
-    value = bool(value) if dtype.kind == "b" else (int(value) if dtype.is_int else float(value))
-    if dtype.is_int:  # an int past the dtype wraps, as PyTorch's `int8_tensor + 300` (its kernels' literal)
+    kind = dtype.kind
+    if kind == "f":
+        value = float(value)
+        if dtype.name in _ROUNDED:  # the nearest bfloat16 / fp8 (through float32, as PyTorch)
+            value = float(round_to(value, dtype))
+    elif kind == "b":
+        value = bool(value)
+    else:  # an int past the dtype wraps, as PyTorch's `int8_tensor + 300` (its kernels' literal)
+        value = int(value)
         low, span = _INT_SPAN[dtype.name]
         if not low <= value < low + span:
             value = (value - low) % span + low
-    if dtype in dtypes.HOST_FLOATS + dtypes.fp8s:  # the nearest bfloat16 / fp8 (through float32, as PyTorch)
-        value = float(round_to(value, dtype))
-    return Node(Op.CONST, (), value, tuple(shape), dtype, device)
+    return _new(Node, _CONST, (), value, tuple(shape), dtype, device)
 
 
 def const_like(node: Node, value) -> Node:
@@ -486,59 +506,64 @@ def const_like(node: Node, value) -> Node:
 
 
 def reduce(node: Node, op: str, axes: tuple[int, ...]) -> Node:
-    axes = tuple(sorted(set(axes)))
-    if not axes:
-        return node
-    shape = tuple(1 if i in axes else s for i, s in enumerate(node.shape))
-    return Node(Op.REDUCE, (node,), (op, axes), shape, node.dtype, node.device)
+    shape = node.shape
+    if len(axes) == 1 and 0 <= axes[0] < len(shape):  # (most reductions: one axis)
+        a = axes[0]
+        axes, shape = (a,), shape[:a] + (1,) + shape[a + 1 :]
+    else:
+        axes = tuple(sorted(set(axes)))
+        if not axes:
+            return node
+        shape = tuple(1 if i in axes else s for i, s in enumerate(shape))
+    return _new(Node, _REDUCE, (node,), (op, axes), shape, node.dtype, node.device)
 
 
 def move(node: Node, op: Op, arg) -> Node:
     """A movement op; no-ops return the node itself."""
     shape = node.shape
-    if op is Op.RESHAPE:
+    if op is _RESHAPE:
         arg = tuple(arg)
         if arg == shape:
             return node
-        if node.op is Op.RESHAPE and node.buffer is None:  # reshape of a reshape is one reshape
+        if node.op is _RESHAPE and node.buffer is None:  # reshape of a reshape is one reshape
             node = node.srcs[0]
             if arg == node.shape:
                 return node
         new = arg
-    elif op is Op.PERMUTE:
+    elif op is _EXPAND:
         arg = tuple(arg)
-        if node.op is Op.PERMUTE and node.buffer is None:  # a permute of a permute is one permute
+        if arg == shape:
+            return node
+        new = arg
+    elif op is _PERMUTE:
+        arg = tuple(arg)
+        if node.op is _PERMUTE and node.buffer is None:  # a permute of a permute is one permute
             # (w.T.transpose(-1, -2): none; never past a node holding its own values)
             arg, node = tuple(node.arg[i] for i in arg), node.srcs[0]
             shape = node.shape
         if arg == tuple(range(len(shape))):
             return node
         new = tuple(shape[i] for i in arg)
-    elif op is Op.EXPAND:
-        arg = tuple(arg)
-        if arg == shape:
-            return node
-        new = arg
-    elif op is Op.PAD:
+    elif op is _PAD:
         arg = tuple(tuple(p) for p in arg)
         if all(p == (0, 0) for p in arg):
             return node
         new = tuple(s + lo + hi for s, (lo, hi) in zip(shape, arg))
-    elif op is Op.SHRINK:
+    elif op is _SHRINK:
         arg = tuple(tuple(p) for p in arg)
         if all(p == (0, s) for p, s in zip(arg, shape)):
             return node
         new = tuple(e - b for b, e in arg)
-    elif op is Op.FLIP:
+    elif op is _FLIP:
         arg = tuple(sorted(a for a in arg if shape[a] > 1))
         if not arg:
             return node
         new = shape
     else:
         raise ValueError(f"{op} is not a movement op")
-    if node.op is Op.CONST and op is not Op.PAD:  # (a pad's border is 0, not the constant)
-        return Node(Op.CONST, (), node.arg, new, node.dtype, node.device)
-    return Node(op, (node,), arg, new, node.dtype, node.device)
+    if node.op is _CONST and op is not _PAD:  # (a pad's border is 0, not the constant)
+        return _new(Node, _CONST, (), node.arg, new, node.dtype, node.device)
+    return _new(Node, op, (node,), arg, new, node.dtype, node.device)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -97,12 +97,15 @@ class HostStep:
     def __call__(self, inputs: list[Buffer], shapes: list[tuple[int, ...]]) -> list[Buffer]:
         """Run fn over the values of `inputs` (buffers holding arrays of `shapes`); returns the output
         buffers, new ones on self.device."""
-        rt = get_runtime(self.device)
         arrays = []
         for buf, shape in zip(inputs, shapes):
             arr = get_runtime(buf.device).to_numpy(buf).reshape(shape)
-            arr.flags.writeable = False  # a view: on the CPU this is the buffer itself
+            arr.setflags(write=False)  # a view: on the CPU this is the buffer itself
             arrays.append(arr)
+        if not self.outputs:  # (a check: nothing to allocate or return)
+            self.fn(arrays, [])
+            return []
+        rt = get_runtime(self.device)
         # where buffers are host memory (CPU, NUMPY) fn writes straight into the new buffers
         bufs = [rt.alloc(prod(shape), dtype) for shape, dtype in self.outputs]
         outs = [b.data if isinstance(b.data, np.ndarray) else np.empty(b.size, b.dtype.np) for b in bufs]

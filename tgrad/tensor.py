@@ -84,8 +84,8 @@ def backward_roots() -> list[Tensor]:
 
 def _dtype_on(dtype: DType, device: str) -> DType:
     """dtype, after checking that the device has it (dtype.py: UINT_DEVICES...)."""
-    if is_disk(device):  # a file holds the bytes of any dtype
-        return dtype
+    if dtype.name in dtypes.ON_EVERY_DEVICE or is_disk(device):  # (by name: no DType comparison); a file
+        return dtype  # holds the bytes of any dtype
     if dtype in dtypes.fp8s and device not in dtypes.FP8_DEVICES:
         raise DTypeError(f"{dtype.name} tensors exist on {' and '.join(dtypes.FP8_DEVICES)} only, not on "
                          f"{device}; cast to float16 or bfloat16 first")
@@ -239,7 +239,7 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self.node.shape)  # (shape's length: a symbolic axis is one axis too)
 
     def numel(self) -> int:
         return math.prod(self.shape)
@@ -683,9 +683,16 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def _from(self, node: Node, *inputs: Tensor, view: inplace.Steps | None = None) -> Tensor:
         """A tensor of node, which self and inputs made; `view`: node is these view ops of self, and the
         result a view of self's memory (inplace.py)."""
-        out = Tensor(node)
-        if (self._requires_grad or any(t._requires_grad for t in inputs)) and not _NoGradMeta._no_grad:
-            out._requires_grad = True
+        out = object.__new__(Tensor)  # (Tensor(node)'s fields, without __init__'s checks: every op's result)
+        out.node, out.grad, out._base, out._views, out._before = node, None, None, None, ()
+        grad = self._requires_grad
+        for t in inputs:
+            grad = grad or t._requires_grad
+        out._requires_grad = True if grad and not _NoGradMeta._no_grad else None
+        if node.buffer is None:  # (inplace.track's first line inline: it runs again only to purge)
+            inplace.LAZY[id(out)] = weakref.ref(out)
+            if len(inplace.LAZY) > inplace._purge_at:
+                inplace.track(out)
         if view is not None:
             inplace.add_view(self, out, view)
         return out
@@ -933,10 +940,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         if dtype is self.node.dtype:
             return self
         dtype = _dtype_on(dtypes.from_any(dtype), self.device)
-        if dtype == self.dtype:
+        if dtype.name == self.node.dtype.name:
             return self
         out = self._from(g.cast(self.node, dtype))
-        if not dtype.is_float:
+        if dtype.kind != "f":
             out._requires_grad = False
         return out
 
@@ -1019,10 +1026,10 @@ def _bf16_in_float32(fn, wide: DType = dtypes.float32):
         return x.cast(wide) if isinstance(x, Tensor) and x.dtype == dtypes.bfloat16 else x
 
     def op(*args, **kwargs):
-        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
-                   if isinstance(t, Tensor)] if _any_bf16(args, kwargs) else ()
-        if all(t.dtype != dtypes.bfloat16 for t in tensors):
+        if not _any_bf16(args, kwargs):
             return fn(*args, **kwargs)
+        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
+                   if isinstance(t, Tensor)]
         back = all(t.dtype == dtypes.bfloat16 or not t.dtype.is_float for t in tensors)
         down = lambda t: t.cast(dtypes.bfloat16) if back and t.dtype == wide else t  # noqa: E731
         out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
@@ -1165,9 +1172,7 @@ def _node_from_host(data, device: str, dtype: DType | None) -> Node:
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(dtypes.default_int.np)
     if dtype is not None:
-        held = _dtype_on(dtype, device)
-        if arr.dtype != held.np or held == dtypes.bfloat16 or held in dtypes.fp8s:  # (else the upload's
-            arr = host_values(arr, held)  # copy is the one copy: a big weight is not held twice)
+        arr = host_values(arr, _dtype_on(dtype, device), copy=False)  # (the upload copies: once)
     dt = _dtype_on(dtype if dtype in dtypes.HOST_FLOATS + dtypes.fp8s else dtypes.from_any(arr.dtype), device)
     try:
         buf = driver.upload(arr, device)

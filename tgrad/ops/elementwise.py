@@ -13,7 +13,7 @@ from tgrad import graph as g
 from tgrad.dtype import DType, check_fits, dtypes, promote, promote_scalar
 from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from tgrad.graph import Node, Op
-from tgrad.ops.helpers import Scalar, _broadcast_shape
+from tgrad.ops.helpers import Scalar, _broadcast_shape, _expand_node
 from tgrad.ops.numerics import (
     _DIVISOR_EDGE,
     _float_floordiv,
@@ -96,27 +96,60 @@ class ElementwiseOps:
         return x._expand_to(shape)
 
     def _alu(self, op: Op, *srcs: Tensor) -> Tensor:
+        if not srcs:  # (a unary op: no generator to make)
+            return self._from(g.alu(op, self.node))
         return self._from(g.alu(op, self.node, *(s.node for s in srcs)), *srcs)
 
-    def _binop(self, op: Op, y, reverse: bool = False, dtype: DType | None = None) -> Tensor:
-        a, b = self._broadcasted(y, reverse, dtype)
-        return a._alu(op, b)
+    def _operands(self, y, reverse: bool = False) -> tuple[Node, Node] | None:
+        """The nodes _broadcasted's tensors would hold, in its common cases: y a tensor of self's dtype and
+        device (the shapes broadcast) or a Python scalar of self's kind; None in the others. The binary
+        ops build on these without a tensor for each operand (the same nodes: the same graph)."""
+        xn = self.node
+        if _SYM_DATA:  # (symbolic axes: _broadcasted compares them)
+            return None
+        if isinstance(y, type(self)):
+            yn = y.node
+            if yn.dtype is not xn.dtype or yn.device != xn.device:
+                return None
+            if yn.shape != xn.shape:
+                shape = _broadcast_shape(xn.shape, yn.shape)
+                xn, yn = _expand_node(xn, shape), _expand_node(yn, shape)
+        elif type(y) is float and xn.dtype.kind == "f" or type(y) is int and xn.dtype.kind in "iuf":
+            yn = g.const(y, xn.dtype, xn.device, xn.shape)
+        else:
+            return None
+        return (yn, xn) if reverse else (xn, yn)
 
+    def _binop(self, op: Op, y, reverse: bool = False, dtype: DType | None = None) -> Tensor:
+        nodes = self._operands(y, reverse) if dtype is None else None
+        if nodes is None:
+            a, b = self._broadcasted(y, reverse, dtype)
+            return a._alu(op, b)
+        node = g.alu(op, *nodes)
+        return self._from(node, y) if isinstance(y, type(self)) else self._from(node)
+
+    # (self not bool: neither is the promoted dtype, so these are the op itself)
     def add(self, y, reverse=False) -> Tensor:
+        if self.node.dtype.kind != "b":
+            return self._binop(Op.ADD, y, reverse)
         a, b = self._broadcasted(y, reverse)
-        if a.dtype == dtypes.bool:
+        if a.node.dtype.kind == "b":
             return a | b
         return a._alu(Op.ADD, b)
 
     def sub(self, y, reverse=False) -> Tensor:
+        if self.node.dtype.kind != "b":
+            return self._binop(Op.SUB, y, reverse)
         a, b = self._broadcasted(y, reverse)
-        if a.dtype == dtypes.bool:
+        if a.node.dtype.kind == "b":
             raise DTypeError("subtraction of bool tensors is not supported; use ^ or logical_not()")
         return a._alu(Op.SUB, b)
 
     def mul(self, y, reverse=False) -> Tensor:
+        if self.node.dtype.kind != "b":
+            return self._binop(Op.MUL, y, reverse)
         a, b = self._broadcasted(y, reverse)
-        if a.dtype == dtypes.bool:
+        if a.node.dtype.kind == "b":
             return a & b
         return a._alu(Op.MUL, b)
 
@@ -287,18 +320,24 @@ class ElementwiseOps:
 
     def where(self, x, y) -> Tensor:
         """self (a condition) ? x : y, with broadcasting and Python scalars."""
-        cond = self if self.dtype == dtypes.bool else self != 0
-        if isinstance(x, type(self)) or isinstance(y, type(self)):
-            ref = x if isinstance(x, type(self)) else y
-            other = y if isinstance(x, type(self)) else x
-            if type(other) in (int, float) and promote_scalar(ref.dtype, other) is ref.dtype:
-                # PyTorch refuses a value the dtype cannot hold (but float16 / bfloat16 take inf)
-                strict = ref.dtype in (dtypes.float32, dtypes.float64)
+        cond = self if self.node.dtype.kind == "b" else self != 0
+        x_tensor = isinstance(x, type(self))
+        if x_tensor or isinstance(y, type(self)):
+            ref, other = (x, y) if x_tensor else (y, x)
+            if type(other) in (int, float) and other != 0 and promote_scalar(ref.dtype, other) is ref.dtype:
+                # PyTorch refuses a value the dtype cannot hold (0 fits all; float16 / bfloat16 take inf)
+                strict = ref.dtype.name in ("float32", "float64")
                 other = check_fits(other, ref.dtype, "where", strict_float=strict)
-            xa, ya = (
-                ref._broadcasted(other) if isinstance(x, type(self))
-                else ref._broadcasted(other, reverse=True)
-            )
+            nodes = ref._operands(other, reverse=not x_tensor)
+            if nodes is not None:  # (the nodes of the lines below, without a tensor for each)
+                xn, yn = nodes
+                cn = cond.node
+                if cn.shape != xn.shape:
+                    shape = _broadcast_shape(cn.shape, xn.shape)
+                    cn, xn, yn = _expand_node(cn, shape), _expand_node(xn, shape), _expand_node(yn, shape)
+                node = g.alu(Op.WHERE, cn, xn, yn)
+                return ref._from(node, other) if isinstance(other, type(self)) else ref._from(node)
+            xa, ya = ref._broadcasted(other, reverse=not x_tensor)
         else:
             dt = promote(dtypes.from_py(x), dtypes.from_py(y))
             xa, ya = type(self)(g.const(x, dt, self.device)), type(self)(g.const(y, dt, self.device))

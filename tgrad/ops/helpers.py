@@ -19,20 +19,23 @@ Scalar = int | float | bool
 
 
 def _normalize_axis(axis: int, ndim: int, op: str = "op") -> int:
-    if not -max(ndim, 1) <= axis < max(ndim, 1):
+    n = ndim or 1  # (a 0-d tensor takes axis 0 and -1)
+    if not -n <= axis < n:
         raise IndexRangeError(f"{op}: axis {axis} is out of range for a tensor with {ndim} dimensions")
-    return axis % max(ndim, 1) if ndim else 0
+    return axis % n if ndim else 0
 
 
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    nd = max(len(s) for s in shapes)
-    padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
-        out.append(sizes.pop() if sizes else 1)
+    if len(shapes) == 2 and shapes[0] == shapes[1]:  # (most calls: a binary op of equal shapes)
+        return tuple(shapes[0])
+    nd = max(map(len, shapes))
+    out = [1] * nd
+    for s in shapes:
+        for i, d in enumerate(s, nd - len(s)):  # (right-aligned)
+            if d != 1:
+                if out[i] != 1 and out[i] != d:
+                    raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
+                out[i] = d
     return tuple(out)
 
 
@@ -79,7 +82,7 @@ def _position_dtype(*extents: int) -> DType:
     int32 where every value fits. A CPU kernel then compares 16 of them per 512-bit vector, as many as the
     float32 values they select; with int64 (8 per vector) a causal softmax's exp pass ran much slower
     (measured: bench/HISTORY.md)."""
-    return dtypes.int32 if max(abs(e) for e in extents) < 2**31 - 1 else dtypes.int64
+    return dtypes.int32 if max(map(abs, extents)) < 2**31 - 1 else dtypes.int64
 
 
 def _expand_node(node: Node, shape: tuple[int, ...]) -> Node:

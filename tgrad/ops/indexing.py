@@ -317,9 +317,19 @@ class IndexingOps:
 
         if index.device in dtypes.HOST_DEVICES:  # the indices are in host memory: read them there
             def check_here(values: list[np.ndarray], outputs: list[np.ndarray]) -> None:
-                v = values[0] if ignore is None else values[0][values[0] != ignore]
-                if v.size:
-                    check([v.min(), v.max()], outputs)
+                v = values[0]
+                # read as unsigned, a negative index is at least 2**(bits - 1), so above a bound up to that:
+                # one pass checks both ends
+                unsigned = low == 0 and v.dtype.kind in "iu" and high <= 1 << 8 * v.itemsize - 1
+                if unsigned and v.view(f"u{v.itemsize}").max() < high:
+                    return
+                lo, hi = v.min(), v.max()
+                if ignore is not None and (lo < low or hi >= high):  # (else no label is out of range)
+                    v = v[v != ignore]
+                    if not v.size:
+                        return
+                    lo, hi = v.min(), v.max()
+                check([lo, hi], outputs)
 
             key = (op, low, high, ignore, "host")
             step = driver.HostStep(f"{op} index bounds", check_here, [], index.device, key=key)

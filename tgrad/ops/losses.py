@@ -10,7 +10,7 @@ from tgrad import realize as driver
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import ArgumentError, AutogradError, DTypeError, ShapeError, user_stacklevel
 from tgrad.graph import Node, Op
-from tgrad.ops.helpers import _expand_node, _position_dtype
+from tgrad.ops.helpers import _position_dtype
 from tgrad.ops.numerics import _gradient_only
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class LossOps:
             loss = -(logp * probs).sum(1)  # as PyTorch's: a 0 probability of a -inf logit is nan
         else:
             t = target if self.ndim != 1 else target.reshape(1)
-            if target.dtype == dtypes.bool:
+            if target.dtype.kind == "b":
                 raise DTypeError("cross_entropy: class labels must be integers, got bool")
             if target.dtype.is_float or t.shape != (x.shape[0],) + x.shape[2:]:
                 raise ShapeError(
@@ -62,10 +62,6 @@ class LossOps:
             if wb is not None:
                 return _weighted_cross_entropy(logp, t, tc, cls, wb, ignore, label_smoothing, reduction,
                                                self.ndim == 1)
-            if ignore is not None and not label_smoothing and reduction == "mean" and x.ndim == 2 \
-                    and x.dtype == dtypes.float32:  # the common case as nodes: the very nodes of the lines
-                # below (checked by a test), without the Tensor route's cost (bench/HISTORY.md)
-                return x._from(_mean_nll_node(logp.node, tc.node, cls.node, t.node, ignore))
             # picked with where(), not multiplied by a one-hot: another class's -inf logit is no 0 * -inf
             loss = -(tc.unsqueeze(1) != cls).where(0, logp).sum(1)  # (!=: == is != and a not)
             if label_smoothing:
@@ -260,21 +256,7 @@ def _class_positions(t: Tensor, c: int, ignore: int | None, ndim: int) -> tuple[
     both int32 where every value fits (as `_position_dtype`'s masks), else in the labels' dtype."""
     dt = _position_dtype(c, 0 if ignore is None else ignore) if t.dtype.is_int else t.dtype
     cls = type(t)(g.move(_arange_buffer(type(t), c, dt, t.device), Op.RESHAPE, (1, c) + (1,) * (ndim - 2)))
-    return (t if t.dtype == dt else t.cast(dt)), cls
-
-
-def _mean_nll_node(logp: Node, tc: Node, cls: Node, t: Node, ignore: int) -> Node:
-    """cross_entropy's float32 (N, C) case with class labels, reduction mean, rows labelled `ignore` left out:
-    the nodes its Tensor code builds (-(tc.unsqueeze(1) != cls).where(0, logp).sum(1), kept where
-    t != ignore, summed, times the reciprocal of the kept rows' count), without a tensor per step."""
-    (n, c), f32, dev = logp.shape, logp.dtype, logp.device
-    differ = g.alu(Op.CMPNE, _expand_node(g.move(tc, Op.RESHAPE, (n, 1)), (n, c)), _expand_node(cls, (n, c)))
-    picked = g.alu(Op.WHERE, differ, g.const(0, f32, dev, (n, c)), logp)
-    loss = g.alu(Op.NEG, g.move(g.reduce(picked, "SUM", (1,)), Op.RESHAPE, (n,)))
-    keep = g.alu(Op.CMPNE, t, g.const(ignore, t.dtype, dev, (n,)))
-    loss = g.alu(Op.WHERE, keep, loss, g.const(0, f32, dev, (n,)))
-    count = g.cast(g.move(g.reduce(g.cast(keep, dtypes.int64), "SUM", (0,)), Op.RESHAPE, ()), f32)
-    return g.alu(Op.MUL, g.move(g.reduce(loss, "SUM", (0,)), Op.RESHAPE, ()), g.alu(Op.RECIP, count))
+    return t.cast(dt), cls
 
 
 _ARANGES: dict[tuple, Node] = {}  # (n, dtype name, device) -> its BUFFER node

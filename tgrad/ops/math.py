@@ -31,7 +31,7 @@ def _through_float32(method):
 
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
-        if self.dtype == dtypes.float16:
+        if self.node.dtype.name == "float16":
             return method(self.cast(dtypes.float32), *args, **kwargs).cast(dtypes.float16)
         return method(self, *args, **kwargs)
 
@@ -44,10 +44,10 @@ class MathOps:
     __slots__ = ()
 
     def _float(self) -> Tensor:
-        return self if self.dtype.is_float else self.float()
+        return self if self.node.dtype.kind == "f" else self.float()
 
     def neg(self) -> Tensor:
-        if self.dtype == dtypes.bool:
+        if self.node.dtype.kind == "b":
             raise DTypeError("negation of a bool tensor is not supported; use logical_not()")
         return self._alu(Op.NEG)
 

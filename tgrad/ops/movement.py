@@ -148,7 +148,11 @@ class MovementOps:
 
     def unsqueeze(self, dim: int) -> Tensor:
         d = _normalize_axis(dim, self.ndim + 1, "unsqueeze")
-        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+        shape = self.shape[:d] + (1,) + self.shape[d:]
+        if _SYM_DATA:
+            return self.reshape(shape)
+        # (reshape's last line: nothing of reshape's to check in this shape)
+        return self._from(g.move(self.node, Op.RESHAPE, shape), self, view=((Op.RESHAPE, shape),))
 
     def expand(self, *shape) -> Tensor:
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape

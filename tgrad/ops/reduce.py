@@ -19,6 +19,7 @@ from tgrad.ops.helpers import _exp_node, _expand_node, _log_node, _normalize_axi
 if TYPE_CHECKING:
     from tgrad.tensor import Tensor
 
+_SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
 # argmax / argmin of an axis of 2**31 elements or more work in blocks of this many (_arg_first_max_blocked;
 # its positions 1..ARG_BLOCK are int16)
 ARG_BLOCK = 1 << 14
@@ -74,6 +75,8 @@ class ReduceOps:
     def _axes(self, axis, op: str) -> tuple[int, ...]:
         if axis is None:
             return tuple(range(self.ndim))
+        if type(axis) is int:  # (the common case first)
+            return (_normalize_axis(axis, self.ndim, op),)
         if isinstance(axis, (int, np.integer)):
             axis = (axis,)
         if not isinstance(axis, (tuple, list)) or not all(isinstance(a, (int, np.integer)) for a in axis):
@@ -85,17 +88,25 @@ class ReduceOps:
 
     def _reduce(self, kind: str, axis, keepdim: bool, op: str) -> Tensor:
         axes = self._axes(axis, op)
-        if self.ndim == 0:
+        node = self.node
+        if not node.shape:
             return self
-        if kind != "MAX" and self.dtype == dtypes.float16:  # (bfloat16's own sums accumulate in float32)
+        if kind != "MAX" and node.dtype.name == "float16":  # (bfloat16's own sums accumulate in float32)
             return self.cast(dtypes.float32)._reduce(kind, axes, keepdim, op).cast(self.dtype)
         if kind == "MAX" and op != "any" and any(self.shape[a] == 0 for a in axes):
             # no identity to return (PyTorch raises too; any() of nothing is False)
             raise IndexRangeError(f"{op}(): the reduced dimension of shape {self.shape} has size 0")
-        out = self._from(g.reduce(self.node, kind, axes))
         if keepdim:
-            return out
-        return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+            return self._from(g.reduce(node, kind, axes))
+        if _SYM_DATA:  # (reshape() keeps symbolic axes)
+            shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
+            return self._from(g.reduce(node, kind, axes)).reshape(shape)
+        shape = node.shape
+        if len(axes) == 1:  # (the usual cases without a generator: one axis, or all of them)
+            shape = shape[: axes[0]] + shape[axes[0] + 1 :]
+        else:
+            shape = () if len(axes) == len(shape) else tuple(s for i, s in enumerate(shape) if i not in axes)
+        return self._from(g.move(g.reduce(node, kind, axes), Op.RESHAPE, shape))
 
     def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None) -> Tensor:
         axis = dim if dim is not None else axis
@@ -304,7 +315,7 @@ class ReduceOps:
         Tensor = type(self)  # (tensor.py cannot be imported here; a gradient rule must not hold self)
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.dtype == dtypes.float16:  # in float32, rounded once (as PyTorch; see ops/math._through_float32)
+        if x.node.dtype.name == "float16":  # in float32, rounded once (as PyTorch: ops/math._through_float32)
             return x.cast(dtypes.float32).softmax(axis).cast(x.dtype)
         ax = _normalize_axis(axis, x.ndim, "softmax")
         if x.ndim and x.shape[ax] == 0:
@@ -329,7 +340,7 @@ class ReduceOps:
             return self.cast(dtype).log_softmax(axis, dim)
         axis = dim if dim is not None else axis
         x = self._float()
-        if x.dtype == dtypes.float16:  # in float32, rounded once
+        if x.node.dtype.name == "float16":  # in float32, rounded once
             return x.cast(dtypes.float32).log_softmax(axis).cast(x.dtype)
         ax = _normalize_axis(axis, x.ndim, "log_softmax")
         if x.ndim and x.shape[ax] == 0:

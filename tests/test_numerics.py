@@ -243,6 +243,28 @@ def test_float16_chains_round_per_op_and_formulas_once(device):
         assert _f16_steps(mine.numpy(), ref.numpy()) <= 1, name
 
 
+def test_float16_python_numbers_as_pytorch_takes_them(device):
+    """A Python number with a float16 tensor, as PyTorch (CPU) takes it: add, sub and comparisons read it as
+    a float16 (60000 - 70000 is -inf: 70000 is inf there; 0 == 1e-8 holds: 1e-8 is 0), multiplication and
+    division in float32 with the number as it is (60000 * 1e-10 is 6e-06, not 0); a float16 constant made
+    by full() holds a float16 value. Before, CPU and CL computed 60000 - 70000 = -10000 and 0 < 1e-8, and
+    NUMPY and WEBGPU rounded 1e-10 to 0 before multiplying."""
+    x = np.array([60000, 1, -3.5, 0.001, 0, 1e-7, 6e-8, -65504], np.float16)
+    t, tt = Tensor(x), torch.tensor(x)
+    cases = [("mul", lambda v: v * 1e-10), ("rmul", lambda v: 1e-5 * v), ("mul int", lambda v: v * 70000),
+             ("div", lambda v: v / 1e10), ("sub", lambda v: v - 70000), ("rsub", lambda v: 70000 - v),
+             ("add", lambda v: v + 1e-4), ("add int", lambda v: v + 70000), ("lt", lambda v: v < 1e-8),
+             ("gt", lambda v: v > 65519.0), ("le", lambda v: v <= 3e-8), ("ge", lambda v: v >= -65519.0),
+             ("eq", lambda v: v == 1e-8), ("ne", lambda v: v != 1e-8),
+             ("full", lambda v: v * 0 + (Tensor.full((8,), 1e-10, dtype=dtypes.float16) if isinstance(v, Tensor)
+                                        else torch.full((8,), 1e-10, dtype=torch.float16)) * 1e5)]
+    for name, f in cases:
+        with np.errstate(all="ignore"):
+            got, want = f(t), f(tt)
+        assert got.dtype == (dtypes.bool if want.dtype == torch.bool else dtypes.float16), name
+        np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=name)
+
+
 def test_special_results_of_constant_operands(device):
     """Ops whose operands are all constants give IEEE results too (WGSL rejected 1.0f / 0.0f, log2(-1.0f)
     and 3e38f * 10.0f when the shader was created: a regression test)."""

@@ -491,6 +491,9 @@ def const(value, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> Node
         value = float(value)
         if dtype.name in _ROUNDED:  # the nearest bfloat16 / fp8 (through float32, as PyTorch)
             value = float(round_to(value, dtype))
+        elif dtype.name == "float16":  # a float16 constant holds a float16 value on every device
+            with np.errstate(over="ignore"):
+                value = float(np.float16(value))
     elif kind == "b":
         value = bool(value)
     else:  # an int past the dtype wraps, as PyTorch's `int8_tensor + 300` (its kernels' literal)

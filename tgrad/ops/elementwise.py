@@ -146,6 +146,11 @@ class ElementwiseOps:
         return a._alu(Op.SUB, b)
 
     def mul(self, y, reverse=False) -> Tensor:
+        if self.node.dtype.name == "float16" and type(y) in (int, float):
+            # PyTorch multiplies a half tensor by a Python number in float32, the number not rounded to
+            # half first (t * 1e-10 of 60000 is 6e-06, not 0): so does tgrad (add, sub and comparisons
+            # take the number as a half, as PyTorch's do)
+            return self.float()._binop(Op.MUL, y, reverse).cast(self.node.dtype)
         if self.node.dtype.kind != "b":
             return self._binop(Op.MUL, y, reverse)
         a, b = self._broadcasted(y, reverse)

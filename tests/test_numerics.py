@@ -256,8 +256,8 @@ def test_float16_python_numbers_as_pytorch_takes_them(device):
              ("add", lambda v: v + 1e-4), ("add int", lambda v: v + 70000), ("lt", lambda v: v < 1e-8),
              ("gt", lambda v: v > 65519.0), ("le", lambda v: v <= 3e-8), ("ge", lambda v: v >= -65519.0),
              ("eq", lambda v: v == 1e-8), ("ne", lambda v: v != 1e-8),
-             ("full", lambda v: v * 0 + (Tensor.full((8,), 1e-10, dtype=dtypes.float16) if isinstance(v, Tensor)
-                                        else torch.full((8,), 1e-10, dtype=torch.float16)) * 1e5)]
+             ("full", lambda v: v * 0 + (Tensor.full((8,), 1e-10, dtype=dtypes.float16)
+                                        if isinstance(v, Tensor) else torch.full((8,), 1e-10, dtype=torch.half)) * 1e5)]
     for name, f in cases:
         with np.errstate(all="ignore"):
             got, want = f(t), f(tt)

@@ -243,6 +243,12 @@ def test_float16_chains_round_per_op_and_formulas_once(device):
         assert _f16_steps(mine.numpy(), ref.numpy()) <= 1, name
 
 
+def _full_half(like, value):
+    if isinstance(like, Tensor):
+        return Tensor.full(like.shape, value, dtype=dtypes.float16)
+    return torch.full(like.shape, value, dtype=torch.float16)
+
+
 def test_float16_python_numbers_as_pytorch_takes_them(device):
     """A Python number with a float16 tensor, as PyTorch (CPU) takes it: add, sub and comparisons read it as
     a float16 (60000 - 70000 is -inf: 70000 is inf there; 0 == 1e-8 holds: 1e-8 is 0), multiplication and
@@ -256,8 +262,7 @@ def test_float16_python_numbers_as_pytorch_takes_them(device):
              ("add", lambda v: v + 1e-4), ("add int", lambda v: v + 70000), ("lt", lambda v: v < 1e-8),
              ("gt", lambda v: v > 65519.0), ("le", lambda v: v <= 3e-8), ("ge", lambda v: v >= -65519.0),
              ("eq", lambda v: v == 1e-8), ("ne", lambda v: v != 1e-8),
-             ("full", lambda v: v * 0 + (Tensor.full((8,), 1e-10, dtype=dtypes.float16)
-                                        if isinstance(v, Tensor) else torch.full((8,), 1e-10, dtype=torch.half)) * 1e5)]
+             ("full", lambda v: v * 0 + _full_half(v, 1e-10) * 1e5)]
     for name, f in cases:
         with np.errstate(all="ignore"):
             got, want = f(t), f(tt)

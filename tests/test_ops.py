@@ -289,6 +289,28 @@ def test_promotion(device):
     assert (Tensor([1.0], dtype=dtypes.float16) * 2.5).dtype == dtypes.float16
 
 
+def test_promotion_with_a_0d_tensor_as_pytorch(device):
+    """PyTorch's rule for a 0-d tensor beside a tensor with dimensions: its dtype counts only where its
+    category (bool < integer < float) is higher (int32 + 0-d int64 is int32, float16 + 0-d float32 is
+    float16); tgrad promoted as between two tensors (int64, float32: other dtypes and other values). Pairs
+    of both orders, add / mul / comparison / where, values and dtypes against PyTorch."""
+    pairs = [("int32", "int64"), ("uint8", "int8"), ("float16", "float32"), ("int32", "float32"),
+             ("bool", "int64"), ("bool", "float32"), ("uint8", "float16"), ("int64", "float16")]
+    for a, b in pairs + [(b, a) for a, b in pairs]:
+        ta, tb = getattr(torch, a), getattr(torch, b)
+        x, z = torch.tensor([1, 0, 1], dtype=ta), torch.tensor(1, dtype=tb)
+        mx, mz = Tensor([1, 0, 1], dtype=dtypes.from_any(a)), Tensor(1, dtype=dtypes.from_any(b))
+        for name, f in [("add", lambda u, v: u + v), ("mul", lambda u, v: v * u), ("lt", lambda u, v: u < v)]:
+            ref, out = f(x, z), f(mx, mz)
+            assert out.dtype.name == str(ref.dtype).split(".")[-1], (a, b, name)
+            compare(f"{a} {name} 0-d {b}", out.numpy(), ref.numpy(), 0, 0)
+        ref, out = torch.where(x > 0, x, z), (mx > 0).where(mx, mz)
+        assert out.dtype.name == str(ref.dtype).split(".")[-1], (a, b, "where")
+    with np.errstate(over="ignore"):  # the values follow: 60000 - 70000 in float16 is -inf
+        got = (Tensor([60000.0], dtype=dtypes.float16) - Tensor(70000.0)).numpy()
+    assert got.dtype == np.float16 and got[0] == -np.inf
+
+
 def test_casts(device):
     v = [-2.7, -0.5, 0.0, 0.5, 2.7, 100.9]
     tv = torch.tensor(v)

@@ -274,6 +274,19 @@ def promote(a: DType, b: DType) -> DType:
     return a if a.rank > b.rank else b
 
 
+def promote_dims(a: DType, a_0d: bool, b: DType, b_0d: bool) -> DType:
+    """PyTorch's result type of two tensors when one is 0-d and the other is not: the 0-d one's dtype counts
+    only where its category (bool < integer < float) is higher than the other's (an int32 tensor + a 0-d
+    int64 is int32, float16 + a 0-d float32 is float16, int32 + a 0-d float32 is float32)."""
+    if a_0d == b_0d or a is b:
+        return promote(a, b)
+    dim, zero = (b, a) if a_0d else (a, b)
+    return promote(dim, zero) if _CATEGORY[zero.kind] > _CATEGORY[dim.kind] else dim
+
+
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}
+
+
 def promote_scalar(t: DType, x) -> DType:
     """The result dtype of `tensor op python_scalar`: the scalar only matters when its category is higher."""
     if isinstance(x, bool):

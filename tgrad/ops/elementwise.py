@@ -10,7 +10,7 @@ import numpy as np
 
 from tgrad import autodiff, symbolic, symbolic_ops
 from tgrad import graph as g
-from tgrad.dtype import DType, check_fits, dtypes, promote, promote_scalar
+from tgrad.dtype import DType, check_fits, dtypes, promote, promote_dims, promote_scalar
 from tgrad.errors import ArgumentError, DeviceError, DTypeError, ShapeError
 from tgrad.graph import Node, Op
 from tgrad.ops.helpers import Scalar, _broadcast_shape, _expand_node
@@ -65,7 +65,7 @@ class ElementwiseOps:
             raise DeviceError(
                 f"tensors are on different devices ({x.device} and {y.device}); move one with .to()"
             )
-        dt = dtype or promote(x.dtype, y.dtype)
+        dt = dtype or promote_dims(x.dtype, not x.node.shape, y.dtype, not y.node.shape)
         x, y = x.cast(dt), y.cast(dt)
         shape = _broadcast_shape(x.shape, y.shape)
         x, y = x._expand_to(shape), y._expand_to(shape)

@@ -221,3 +221,20 @@ def test_missing_wgpu_names_the_pip_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "wgpu", None)  # makes `import wgpu` raise ImportError
     with pytest.raises(DeviceError, match="pip install wgpu"):
         WebGPURuntime()
+
+
+def test_webgpu_float32_remainder_and_floor_division_as_pytorch(webgpu):
+    """1 % 0.1 and 1 // 0.1 in float32 as PyTorch's (an exact fmod): right over Vulkan. Over OpenGL they are
+    a known wrong answer (1 % 0.1 is 0, 1 // 0.1 is 10): WGSL has no float64 there, so ops/numerics.
+    _float_fmod computes a - trunc(a / b) * b in float32, and GL's division is not correctly rounded
+    (1 / 0.1 gives 10): reported as xfail, not hidden, until fixed."""
+    import torch
+
+    x = np.array([1.0, 60000.0, -3.5, 0.3], np.float32)
+    t = Tensor(x, device="WEBGPU")
+    got = [(t % 0.1).numpy(), (t // 0.1).numpy()]
+    want = [(torch.tensor(x) % 0.1).numpy(), (torch.tensor(x) // 0.1).numpy()]
+    if webgpu.adapter_info["backend_type"] == "OpenGL" and not all(map(np.array_equal, got, want)):
+        pytest.xfail("known wrong answer over OpenGL: float32 remainders are not exact there")
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

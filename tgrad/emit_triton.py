@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from tgrad import config
 from tgrad.dtype import DType, dtypes
 from tgrad.errors import KernelError
-from tgrad.fuse import Expr, Kernel, reduce_identity
+from tgrad.fuse import NARROW_ROUNDED, Expr, Kernel, reduce_identity
 from tgrad.loop_axes import nodes
 from tgrad.opt.contraction import _masked, find_dot
 from tgrad.opt.opts import OptOps, find
@@ -285,7 +285,9 @@ def _op_text(e: Expr, srcs: list[str]) -> str:
         return _cast(e.srcs[0].dtype, e.dtype, srcs[0])
     if e.op in code_for_op:
         dt = e.srcs[-1].dtype if e.op in ("CMPLT", "CMPNE") else e.dtype
-        return code_for_op[e.op](dt, *srcs)
+        text = code_for_op[e.op](dt, *srcs)
+        # a float16 result is a float16 value (the interpreter's numpy may hold it wider: 1 / 1e-7 was 8390)
+        return f"({text}).to(tl.float16)" if dt == dtypes.float16 and e.op in NARROW_ROUNDED else text
     raise KernelError(f"Triton emitter: no rendering for op {e.op} ({e.dtype.name})")
 
 

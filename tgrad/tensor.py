@@ -997,13 +997,11 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
 
 # PyTorch computes a bfloat16 op in float32 and rounds its result once. tgrad's primitive ops do that by
-# themselves (each bfloat16 node is rounded); these composite ops (several primitives, whose intermediate
-# results PyTorch does not round) run on float32 copies of their bfloat16 tensors, and a float32 result
-# whose inputs were bfloat16 (and no other float dtype) is rounded back to bfloat16. mul and div belong
-# here for Python scalars too: PyTorch multiplies by a scalar in float32 (add and sub round it first).
-# Division computes in float64, so that a * (1 / b) rounds to float32's correctly rounded a / b (PyTorch's
-# quotient); `scalar / x` is PyTorch's x.reciprocal() * scalar. pow rounds a scalar exponent to bfloat16
-# first, as PyTorch does.
+# themselves (each bfloat16 node is rounded); these composite ops run on float32 copies of their bfloat16
+# tensors, and a float32 result whose inputs were bfloat16 (no other float dtype) is rounded back. mul and
+# div too: PyTorch multiplies by a number in float32 (add and sub round it first); division in float64, so
+# that a * (1 / b) rounds to float32's a / b; `number / x` is x.reciprocal() * number. pow, mod and fmod
+# round a number to bfloat16 first, as PyTorch does (a float exponent; 1.5 % 0.1 is % 0.10009765625).
 _BF16_IN_FLOAT32 = (
     "mul mod fmod pow exp log rsqrt cos tan logaddexp log10 sinh cosh asin acos atan asinh acosh atanh "
     "lerp leaky_relu elu sigmoid tanh erf gelu quick_gelu silu swish softplus mish hardsigmoid hardswish "
@@ -1016,10 +1014,11 @@ _BF16_IN_FLOAT32 = (
 
 
 def _bf16_in_float32(fn, wide: DType = dtypes.float32):
+    name = fn.__name__
     def up(x):
         if isinstance(x, (list, tuple)):
             return type(x)(map(up, x))
-        if isinstance(x, float) and fn.__name__ == "pow":
+        if type(x) is float and name == "pow" or type(x) in (int, float) and name in ("mod", "fmod"):
             return float(round_bf16(x))
         if isinstance(x, (int, float)) and not isinstance(x, bool) and wide == dtypes.float64:
             return float(np.float32(x))  # PyTorch's float32 scalar
@@ -1030,7 +1029,8 @@ def _bf16_in_float32(fn, wide: DType = dtypes.float32):
             return fn(*args, **kwargs)
         tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
                    if isinstance(t, Tensor)]
-        back = all(t.dtype == dtypes.bfloat16 or not t.dtype.is_float for t in tensors)
+        floats = [t for t in tensors if t.dtype.is_float]  # (a 0-d one counts beside no other: PyTorch's)
+        back = all(t.dtype == dtypes.bfloat16 for t in [t for t in floats if t.shape] or floats)
         down = lambda t: t.cast(dtypes.bfloat16) if back and t.dtype == wide else t  # noqa: E731
         out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
         return type(out)(map(down, out)) if isinstance(out, tuple) else down(out)

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 _SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis lives)
 
 
+_NARROW = ("float16", "bfloat16")  # float dtypes PyTorch computes in float32 (its opmath), rounded per op
+
 class ElementwiseOps:
     """Tensor's elementwise ops (a mixin: tensor.py's Tensor is made of these)."""
 
@@ -145,12 +147,21 @@ class ElementwiseOps:
             raise DTypeError("subtraction of bool tensors is not supported; use ^ or logical_not()")
         return a._alu(Op.SUB, b)
 
+    def _exact_scalar(self, y) -> bool:
+        """Whether PyTorch multiplies or divides this tensor by y in float32 with y as it is: self float16 or
+        bfloat16 with dimensions, y a Python number or a 0-d float tensor (60000 * 1e-10 is 6e-06 in
+        float16, not 0); add, sub and comparisons take y as self's dtype, as PyTorch's do."""
+        if self.node.dtype.name not in _NARROW:
+            return False
+        if type(y) in (int, float):
+            return True
+        return (isinstance(y, type(self)) and not y.node.shape and y.node.dtype.kind == "f"
+                and bool(self.node.shape))
+
     def mul(self, y, reverse=False) -> Tensor:
-        if self.node.dtype.name == "float16" and type(y) in (int, float):
-            # PyTorch multiplies a half tensor by a Python number in float32, the number not rounded to
-            # half first (t * 1e-10 of 60000 is 6e-06, not 0): so does tgrad (add, sub and comparisons
-            # take the number as a half, as PyTorch's do)
-            return self.float()._binop(Op.MUL, y, reverse).cast(self.node.dtype)
+        if self._exact_scalar(y):
+            z = y.float() if isinstance(y, type(self)) else y
+            return self.float()._binop(Op.MUL, z, reverse).cast(self.node.dtype)
         if self.node.dtype.kind != "b":
             return self._binop(Op.MUL, y, reverse)
         a, b = self._broadcasted(y, reverse)
@@ -165,6 +176,10 @@ class ElementwiseOps:
         return a._from(g.alu(Op.MUL, a.node, b.node, arg=kind), b)
 
     def div(self, y, reverse=False, rounding_mode: str | None = None) -> Tensor:
+        if reverse and rounding_mode is None and type(y) in (int, float) and self.node.dtype.name in _NARROW:
+            # PyTorch's number / tensor is the reciprocal (a float16 one: 1e-3 / 1e-7 is inf) times the
+            # number
+            return self.reciprocal().mul(y)
         if rounding_mode == "trunc":
             a, b = self._broadcasted(y, reverse)
             return a._alu(Op.IDIV, b) if a.dtype.is_int else _rounded_quotient(a, b).trunc()
@@ -172,6 +187,10 @@ class ElementwiseOps:
             return self.floordiv(y, reverse)
         if rounding_mode is not None:
             raise ArgumentError(f"div: rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
+        if not reverse and isinstance(y, type(self)) and self._exact_scalar(y):
+            return self.float().div(y.float()).cast(self.node.dtype)
+        if not reverse and isinstance(y, type(self)) and y._exact_scalar(self):  # (a 0-d self: as exact)
+            return self.float().div(y.float()).cast(y.node.dtype)
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
@@ -184,7 +203,12 @@ class ElementwiseOps:
         return _true_divide(a, b)
 
     def floordiv(self, y, reverse=False) -> Tensor:
+        if self.node.dtype.name in _NARROW and not reverse and type(y) in (int, float):
+            # in float32 with the number as it is, rounded once (PyTorch's: 1 // 0.1 is 9, as in Python)
+            return self.float().floordiv(y).cast(self.node.dtype)
         a, b = self._broadcasted(y, reverse)
+        if a.dtype.name in _NARROW:  # in float32, rounded once (PyTorch's)
+            return a.float().floordiv(b.float()).cast(a.dtype)
         if a.dtype.is_float:
             return _float_floordiv(a, b)
         q = a._alu(Op.IDIV, b)
@@ -194,6 +218,8 @@ class ElementwiseOps:
 
     def mod(self, y, reverse=False) -> Tensor:
         a, b = self._broadcasted(y, reverse)
+        if a.dtype.name in _NARROW:  # in float32 (a number taken as this dtype), rounded once: PyTorch's
+            return a.float().mod(b.float()).cast(a.dtype)
         if a.dtype.is_float:  # PyTorch's (and Python's): fmod, moved into b's sign
             r = _float_fmod(a, b)
             return ((r != 0) & ((r < 0) ^ (b < 0))).where(r + b, r)

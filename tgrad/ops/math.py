@@ -258,8 +258,13 @@ class MathOps:
     def square(self) -> Tensor:
         return self * self
 
+    @_through_float32
     def lerp(self, end: Tensor, weight) -> Tensor:
-        return self + (end - self) * weight
+        """PyTorch's formula: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w) (exactly
+        end at w = 1)."""
+        if isinstance(weight, (int, float)):
+            return self + (end - self) * weight if abs(weight) < 0.5 else end - (end - self) * (1 - weight)
+        return (weight.abs() < 0.5).where(self + (end - self) * weight, end - (end - self) * (1 - weight))
 
     # activations
     def relu(self) -> Tensor:

@@ -829,3 +829,27 @@ def test_kl_div_matches_torch(device, reduction):
                        atol=1e-5, rtol=1e-5, grad_atol=1e-5, grad_rtol=1e-5)
     with pytest.raises(ArgumentError, match="batchmean"):
         Tensor(lp).kl_div(Tensor(tg), "average")
+
+
+@pytest.mark.parametrize("alpha", [2, 0.5, -1.5])
+def test_add_sub_alpha(device, alpha):
+    """Tensor.add / sub with PyTorch's keyword alpha (self + alpha * other): values, dtypes and gradients
+    against PyTorch; float16 in float32, rounded once; a float alpha for integer tensors and an int alpha
+    for bool tensors raise as in PyTorch."""
+    helper_test_op([(3, 4), (3, 4)], lambda a, b: a.add(b, alpha=alpha))
+    helper_test_op([(3, 4), (4,)], lambda a, b: a.sub(b, alpha=alpha))
+    helper_test_op([(3, 4)], lambda a: a.sub(2.5, alpha=alpha))
+    h = np.array([60000, 1, 0.001, -3.5], np.float16)
+    np.testing.assert_array_equal(Tensor(h).add(Tensor(h), alpha=alpha * 1e-5).numpy(),
+                                  torch.tensor(h).add(torch.tensor(h), alpha=alpha * 1e-5).numpy())
+    i = np.array([1, -2, 3], np.int32)
+    if isinstance(alpha, int):
+        np.testing.assert_array_equal(Tensor(i).sub(Tensor(i), alpha=alpha).numpy(),
+                                      torch.tensor(i).sub(torch.tensor(i), alpha=alpha).numpy())
+    else:
+        with pytest.raises(DTypeError, match="alpha"):
+            Tensor(i).add(Tensor(i), alpha=alpha)
+    with pytest.raises(DTypeError, match="alpha"):
+        Tensor([True, False]).add(Tensor([True, True]), alpha=2)
+    with pytest.raises(ArgumentError, match="alpha"):
+        Tensor([1.0]).add(1, alpha="2")

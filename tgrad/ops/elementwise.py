@@ -131,7 +131,10 @@ class ElementwiseOps:
         return self._from(node, y) if isinstance(y, type(self)) else self._from(node)
 
     # (self not bool: neither is the promoted dtype, so these are the op itself)
-    def add(self, y, reverse=False) -> Tensor:
+    def add(self, y, reverse=False, *, alpha=None) -> Tensor:
+        """self + y (PyTorch's add: alpha scales y first, self + alpha * y)."""
+        if alpha is not None:
+            return self._scaled(Op.ADD, y, alpha, "add")
         if self.node.dtype.kind != "b":
             return self._binop(Op.ADD, y, reverse)
         a, b = self._broadcasted(y, reverse)
@@ -139,13 +142,33 @@ class ElementwiseOps:
             return a | b
         return a._alu(Op.ADD, b)
 
-    def sub(self, y, reverse=False) -> Tensor:
+    def sub(self, y, reverse=False, *, alpha=None) -> Tensor:
+        """self - y (PyTorch's sub: self - alpha * y)."""
+        if alpha is not None:
+            return self._scaled(Op.SUB, y, alpha, "sub")
         if self.node.dtype.kind != "b":
             return self._binop(Op.SUB, y, reverse)
         a, b = self._broadcasted(y, reverse)
         if a.node.dtype.kind == "b":
             raise DTypeError("subtraction of bool tensors is not supported; use ^ or logical_not()")
         return a._alu(Op.SUB, b)
+
+    def _scaled(self, op: Op, y, alpha, name: str) -> Tensor:
+        """self op alpha * y as PyTorch's add / sub with alpha: in the result's dtype (float16 and bfloat16
+        in float32, rounded once), a float alpha refused for integer and bool results."""
+        a, b = self._broadcasted(y)
+        if type(alpha) not in (bool, int, float):
+            raise ArgumentError(f"{name}: alpha must be a Python number, got {type(alpha).__name__}")
+        kind = a.node.dtype.kind
+        if kind != "f" and type(alpha) is float or kind == "b" and type(alpha) is int:
+            raise DTypeError(f"{name}: alpha {alpha!r} does not fit {a.dtype.name} tensors (PyTorch: integer "
+                             "tensors take an integer alpha, bool tensors a bool)")
+        if kind == "b":  # (alpha True: a or b; False: a)
+            return (a | b) if alpha else a + 0 * b
+        wide = a.node.dtype.name in _NARROW
+        x, z = (a.float(), b.float()) if wide else (a, b)
+        out = x._alu(op, z * alpha) if op is Op.ADD else x - z * alpha
+        return out.cast(a.dtype) if wide else out
 
     def _exact_scalar(self, y) -> bool:
         """Whether PyTorch multiplies or divides this tensor by y in float32 with y as it is: self float16 or

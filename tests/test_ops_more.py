@@ -851,5 +851,11 @@ def test_add_sub_alpha(device, alpha):
             Tensor(i).add(Tensor(i), alpha=alpha)
     with pytest.raises(DTypeError, match="alpha"):
         Tensor([True, False]).add(Tensor([True, True]), alpha=2)
+    with pytest.raises(DTypeError, match="alpha"):  # (a bool alpha only for bool results, as PyTorch)
+        Tensor([1.0]).add(Tensor([1.0]), alpha=True)
+    for bool_alpha in (True, False):
+        b1, b2 = [True, False, False], [False, True, False]
+        np.testing.assert_array_equal(Tensor(b1).add(Tensor(b2), alpha=bool_alpha).numpy(),
+                                      torch.tensor(b1).add(torch.tensor(b2), alpha=bool_alpha).numpy())
     with pytest.raises(ArgumentError, match="alpha"):
         Tensor([1.0]).add(1, alpha="2")

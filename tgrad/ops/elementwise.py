@@ -33,6 +33,7 @@ _SYM_DATA = g.SYM.data  # (non-empty only while a tensor with a symbolic axis li
 
 _NARROW = ("float16", "bfloat16")  # float dtypes PyTorch computes in float32 (its opmath), rounded per op
 
+
 class ElementwiseOps:
     """Tensor's elementwise ops (a mixin: tensor.py's Tensor is made of these)."""
 
@@ -160,11 +161,11 @@ class ElementwiseOps:
         if type(alpha) not in (bool, int, float):
             raise ArgumentError(f"{name}: alpha must be a Python number, got {type(alpha).__name__}")
         kind = a.node.dtype.kind
-        if kind != "f" and type(alpha) is float or kind == "b" and type(alpha) is int:
+        if kind != "f" and type(alpha) is float or (kind == "b") != (type(alpha) is bool):
             raise DTypeError(f"{name}: alpha {alpha!r} does not fit {a.dtype.name} tensors (PyTorch: integer "
-                             "tensors take an integer alpha, bool tensors a bool)")
+                             "tensors take an integer alpha, and only bool tensors a bool)")
         if kind == "b":  # (alpha True: a or b; False: a)
-            return (a | b) if alpha else a + 0 * b
+            return a | b if alpha else a | (b & False)
         wide = a.node.dtype.name in _NARROW
         x, z = (a.float(), b.float()) if wide else (a, b)
         out = x._alu(op, z * alpha) if op is Op.ADD else x - z * alpha

@@ -279,35 +279,27 @@ def _prune(v: _Variant) -> list[tuple]:
     step's update overwrites); and what writes a buffer a kept launch writes too (the first value of a
     buffer that a kept assign then updates). The rest ran at the capture and its results stay: their
     buffers leave v.made, so memory planning never gives them to another buffer. (A pruning TinyJit
-    records kernels without row groups; a group's launch and its placeholders would be kept or left out
-    together.)"""
-    units: list[list[tuple]] = [[]]
-    for launch in v.captured:  # a row group's placeholders come before the launch that computes them
-        units[-1].append(launch)
-        if not getattr(launch[0], "placeholder", False):
-            units.append([])
+    records each kernel alone, no CPU row groups: a group's one launch computes several kernels.)"""
 
     def outs_of(launch: tuple) -> tuple:
         return tuple(launch[1]) if isinstance(launch[0], _HostCall) else (launch[1],)
 
     needed = set(v.in_ids) | {k for _, k in v.grad_ins} | {k for k, *_ in v.randoms}
     must_write = {k for k, *_ in v.fresh} | set(v.out_ids) | v.inplace
-    kept = [False] * len(units)
+    kept = [False] * len(v.captured)
     changed = True
     while changed:  # (a buffer written in place may be read by an earlier launch: until nothing changes)
         changed = False
-        for i, unit in enumerate(units):
+        for i, launch in enumerate(v.captured):
             if kept[i]:
                 continue
-            outs = {id(b) for launch in unit for b in outs_of(launch)}
-            ins = {id(b) for launch in unit for b in launch[2]}
-            if (outs | ins) & needed or outs & must_write:  # (outs: a buffer a kept launch writes too)
-                kept[i], changed = True, True
+            outs = {id(b) for b in outs_of(launch)}
+            # it reads a needed buffer, writes one a kept launch writes too, or writes what must be written
+            if (outs | {id(b) for b in launch[2]}) & needed or outs & must_write:
+                kept[i] = changed = True
                 needed |= outs
-    for unit, keep in zip(units, kept):
-        if not keep:
-            v.made -= {id(b) for launch in unit for b in outs_of(launch)}
-    return [launch for unit, keep in zip(units, kept) if keep for launch in unit]
+    v.made -= {id(b) for launch, keep in zip(v.captured, kept) if not keep for b in outs_of(launch)}
+    return [launch for launch, keep in zip(v.captured, kept) if keep]
 
 
 class _Variant:

@@ -168,7 +168,7 @@ class ElementwiseOps:
             return a | b if alpha else a | (b & False)
         wide = a.node.dtype.name in _NARROW
         x, z = (a.float(), b.float()) if wide else (a, b)
-        out = x._alu(op, z * alpha) if op is Op.ADD else x - z * alpha
+        out = x._alu(op, z * alpha)
         return out.cast(a.dtype) if wide else out
 
     def _exact_scalar(self, y) -> bool:
@@ -211,15 +211,15 @@ class ElementwiseOps:
             return self.floordiv(y, reverse)
         if rounding_mode is not None:
             raise ArgumentError(f"div: rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
-        if not reverse and isinstance(y, type(self)) and self._exact_scalar(y):
-            return self.float().div(y.float()).cast(self.node.dtype)
-        if not reverse and isinstance(y, type(self)) and y._exact_scalar(self):  # (a 0-d self: as exact)
-            return self.float().div(y.float()).cast(y.node.dtype)
+        if not reverse and isinstance(y, type(self)):  # a 0-d float tensor beside a float16 one, either side
+            narrow = self if self._exact_scalar(y) else y if y._exact_scalar(self) else None
+            if narrow is not None:
+                return self.float().div(y.float()).cast(narrow.node.dtype)
         a, b = self._broadcasted(y, reverse)
         if not a.dtype.is_float:
             a, b = a.float(), b.float()
         if not reverse and isinstance(y, (int, float)) and not isinstance(y, bool):
-            if a.dtype == dtypes.float16:  # in float32, rounded once (as _true_divide)
+            if a._exact_scalar(y):  # in float32 with the number as it is, rounded once (as _true_divide)
                 return a.cast(dtypes.float32).div(y).cast(a.dtype)
             edge = _DIVISOR_EDGE.get(a.dtype, 100)
             if y == 0 or not math.isfinite(y) or 2.0**-edge <= abs(y) <= 2.0**edge:  # 1 / y is a number

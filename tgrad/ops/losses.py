@@ -166,7 +166,6 @@ class LossOps:
         loss = small.where(0.5 * dq * dq / beta, d - 0.5 * beta) if beta else d
         return _reduce_loss(loss, reduction)
 
-
     def huber_loss(self, target: Tensor, reduction: str = "mean", delta: float = 1.0) -> Tensor:
         """0.5 * d**2 where |d| < delta, else delta * (|d| - 0.5 * delta) (PyTorch's F.huber_loss)."""
         if not delta > 0:

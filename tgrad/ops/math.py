@@ -262,9 +262,10 @@ class MathOps:
     def lerp(self, end: Tensor, weight) -> Tensor:
         """PyTorch's formula: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w) (exactly
         end at w = 1)."""
+        step = end - self
         if isinstance(weight, (int, float)):
-            return self + (end - self) * weight if abs(weight) < 0.5 else end - (end - self) * (1 - weight)
-        return (weight.abs() < 0.5).where(self + (end - self) * weight, end - (end - self) * (1 - weight))
+            return self + step * weight if abs(weight) < 0.5 else end - step * (1 - weight)
+        return (weight.abs() < 0.5).where(self + step * weight, end - step * (1 - weight))
 
     # activations
     def relu(self) -> Tensor:

@@ -6,21 +6,24 @@ reason, unless TGRAD_REQUIRE_DEVICES names it (CI does): then the test fails.
 
 A test marked `sweep` (a product of parameters, each case new kernels) runs its whole product on
 SWEEP_DEVICES and a diagonal of it elsewhere: every value of every parameter once (see _on_diagonal).
+A test marked `spread` (cases that differ in host-side logic, e.g. which optimizer hyperparameter changes,
+while each device's kernels are the same kind in every case) runs every case on SWEEP_DEVICES and each case
+on one of the other devices in turn, so every device still runs some of them (see _spread_keeps).
 TGRAD_TEST_FULL_SWEEPS=1 runs the whole product on every device.
 """
 
 import dataclasses
+import gc
 import os
 
 import pytest
 
 # Triton runs on the CPU through its interpreter when no GPU is present; this must be decided before
 # anything imports triton
-if "TRITON_INTERPRET" not in os.environ:
-    import torch
+import torch
 
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 # no compile worker processes (tgrad/runtime/cpu/pool.py) beside the pytest-xdist ones: they would only
 # compete for the same cores; tests/test_cpu_cache.py starts them where it tests them
@@ -42,6 +45,12 @@ except ImportError:
 from tgrad.device import DEVICES, VARIANT_OF, get_runtime
 from tgrad.errors import DeviceError
 from tgrad.runtime.cpu.compile import use_cpu_features
+
+# PyTorch computes the tests' expected values on one thread: pytest-xdist runs a worker per core, and
+# PyTorch's OpenMP threads spinning for work while the other worker needs the core cost a quarter of the
+# suite's CPU time. tgrad's own threads (and OpenBLAS's, which its BLAS calls manage) are left as users
+# have them: the tests check them
+torch.set_num_threads(int(os.environ.get("TGRAD_TEST_TORCH_THREADS", "1")))
 
 # the features CPU kernels compile for, before any test compiles a Numba function of its own: Numba makes
 # its code generator once, and kernels compiled by another one are not written to the disk cache
@@ -95,6 +104,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "sweep: a parameter product run whole on SWEEP_DEVICES, as a diagonal on the others"
     )
+    config.addinivalue_line(
+        "markers", "spread: every case on SWEEP_DEVICES, each case on one of the other devices in turn"
+    )
 
 
 def _on_diagonal(indices: dict[int, int], sizes: dict[int, int]) -> bool:
@@ -120,17 +132,55 @@ def _cases(item) -> tuple[dict[int, int], dict[int, int]]:
     return indices, sizes
 
 
+def _flat_case(indices: dict[int, int], sizes: dict[int, int]) -> int:
+    """The position of a case in its parameter product (mixed radix over its parametrize marks)."""
+    flat = 0
+    for m in sorted(sizes):
+        flat = flat * sizes[m] + indices[m]
+    return flat
+
+
+def _spread_keeps(case: int, device: str, devices: list[str]) -> bool:
+    """Whether a `spread` test's case runs on a device: always on SWEEP_DEVICES; on the others, case k runs
+    on the (k mod n)-th of the n other devices being tested, so each case runs on one of them and, given at
+    least n cases, each of them runs some."""
+    others = [d for d in devices if d not in SWEEP_DEVICES]
+    return device in SWEEP_DEVICES or device not in others or case % len(others) == others.index(device)
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("TGRAD_TEST_FULL_SWEEPS") == "1":
         return
     dropped = set()
+    devices = _devices()
     for it in items:
-        if it.get_closest_marker("sweep") and it.callspec.params.get("device", "CPU") not in SWEEP_DEVICES:
+        device = it.callspec.params.get("device", "CPU") if hasattr(it, "callspec") else "CPU"
+        if it.get_closest_marker("sweep") and device not in SWEEP_DEVICES:
             if not _on_diagonal(*_cases(it)):
                 dropped.add(it)
+        if it.get_closest_marker("spread") and not _spread_keeps(_flat_case(*_cases(it)), device, devices):
+            dropped.add(it)
     if dropped:
         config.hook.pytest_deselected(items=[it for it in items if it in dropped])
         items[:] = [it for it in items if it not in dropped]
+
+
+# Objects that outlive a test (imports, compiled kernels, caches: ~800k after a few thousand tests) are frozen
+# out of the garbage collector before each test, and collected together every FREEZE_EVERY tests. Without
+# it each full collection, the automatic ones and the gc.collect() of the memory tests, walked every one of
+# them (~0.5 s each); a test's own objects stay collectable, so what it frees by gc.collect() is unchanged
+FREEZE_EVERY = 200
+_since_collect = [0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _since_collect[0] += 1
+    if _since_collect[0] >= FREEZE_EVERY:
+        _since_collect[0] = 0
+        gc.unfreeze()
+        gc.collect()
+    gc.freeze()
 
 
 def pytest_generate_tests(metafunc):

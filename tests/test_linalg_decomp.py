@@ -117,6 +117,7 @@ def _newton_schulz_torch(a, steps, params, eps):
     return (x.transpose(-2, -1) if tall else x).numpy()
 
 
+@pytest.mark.spread  # (the coefficients are constants of the same kernels)
 @pytest.mark.parametrize("params", [(2, -1.5, 0.5), (3.4445, -4.775, 2.0315), (2.0, -1.4, 0.2, 0.2)])
 def test_newton_schulz_matches_torch(device, params):
     for shape in [(2, 2), (3, 2), (2, 3), (2, 2, 3)]:

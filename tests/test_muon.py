@@ -67,6 +67,7 @@ OPTIONS = [
 ]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("kw", OPTIONS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 @pytest.mark.parametrize("shape", [(4, 4), (6, 3), (3, 6)])
 def test_muon_matches_torch(device, float32_torch_muon, shape, kw):

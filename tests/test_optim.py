@@ -307,6 +307,7 @@ def test_eager_steps_replay_the_update(device, name):
         assert opt._update.replays == 6  # steps 1 and 2 run and capture it
 
 
+@pytest.mark.spread  # (a changed hyperparameter reaching the replayed update is host logic)
 @pytest.mark.parametrize("name, attribute, value, group_key, group_value", [
     ("adam", "b2", 0.9, "betas", (0.9, 0.9)),
     ("adam", "b1", 0.5, "betas", (0.5, 0.999)),

@@ -1,12 +1,13 @@
 """The suite's `sweep` marker (tests/conftest.py): off SWEEP_DEVICES a parameter product shrinks to a
-diagonal that still has every value of every parameter, and only sweeps shrink."""
+diagonal that still has every value of every parameter, and only sweeps shrink. Its `spread` marker: every
+case still runs on SWEEP_DEVICES and on one other device, and every other device runs some."""
 
 import itertools
 import types
 
 import pytest
 
-from tests.conftest import SWEEP_DEVICES, _cases, _on_diagonal
+from tests.conftest import SWEEP_DEVICES, _cases, _flat_case, _on_diagonal, _spread_keeps
 
 
 @pytest.mark.parametrize("sizes", [(9, 3), (2, 6), (3, 2, 2), (4,), (5, 5)])
@@ -46,3 +47,34 @@ def test_conv_sweep_keeps_every_option_on_every_device():
     assert len(kept) == len(kws)
     assert all(any(k is kw for k, _ in kept) for kw in kws)
     assert all(any(s is size for _, s in kept) for size in sizes)
+
+
+@pytest.mark.parametrize("devices", [["NUMPY", "CPU", "CL", "TRITON", "WEBGPU"], ["CPU", "WEBGPU"],
+                                     ["CL", "TRITON"]])
+@pytest.mark.parametrize("cases", [1, 2, 3, 11])
+def test_spread_runs_each_case_on_one_other_device(devices, cases):
+    others = [d for d in devices if d not in SWEEP_DEVICES]
+    for d in devices:
+        kept = [k for k in range(cases) if _spread_keeps(k, d, devices)]
+        if d in SWEEP_DEVICES:
+            assert kept == list(range(cases))
+        elif cases >= len(others):
+            assert kept, d
+    for k in range(cases):
+        assert sum(_spread_keeps(k, d, devices) for d in others) == (1 if others else 0)
+    # a device the run was not asked for (a test that names its own) is not dropped
+    assert _spread_keeps(0, "METAL", devices)
+
+
+def test_flat_case_numbers_a_product_once_each():
+    sizes = {0: 3, 1: 4}
+    flats = {_flat_case({0: i, 1: j}, sizes) for i in range(3) for j in range(4)}
+    assert flats == set(range(12))
+
+
+def test_spread_tests_are_marked():
+    from tests import test_linalg_decomp, test_optim
+
+    for fn in (test_optim.test_eager_steps_see_a_changed_hyperparameter,
+               test_linalg_decomp.test_newton_schulz_matches_torch):
+        assert any(m.name == "spread" for m in fn.pytestmark)

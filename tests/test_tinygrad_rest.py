@@ -1,0 +1,109 @@
+"""Smaller gaps tinygrad's user-facing tests found (issue 44, the shim README's "rest"), each checked against
+PyTorch on every test device: a list index read as PyTorch reads it."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from tgrad import Tensor
+
+# A list holding a slice, None, ..., a sequence or a tensor indexes several axes (PyTorch's reading, with a
+# deprecation warning; tinygrad's too); a list of ints or bools alone, or of 32 entries or more, is one
+# index of data
+LIST_INDICES = [
+    [slice(None), [1, 3]],
+    [[0, 2], slice(None)],
+    [[-1], [0]],
+    [[0, 2], [-1]],
+    [slice(None), [[0, 1], [2, 3]]],
+    [[0, 1], [2, 3]],
+    [[0, 1]],
+    [None, [1]],
+    [Ellipsis, [1]],
+    [0, slice(None)],
+    [0, slice(1, 4, 2)],
+    [np.array([0, 3]), 2],
+    ["tensor", 1],
+    [0, 1, 3],
+    [True, False, True, False],
+    [[1]] * 32,
+]
+IDS = [repr(i) if len(repr(i)) < 40 else f"long{len(i)}" for i in LIST_INDICES]
+
+
+def _mine(index: list) -> list:
+    return [Tensor([2, 0]) if isinstance(v, str) else v for v in index]
+
+
+def _torchs(index: list) -> list:
+    return [torch.tensor([2, 0]) if isinstance(v, str) else v for v in index]
+
+
+def _several_axes(index: list) -> bool:
+    entries = (v is None or v is Ellipsis or not isinstance(v, (int, bool)) for v in index)
+    return len(index) < 32 and any(entries)
+
+
+@pytest.mark.parametrize("index", LIST_INDICES, ids=IDS)
+def test_list_index_reads_as_pytorch(device, index):
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter("always")
+        want = torch.from_numpy(x.copy())[_torchs(index)]
+    with warnings.catch_warnings(record=True) as mine:
+        warnings.simplefilter("always")
+        got = Tensor(x)[_mine(index)]
+    assert got.shape == tuple(want.shape)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # the deprecation warning where PyTorch gives it, naming this line
+    assert bool(theirs) == bool(mine) == _several_axes(index)
+    assert all(w.filename == __file__ and "tuple(seq)" in str(w.message) for w in mine)
+
+
+@pytest.mark.parametrize("index", LIST_INDICES, ids=IDS)
+def test_list_index_writes_as_pytorch(device, index):
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    want, got = torch.from_numpy(x.copy()), Tensor(x.copy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want[_torchs(index)] = -1.0
+        got[_mine(index)] = -1.0
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_list_index_gradient_matches_torch(device):
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    tx = torch.tensor(x, requires_grad=True)
+    gx = Tensor(x, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (tx[[slice(None), [0, 1, 1, 4]]] * 2).sum().backward()
+        (gx[[slice(None), [0, 1, 1, 4]]] * 2).sum().backward()
+    np.testing.assert_array_equal(gx.grad.numpy(), tx.grad.numpy())
+
+
+def test_ragged_list_index_raises_as_in_torch():
+    # a list of lists of different lengths without a slice: PyTorch reads it as several axes' indices,
+    # which then do not broadcast; tgrad the same
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(IndexError):
+            torch.arange(20.0).reshape(4, 5)[[[0, 1, 2], [0, 1]]]
+        with pytest.raises(IndexError, match=r"shape mismatch: .*\(3,\), \(2,\) do not broadcast"):
+            Tensor.arange(20.0).reshape(4, 5)[[[0, 1, 2], [0, 1]]]
+
+
+@pytest.mark.parametrize("index", [([0, 1], [0, 1, 2]), ([[0], [1]], [0, 1], [0, 1, 2])], ids=str)
+def test_index_tensors_that_do_not_broadcast_raise_index_error(device, index):
+    # PyTorch: IndexError "shape mismatch: indexing tensors could not be broadcast together"
+    n = len(index)
+    with pytest.raises(IndexError, match="shape mismatch"):
+        torch.zeros((5,) * n)[index]
+    with pytest.raises(IndexError, match="shape mismatch"):
+        torch.zeros((5,) * n)[index] = 0
+    with pytest.raises(IndexError, match="index: shape mismatch"):
+        Tensor.zeros(*(5,) * n)[index]
+    with pytest.raises(IndexError, match="index: shape mismatch"):
+        Tensor.zeros(*(5,) * n).contiguous()[index] = 0

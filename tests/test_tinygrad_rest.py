@@ -1,5 +1,6 @@
 """Smaller gaps tinygrad's user-facing tests found (issue 44, the shim README's "rest"), each checked against
-PyTorch on every test device: a list index read as PyTorch reads it."""
+PyTorch on every test device: a list index read as PyTorch reads it, index tensors that do not broadcast
+(an IndexError), assign() through a bitcast (PyTorch's view(dtype))."""
 
 import warnings
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tgrad import Tensor
+from tgrad import Tensor, dtypes
 
 # A list holding a slice, None, ..., a sequence or a tensor indexes several axes (PyTorch's reading, with a
 # deprecation warning; tinygrad's too); a list of ints or bools alone, or of 32 entries or more, is one
@@ -107,3 +108,59 @@ def test_index_tensors_that_do_not_broadcast_raise_index_error(device, index):
         Tensor.zeros(*(5,) * n)[index]
     with pytest.raises(IndexError, match="index: shape mismatch"):
         Tensor.zeros(*(5,) * n).contiguous()[index] = 0
+
+
+# bitcast of the same item size is PyTorch's x.view(dtype): a view, so assign() through it writes its base
+# and the base's later writes show in it (tinygrad's test_assign_bitcast)
+def _bits(values, dtype=np.float32):
+    return np.array(values, dtype=dtype)
+
+
+def test_assign_through_a_bitcast_writes_the_base(device):
+    x, new = _bits([1.0, 2.0, -3.0, 4.5]), _bits([4.0, -0.0, 2.0, 1e-40]).view(np.int32)
+    want = torch.from_numpy(x.copy())
+    want.view(torch.int32).copy_(torch.from_numpy(new))
+    a = Tensor(x).realize()
+    a.bitcast(dtypes.int32).assign(Tensor(new)).realize()
+    np.testing.assert_array_equal(a.numpy().view(np.int32), want.numpy().view(np.int32))
+    # not realized before the base is read
+    b = Tensor(x).realize()
+    b.bitcast(dtypes.int32).assign(Tensor(new))
+    np.testing.assert_array_equal(b.numpy().view(np.int32), want.numpy().view(np.int32))
+
+
+@pytest.mark.parametrize("case", ["twice", "of_a_slice", "sliced", "float16"])
+def test_assign_through_bitcast_views_matches_torch(device, case):
+    x = _bits([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    t, g = torch.from_numpy(x.copy()), Tensor(x).realize()
+    if case == "twice":  # float32 -> uint32 -> int32
+        new = _bits([7.0, 8.0, 9.0, 10.0, 11.0, 12.0]).view(np.int32)
+        t.view(torch.int32).copy_(torch.from_numpy(new))
+        g.bitcast(dtypes.uint32).bitcast(dtypes.int32).assign(Tensor(new)).realize()
+    elif case == "of_a_slice":
+        new = _bits([-1.0, -2.0]).view(np.int32)
+        t[1:3].view(torch.int32).copy_(torch.from_numpy(new))
+        g[1:3].bitcast(dtypes.int32).assign(Tensor(new)).realize()
+    elif case == "sliced":  # a slice of the bitcast view
+        new = _bits([-1.0, -2.0, -3.0]).view(np.int32)
+        t.view(torch.int32)[::2].copy_(torch.from_numpy(new))
+        g.bitcast(dtypes.int32)[::2].assign(Tensor(new)).realize()
+    else:  # int16 written into float16
+        t, g = torch.from_numpy(x.astype(np.float16)), Tensor(x.astype(np.float16)).realize()
+        new = np.array([1, -1, 0x7C00, 0x3C00, 2, 3], dtype=np.int16)  # inf and 1.0 among the bits
+        t.view(torch.int16).copy_(torch.from_numpy(new))
+        g.bitcast(dtypes.int16).assign(Tensor(new)).realize()
+    np.testing.assert_array_equal(g.numpy(), t.numpy())
+
+
+def test_a_bitcast_view_sees_its_bases_later_writes(device):
+    x = _bits([1.0, 2.0, 3.0])
+    t, g = torch.from_numpy(x.copy()), Tensor(x).realize()
+    tv, gv = t.view(torch.int32), g.bitcast(dtypes.int32)
+    t.copy_(torch.tensor([5.0, -6.0, 0.5]))
+    g.assign(Tensor([5.0, -6.0, 0.5]))
+    np.testing.assert_array_equal(gv.numpy(), tv.numpy())
+    g[1:].assign(Tensor([7.0, 8.0]))  # through another view of the same base
+    t[1:].copy_(torch.tensor([7.0, 8.0]))
+    np.testing.assert_array_equal(gv.numpy(), tv.numpy())
+    np.testing.assert_array_equal(g.numpy(), t.numpy())

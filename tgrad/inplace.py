@@ -6,11 +6,13 @@ tensor made before an assign and first computed after it would read the new valu
 at once: the old). Two rules make the lazy result PyTorch's:
 
 - Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
-  step slices, negative ones too as numpy's (not flip(), a copy in PyTorch), detach, and only where the
-  result is strided memory, as in PyTorch: not `repeat`'s reshape of an expand) is recorded on its base.
+  step slices, negative ones too as numpy's (not flip(), a copy in PyTorch), detach, a bitcast between
+  dtypes of one size, and only where the result is strided memory, as in PyTorch: not `repeat`'s reshape
+  of an expand) is recorded on its base.
   `assign()` to the base rebuilds each view's ops on the base's new node, so a view reads the new value,
   and so does anything computed from it afterwards. An `assign()` to a view writes through to its base
-  (`Tensor._assign_view`; refused where elements of the view overlap, an expand, as in PyTorch).
+  (`Tensor._assign_view`, the view ops undone by `undo`; refused where elements of the view overlap, an
+  expand, as in PyTorch).
 - Before a realize (or a TinyJit replay) overwrites buffers (the assigns of its nodes, or ones their
   graphs read), every live tensor not computed yet whose value reads one of those buffers, other than
   through a view of it, is computed in the same schedule, before the writes (`with_writes`,
@@ -53,6 +55,10 @@ STRIDE = "STRIDE"
 # x.unfold(axis, size, step), arg (axis, size, step): windows on a new last axis (view ops in the graph
 # that strides express only as one op: strides (step * s, s))
 WINDOWS = "WINDOWS"
+# x.bitcast(dtype) of the same item size, arg (from dtype, to dtype, rebuild): a host step's copy in the
+# graph, a view in PyTorch (x.view(dtype)); rebuild(node) makes it again on a new base node (a host step that
+# reads the base's value: an assign to a base with such a view is computed at once)
+BITCAST = "BITCAST"
 
 
 def track(t) -> None:
@@ -144,7 +150,7 @@ def strided(shape: tuple[int, ...], steps: Steps) -> bool:
     for op, _ in steps:
         if op is Op.RESHAPE and moved:
             break
-        moved = moved or op is not Op.RESHAPE and op is not Op.DETACH
+        moved = moved or op not in (Op.RESHAPE, Op.DETACH, BITCAST)
     else:
         return True
     return strided_view(shape, steps) is not None
@@ -179,6 +185,53 @@ def strided_view(shape: tuple[int, ...], steps: Steps) -> View | None:
     return view
 
 
+def undo(ts: list, steps: Steps, shapes: list[tuple[int, ...]]) -> list:
+    """An assign() through a view (Tensor._assign_view): each of the view ops `steps` undone, last first, on
+    the values written and, where the view covers part of its base, on a bool mask of the elements written
+    (ts: [values] or [values, mask]); `shapes`: the shape before each step. An expand or windows that the
+    view does not overlap leaves one of each expanded row's elements: that one is kept."""
+    for (op, arg), shape in zip(reversed(steps), reversed(shapes)):
+        if op is Op.RESHAPE:
+            ts = [t.reshape(shape) for t in ts]
+        elif op is Op.PERMUTE:
+            back = tuple(np.argsort(arg))
+            ts = [t.permute(back) for t in ts]
+        elif op is Op.FLIP:
+            ts = [t.flip(arg) for t in ts]
+        elif op == WINDOWS:  # windows_node's ops undone; each element is in one window written
+            axis, size, step = arg
+            n, count = shape[axis], ts[0].shape[axis]
+            rows = -(-count * (n + step) // n)
+            pre, post = shape[:axis], shape[axis + 1 :]
+            back = [t.movedim(-1, axis + 1) for t in ts]  # (..., count, size, ...)
+            grow = [(0, 0)] * len(back[0].shape)
+            grow[axis + 1] = (0, n + step - size)
+            back = [t.pad(tuple(grow)).reshape(pre + (count * (n + step),) + post) for t in back]
+            grow = [(0, 0)] * len(shape)
+            grow[axis] = (0, rows * n - count * (n + step))
+            back = [t.pad(tuple(grow)).reshape(pre + (rows, n) + post) for t in back]
+            x_back = back[1].where(back[0], ts[0].dtype.min).max(axis, keepdim=True)
+            ts = [t.reshape(shape) for t in (x_back, back[1].any(axis, keepdim=True))]
+        elif op is Op.SHRINK:
+            pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
+            ts = [t.pad(pads) for t in ts]
+        elif op == STRIDE:  # every step-th element: the first in each row of a (count, step)
+            axis, step = arg
+            grow = [(0, 0)] * (len(shape) + 1)
+            grow[axis + 1] = (0, step - 1)
+            flat = shape[:axis] + (ts[0].shape[axis] * step,) + shape[axis + 1 :]
+            keep = [None] * len(shape)
+            keep[axis] = (0, shape[axis])
+            ts = [t.unsqueeze(axis + 1).pad(tuple(grow)).reshape(flat).shrink(keep) for t in ts]
+        elif op == BITCAST:  # the values' bits as the dtype before it (the mask stays a mask)
+            ts = [ts[0].bitcast(arg[0]), *ts[1:]]
+        elif op is Op.EXPAND and tuple(arg) != tuple(shape):
+            axes = tuple(i for i, (a, b) in enumerate(zip(shape, arg)) if a != b)
+            x_back = ts[1].where(ts[0], ts[0].dtype.min).max(axes, keepdim=True)
+            ts = [x_back, ts[1].any(axes, keepdim=True)]
+    return ts
+
+
 def overlapping(shape: tuple[int, ...], steps: Steps) -> bool:
     """Whether several elements of these view ops' result may be one element of the base (an expanded
     axis left longer than 1, overlapping windows): in-place writes into it are refused (PyTorch refuses
@@ -211,6 +264,8 @@ def replay(node: Node, steps: Steps) -> Node:
             node = stride_node(node, *arg)
         elif op == WINDOWS:
             node = windows_node(node, *arg)
+        elif op == BITCAST:
+            node = arg[2](node)
         else:
             node = move(node, op, arg)
     return node

@@ -164,3 +164,75 @@ def test_a_bitcast_view_sees_its_bases_later_writes(device):
     t[1:].copy_(torch.tensor([7.0, 8.0]))
     np.testing.assert_array_equal(gv.numpy(), tv.numpy())
     np.testing.assert_array_equal(g.numpy(), t.numpy())
+
+
+# t[index tensors] = v on CPU / NUMPY writes with numpy's put in a host step once the one-hot scatter would
+# be large (numel * values >= indexing.HOST_TAKE_MIN); other devices, and writes that need a gradient,
+# keep the scatter. numpy's example of advanced indexing (tinygrad's test_setitem_advanced_indexing) made
+# a (12M, 360k) one-hot mask
+def test_big_setitem_with_index_tensors_matches_torch(device):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 64, 5)).astype(np.float32)
+    rows = rng.permutation(64)[:40]
+    v = rng.standard_normal((6, 40, 5)).astype(np.float32)
+    want = torch.from_numpy(x.copy())
+    want[:, torch.from_numpy(rows), :] = torch.from_numpy(v)
+    got = Tensor(x).contiguous()
+    got[:, Tensor(rows), :] = Tensor(v)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # index tensors apart (result dims first), a value that broadcasts, and a view's base written through
+    ind_1, ind_2 = np.array([5, 3, 7, 8]), np.array([[0], [1], [2]])
+    big = np.zeros((4, 10, 3, 9, 8), dtype=np.int32)
+    want = torch.from_numpy(big.copy())
+    want[:, torch.from_numpy(ind_1), :, torch.from_numpy(ind_2), :] = torch.arange(8, dtype=torch.int32)
+    got = Tensor(big).contiguous()
+    got[:, Tensor(ind_1), :, Tensor(ind_2), :] = Tensor.arange(8, dtype=dtypes.int32)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    want = torch.from_numpy(big.copy())
+    want[1][torch.from_numpy(ind_1), :, torch.from_numpy(ind_2)] = torch.arange(8, dtype=torch.int32) + 1
+    base = Tensor(big).contiguous()
+    view = base[1]
+    view[Tensor(ind_1), :, Tensor(ind_2)] = Tensor.arange(8, dtype=dtypes.int32) + 1
+    np.testing.assert_array_equal(base.numpy(), want.numpy())
+
+
+def test_big_setitem_with_repeated_positions_takes_the_last_value(device):
+    # PyTorch leaves which value wins undefined; numpy documents the last, as tgrad's scatter
+    x = np.zeros(4096, dtype=np.float32)
+    ids = np.array([7, 9, 7, 4000, 9, 7] * 3)
+    v = np.arange(len(ids), dtype=np.float32)
+    want = x.copy()
+    want[ids] = v
+    got = Tensor(x).contiguous()
+    got[Tensor(ids)] = Tensor(v)
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_big_setitem_with_a_gradient_matches_torch(device):
+    rng = np.random.default_rng(6)
+    x, v = rng.standard_normal((512, 8)).astype(np.float32), rng.standard_normal((30, 8)).astype(np.float32)
+    rows = rng.permutation(512)[:30]
+    tx, tv = torch.tensor(x, requires_grad=True), torch.tensor(v, requires_grad=True)
+    y = tx * 2
+    y[torch.from_numpy(rows)] = tv
+    (y * torch.arange(8.0)).sum().backward()
+    gx, gv = Tensor(x, requires_grad=True), Tensor(v, requires_grad=True)
+    z = gx * 2
+    z[Tensor(rows)] = gv
+    (z * Tensor.arange(8.0)).sum().backward()
+    np.testing.assert_allclose(z.numpy(), y.detach().numpy())
+    np.testing.assert_allclose(gx.grad.numpy(), tx.grad.numpy())
+    np.testing.assert_allclose(gv.grad.numpy(), tv.grad.numpy())
+
+
+def test_setitem_whose_one_hot_scatter_would_not_fit_runs_on_host_devices(device):
+    if device not in dtypes.HOST_DEVICES:
+        pytest.skip("the host step is for host memory (CPU, NUMPY); other devices scatter by kernels")
+    rng = np.random.default_rng(8)
+    ids = rng.permutation(1 << 22)[: 1 << 17]  # a scatter's one-hot mask: 2**39 elements
+    v = rng.standard_normal(1 << 17).astype(np.float32)
+    want = torch.zeros(1 << 22)
+    want[torch.from_numpy(ids)] = torch.from_numpy(v)
+    got = Tensor.zeros(1 << 22).contiguous()
+    got[Tensor(ids)] = Tensor(v)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())

@@ -235,7 +235,18 @@ class IndexingOps:
         positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
         v = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
         v = v.cast(self.dtype)._broadcast_to(positions.shape)
-        flat = self.flatten().scatter(0, positions.flatten(), v.flatten())
+        grad = not Tensor.no_grad and (self.requires_grad or v.requires_grad)
+        if self.device in dtypes.HOST_DEVICES and not grad and self.numel() * v.numel() >= HOST_TAKE_MIN:
+            # numpy's put in a host step (TinyJit replays it): scatter's one-hot form costs numel() times
+            # as much (a (12M, 360k) mask for numpy's example of advanced indexing)
+            def put(inputs, outputs):
+                outputs[0][...] = inputs[0]
+                outputs[0][inputs[1]] = inputs[2]  # (a position written twice: the last value, as scatter's)
+
+            step = driver.HostStep("setitem", put, [((self.numel(),), self.dtype)], self.device, key=())
+            (flat,) = Tensor.run_host(step, self.flatten(), positions.flatten(), v.flatten())
+        else:
+            flat = self.flatten().scatter(0, positions.flatten(), v.flatten())
         self.assign(flat.reshape(self.shape))
 
     def _box(self, index: tuple):

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tgrad import realize as driver
-from tgrad.errors import OutOfMemoryError, ValueOverflowError
+from tgrad.errors import ArgumentError, OutOfMemoryError, ValueOverflowError
 from tgrad.graph import MOVEMENT, Node, Op, View, move
 
 # ops whose result is a view of their source's memory when the whole chain stays strided (PyTorch's view);
@@ -55,9 +55,9 @@ STRIDE = "STRIDE"
 # x.unfold(axis, size, step), arg (axis, size, step): windows on a new last axis (view ops in the graph
 # that strides express only as one op: strides (step * s, s))
 WINDOWS = "WINDOWS"
-# x.bitcast(dtype) of the same item size, arg (from dtype, to dtype, rebuild): a host step's copy in the
-# graph, a view in PyTorch (x.view(dtype)); rebuild(node) makes it again on a new base node (a host step that
-# reads the base's value: an assign to a base with such a view is computed at once)
+# x.bitcast(dtype), arg (from dtype, to dtype, rebuild): a host step's copy in the graph, a view in PyTorch
+# (x.view(dtype)); rebuild(node) makes it again on a new base node (a host step that reads the base's value:
+# an assign to a base with such a view is computed at once)
 BITCAST = "BITCAST"
 
 
@@ -139,6 +139,8 @@ def shape_after(shape: tuple[int, ...], op, arg) -> tuple[int, ...]:
     if op == WINDOWS:
         axis, size, step = arg
         return shape[:axis] + ((shape[axis] - size) // step + 1,) + shape[axis + 1 :] + (size,)
+    if op == BITCAST and shape:  # (the last axis holds the bytes)
+        return shape[:-1] + (shape[-1] * arg[0].itemsize // arg[1].itemsize,)
     return shape
 
 
@@ -182,7 +184,23 @@ def strided_view(shape: tuple[int, ...], steps: Steps) -> View | None:
             st = view.strides[axis]
             strides = view.strides[:axis] + (st * step,) + view.strides[axis + 1 :] + (st,)
             view = View(shape_after(view.shape, op, arg), strides, view.offset, None)
+        elif op == BITCAST and arg[0].itemsize != arg[1].itemsize:
+            view = _bitcast_view(view, arg[0].itemsize, arg[1].itemsize)
+            if view is None:
+                return None
     return view
+
+
+def _bitcast_view(view: View, src: int, dst: int) -> View | None:
+    """A view's View read as items of dst bytes instead of src: PyTorch's rule, the last axis steps by one
+    item and the other strides and the offset are whole numbers of dst items; else None (not a view)."""
+    if view.mask is not None or (view.shape[-1] != 1 and view.strides[-1] != 1):
+        return None
+    steps = [st * src for st in view.strides[:-1]] + [view.offset * src]
+    if any(b % dst for b in steps):
+        return None
+    shape = view.shape[:-1] + (view.shape[-1] * src // dst,)
+    return View(shape, tuple(b // dst for b in steps[:-1]) + (1 if shape[-1] != 1 else 0,), steps[-1] // dst)
 
 
 def undo(ts: list, steps: Steps, shapes: list[tuple[int, ...]]) -> list:
@@ -190,7 +208,8 @@ def undo(ts: list, steps: Steps, shapes: list[tuple[int, ...]]) -> list:
     the values written and, where the view covers part of its base, on a bool mask of the elements written
     (ts: [values] or [values, mask]); `shapes`: the shape before each step. An expand or windows that the
     view does not overlap leaves one of each expanded row's elements: that one is kept."""
-    for (op, arg), shape in zip(reversed(steps), reversed(shapes)):
+    for i in reversed(range(len(steps))):
+        (op, arg), shape = steps[i], shapes[i]
         if op is Op.RESHAPE:
             ts = [t.reshape(shape) for t in ts]
         elif op is Op.PERMUTE:
@@ -223,8 +242,16 @@ def undo(ts: list, steps: Steps, shapes: list[tuple[int, ...]]) -> list:
             keep = [None] * len(shape)
             keep[axis] = (0, shape[axis])
             ts = [t.unsqueeze(axis + 1).pad(tuple(grow)).reshape(flat).shrink(keep) for t in ts]
-        elif op == BITCAST:  # the values' bits as the dtype before it (the mask stays a mask)
-            ts = [ts[0].bitcast(arg[0]), *ts[1:]]
+        elif op == BITCAST:  # the values' bits as the dtype before it
+            values = ts[0].bitcast(arg[0])
+            if len(ts) == 1 or arg[0].itemsize == arg[1].itemsize:
+                ts = [values, *ts[1:]]
+            elif any(o in (Op.SHRINK, Op.EXPAND, STRIDE, WINDOWS) for o, _ in steps[i + 1 :]):
+                raise ArgumentError(f"assign: this view writes part of the items of a {arg[0].name} -> "
+                                    f"{arg[1].name} bitcast (its elements are smaller or larger than the "
+                                    "tensor's it views); write whole items: assign to the bitcast itself")
+            else:  # every byte of the bitcast is written
+                ts = [values, type(values).ones(*values.shape, dtype=ts[1].dtype, device=values.device)]
         elif op is Op.EXPAND and tuple(arg) != tuple(shape):
             axes = tuple(i for i, (a, b) in enumerate(zip(shape, arg)) if a != b)
             x_back = ts[1].where(ts[0], ts[0].dtype.min).max(axes, keepdim=True)

@@ -914,8 +914,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         """The same bits read as another dtype (PyTorch's view(dtype), tinygrad's bitcast). Between dtypes
         of different sizes the last axis takes the bytes (PyTorch's rule: float32 (2, 3) as uint8 is
         (2, 12)). Runs on the host between kernels (a HostStep, which TinyJit replays); not differentiable.
-        Of the same size it is a view, as PyTorch's: an assign() to it writes this tensor's bits (not yet
-        between sizes: there the result is a copy)."""
+        A view, as PyTorch's: an assign() to it writes this tensor's bits, and this tensor's writes show in
+        it (where strides can say it, as in PyTorch)."""
         dtype = _dtype_on(dtypes.from_any(dtype), self.device)
         src, shape = self.dtype, self.shape
         if dtype == src:
@@ -938,9 +938,8 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
 
         step = driver.HostStep("bitcast", reinterpret, [(shape, dtype)], self.device, key=(src, dtype))
         out = Tensor.run_host(step, self)[0]
-        if dtype.itemsize == src.itemsize:  # a view of self's memory (PyTorch's): assign() writes self
-            again = lambda node: Tensor(node).bitcast(dtype).node  # noqa: E731 (rebuilt on a new base node)
-            inplace.add_view(self, out, ((inplace.BITCAST, (src, dtype, again)),))
+        again = lambda node: Tensor(node).bitcast(dtype).node  # noqa: E731 (rebuilt on a new base node)
+        inplace.add_view(self, out, ((inplace.BITCAST, (src, dtype, again)),))  # (PyTorch's view(dtype))
         return out
 
     def float(self) -> Tensor:

@@ -74,8 +74,16 @@ def test_load_state_dict_errors():
         load_state_dict(net, bad)
     load_state_dict(net, bad, strict=False)  # loads what matches
     sd["layers.0.weight"] = np.zeros((3, 5), np.float32)
-    with pytest.raises(ShapeError, match=r"layers.0.weight has shape \(3, 5\), model has \(3, 4\)"):
+    # the key and both shapes, in tinygrad's words (its test_load_state_dict_shape_mismatch); nothing loaded
+    sd["bn.weight"] = np.ones(7, np.float32)
+    before = {k: v.numpy().copy() for k, v in get_state_dict(net).items()}
+    want = (r"Shape mismatch in layer `bn.weight`: Expected shape \(2,\), but found \(7,\) in state dict. "
+            r"Shape mismatch in layer `layers.0.weight`: Expected shape \(3, 4\), but found \(3, 5\) in "
+            r"state dict.")
+    with pytest.raises(ShapeError, match=want):
         load_state_dict(net, sd)
+    for k, v in get_state_dict(net).items():
+        np.testing.assert_array_equal(v.numpy(), before[k])
 
 
 def test_safetensors_round_trip_with_torch(tmp_path):

@@ -6,11 +6,13 @@ tensor made before an assign and first computed after it would read the new valu
 at once: the old). Two rules make the lazy result PyTorch's:
 
 - Views follow their base. A tensor made from another by view ops (reshape, permute, expand, shrink,
-  step slices, negative ones too as numpy's (not flip(), a copy in PyTorch), detach, and only where the
-  result is strided memory, as in PyTorch: not `repeat`'s reshape of an expand) is recorded on its base.
+  step slices, negative ones too as numpy's (not flip(), a copy in PyTorch), detach, a bitcast between
+  dtypes of one size, and only where the result is strided memory, as in PyTorch: not `repeat`'s reshape
+  of an expand) is recorded on its base.
   `assign()` to the base rebuilds each view's ops on the base's new node, so a view reads the new value,
   and so does anything computed from it afterwards. An `assign()` to a view writes through to its base
-  (`Tensor._assign_view`; refused where elements of the view overlap, an expand, as in PyTorch).
+  (`Tensor._assign_view`, the view ops undone by `undo`; refused where elements of the view overlap, an
+  expand, as in PyTorch).
 - Before a realize (or a TinyJit replay) overwrites buffers (the assigns of its nodes, or ones their
   graphs read), every live tensor not computed yet whose value reads one of those buffers, other than
   through a view of it, is computed in the same schedule, before the writes (`with_writes`,
@@ -30,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tgrad import realize as driver
-from tgrad.errors import OutOfMemoryError, ValueOverflowError
+from tgrad.errors import ArgumentError, OutOfMemoryError, ValueOverflowError
 from tgrad.graph import MOVEMENT, Node, Op, View, move
 
 # ops whose result is a view of their source's memory when the whole chain stays strided (PyTorch's view);
@@ -53,6 +55,10 @@ STRIDE = "STRIDE"
 # x.unfold(axis, size, step), arg (axis, size, step): windows on a new last axis (view ops in the graph
 # that strides express only as one op: strides (step * s, s))
 WINDOWS = "WINDOWS"
+# x.bitcast(dtype), arg (from dtype, to dtype, rebuild): a host step's copy in the graph, a view in PyTorch
+# (x.view(dtype)); rebuild(node) makes it again on a new base node (a host step that reads the base's value:
+# an assign to a base with such a view is computed at once)
+BITCAST = "BITCAST"
 
 
 def track(t) -> None:
@@ -133,6 +139,8 @@ def shape_after(shape: tuple[int, ...], op, arg) -> tuple[int, ...]:
     if op == WINDOWS:
         axis, size, step = arg
         return shape[:axis] + ((shape[axis] - size) // step + 1,) + shape[axis + 1 :] + (size,)
+    if op == BITCAST and shape:  # (the last axis holds the bytes)
+        return shape[:-1] + (shape[-1] * arg[0].itemsize // arg[1].itemsize,)
     return shape
 
 
@@ -144,7 +152,7 @@ def strided(shape: tuple[int, ...], steps: Steps) -> bool:
     for op, _ in steps:
         if op is Op.RESHAPE and moved:
             break
-        moved = moved or op is not Op.RESHAPE and op is not Op.DETACH
+        moved = moved or op not in (Op.RESHAPE, Op.DETACH, BITCAST)
     else:
         return True
     return strided_view(shape, steps) is not None
@@ -176,7 +184,79 @@ def strided_view(shape: tuple[int, ...], steps: Steps) -> View | None:
             st = view.strides[axis]
             strides = view.strides[:axis] + (st * step,) + view.strides[axis + 1 :] + (st,)
             view = View(shape_after(view.shape, op, arg), strides, view.offset, None)
+        elif op == BITCAST and arg[0].itemsize != arg[1].itemsize:
+            view = _bitcast_view(view, arg[0].itemsize, arg[1].itemsize)
+            if view is None:
+                return None
     return view
+
+
+def _bitcast_view(view: View, src: int, dst: int) -> View | None:
+    """A view's View read as items of dst bytes instead of src: PyTorch's rule, the last axis steps by one
+    item and the other strides and the offset are whole numbers of dst items; else None (not a view)."""
+    if view.mask is not None or (view.shape[-1] != 1 and view.strides[-1] != 1):
+        return None
+    steps = [st * src for st in view.strides[:-1]] + [view.offset * src]
+    if any(b % dst for b in steps):
+        return None
+    shape = view.shape[:-1] + (view.shape[-1] * src // dst,)
+    return View(shape, tuple(b // dst for b in steps[:-1]) + (1 if shape[-1] != 1 else 0,), steps[-1] // dst)
+
+
+def undo(ts: list, steps: Steps, shapes: list[tuple[int, ...]]) -> list:
+    """An assign() through a view (Tensor._assign_view): each of the view ops `steps` undone, last first, on
+    the values written and, where the view covers part of its base, on a bool mask of the elements written
+    (ts: [values] or [values, mask]); `shapes`: the shape before each step. An expand or windows that the
+    view does not overlap leaves one of each expanded row's elements: that one is kept."""
+    for i in reversed(range(len(steps))):
+        (op, arg), shape = steps[i], shapes[i]
+        if op is Op.RESHAPE:
+            ts = [t.reshape(shape) for t in ts]
+        elif op is Op.PERMUTE:
+            back = tuple(np.argsort(arg))
+            ts = [t.permute(back) for t in ts]
+        elif op is Op.FLIP:
+            ts = [t.flip(arg) for t in ts]
+        elif op == WINDOWS:  # windows_node's ops undone; each element is in one window written
+            axis, size, step = arg
+            n, count = shape[axis], ts[0].shape[axis]
+            rows = -(-count * (n + step) // n)
+            pre, post = shape[:axis], shape[axis + 1 :]
+            back = [t.movedim(-1, axis + 1) for t in ts]  # (..., count, size, ...)
+            grow = [(0, 0)] * len(back[0].shape)
+            grow[axis + 1] = (0, n + step - size)
+            back = [t.pad(tuple(grow)).reshape(pre + (count * (n + step),) + post) for t in back]
+            grow = [(0, 0)] * len(shape)
+            grow[axis] = (0, rows * n - count * (n + step))
+            back = [t.pad(tuple(grow)).reshape(pre + (rows, n) + post) for t in back]
+            x_back = back[1].where(back[0], ts[0].dtype.min).max(axis, keepdim=True)
+            ts = [t.reshape(shape) for t in (x_back, back[1].any(axis, keepdim=True))]
+        elif op is Op.SHRINK:
+            pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
+            ts = [t.pad(pads) for t in ts]
+        elif op == STRIDE:  # every step-th element: the first in each row of a (count, step)
+            axis, step = arg
+            grow = [(0, 0)] * (len(shape) + 1)
+            grow[axis + 1] = (0, step - 1)
+            flat = shape[:axis] + (ts[0].shape[axis] * step,) + shape[axis + 1 :]
+            keep = [None] * len(shape)
+            keep[axis] = (0, shape[axis])
+            ts = [t.unsqueeze(axis + 1).pad(tuple(grow)).reshape(flat).shrink(keep) for t in ts]
+        elif op == BITCAST:  # the values' bits as the dtype before it
+            values = ts[0].bitcast(arg[0])
+            if len(ts) == 1 or arg[0].itemsize == arg[1].itemsize:
+                ts = [values, *ts[1:]]
+            elif any(o in (Op.SHRINK, Op.EXPAND, STRIDE, WINDOWS) for o, _ in steps[i + 1 :]):
+                raise ArgumentError(f"assign: this view writes part of the items of a {arg[0].name} -> "
+                                    f"{arg[1].name} bitcast (its elements are smaller or larger than the "
+                                    "tensor's it views); write whole items: assign to the bitcast itself")
+            else:  # every byte of the bitcast is written
+                ts = [values, type(values).ones(*values.shape, dtype=ts[1].dtype, device=values.device)]
+        elif op is Op.EXPAND and tuple(arg) != tuple(shape):
+            axes = tuple(i for i, (a, b) in enumerate(zip(shape, arg)) if a != b)
+            x_back = ts[1].where(ts[0], ts[0].dtype.min).max(axes, keepdim=True)
+            ts = [x_back, ts[1].any(axes, keepdim=True)]
+    return ts
 
 
 def overlapping(shape: tuple[int, ...], steps: Steps) -> bool:
@@ -211,6 +291,8 @@ def replay(node: Node, steps: Steps) -> Node:
             node = stride_node(node, *arg)
         elif op == WINDOWS:
             node = windows_node(node, *arg)
+        elif op == BITCAST:
+            node = arg[2](node)
         else:
             node = move(node, op, arg)
     return node

@@ -572,47 +572,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
         shapes = [root.shape]  # the shape before each step
         for op, arg in steps[:-1]:
             shapes.append(inplace.shape_after(shapes[-1], op, arg))
-        # each op undone on x and, where the view covers part of the base, on a mask of its elements (an
-        # expand that the view does not overlap leaves one of each expanded row's elements: that one)
+        # each op undone on x and, where the view covers part of the base, on a mask of its elements
         partial = any(op in (Op.SHRINK, Op.EXPAND, inplace.STRIDE, inplace.WINDOWS) for op, _ in steps)
         ts = [x, Tensor.ones(*x.shape, dtype=dtypes.bool, device=self.device)] if partial else [x]
-        for (op, arg), shape in zip(reversed(steps), reversed(shapes)):
-            if op is Op.RESHAPE:
-                ts = [t.reshape(shape) for t in ts]
-            elif op is Op.PERMUTE:
-                back = tuple(np.argsort(arg))
-                ts = [t.permute(back) for t in ts]
-            elif op is Op.FLIP:
-                ts = [t.flip(arg) for t in ts]
-            elif op == inplace.WINDOWS:  # windows_node's ops undone; each element is in one window written
-                axis, size, step = arg
-                n, count = shape[axis], ts[0].shape[axis]
-                rows = -(-count * (n + step) // n)
-                pre, post = shape[:axis], shape[axis + 1 :]
-                back = [t.movedim(-1, axis + 1) for t in ts]  # (..., count, size, ...)
-                grow = [(0, 0)] * len(back[0].shape)
-                grow[axis + 1] = (0, n + step - size)
-                back = [t.pad(tuple(grow)).reshape(pre + (count * (n + step),) + post) for t in back]
-                grow = [(0, 0)] * len(shape)
-                grow[axis] = (0, rows * n - count * (n + step))
-                back = [t.pad(tuple(grow)).reshape(pre + (rows, n) + post) for t in back]
-                x_back = back[1].where(back[0], self.dtype.min).max(axis, keepdim=True)
-                ts = [t.reshape(shape) for t in (x_back, back[1].any(axis, keepdim=True))]
-            elif op is Op.SHRINK:
-                pads = tuple((b, n - e) for (b, e), n in zip(arg, shape))
-                ts = [t.pad(pads) for t in ts]
-            elif op == inplace.STRIDE:  # every step-th element: the first in each row of a (count, step)
-                axis, step = arg
-                grow = [(0, 0)] * (len(shape) + 1)
-                grow[axis + 1] = (0, step - 1)
-                flat = shape[:axis] + (ts[0].shape[axis] * step,) + shape[axis + 1 :]
-                keep = [None] * len(shape)
-                keep[axis] = (0, shape[axis])
-                ts = [t.unsqueeze(axis + 1).pad(tuple(grow)).reshape(flat).shrink(keep) for t in ts]
-            elif op is Op.EXPAND and tuple(arg) != tuple(shape):
-                axes = tuple(i for i, (a, b) in enumerate(zip(shape, arg)) if a != b)
-                x_back = ts[1].where(ts[0], self.dtype.min).max(axes, keepdim=True)
-                ts = [x_back, ts[1].any(axes, keepdim=True)]
+        ts = inplace.undo(ts, steps, shapes)
         root.assign(ts[1].where(ts[0], root) if partial else ts[0])
         return True
 
@@ -950,7 +913,9 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
     def bitcast(self, dtype) -> Tensor:
         """The same bits read as another dtype (PyTorch's view(dtype), tinygrad's bitcast). Between dtypes
         of different sizes the last axis takes the bytes (PyTorch's rule: float32 (2, 3) as uint8 is
-        (2, 12)). Runs on the host between kernels (a HostStep, which TinyJit replays); not differentiable."""
+        (2, 12)). Runs on the host between kernels (a HostStep, which TinyJit replays); not differentiable.
+        A view, as PyTorch's: an assign() to it writes this tensor's bits, and this tensor's writes show in
+        it (where strides can say it, as in PyTorch)."""
         dtype = _dtype_on(dtypes.from_any(dtype), self.device)
         src, shape = self.dtype, self.shape
         if dtype == src:
@@ -972,7 +937,10 @@ class Tensor(ElementwiseOps, MathOps, ReduceOps, MovementOps, IndexingOps, Linal
             outputs[0][...] = from_bytes(to_bytes(inputs[0], src), dtype).reshape(shape)
 
         step = driver.HostStep("bitcast", reinterpret, [(shape, dtype)], self.device, key=(src, dtype))
-        return Tensor.run_host(step, self)[0]
+        out = Tensor.run_host(step, self)[0]
+        again = lambda node: Tensor(node).bitcast(dtype).node  # noqa: E731 (rebuilt on a new base node)
+        inplace.add_view(self, out, ((inplace.BITCAST, (src, dtype, again)),))  # (PyTorch's view(dtype))
+        return out
 
     def float(self) -> Tensor:
         return self.cast(dtypes.float32)
@@ -1198,3 +1166,4 @@ def _fresh_buffer(node: Node) -> Node:
     arr = inplace.to_numpy(node)
     buf = get_runtime(node.device).from_numpy(np.ascontiguousarray(arr))
     return Node.from_buffer(buf, node.shape, node.dtype, node.device)
+

@@ -77,10 +77,10 @@ def load_state_dict(obj: Any, state: dict[str, Any], strict: bool = True) -> Non
             "load_state_dict: " + "; ".join(parts) + " (pass strict=False to load the keys that match)"
         )
     values = {key: _to_numpy(state[key]) for key in own if key in state}
-    wrong = [f"{key} has shape {tuple(v.shape)}, model has {own[key].shape}" for key, v in values.items()
-             if tuple(v.shape) != own[key].shape]
-    if wrong:  # checked before any value is copied: a failed load leaves the model as it was
-        raise ShapeError("load_state_dict: size mismatch: " + "; ".join(wrong))
+    wrong = [f"Shape mismatch in layer `{key}`: Expected shape {own[key].shape}, but found {tuple(v.shape)}"
+             " in state dict." for key, v in values.items() if tuple(v.shape) != own[key].shape]
+    if wrong:  # (tinygrad's words) checked before any value is copied: a failed load changes nothing
+        raise ShapeError("load_state_dict: " + " ".join(wrong))
     for key, value in values.items():
         t = own[key]
         t.assign(Tensor(value.astype(t.dtype.np), device=t.device)).realize()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from tgrad import autodiff, inplace, symbolic, symbolic_ops
 from tgrad import realize as driver
 from tgrad.device import canonical, is_disk
 from tgrad.dtype import DType, check_fits, dtypes, to_bytes
-from tgrad.errors import ArgumentError, DiskError, DTypeError, IndexRangeError, ShapeError
+from tgrad.errors import ArgumentError, DiskError, DTypeError, IndexRangeError, ShapeError, user_stacklevel
 from tgrad.graph import SYM as g_SYM
 from tgrad.graph import Node, Op, move
 from tgrad.ops.helpers import _broadcast_shape, _normalize_axis
@@ -104,7 +105,7 @@ class IndexingOps:
         """Basic indexing (ints, slices with steps, None, ...) is a view; integer tensors, lists and bool
         masks gather (PyTorch's advanced indexing: index tensors broadcast together; their result dims go
         where the first one stood when they are adjacent, else first)."""
-        index = index if isinstance(index, tuple) else (index,)
+        index = _index_tuple(index, type(self))
         if self.device.startswith("DISK:"):
             _basic_only(self, index)
         if any(isinstance(v, slice) and (isinstance(v.start, Sym) or isinstance(v.stop, Sym)) for v in index):
@@ -198,7 +199,7 @@ class IndexingOps:
         with steps, integer tensors and masks write through scatter. Done with assign(): the tensor's
         buffer is updated in place, and gradients flow to value and to the elements not written."""
         Tensor = type(self)  # (tensor.py, which defines it, cannot be imported here)
-        index = index if isinstance(index, tuple) else (index,)
+        index = _index_tuple(index, type(self))
         if self.device.startswith("DISK:"):  # a view of the file (one contiguous range), written now
             self[index]._write_file(value, squeeze=True)
             return
@@ -234,7 +235,18 @@ class IndexingOps:
         positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
         v = value if isinstance(value, Tensor) else Tensor(value, device=self.device, dtype=self.dtype)
         v = v.cast(self.dtype)._broadcast_to(positions.shape)
-        flat = self.flatten().scatter(0, positions.flatten(), v.flatten())
+        grad = not Tensor.no_grad and (self.requires_grad or v.requires_grad)
+        if self.device in dtypes.HOST_DEVICES and not grad and self.numel() * v.numel() >= HOST_TAKE_MIN:
+            # numpy's put in a host step (TinyJit replays it): scatter's one-hot form costs numel() times
+            # as much (a (12M, 360k) mask for numpy's example of advanced indexing)
+            def put(inputs, outputs):
+                outputs[0][...] = inputs[0]
+                outputs[0][inputs[1]] = inputs[2]  # (a position written twice: the last value, as scatter's)
+
+            step = driver.HostStep("setitem", put, [((self.numel(),), self.dtype)], self.device, key=())
+            (flat,) = Tensor.run_host(step, self.flatten(), positions.flatten(), v.flatten())
+        else:
+            flat = self.flatten().scatter(0, positions.flatten(), v.flatten())
         self.assign(flat.reshape(self.shape))
 
     def _box(self, index: tuple):
@@ -269,7 +281,12 @@ class IndexingOps:
         """Advanced indexing of several axes at once by integer tensors that broadcast together."""
         if len(axes) == 1:
             return self._take(axes[0], indices[0])
-        shape = _broadcast_shape(*(t.shape for t in indices))
+        try:
+            shape = _broadcast_shape(*(t.shape for t in indices))
+        except ShapeError:  # an IndexError, as PyTorch's and numpy's
+            shapes = ", ".join(str(t.shape) for t in indices)
+            raise IndexRangeError(f"index: shape mismatch: the index tensors' shapes {shapes} do not "
+                                  "broadcast together") from None
         sizes = [self.shape[a] for a in axes]
         flat = None
         for t, n in zip(indices, sizes):  # one index into the flattened indexed axes, row-major
@@ -557,27 +574,48 @@ class IndexingOps:
         return mask.where(fill, self)
 
     def masked_select(self, mask: Tensor, size: int | None = None, fill_value=0) -> Tensor:
-        """The elements where mask is True, as a 1-d tensor. Its length depends on the data, so the mask is
-        computed now (size= fixes the length: cut, or padded with fill_value)."""
+        """The elements where mask is True, as a 1-d tensor. Without size= its length depends on the data,
+        so the mask is read now; size= (tinygrad's) fixes the length: the first `size` elements, padded with
+        fill_value, computed by kernels with no read (usable inside TinyJit)."""
         _check_mask(mask, "masked_select", type(self))
         shape = _broadcast_shape(self.shape, mask.shape)
+        x = self._broadcast_to(shape).flatten()
+        if size is not None:
+            size = _static_size(size, "masked_select")
+            fill = type(self).full((), check_fits(fill_value, self.dtype, "masked_select", strict_float=True),
+                                   dtype=self.dtype, device=self.device)
+            n = x.shape[0]
+            if n == 0:
+                return fill.expand(size).contiguous()
+            flat = _static_positions(mask._broadcast_to(shape).flatten(), size)
+            return (flat < n).where(x._take(0, flat.minimum(n - 1), checked=True), fill)
         where = np.flatnonzero(np.broadcast_to(mask.numpy(), shape))
-        picked = self._broadcast_to(shape).flatten()[type(self)(where, device=self.device)]
-        if size is None:
-            return picked
-        if len(where) >= size:
-            return picked[:size]
-        return picked.pad(((0, size - len(where)),), fill_value)
+        return x[type(self)(where, device=self.device)]
 
     def nonzero(self, size: int | None = None, fill_value: int = -1) -> Tensor:
-        """Indices of the nonzero elements, (count, ndim) (PyTorch's); computed now, as the count depends
-        on the data (size= fixes the count: cut, or padded with fill_value)."""
-        Tensor = type(self)  # (tensor.py, which defines it, cannot be imported here)
-        where = np.argwhere(self.numpy())
+        """Indices of the nonzero elements, (count, ndim) (PyTorch's); without size= the count depends on
+        the data, so it is computed now. size= fixes the count as torch.nonzero_static: the first `size`
+        rows, padded with fill_value, computed by kernels with no read (usable inside TinyJit)."""
         if size is not None:
-            pad = np.full((max(0, size - len(where)), self.ndim), fill_value, dtype=where.dtype)
-            where = np.concatenate([where[:size], pad])
-        return Tensor(where.reshape(len(where), self.ndim).astype(dtypes.default_int.np), device=self.device)
+            return self.nonzero_static(size=size, fill_value=fill_value)
+        where = np.argwhere(self.numpy())
+        where = where.reshape(len(where), self.ndim)  # (a 0-d tensor: (1, 0) or (0, 0), as PyTorch)
+        return type(self)(where.astype(dtypes.default_int.np), device=self.device)
+
+    def nonzero_static(self, *, size: int, fill_value: int = -1) -> Tensor:
+        """torch.nonzero_static: (size, ndim) indices of the first `size` nonzero elements (row-major),
+        the rows past their count fill_value; no data-dependent shape, so nothing is read back."""
+        size = _static_size(size, "nonzero_static")
+        if isinstance(fill_value, bool) or not isinstance(fill_value, (int, np.integer)):
+            raise ArgumentError(f"nonzero_static: fill_value must be an int, got {type(fill_value).__name__} "
+                                f"{fill_value!r}")
+        fill = check_fits(fill_value, dtypes.default_int, "nonzero_static")
+        Tensor, n = type(self), self.numel()
+        if self.ndim == 0 or n == 0:  # no coordinates (0-d: PyTorch's (size, 0)) or no element to find
+            return Tensor.full((size, self.ndim), fill, dtype=dtypes.default_int, device=self.device)
+        flat = _static_positions((self != 0).flatten(), size)
+        coords = [flat // math.prod(self.shape[d + 1 :]) % s for d, s in enumerate(self.shape)]
+        return (flat < n).unsqueeze(-1).where(Tensor.stack(coords, dim=-1), fill).cast(dtypes.default_int)
 
     def one_hot(self, num_classes: int) -> Tensor:
         """(..., num_classes) with a 1 at each index (the default integer dtype). num_classes must be given:
@@ -589,6 +627,38 @@ class IndexingOps:
         type(self)._check_index(self, 0, num_classes, "one_hot")
         classes = type(self).arange(num_classes, device=self.device, dtype=self.dtype)
         return (self.unsqueeze(-1) == classes).cast(dtypes.default_int)
+
+
+def _static_size(size, op: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise ArgumentError(f"{op}: size must be an int >= 0, got {type(size).__name__} {size!r}")
+    return int(size)
+
+
+def _static_positions(mask: Tensor, size: int) -> Tensor:
+    """(size,): the flat position of the k-th True of a 1-d mask, len(mask) for k past their count. The
+    k-th True is where the running count reaches k + 1, so its position is the number of places where the
+    count is still <= k: kernels only (a cumsum and a compare-and-count), no value read back."""
+    count = mask.cumsum()
+    k = type(mask).arange(size, device=mask.device, dtype=count.dtype)
+    return (count.unsqueeze(0) <= k.unsqueeze(1)).sum(-1, dtype=dtypes.default_int)
+
+
+def _index_tuple(index, tensor_class: type) -> tuple:
+    """The index as a tuple of entries. A list is one entry (indices), except as PyTorch reads it (numpy's
+    old rule, kept there with a deprecation warning, and tinygrad's): shorter than 32 and holding a slice,
+    None, ..., a sequence or a tensor, it is a tuple of entries (t[[slice(None), [1, 3]]] is t[:, [1, 3]],
+    t[[[0, 1], [2, 3]]] is t[[0, 1], [2, 3]]). PyTorch's warning is given too."""
+    if isinstance(index, tuple):
+        return index
+    entry = (slice, list, tuple, np.ndarray, tensor_class)
+    if isinstance(index, list) and len(index) < 32 and any(
+            v is None or v is Ellipsis or isinstance(v, entry) for v in index):
+        warnings.warn("Using a non-tuple sequence for multidimensional indexing is deprecated (in PyTorch, "
+                      "whose reading this is, too); use x[tuple(seq)] instead of x[seq]",
+                      UserWarning, stacklevel=user_stacklevel())
+        return tuple(index)
+    return (index,)
 
 
 def _check_mask(mask, op: str, tensor_class: type) -> None:

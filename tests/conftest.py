@@ -166,10 +166,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Objects that outlive a test (imports, compiled kernels, caches: ~800k after a few thousand tests) are frozen
-# out of the garbage collector before each test, and collected together every FREEZE_EVERY tests. Without
-# it each full collection, the automatic ones and the gc.collect() of the memory tests, walked every one of
-# them (~0.5 s each); a test's own objects stay collectable, so what it frees by gc.collect() is unchanged
-FREEZE_EVERY = 200
+# out of the garbage collector before each test, after collecting what the last test left (a collection
+# walks only objects not frozen: the last test's), and all are collected together every FREEZE_EVERY tests.
+# Without it each full collection, the automatic ones and the gc.collect() of the memory tests, walked
+# every one of them (~0.5 s each). No test starts with another's cyclic garbage alive (a lazy tensor of an
+# earlier test still alive changes what a realize computes: tgrad tracks live lazy tensors)
+FREEZE_EVERY = 500
 _since_collect = [0]
 
 
@@ -179,7 +181,7 @@ def pytest_runtest_setup(item):
     if _since_collect[0] >= FREEZE_EVERY:
         _since_collect[0] = 0
         gc.unfreeze()
-        gc.collect()
+    gc.collect()
     gc.freeze()
 
 

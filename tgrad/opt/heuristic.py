@@ -62,11 +62,18 @@ def optimize(kernel: Kernel, props: DeviceProps, noopt: bool | None = None) -> K
 # C-style devices
 
 
+def float_sum(kernel: Kernel) -> bool:
+    return kernel.reduce_op == "SUM" and kernel.acc_dtype.is_float
+
+
 def group_reduces(kernel: Kernel, props: DeviceProps) -> bool:
     if kernel.reduce_expr is None or (kernel.acc_dtype == dtypes.bool and not props.group_bool):
         return False
     n_out = math.prod(kernel.global_shape)
-    return math.prod(kernel.reduce_shape) >= props.group_min_reduce and n_out <= props.group_max_outputs
+    if math.prod(kernel.reduce_shape) < props.group_min_reduce or n_out > props.group_max_outputs:
+        return False
+    # (on a cpu_backed device, reductions other than float sums cooperate only where the outputs are few)
+    return not props.cpu_backed or float_sum(kernel) or n_out * props.group_size < props.group_items
 
 
 def tiled_axes(kernel: Kernel, upcast: int) -> tuple[int, ...]:
@@ -86,6 +93,9 @@ def tiled_axes(kernel: Kernel, upcast: int) -> tuple[int, ...]:
 def cstyle_opts(kernel: Kernel, props: DeviceProps, noopt: bool) -> tuple[Opt, ...]:
     if group_reduces(kernel, props):
         size = min(props.group_size, 1 << (props.max_local.bit_length() - 1))  # a power of two that fits
+        if props.cpu_backed:  # (enough work-items for the cores' lanes, no more: see DeviceProps)
+            want = max(1, props.group_items // max(1, math.prod(kernel.global_shape)))
+            size = min(size, max(16, 1 << (want.bit_length() - 1)))
         return (Opt(OptOps.GROUP, size),)
     tiles = () if noopt else tiled_axes(kernel, props.register_tiles)
     local = max(1, min(props.preferred_local, props.max_local))

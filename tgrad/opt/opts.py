@@ -121,6 +121,14 @@ class DeviceProps:
     group_min_reduce: int = 256  # reduce length from which they cooperate ...
     group_max_outputs: int = 2048  # ... on kernels with at most this many outputs (more fill the device)
     group_bool: bool = False  # bool reductions cooperate too
+    # the API runs on the host's cores (Mesa's lavapipe / llvmpipe, PoCL): a work-group's cooperation is
+    # emulated (its barriers are loops over the items), while independent work-items fill the SIMD lanes.
+    # Then float sums cooperate in groups just big enough for `group_items` work-items in all (16 to
+    # `group_size`: a full sum takes the largest, 4096 row sums the smallest; their items compensate: the
+    # accuracy of a GROUP sum), other reductions only where outputs x `group_size` stay under
+    # `group_items` (a full max), else one work-item per output (measured: bench/HISTORY.md)
+    cpu_backed: bool = False
+    group_items: int = 4096
     interpreted: bool = False  # kernels run in an interpreter whose cost grows with the programs launched
     # Triton: elements of one program's tile (a GPU's: fits the registers of 4-8 warps; the interpreter's
     # runtime sets 65536: few, big programs, as its cost is per program)

@@ -31,7 +31,7 @@ from tgrad.dtype import dtypes
 from tgrad.errors import KernelError
 from tgrad.fuse import Kernel
 from tgrad.loop_axes import nodes
-from tgrad.opt.heuristic import tiled_axes
+from tgrad.opt.heuristic import float_sum, tiled_axes
 from tgrad.opt.host import host_opts
 from tgrad.opt.limits import fit_loops
 from tgrad.opt.opts import DeviceProps, Opt, OptOps, find, upcasts
@@ -49,7 +49,7 @@ def _cstyle(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
     group, unroll = find(opts, OptOps.GROUP), find(opts, OptOps.UNROLL, 1)
     local, tile = find(opts, OptOps.LOCAL, props.preferred_local), max(upcasts(opts).values(), default=1)
     reduces = kernel.reduce_expr is not None
-    keep_group = bool(group) and _float_sum(kernel)
+    keep_group = bool(group) and float_sum(kernel)
     can_group = reduces and (kernel.acc_dtype != dtypes.bool or props.group_bool)
     groups = ([] if keep_group else [0]) + (_pow2s(16, props.max_local) if can_group else [])
     tiles = [1, 2, 4, 8] if reduces and not group else [tile]
@@ -99,17 +99,13 @@ def _triton(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
     return out
 
 
-def _float_sum(kernel: Kernel) -> bool:
-    return kernel.reduce_op == "SUM" and kernel.acc_dtype.is_float
-
-
 def _cpu(kernel: Kernel, props: DeviceProps) -> list[tuple[Opt, ...]]:
     """The opts of HostTuning variants (the CPU's search space): threads or not, and for a contraction
     the generated loop, BLAS, a batched function or a direct convolution where each applies. A threaded
     full float sum stays threaded (its chunks add blocks of `sum_block` elements: numpy's accuracy; a
     serial loop's would be less accurate)."""
     never, always = 1 << 62, 0
-    full_sum = _float_sum(kernel) and kernel.n_global == 0 and find(host_opts(kernel, props), OptOps.THREADS)
+    full_sum = float_sum(kernel) and kernel.n_global == 0 and find(host_opts(kernel, props), OptOps.THREADS)
     variants = [dict(parallel_min_work=always), *([] if full_sum else [dict(parallel_min_work=never)]),
                 dict(blas_min_work=never, blas_min_matvec_work=never),
                 dict(blas_min_work=always, blas_min_matvec_work=always, windows_max_k=0),

@@ -48,13 +48,17 @@ def device_props(limits: dict, info: dict | None = None) -> DeviceProps:
     """What the optimizer knows of a WebGPU adapter with these limits (and GPUAdapterInfo). Workgroups of 64
     (a multiple of every vendor's SIMD width, within WebGPU's default limit of 256); tree reductions of 256
     invocations for 256+ elements into <= 8192 outputs (bools too: the WGSL renderer reduces them in u32
-    workgroup memory); the WGSL renderer has no register tiles."""
+    workgroup memory); the WGSL renderer has no register tiles. A software adapter: workgroups of 256, and
+    the cooperation rules of DeviceProps.cpu_backed."""
     local = limits["max-compute-invocations-per-workgroup"]
     local = min(local, limits.get("max-compute-workgroup-size-x", local))
+    # a software adapter (Mesa's lavapipe / llvmpipe: adapter type "CPU") runs work-groups as loops on the
+    # host's cores: fewer cooperating invocations, bigger work-groups (DeviceProps.cpu_backed)
+    cpu = str((info or {}).get("adapter_type", "")).upper() == "CPU"
     return DeviceProps("WEBGPU", max_local=local,
-                       max_groups_per_dim=limits["max-compute-workgroups-per-dimension"], preferred_local=64,
-                       register_tiles=1, group_size=256, group_max_outputs=8192, group_bool=True,
-                       max_loop=max_loop(info or {}))
+                       max_groups_per_dim=limits["max-compute-workgroups-per-dimension"],
+                       preferred_local=256 if cpu else 64, register_tiles=1, group_size=256,
+                       group_max_outputs=8192, group_bool=True, max_loop=max_loop(info or {}), cpu_backed=cpu)
 
 
 def _check_index_range(kernel: Kernel) -> None:

@@ -41,6 +41,34 @@ def test_cstyle_opts_follow_the_device():
     assert not upcasts(cstyle_opts(matmul, DeviceProps("CL"), True))  # NOOPT
 
 
+def test_a_cpu_backed_device_cooperates_less():
+    """A software adapter (lavapipe / llvmpipe: adapter type "CPU") runs a work-group's invocations as loops:
+    float sums cooperate in groups sized for group_items invocations in all, other reductions only where
+    the outputs are few; a GPU adapter keeps its groups of 256."""
+    soft = DeviceProps("WEBGPU", group_size=256, group_max_outputs=8192, cpu_backed=True, group_items=4096)
+    gpu = dataclasses.replace(soft, cpu_backed=False)
+    rows = numpy_tensor((4096, 1024))
+    assert cstyle_opts(kernel_of(rows.sum(1)), soft, False) == (Opt(OptOps.GROUP, 16),)
+    assert cstyle_opts(kernel_of(rows[:64].sum(1)), soft, False) == (Opt(OptOps.GROUP, 64),)
+    assert cstyle_opts(kernel_of(rows.sum()), soft, False) == (Opt(OptOps.GROUP, 256),)
+    assert cstyle_opts(kernel_of(rows.max(1)), soft, False) == (Opt(OptOps.LOCAL, soft.preferred_local),)
+    assert cstyle_opts(kernel_of(rows.max()), soft, False) == (Opt(OptOps.GROUP, 256),)
+    for k in (rows.sum(1), rows.max(1), rows[:64].sum(1)):
+        assert cstyle_opts(kernel_of(k), gpu, False) == (Opt(OptOps.GROUP, 256),)
+    # short reductions never cooperate (a group over one element failed to render)
+    assert cstyle_opts(kernel_of(numpy_tensor((3, 1)).max(1)), soft, False) == (Opt(OptOps.LOCAL, 128),)
+
+
+def test_webgpu_props_say_cpu_backed_from_the_adapter():
+    from tgrad.runtime.webgpu import device_props
+
+    limits = {"max-compute-invocations-per-workgroup": 1024, "max-compute-workgroups-per-dimension": 65535}
+    soft = device_props(limits, {"adapter_type": "CPU", "device": "llvmpipe (LLVM 15.0.6, 256 bits)"})
+    gpu = device_props(limits, {"adapter_type": "DiscreteGPU", "device": "NVIDIA H100"})
+    assert soft.cpu_backed and soft.preferred_local == 256
+    assert not gpu.cpu_backed and gpu.preferred_local == 64 and gpu.group_size == 256
+
+
 def test_triton_split_follows_the_compute_units():
     channel_sums = kernel_of(numpy_tensor((32, 51200)).sum(1))  # 8 programs of 4 rows, 50 tiles each
 

@@ -173,8 +173,9 @@ class _Recorder(driver.Recorder):
     def __init__(self):
         self.launches: list[tuple] = []
         self.written: dict[int, int] = {}
-        # id(buffer allocated in this call) -> (its shape, the nodes its value was computed from)
-        self.fresh: dict[int, tuple[tuple[int, ...], tuple[g.Node, ...]]] = {}
+        # id(buffer allocated in this call) -> (its shape, the nodes its value was computed from, a weak
+        # reference to it: once it is freed, its id may name a new buffer)
+        self.fresh: dict[int, tuple[tuple[int, ...], tuple[g.Node, ...], weakref.ref]] = {}
         self.randoms: list[tuple] = []  # (buffer, draw, dtype, device)
         self.hosts: list[tuple] = []  # (buffer, host array)
         self.evaluated = False  # whether a graph-evaluating device (NUMPY) computed something
@@ -183,7 +184,7 @@ class _Recorder(driver.Recorder):
         self.launches.append((runner, out, inputs))
         self.written[id(out)] = next(g.Node._ids)
         if fresh:
-            self.fresh[id(out)] = (node.shape, (node,))
+            self.fresh[id(out)] = (node.shape, (node,), weakref.ref(out))
 
     def host(self, step, inputs, outputs) -> None:
         call = _HostCall(step, [n.shape for n in inputs])
@@ -193,7 +194,7 @@ class _Recorder(driver.Recorder):
         sources = tuple(inputs) + tuple(n for i in inputs for n in self.fresh.get(id(i.buffer), ((), ()))[1])
         for out, (shape, _) in zip(outputs, step.outputs):
             self.written[id(out)] = next(g.Node._ids)
-            self.fresh[id(out)] = (shape, sources)
+            self.fresh[id(out)] = (shape, sources, weakref.ref(out))
 
     def upload(self, buf, array) -> None:
         self.hosts.append((buf, array))
@@ -639,7 +640,9 @@ class TinyJit:
         known = set(v.in_ids) | {k for _, k in v.grad_ins}
         first_in = {id(b) for b in v.first_inputs}
         for k in reads:
-            shape, nodes = v.first_fresh.get(k, (None, ()))
+            shape, nodes, first = v.first_fresh.get(k, (None, (), None))
+            if first is None or first() is None:  # (not call 1's buffer: that one was freed, its id reused)
+                continue
             if k not in known and k not in log.written and _reaches(nodes, first_in):
                 return self._refuse(
                     f"TinyJit: the function reads a tensor {shape} that its previous call computed from "

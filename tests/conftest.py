@@ -107,6 +107,26 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "spread: every case on SWEEP_DEVICES, each case on one of the other devices in turn"
     )
+    _group_tests(config)
+
+
+def _group_tests(config) -> None:
+    """pytest-xdist's `-n N` deals tests out one by one (`--dist load`); here it keeps the tests marked
+    `xdist_group` on one worker (`loadgroup`, which is `load` for every other test): the 2 GB tensors of
+    test_big_tensors.py then share one worker, which makes each tensor once and runs its tests one after
+    another, instead of both workers taking turns on a lock and waiting for it. An explicit --dist stays.
+    A worker learns it from the controller (pytest_configure_node): it marks its items' ids with the group."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        if workerinput.get("tgrad_loadgroup"):
+            config.option.loadgroup = True
+    elif config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "load":
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["tgrad_loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
 def _on_diagonal(indices: dict[int, int], sizes: dict[int, int]) -> bool:

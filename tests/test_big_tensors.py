@@ -19,9 +19,14 @@ N = 2**31 + 1000
 FIRST_MAX, LAST_MAX, ONLY_ZERO, THREE = 2**31 + 3, N - 7, 2**31 + 10, 5
 
 
+# one pytest-xdist worker runs this file (conftest: loadgroup), so each big tensor is made once
+pytestmark = pytest.mark.xdist_group("big_tensors")
+
+
 @pytest.fixture(autouse=True)
 def _one_at_a_time():
-    """One big test at a time across pytest-xdist's workers (a lock file): two at once would need ~22 GB."""
+    """One big test at a time across pytest-xdist's workers (a lock file), where a run deals them to
+    several (an explicit --dist load): two tests' temporaries at once would need ~22 GB."""
     with open(Path(tempfile.gettempdir()) / "tgrad_big_tensors.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -30,9 +35,10 @@ def _one_at_a_time():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@pytest.fixture(params=["CPU", "NUMPY"])
+@pytest.fixture(scope="module", params=["CPU", "NUMPY"])
 def big(request):
-    """A uint8 tensor of N elements: ones, but 9 at FIRST_MAX and LAST_MAX, 0 at ONLY_ZERO, 3 at THREE."""
+    """A uint8 tensor of N elements: ones, but 9 at FIRST_MAX and LAST_MAX, 0 at ONLY_ZERO, 3 at THREE.
+    Made once per device for the file's tests, which only read it."""
     open_or_skip(request.param)
     a = np.ones(N, np.uint8)
     a[[FIRST_MAX, LAST_MAX]], a[ONLY_ZERO], a[THREE] = 9, 0, 3

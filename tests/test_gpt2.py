@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from tgrad.dtype import dtypes
 from tgrad.errors import ArgumentError, IndexRangeError, ShapeError
@@ -24,13 +23,22 @@ VOCAB, POSITIONS = 96, 96
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _hf():
+    """transformers, imported by the tests that use it: its import takes ~4 s, which every pytest-xdist worker
+    paid while collecting the suite"""
+    import transformers
+
+    return transformers
+
+
 def make_checkpoint(path, layers=2, width=32, heads=4, seed=0, **extra):
     """A random GPT-2 saved by transformers. initializer_range 0.2 (transformers' default is 0.02) spreads
     the logits, so a greedy pick is never decided by a last-bit difference between the two libraries."""
     torch.manual_seed(seed)
-    cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=VOCAB, n_positions=POSITIONS,
-                     initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=0, **extra)
-    model = GPT2LMHeadModel(cfg).eval()
+    hf = _hf()
+    cfg = hf.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=VOCAB, n_positions=POSITIONS,
+                        initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=0, **extra)
+    model = hf.GPT2LMHeadModel(cfg).eval()
     model.save_pretrained(path)
     return model
 
@@ -93,13 +101,14 @@ def test_greedy_generation_matches_transformers(checkpoint, device, use_cache):
 @pytest.mark.parametrize("half", ["float16", "bfloat16"])
 def test_half_precision_checkpoints_load(tmp_path, device, half):
     make_checkpoint(tmp_path / "f32", layers=1)
-    model16 = GPT2LMHeadModel.from_pretrained(tmp_path / "f32", dtype=getattr(torch, half))
+    model16 = _hf().GPT2LMHeadModel.from_pretrained(tmp_path / "f32", dtype=getattr(torch, half))
     model16.save_pretrained(tmp_path / half)
     raw = (tmp_path / half / "model.safetensors").read_bytes()
     header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
     stored = {v["dtype"] for k, v in header.items() if k != "__metadata__"}
     assert stored == {"F16" if half == "float16" else "BF16"}
-    ref = GPT2LMHeadModel.from_pretrained(tmp_path / half, dtype=torch.float32).eval()  # the same values
+    # the same values
+    ref = _hf().GPT2LMHeadModel.from_pretrained(tmp_path / half, dtype=torch.float32).eval()
     ids, mask = padded_batch()
     got = GPT2.from_pretrained(tmp_path / half)(ids, attention_mask=mask).numpy()
     want = reference_logits(ref, ids, mask)

@@ -7,7 +7,15 @@ import types
 
 import pytest
 
-from tests.conftest import SWEEP_DEVICES, _cases, _flat_case, _on_diagonal, _spread_keeps
+from tests.conftest import (
+    SWEEP_DEVICES,
+    _cases,
+    _flat_case,
+    _group_tests,
+    _on_diagonal,
+    _spread_keeps,
+    pytest_configure_node,
+)
 
 
 @pytest.mark.parametrize("sizes", [(9, 3), (2, 6), (3, 2, 2), (4,), (5, 5)])
@@ -78,3 +86,41 @@ def test_spread_tests_are_marked():
     for fn in (test_optim.test_eager_steps_see_a_changed_hyperparameter,
                test_linalg_decomp.test_newton_schulz_matches_torch):
         assert any(m.name == "spread" for m in fn.pytestmark)
+
+
+class _PluginManager:
+    def __init__(self, xdist: bool):
+        self.xdist = xdist
+
+    def hasplugin(self, name: str) -> bool:
+        return self.xdist and name == "xdist"
+
+
+def _config(dist: str | None, xdist: bool = True, workerinput: dict | None = None) -> types.SimpleNamespace:
+    option = types.SimpleNamespace(dist=dist, loadgroup=False)
+    config = types.SimpleNamespace(option=option, pluginmanager=_PluginManager(xdist),
+                                   getoption=lambda name, default=None: getattr(option, name, default))
+    if workerinput is not None:
+        config.workerinput = workerinput
+    return config
+
+
+def test_xdist_groups_stay_on_one_worker_unless_told_otherwise():
+    """`-n N` (pytest-xdist's `--dist load`) becomes `loadgroup`, which keeps tests marked xdist_group on
+    one worker (test_big_tensors.py's 2 GB tensors); an explicit mode and a run without xdist stay; a
+    worker told so by the controller marks its items with their group."""
+    modes = (("load", "loadgroup"), ("loadscope", "loadscope"), ("no", "no"), ("loadgroup", "loadgroup"))
+    for dist, want in modes:
+        config = _config(dist)
+        _group_tests(config)
+        assert config.option.dist == want
+    config = _config("load", xdist=False)
+    _group_tests(config)
+    assert config.option.dist == "load"
+    for told in (True, False):
+        worker = _config("no", workerinput={"tgrad_loadgroup": told})
+        _group_tests(worker)
+        assert worker.option.loadgroup is told and worker.option.dist == "no"
+    node = types.SimpleNamespace(config=_config("loadgroup"), workerinput={})
+    pytest_configure_node(node)
+    assert node.workerinput == {"tgrad_loadgroup": True}

@@ -243,6 +243,28 @@ def test_reductions(tdev, blocks):
                                (a * col).sum(1) + a[:, 3], rtol=1e-5, atol=1e-5)
 
 
+def test_interpreter_launches_leave_triton_language_as_it_was(tdev):
+    """tgrad lists the builtins Triton's interpreter replaces around each launch once (runtime/triton.py):
+    launches (with jitted tl.max and tl.sum inside, which replace builtins again) give numpy's values and
+    leave the builtins of triton.language, tl.tensor and tl.math as they were before, as Triton's own
+    search does. (tl.core's stay replaced after a launch with either: Triton's jitted functions replace
+    them without undoing it.)"""
+    if not tdev.interpret:
+        pytest.skip("Triton's interpreter only (TRITON_INTERPRET=1)")
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    assert getattr(interpreter._patch_builtin, "tgrad_cached", False)
+    packages = (tl, tl.tensor, tl.math)
+    before = [{n: m for n, m in vars(p).items() if tl.core.is_builtin(m)} for p in packages]
+    assert all(before)
+    a = A537
+    e = np.exp(a - a.max(1, keepdims=True))
+    for _ in range(2):  # the second launch runs on the names listed in the first
+        np.testing.assert_allclose(run(tdev, T(a).softmax(1)), e / e.sum(1, keepdims=True), rtol=1e-5)
+    assert [{n: m for n, m in vars(p).items() if tl.core.is_builtin(m)} for p in packages] == before
+
+
 def test_empty_reduce_and_scalars(tdev):
     empty = np.zeros((3, 0), np.float32)
     np.testing.assert_array_equal(run(tdev, T(empty).sum(1)), np.zeros(3, np.float32))

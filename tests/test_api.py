@@ -237,13 +237,15 @@ def test_debug2_times_a_row_groups_build_apart(monkeypatch, capsys):
     from tgrad import device as device_module
 
     rt = device_module.get_runtime("CPU")
-    build = rt._build
+    build = type(rt)._build
 
-    def slow_build(*args, **kwargs):
+    def slow_build(self, *args, **kwargs):
         time.sleep(0.3)
-        return build(*args, **kwargs)
+        return build(self, *args, **kwargs)
 
-    monkeypatch.setattr(rt, "_build", slow_build)
+    # (on the class: an instance attribute would be put back as one, the bound method, which then hides
+    # every later patch of the class's method, e.g. test_direct_conv's counting of the scatter's builds)
+    monkeypatch.setattr(type(rt), "_build", slow_build)
     monkeypatch.setattr(device_module, "DEBUG", 2)
     x = np.random.default_rng(3).standard_normal((29, 173)).astype(np.float32)  # a shape no other test runs
     got = Tensor(x, device="CPU").softmax(1).numpy()

@@ -94,7 +94,8 @@ def test_opts_are_part_of_the_kernel():
 
 # what each device runs with, instead of its own properties: sizes no default picks
 ODD = {
-    "CL": dict(preferred_local=8, max_local=32, group_size=32, group_min_reduce=64, register_tiles=2),
+    "CL": dict(preferred_local=8, max_local=32, group_size=32, group_min_reduce=64, register_tiles=2,
+               cpu_device=False),  # (PoCL's own: LANES, tested below)
     "WEBGPU": dict(preferred_local=16, max_local=32, group_size=32, group_min_reduce=64),
     # a GPU's block sizes run in the interpreter, and split reduces (the interpreter itself never splits)
     "TRITON": dict(interpreted=False, compute_units=4096, tile_elements=4096),
@@ -132,4 +133,5 @@ def test_debug2_shows_the_opts(monkeypatch, capsys):
     monkeypatch.setattr(device_module, "DEBUG", 2)
     a = RNG.standard_normal((5, 777)).astype(np.float32)
     np.testing.assert_allclose(Tensor(a, device="CL").sum(1).numpy(), a.sum(1), rtol=1e-5, atol=1e-4)
-    assert "GROUP(128)" in capsys.readouterr().err
+    want = "LANES(8) LOCAL(2)" if get_runtime("CL").props.cpu_device else "GROUP(128)"  # (PoCL: 2 units)
+    assert want in capsys.readouterr().err

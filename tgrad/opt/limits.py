@@ -26,7 +26,7 @@ def loop_iterations(kernel: Kernel, opts: tuple[Opt, ...] | None = None) -> int:
     opts = kernel.opts if opts is None else opts
     if kernel.reduce_expr is None:
         return 0
-    unroll = find(opts, OptOps.UNROLL, 1)
+    unroll = find(opts, OptOps.UNROLL) or find(opts, OptOps.LANES) or 1
     group = find(opts, OptOps.GROUP)
     if group:
         steps = -(-math.prod(kernel.reduce_shape) // (group * unroll))
@@ -46,7 +46,7 @@ def _candidates(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]):
     group = find(opts, OptOps.GROUP)
     unrolls = [1 << b for b in range(1, props.max_unroll.bit_length())]  # 2, 4, ... max_unroll
     if not group:
-        plain = tuple(o for o in opts if o.op is not OptOps.UNROLL)
+        plain = tuple(o for o in opts if o.op not in (OptOps.UNROLL, OptOps.LANES))
         for u in unrolls:
             yield (*plain, Opt(OptOps.UNROLL, u))
         if kernel.acc_dtype == dtypes.bool and not props.group_bool:

@@ -24,6 +24,10 @@ class OptOps(Enum):
     SPLIT = "split"  # the reduction in `arg` shares, partial results added by a second pass (Triton)
     WARPS = "warps"  # Triton's num_warps
     UNROLL = "unroll"  # the innermost reduce loop (a GROUP's strided loop) does `arg` steps per iteration
+    # C-style, without GROUP or UPCAST: the innermost reduce loop does `arg` steps per iteration, each into
+    # an accumulator of its own (a float sum's compensated), combined after the loop: `arg` independent
+    # chains of adds where one chain waits on each add's latency (a CPU running a work-item's long loop)
+    LANES = "lanes"
     # the CPU (emit_numba, opt/host.py):
     CONTRACT = "contract"  # how a matmul-shaped reduce runs: `arg` a Contract
     THREADS = "threads"  # the outer loop split over threads: the kernel's (axis None), or sub-kernel `axis`'s
@@ -130,6 +134,14 @@ class DeviceProps:
     # `group_items` (a full max), else one work-item per output (measured: bench/HISTORY.md)
     cpu_backed: bool = False
     group_items: int = 4096
+    # an OpenCL device that says it is a CPU (CL_DEVICE_TYPE_CPU: PoCL): a work-group's items run one after
+    # another in one thread, so a GROUP's strided items reread each cache line and each item's compensated
+    # sum is one chain of dependent adds. There a reduction the GROUP rule would give a group runs one
+    # work-item per output with `reduce_lanes` accumulators (LANES), in work-groups small enough
+    # that every compute unit gets one (measured: bench/HISTORY.md; 4 lanes were 1.3x slower than 8, 16
+    # the same as 8)
+    cpu_device: bool = False
+    reduce_lanes: int = 8
     interpreted: bool = False  # kernels run in an interpreter whose cost grows with the programs launched
     # Triton: elements of one program's tile (a GPU's: fits the registers of 4-8 warps; the interpreter's
     # runtime sets 65536: few, big programs, as its cost is per program)

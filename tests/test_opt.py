@@ -8,6 +8,7 @@ import pytest
 from tests.conftest import open_or_skip
 from tgrad import Tensor
 from tgrad.device import get_runtime
+from tgrad.dtype import dtypes
 from tgrad.fuse import schedule
 from tgrad.opt import DeviceProps, Opt, OptOps, find, optimize, upcasts
 from tgrad.opt.heuristic import cstyle_opts, triton_opts
@@ -57,6 +58,42 @@ def test_a_cpu_backed_device_cooperates_less():
         assert cstyle_opts(kernel_of(k), gpu, False) == (Opt(OptOps.GROUP, 256),)
     # short reductions never cooperate (a group over one element failed to render)
     assert cstyle_opts(kernel_of(numpy_tensor((3, 1)).max(1)), soft, False) == (Opt(OptOps.LOCAL, 128),)
+
+
+def test_a_cpu_opencl_device_reduces_in_lanes():
+    """An OpenCL device of type CPU (PoCL) runs a work-group's items one after another: a reduction gets
+    one work-item per output with 8 accumulators (LANES) in work-groups of at most outputs / compute units
+    items, where a GPU-typed device cooperates in GROUPs or runs one accumulator per output; register
+    tiles (a matmul) stay."""
+    cpu = DeviceProps("CL", compute_units=2, max_local=4096, cpu_device=True)
+    gpu = dataclasses.replace(cpu, cpu_device=False)
+    rows = numpy_tensor((4096, 1024))
+    lanes = Opt(OptOps.LANES, 8)
+    assert cstyle_opts(kernel_of(rows.sum()), cpu, False) == (lanes, Opt(OptOps.LOCAL, 1))
+    assert cstyle_opts(kernel_of(rows.sum()), gpu, False) == (Opt(OptOps.GROUP, 128),)
+    assert cstyle_opts(kernel_of(rows[:16].sum(1)), cpu, False) == (lanes, Opt(OptOps.LOCAL, 8))
+    assert cstyle_opts(kernel_of(rows[:16].sum(1)), gpu, False) == (Opt(OptOps.GROUP, 128),)
+    assert cstyle_opts(kernel_of(rows.max(1)), cpu, False) == (lanes, Opt(OptOps.LOCAL, 128))
+    assert cstyle_opts(kernel_of(rows.max(1)), gpu, False) == (Opt(OptOps.LOCAL, 128),)
+    # fewer lanes than the innermost reduce axis is long; none over one element
+    four = (Opt(OptOps.LANES, 4), Opt(OptOps.LOCAL, 128))
+    assert cstyle_opts(kernel_of(rows[:, :6].sum(1)), cpu, False) == four
+    assert cstyle_opts(kernel_of(rows[:, :1].sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 128),)
+    assert cstyle_opts(kernel_of(numpy_tensor((3, 0)).sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 1),)
+    matmul = kernel_of(numpy_tensor((64, 64)) @ numpy_tensor((64, 64)))
+    assert cstyle_opts(matmul, cpu, False) == cstyle_opts(matmul, gpu, False)
+    assert upcasts(cstyle_opts(matmul, cpu, False)) == {1: 4, 0: 4}
+    # NOOPT: a float sum keeps a compensated form (LANES where a GPU groups), other reductions run plain
+    assert cstyle_opts(kernel_of(rows.sum()), cpu, True) == (lanes, Opt(OptOps.LOCAL, 1))
+    assert cstyle_opts(kernel_of(rows.max(1)), cpu, True) == (Opt(OptOps.LOCAL, 128),)
+
+
+def test_opencl_props_say_cpu_device_from_the_device_type():
+    open_or_skip("CL")
+    rt = get_runtime("CL")
+    assert rt.props.cpu_device == bool(rt.device.type & rt.cl.device_type.CPU)
+    if "Portable Computing Language" in rt.device.platform.name:
+        assert rt.props.cpu_device  # PoCL's devices here are CPUs
 
 
 def test_webgpu_props_say_cpu_backed_from_the_adapter():
@@ -135,3 +172,73 @@ def test_debug2_shows_the_opts(monkeypatch, capsys):
     np.testing.assert_allclose(Tensor(a, device="CL").sum(1).numpy(), a.sum(1), rtol=1e-5, atol=1e-4)
     want = "LANES(8) LOCAL(2)" if get_runtime("CL").props.cpu_device else "GROUP(128)"  # (PoCL: 2 units)
     assert want in capsys.readouterr().err
+
+
+LANES_DEVICES = ["CL", "WEBGPU"]
+
+
+@pytest.mark.parametrize("lanes", [8, 4])
+@pytest.mark.parametrize("device_name", LANES_DEVICES)
+def test_lanes_reductions_match_numpy(device_name, lanes, monkeypatch):
+    """The LANES form (forced on each C-style device that runs here, with an odd lane count too) against
+    numpy: full and row sums with tails shorter than a step, several reduce axes, max, prod, bool and int
+    reductions, a mean's epilogue, a float16 sum, and a long float32 sum as accurate as numpy's."""
+    open_or_skip(device_name)
+    monkeypatch.setenv("DEVICE", device_name)
+    rt = get_runtime(device_name)
+    monkeypatch.setattr(rt, "props", dataclasses.replace(rt.props, cpu_device=True, reduce_lanes=lanes))
+    monkeypatch.setattr(rt, "runners", {})  # compile again, with the new opts
+    monkeypatch.setattr(rt, "optimized", {})
+    rendered, render = [], rt.render
+    monkeypatch.setattr(rt, "render", lambda k: rendered.append(k.opts) or render(k))
+    a = RNG.standard_normal((5, 1003)).astype(np.float32)
+    b = RNG.standard_normal((4, 30, 70)).astype(np.float32)
+    c = RNG.standard_normal(2**20 + 3).astype(np.float32)
+    x, y, z = Tensor(a), Tensor(b), Tensor(c)
+    np.testing.assert_allclose(x.sum(1).numpy(), a.sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(x.sum().numpy(), a.sum(), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(x.mean(1).numpy(), a.mean(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y.sum((1, 2)).numpy(), b.sum((1, 2)), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(y.sum(1).numpy(), b.sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(x.max(1).numpy(), a.max(1))
+    np.testing.assert_array_equal((-y).max((0, 2)).numpy(), (-b).max((0, 2)))
+    np.testing.assert_allclose((x[:, :40] * 0.1 + 1).prod(1).numpy(), (a[:, :40] * 0.1 + 1).prod(1),
+                               rtol=1e-5)
+    np.testing.assert_array_equal((x > 3).any(1).numpy(), (a > 3).any(1))
+    ints = (a * 100).astype(np.int32)
+    np.testing.assert_array_equal(Tensor(ints).sum(1).numpy(), ints.sum(1))
+    if rt.supports(dtypes.float16):
+        h = a.astype(np.float16)
+        np.testing.assert_allclose(Tensor(h).sum(1).numpy().astype(np.float32), h.astype(np.float32).sum(1),
+                                   rtol=2e-3, atol=0.1)
+    exact = c.astype(np.float64).sum()
+    ulp = float(np.spacing(np.float32(abs(exact))))
+    numpy_err = abs(float(c.sum()) - exact) / ulp
+    assert abs(z.sum().item() - exact) / ulp <= 2 * max(numpy_err, 1.0)
+    assert any(Opt(OptOps.LANES, lanes) in opts for opts in rendered), rendered
+
+
+def test_lanes_render_for_metal(tmp_path):
+    """Metal (nothing runs it here): a LANES reduction renders l accumulators, compensated for a long float
+    sum, and passes clang's syntax check."""
+    from tests.test_metal import syntax_check
+    from tgrad.emit_opencl import METAL, render
+
+    props = DeviceProps("METAL", cpu_device=True)
+    k = optimize(kernel_of(numpy_tensor((6, 5000)).sum(1)), props)
+    assert Opt(OptOps.LANES, 8) in k.opts
+    src = render(k, METAL).source
+    assert "acc_7" in src and "acc_7_c" in src and "acc_8" not in src
+    m = optimize(kernel_of(numpy_tensor((6, 5000)).max(1)), props)
+    proc = syntax_check([src, render(m, METAL, name="k1").source], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_lanes_go_without_groups_and_tiles():
+    k = kernel_of(numpy_tensor((6, 5000)).sum(1))
+    from tgrad.emit_opencl import OPENCL, render
+    from tgrad.errors import KernelError
+
+    for other in (Opt(OptOps.GROUP, 16), Opt(OptOps.UNROLL, 2)):
+        with pytest.raises(KernelError, match="LANES"):
+            render(k.with_opts((Opt(OptOps.LANES, 4), other)), OPENCL)

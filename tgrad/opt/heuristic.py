@@ -9,10 +9,7 @@ C-style devices (OpenCL, Metal, WGSL):
 - other reductions: register tiles (UPCAST by `register_tiles`) on up to two global axes, innermost
   first, whose length it divides and that some load does not use (a matmul's M and N: each value loaded
   serves a tile of outputs; measured on PoCL: bench/HISTORY.md); none with NOOPT=1;
-- on a CPU OpenCL device (`cpu_device`), a reduction the rules above would give a GROUP or no tiles runs
-  one work-item per output with LANES: `reduce_lanes` independent (a long float sum's compensated)
-  accumulators, in work-groups of at most outputs / compute units items (PoCL; measured:
-  bench/HISTORY.md);
+- a CPU OpenCL device (`cpu_device`, PoCL): where those rules give a GROUP or no tiles, LANES (cpu_lanes);
 - LOCAL: `preferred_local` work-items per work-group, within the device's limit;
 - then, on a device with a loop limit (`max_loop`), limits.fit_loops: an UNROLL, bigger or new GROUPs.
 
@@ -97,7 +94,8 @@ def tiled_axes(kernel: Kernel, upcast: int) -> tuple[int, ...]:
 def cpu_lanes(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
     """A CPU OpenCL device's reduction: one work-item per output with `reduce_lanes` accumulators (fewer
     where the innermost reduce axis is shorter), in work-groups small enough for every compute unit."""
-    lanes = min(props.reduce_lanes, 1 << (kernel.shape[-1].bit_length() - 1))
+    inner = max(1, kernel.reduce_shape[-1]) if kernel.reduce_shape else 1
+    lanes = min(props.reduce_lanes, 1 << (inner.bit_length() - 1))
     per_unit = max(1, math.prod(kernel.global_shape) // max(1, props.compute_units))
     local = Opt(OptOps.LOCAL, min(props.preferred_local, props.max_local, 1 << (per_unit.bit_length() - 1)))
     return (Opt(OptOps.LANES, lanes), local) if lanes > 1 else (local,)

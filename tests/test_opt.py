@@ -79,7 +79,10 @@ def test_a_cpu_opencl_device_reduces_in_lanes():
     four = (Opt(OptOps.LANES, 4), Opt(OptOps.LOCAL, 128))
     assert cstyle_opts(kernel_of(rows[:, :6].sum(1)), cpu, False) == four
     assert cstyle_opts(kernel_of(rows[:, :1].sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 128),)
-    assert cstyle_opts(kernel_of(numpy_tensor((3, 0)).sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 1),)
+    assert cstyle_opts(kernel_of(numpy_tensor((3, 0)).sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 128),)
+    # many outputs of a strided reduce (a column sum): one accumulator each; few: lanes
+    assert cstyle_opts(kernel_of(numpy_tensor((256, 4096)).sum(0)), cpu, False) == (Opt(OptOps.LOCAL, 128),)
+    assert cstyle_opts(kernel_of(rows[:, :16].sum(0)), cpu, False) == (lanes, Opt(OptOps.LOCAL, 8))
     matmul = kernel_of(numpy_tensor((64, 64)) @ numpy_tensor((64, 64)))
     assert cstyle_opts(matmul, cpu, False) == cstyle_opts(matmul, gpu, False)
     assert upcasts(cstyle_opts(matmul, cpu, False)) == {1: 4, 0: 4}

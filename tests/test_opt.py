@@ -62,22 +62,24 @@ def test_a_cpu_backed_device_cooperates_less():
 
 def test_a_cpu_opencl_device_reduces_in_lanes():
     """An OpenCL device of type CPU (PoCL) runs a work-group's items one after another: a reduction gets
-    one work-item per output with 8 accumulators (LANES) in work-groups of at most outputs / compute units
-    items, where a GPU-typed device cooperates in GROUPs or runs one accumulator per output; register
-    tiles (a matmul) stay."""
+    one work-item per output with independent accumulators (LANES: 32 for a float sum, 8 for others, each
+    on 8+ steps) in work-groups of at most outputs / compute units items, where a GPU-typed device
+    cooperates in GROUPs or runs one accumulator per output; register tiles (a matmul) stay."""
     cpu = DeviceProps("CL", compute_units=2, max_local=4096, cpu_device=True)
     gpu = dataclasses.replace(cpu, cpu_device=False)
     rows = numpy_tensor((4096, 1024))
-    lanes = Opt(OptOps.LANES, 8)
+    lanes, eight = Opt(OptOps.LANES, 32), Opt(OptOps.LANES, 8)
     assert cstyle_opts(kernel_of(rows.sum()), cpu, False) == (lanes, Opt(OptOps.LOCAL, 1))
     assert cstyle_opts(kernel_of(rows.sum()), gpu, False) == (Opt(OptOps.GROUP, 128),)
     assert cstyle_opts(kernel_of(rows[:16].sum(1)), cpu, False) == (lanes, Opt(OptOps.LOCAL, 8))
     assert cstyle_opts(kernel_of(rows[:16].sum(1)), gpu, False) == (Opt(OptOps.GROUP, 128),)
-    assert cstyle_opts(kernel_of(rows.max(1)), cpu, False) == (lanes, Opt(OptOps.LOCAL, 128))
+    assert cstyle_opts(kernel_of(rows.max(1)), cpu, False) == (eight, Opt(OptOps.LOCAL, 128))
+    assert cstyle_opts(kernel_of(rows.sum(1)), cpu, False) == (lanes, Opt(OptOps.LOCAL, 128))
     assert cstyle_opts(kernel_of(rows.max(1)), gpu, False) == (Opt(OptOps.LOCAL, 128),)
-    # fewer lanes than the innermost reduce axis is long; none over one element
+    # a lane per 8 steps of a short loop at most; none over one element
     four = (Opt(OptOps.LANES, 4), Opt(OptOps.LOCAL, 128))
-    assert cstyle_opts(kernel_of(rows[:, :6].sum(1)), cpu, False) == four
+    assert cstyle_opts(kernel_of(rows[:, :40].sum(1)), cpu, False) == four
+    assert cstyle_opts(kernel_of(rows[:, :12].sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 128),)
     assert cstyle_opts(kernel_of(rows[:, :1].sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 128),)
     assert cstyle_opts(kernel_of(numpy_tensor((3, 0)).sum(1)), cpu, False) == (Opt(OptOps.LOCAL, 128),)
     # many outputs of a strided reduce (a column sum): one accumulator each; few: lanes
@@ -88,7 +90,7 @@ def test_a_cpu_opencl_device_reduces_in_lanes():
     assert upcasts(cstyle_opts(matmul, cpu, False)) == {1: 4, 0: 4}
     # NOOPT: a float sum keeps a compensated form (LANES where a GPU groups), other reductions run plain
     assert cstyle_opts(kernel_of(rows.sum()), cpu, True) == (lanes, Opt(OptOps.LOCAL, 1))
-    assert cstyle_opts(kernel_of(rows.max(1)), cpu, True) == (Opt(OptOps.LOCAL, 128),)
+    assert cstyle_opts(kernel_of(numpy_tensor((256, 4096)).max(0)), cpu, True) == (Opt(OptOps.LOCAL, 128),)
 
 
 def test_opencl_props_say_cpu_device_from_the_device_type():
@@ -173,14 +175,14 @@ def test_debug2_shows_the_opts(monkeypatch, capsys):
     monkeypatch.setattr(device_module, "DEBUG", 2)
     a = RNG.standard_normal((5, 777)).astype(np.float32)
     np.testing.assert_allclose(Tensor(a, device="CL").sum(1).numpy(), a.sum(1), rtol=1e-5, atol=1e-4)
-    want = "LANES(8) LOCAL(2)" if get_runtime("CL").props.cpu_device else "GROUP(128)"  # (PoCL: 2 units)
+    want = "LANES(32) LOCAL(2)" if get_runtime("CL").props.cpu_device else "GROUP(128)"  # (PoCL: 2 units)
     assert want in capsys.readouterr().err
 
 
 LANES_DEVICES = ["CL", "WEBGPU"]
 
 
-@pytest.mark.parametrize("lanes", [8, 4])
+@pytest.mark.parametrize("lanes", [32, 8, 4])
 @pytest.mark.parametrize("device_name", LANES_DEVICES)
 def test_lanes_reductions_match_numpy(device_name, lanes, monkeypatch):
     """The LANES form (forced on each C-style device that runs here, with an odd lane count too) against
@@ -189,7 +191,8 @@ def test_lanes_reductions_match_numpy(device_name, lanes, monkeypatch):
     open_or_skip(device_name)
     monkeypatch.setenv("DEVICE", device_name)
     rt = get_runtime(device_name)
-    monkeypatch.setattr(rt, "props", dataclasses.replace(rt.props, cpu_device=True, reduce_lanes=lanes))
+    monkeypatch.setattr(rt, "props", dataclasses.replace(rt.props, cpu_device=True, sum_lanes=lanes,
+                                                           reduce_lanes=lanes))
     monkeypatch.setattr(rt, "runners", {})  # compile again, with the new opts
     monkeypatch.setattr(rt, "optimized", {})
     rendered, render = [], rt.render
@@ -229,9 +232,9 @@ def test_lanes_render_for_metal(tmp_path):
 
     props = DeviceProps("METAL", cpu_device=True)
     k = optimize(kernel_of(numpy_tensor((6, 5000)).sum(1)), props)
-    assert Opt(OptOps.LANES, 8) in k.opts
+    assert Opt(OptOps.LANES, 32) in k.opts
     src = render(k, METAL).source
-    assert "acc_7" in src and "acc_7_c" in src and "acc_8" not in src
+    assert "acc_31" in src and "acc_31_c" in src and "acc_32" not in src
     m = optimize(kernel_of(numpy_tensor((6, 5000)).max(1)), props)
     proc = syntax_check([src, render(m, METAL, name="k1").source], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -102,10 +102,12 @@ def contiguous_reduce(kernel: Kernel) -> bool:
 
 
 def cpu_lanes(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
-    """A CPU OpenCL device's reduction: one work-item per output with `reduce_lanes` accumulators (fewer
-    where the innermost reduce axis is shorter), in work-groups small enough for every compute unit."""
+    """A CPU OpenCL device's reduction: one work-item per output with `sum_lanes` / `reduce_lanes`
+    accumulators (fewer on a short reduce loop), in work-groups small enough for every compute unit."""
     inner = max(1, kernel.reduce_shape[-1]) if kernel.reduce_shape else 1
-    lanes = min(props.reduce_lanes, 1 << (inner.bit_length() - 1))
+    most = max(1, inner // props.lane_steps)
+    lanes = props.sum_lanes if float_sum(kernel) else props.reduce_lanes
+    lanes = min(lanes, 1 << (most.bit_length() - 1))
     per_unit = max(1, math.prod(kernel.global_shape) // max(1, props.compute_units))
     local = Opt(OptOps.LOCAL, min(props.preferred_local, props.max_local, 1 << (per_unit.bit_length() - 1)))
     return (Opt(OptOps.LANES, lanes), local) if lanes > 1 else (local,)

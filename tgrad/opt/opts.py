@@ -136,12 +136,16 @@ class DeviceProps:
     group_items: int = 4096
     # an OpenCL device that says it is a CPU (CL_DEVICE_TYPE_CPU: PoCL): a work-group's items run one after
     # another in one thread, so a GROUP's strided items reread each cache line and each item's compensated
-    # sum is one chain of dependent adds. There a reduction the GROUP rule would give a group runs one
-    # work-item per output with `reduce_lanes` accumulators (LANES), in work-groups small enough
-    # that every compute unit gets one (measured: bench/HISTORY.md; 4 lanes were 1.3x slower than 8, 16
-    # the same as 8)
+    # sum is one chain of dependent adds. There a reduction the GROUP rule would give a group, or one that
+    # reads memory along its reduce loop, runs one work-item per output with independent accumulators
+    # (LANES): `sum_lanes` for a float sum (compensated: two of the device's float vectors, which its
+    # compiler fills with them; PoCL on AVX-512: 32), `reduce_lanes` for others, at most one per `lane_steps`
+    # steps of the loop, in work-groups small enough that every compute unit gets one (measured:
+    # bench/HISTORY.md: 2048 row sums of 2048 took 2.0 / 0.6 ms with 8 / 32 lanes, row max 0.65 / 1.4 ms)
     cpu_device: bool = False
+    sum_lanes: int = 32
     reduce_lanes: int = 8
+    lane_steps: int = 8
     interpreted: bool = False  # kernels run in an interpreter whose cost grows with the programs launched
     # Triton: elements of one program's tile (a GPU's: fits the registers of 4-8 warps; the interpreter's
     # runtime sets 65536: few, big programs, as its cost is per program)

@@ -69,7 +69,8 @@ def _cstyle(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
         out += [build(0, lo, tile, unroll, lanes) for lo in _pow2s(16, props.max_local) if lo != local]
         out += [build(0, local, t, unroll) for t in tiles if t != tile]
     if reduces:  # (lanes replace a group, tiles or an unroll)
-        out += [build(0, local, 1, 1, la) for la in _pow2s(2, props.max_unroll) if la != lanes]
+        top = max(props.max_unroll, props.sum_lanes if props.cpu_device else 0)
+        out += [build(0, local, 1, 1, la) for la in _pow2s(2, top) if la != lanes]
     if not lanes:
         out += [build(group, local, tile, u) for u in unrolls if u != unroll]
     fitted = []

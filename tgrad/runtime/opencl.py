@@ -59,8 +59,9 @@ class CLRuntime(Runtime):
         # a CPU device (PoCL) runs a work-group's items one after another in a thread: reductions get
         # independent accumulators per work-item instead of groups (DeviceProps.cpu_device)
         cpu = bool(self.device.type & cl.device_type.CPU)
+        vector = max(1, int(self.device.preferred_vector_width_float))  # (PoCL on AVX-512: 16)
         self.props = DeviceProps(self.name, compute_units=int(self.device.max_compute_units),
-                                 max_local=self.max_local, cpu_device=cpu)
+                                 max_local=self.max_local, cpu_device=cpu, sum_lanes=max(8, 2 * vector))
         if self.dialect.native_half and "cl_khr_fp16" not in self.exts:
             self.dialect = replace(self.dialect, native_half=False)
         self.built: dict[str, object] = {}  # source hash -> cl.Kernel (one per program, reused)

@@ -17,8 +17,9 @@ The lowering (the same for every dialect): the output elements are numbered 0..N
 - UNROLL(u): the innermost reduce loop (a GROUP's strided loop) takes u steps per iteration, each a copy
   of its body (opt/limits.py: fewer loop iterations where a driver limits them);
 - LANES(l) (no GROUP, no UPCAST): the same l copies, copy k adding into an accumulator of its own
-  (`acc_k`; a long float sum's compensated, as a GROUP's work-items are), the l combined after the loops in
-  a tree: l independent chains of adds instead of one (a CPU OpenCL device: bench/HISTORY.md).
+  (`acc_k`; a long float sum's compensated, then the lanes' corrected totals added compensated), the l
+  combined after the loops (else in a tree): l independent chains of adds instead of one (a CPU OpenCL
+  device: bench/HISTORY.md).
 """
 
 from __future__ import annotations
@@ -508,7 +509,11 @@ class CStyleRenderer(StatementPlacer):
                     emit(0, updates[0])
                 for j in reversed(range(ng, n)):
                     emit(j - ng, ["}"])
-                if self.lanes:
+                if self.lanes and self.kahan:  # (each lane's total less its compensation, added compensated)
+                    emit(0, [d.declare(acc_t, "acc_c", zero, mutable=True)])
+                    for acc in accs:
+                        emit(0, ["{", *("  " + x for x in self.kahan_add("acc", f"({acc} - {acc}_c)")), "}"])
+                elif self.lanes:
                     emit(0, self.tree(accs))
         emit(0, self.post + stores)
         return d.render_kernel(name, k, body, (self.acc_type(), self.group) if self.group else None)

@@ -125,8 +125,8 @@ class DeviceProps:
     group_min_reduce: int = 256  # reduce length from which they cooperate ...
     group_max_outputs: int = 2048  # ... on kernels with at most this many outputs (more fill the device)
     group_bool: bool = False  # bool reductions cooperate too
-    # the API runs on the host's cores (Mesa's lavapipe / llvmpipe; not set for PoCL, whose groups of 128
-    # measured faster): a work-group's cooperation is emulated (its barriers are loops over the items),
+    # the API runs on the host's cores (Mesa's lavapipe / llvmpipe; not set for PoCL, where this rule measured
+    # slower: PoCL has `cpu_device` below): a work-group's cooperation is emulated (its barriers are loops over the items),
     # while independent work-items fill the SIMD lanes.
     # Then float sums cooperate in groups just big enough for `group_items` work-items in all (16 to
     # `group_size`: a full sum takes the largest, 4096 row sums the smallest; their items compensate: the
@@ -138,10 +138,11 @@ class DeviceProps:
     # another in one thread, so a GROUP's strided items reread each cache line and each item's compensated
     # sum is one chain of dependent adds. There a reduction the GROUP rule would give a group, or one that
     # reads memory along its reduce loop, runs one work-item per output with independent accumulators
-    # (LANES): `sum_lanes` for a float sum (compensated: two of the device's float vectors, which its
-    # compiler fills with them; PoCL on AVX-512: 32), `reduce_lanes` for others, at most one per `lane_steps`
-    # steps of the loop, in work-groups small enough that every compute unit gets one (measured:
-    # bench/HISTORY.md: 2048 row sums of 2048 took 2.0 / 0.6 ms with 8 / 32 lanes, row max 0.65 / 1.4 ms)
+    # (LANES): `sum_lanes` for a float sum (compensated; two of the device's float vectors, which its
+    # compiler packs the lanes into; PoCL on AVX-512: 32), `reduce_lanes` for others, at most one per
+    # `lane_steps` steps of the loop, in work-groups small enough that every compute unit gets one
+    # (measured, bench/HISTORY.md: 2048 row sums of 2048 took 2.0 / 0.6 ms with 8 / 32 lanes, the row max
+    # 0.65 / 1.4 ms with 8 / 16)
     cpu_device: bool = False
     sum_lanes: int = 32
     reduce_lanes: int = 8

@@ -125,9 +125,9 @@ class DeviceProps:
     group_min_reduce: int = 256  # reduce length from which they cooperate ...
     group_max_outputs: int = 2048  # ... on kernels with at most this many outputs (more fill the device)
     group_bool: bool = False  # bool reductions cooperate too
-    # the API runs on the host's cores (Mesa's lavapipe / llvmpipe; not set for PoCL, where this rule measured
-    # slower: PoCL has `cpu_device` below): a work-group's cooperation is emulated (its barriers are loops over the items),
-    # while independent work-items fill the SIMD lanes.
+    # the API runs on the host's cores (Mesa's lavapipe / llvmpipe; not set for PoCL, where this rule
+    # measured slower: PoCL has `cpu_device` below): a work-group's cooperation is emulated (its barriers
+    # are loops over the items), while independent work-items fill the SIMD lanes.
     # Then float sums cooperate in groups just big enough for `group_items` work-items in all (16 to
     # `group_size`: a full sum takes the largest, 4096 row sums the smallest; their items compensate: the
     # accuracy of a GROUP sum), other reductions only where outputs x `group_size` stay under

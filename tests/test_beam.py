@@ -144,13 +144,23 @@ def test_candidates_stay_within_the_devices_limits():
 
 
 def test_candidates_never_sum_less_accurately():
-    """A float sum the heuristic gives a (Kahan-compensated) GROUP keeps a group in every candidate; a
-    full float sum the CPU threads (in blocks) stays threaded; an int sum may drop its group."""
+    """A float sum the heuristic gives a (Kahan-compensated) GROUP or LANES keeps a group or lanes in every
+    candidate; a full float sum the CPU threads (in blocks) stays threaded; an int sum may drop its group."""
     cl = DeviceProps("C", max_local=1024)
     floats = _kernel(Tensor.ones(1 << 20, device="CPU").sum())
     start = optimize(floats, cl)
     assert find(start.opts, OptOps.GROUP)
-    assert all(find(c, OptOps.GROUP) for c in search.neighbours(floats, cl, start.opts))
+
+    def compensated(opts) -> bool:
+        return bool(find(opts, OptOps.GROUP) or find(opts, OptOps.LANES))
+
+    cands = search.neighbours(floats, cl, start.opts)
+    assert all(compensated(c) for c in cands) and any(find(c, OptOps.LANES) for c in cands)
+    pocl = DeviceProps("CL", max_local=4096, cpu_device=True)
+    lanes = optimize(floats, pocl).opts
+    assert find(lanes, OptOps.LANES) == 32
+    cands = search.neighbours(floats, pocl, lanes)
+    assert all(compensated(c) for c in cands) and any(find(c, OptOps.GROUP) for c in cands)
     ints = _kernel(Tensor.ones(1 << 20, device="CPU", dtype="int32").sum())
     assert any(not find(c, OptOps.GROUP) for c in search.neighbours(ints, cl, optimize(ints, cl).opts))
     cpu = get_runtime("CPU").props

@@ -15,7 +15,11 @@ The lowering (the same for every dialect): the output elements are numbered 0..N
   that it is as accurate as numpy's pairwise sum), then a tree in local (work-group) memory combines the
   partial results and work-item 0 stores;
 - UNROLL(u): the innermost reduce loop (a GROUP's strided loop) takes u steps per iteration, each a copy
-  of its body (opt/limits.py: fewer loop iterations where a driver limits them).
+  of its body (opt/limits.py: fewer loop iterations where a driver limits them);
+- LANES(l) (no GROUP, no UPCAST): the same l copies, copy k adding into an accumulator of its own
+  (`acc_k`; a long float sum's compensated, then the lanes' corrected totals added compensated), the l
+  combined after the loops (else in a tree): l independent chains of adds instead of one (a CPU OpenCL
+  device: bench/HISTORY.md).
 """
 
 from __future__ import annotations
@@ -336,12 +340,18 @@ class CStyleRenderer(StatementPlacer):
     def __init__(self, kernel: Kernel, dialect: Dialect):
         self.k, self.d = kernel, dialect
         self.group = find(kernel.opts, OptOps.GROUP)  # work-items per output of a group reduction
-        self.unroll = find(kernel.opts, OptOps.UNROLL, 1)  # steps per iteration of the innermost reduce loop
-        # a work-item's long float sum in a group reduction: compensated (Kahan), numpy's accuracy; a short
-        # one (a row of a few thousand) is as accurate plain, and cheaper (PoCL: bench/HISTORY.md)
-        steps = -(-math.prod(kernel.reduce_shape) // max(self.group, 1))
-        self.kahan = bool(self.group) and kernel.reduce_op == "SUM" and kernel.acc_dtype.is_float
-        self.kahan = self.kahan and steps > KAHAN_MIN_STEPS
+        self.lanes = find(kernel.opts, OptOps.LANES)  # accumulators of the innermost reduce loop's steps
+        if self.lanes and (self.group or upcasts(kernel.opts) or find(kernel.opts, OptOps.UNROLL)):
+            raise KernelError(f"kernel {kernel.name}: a LANES opt goes without GROUP, UPCAST and UNROLL "
+                              f"(opts {list(kernel.opts)})")
+        # steps per iteration of the innermost reduce loop
+        self.unroll = self.lanes or find(kernel.opts, OptOps.UNROLL, 1)
+        # a work-item's long float sum in a group reduction, or a lane's: compensated (Kahan), numpy's
+        # accuracy; a short one (a row of a few thousand) is as accurate plain, and cheaper (PoCL:
+        # bench/HISTORY.md)
+        steps = -(-math.prod(kernel.reduce_shape) // max(self.group, self.lanes, 1))
+        float_sum = kernel.reduce_op == "SUM" and kernel.acc_dtype.is_float
+        self.kahan = bool(self.group or self.lanes) and float_sum and steps > KAHAN_MIN_STEPS
         tiles = tuple(upcasts(kernel.opts))  # register-tiled axes, the innermost first
         self.up = max(upcasts(kernel.opts).values(), default=1)
         self.shape = [s // self.up if j in tiles else s for j, s in enumerate(kernel.shape)]
@@ -455,20 +465,26 @@ class CStyleRenderer(StatementPlacer):
             init = d.identity(k.reduce_op, k.acc_dtype)
             emit(0, [d.declare(acc_t, acc, init, mutable=True) for acc in accs])
             vals = [d.convert(acc_t, val) for val in vals]
+            if self.lanes:  # (one output per work-item: accs is ["acc"])
+                accs = [f"acc_{j}" for j in range(self.lanes)]
+                emit(0, [d.declare(acc_t, acc, init, mutable=True) for acc in accs])
+                vals = vals * self.lanes
             if self.kahan:
                 zero = d.const(0, dtypes.float32 if k.acc_dtype == dtypes.float16 else k.acc_dtype)
                 emit(0, [d.declare(acc_t, f"{acc}_c", zero, mutable=True) for acc in accs])
-                updates = [line for acc, val in zip(accs, vals) for line in self.kahan_add(acc, val)]
+                updates = [self.kahan_add(acc, val) for acc, val in zip(accs, vals)]
             else:
-                updates = [f"{acc} = {self.combine(acc, val)};" for acc, val in zip(accs, vals)]
+                updates = [[f"{acc} = {self.combine(acc, val)};"] for acc, val in zip(accs, vals)]
+            if not self.lanes:  # (every copy of an unrolled loop updates every accumulator)
+                updates = [[line for lines in updates for line in lines]]
             if self.group:
                 r = math.prod(k.reduce_shape)
                 var = "r" if self.unroll == 1 else "r0"
                 step = self.group * self.unroll
                 first = d.declare(itype, var, "lid", mutable=True)
                 emit(0, [f"for ({first} {var} < {r}; {var} += {step}) {{"])
-                each = self.decode("r", list(range(ng, n)), itype) + self.levels[1] + updates
-                emit(1, self.unrolled(each, "r", "r0", self.group, r, itype))
+                each = self.decode("r", list(range(ng, n)), itype) + self.levels[1]
+                emit(1, self.unrolled(each, updates, "r", "r0", self.group, r, itype))
                 emit(0, ["}", "part[lid] = acc;", d.barrier])
                 half = d.declare(int_t, "s", str(self.group // 2), mutable=True)
                 emit(0, [f"for ({half} s > 0; s >>= 1) {{"])
@@ -486,34 +502,53 @@ class CStyleRenderer(StatementPlacer):
                     if j < n - 1:
                         emit(depth + 1, self.levels[depth + 1])
                 if n > ng:
-                    last = self.levels[n - ng] + updates
-                    emit(n - ng, self.unrolled(last, f"i{n - 1}", f"i{n - 1}u", 1, self.shape[n - 1], itype))
+                    last = self.levels[n - ng]
+                    emit(n - ng, self.unrolled(last, updates, f"i{n - 1}", f"i{n - 1}u", 1, self.shape[n - 1],
+                                               itype))
                 else:
-                    emit(0, updates)
+                    emit(0, updates[0])
                 for j in reversed(range(ng, n)):
                     emit(j - ng, ["}"])
+                if self.lanes and self.kahan:  # (each lane's total less its compensation, added compensated)
+                    emit(0, [d.declare(acc_t, "acc_c", zero, mutable=True)])
+                    for acc in accs:
+                        emit(0, ["{", *("  " + x for x in self.kahan_add("acc", f"({acc} - {acc}_c)")), "}"])
+                elif self.lanes:
+                    emit(0, self.tree(accs))
         emit(0, self.post + stores)
         return d.render_kernel(name, k, body, (self.acc_type(), self.group) if self.group else None)
 
     def store(self, value: str, index: Expr) -> list[str]:
         return self.d.store(value, self.ref(index), self.k.out_dtype)
 
-    def unrolled(self, body: list[str], var: str, base: str, stride: int, end: int, itype: str) -> list[str]:
-        """The loop body `body` (over index `var`) once, or with an UNROLL opt once per step of the
-        loop over `base`: each copy in a block of its own, `var` = base + k * stride, guarded where the
-        loop's end may fall inside an iteration."""
+    def unrolled(self, body: list[str], updates: list[list[str]], var: str, base: str, stride: int, end: int,
+                 itype: str) -> list[str]:
+        """The loop body `body` (over index `var`), then the accumulators' `updates`, once, or with an
+        UNROLL or LANES opt once per step of the loop over `base`: each copy in a block of its own, `var` =
+        base + k * stride, guarded where the loop's end may fall inside an iteration; copy k takes
+        updates[k] where there is one per lane, else updates[0]."""
         if self.unroll == 1:
-            return body
+            return body + updates[0]
         d, out = self.d, []
         whole = end % (stride * self.unroll) == 0
         for k in range(self.unroll):
+            step = body + updates[k if len(updates) > 1 else 0]
             out += ["{", "  " + d.declare(itype, var, f"{base} + {k * stride}" if k else base)]
             if k and not whole:
-                out += [f"  if ({var} < {end}) {{", *("    " + s for s in body), "  }"]
+                out += [f"  if ({var} < {end}) {{", *("    " + s for s in step), "  }"]
             else:
-                out += ["  " + s for s in body]
+                out += ["  " + s for s in step]
             out.append("}")
         return out
+
+    def tree(self, accs: list[str]) -> list[str]:
+        """Statements combining the partial results `accs` in pairs (a tree, as a GROUP's work-items are)
+        into `acc`."""
+        out = []
+        while len(accs) > 1:
+            out += [f"{a} = {self.combine(a, b)};" for a, b in zip(accs[::2], accs[1::2])]
+            accs = accs[::2]
+        return out + [f"acc = {accs[0]};"]
 
     def kahan_add(self, acc: str, val: str) -> list[str]:
         """acc += val with Kahan's compensation (acc_c holds the low part lost so far): a long float sum

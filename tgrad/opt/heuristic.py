@@ -9,6 +9,7 @@ C-style devices (OpenCL, Metal, WGSL):
 - other reductions: register tiles (UPCAST by `register_tiles`) on up to two global axes, innermost
   first, whose length it divides and that some load does not use (a matmul's M and N: each value loaded
   serves a tile of outputs; measured on PoCL: bench/HISTORY.md); none with NOOPT=1;
+- a CPU OpenCL device (`cpu_device`, PoCL): LANES where they give a GROUP or untiled contiguous loops;
 - LOCAL: `preferred_local` work-items per work-group, within the device's limit;
 - then, on a device with a loop limit (`max_loop`), limits.fit_loops: an UNROLL, bigger or new GROUPs.
 
@@ -30,7 +31,7 @@ import math
 
 from tgrad import config
 from tgrad.dtype import dtypes
-from tgrad.fuse import Kernel
+from tgrad.fuse import Kernel, linear_terms
 from tgrad.loop_axes import nodes
 from tgrad.opt.contraction import axes_of, find_dot, implicit_gemm
 from tgrad.opt.host import host_opts
@@ -90,14 +91,42 @@ def tiled_axes(kernel: Kernel, upcast: int) -> tuple[int, ...]:
     return tuple(axes)
 
 
+def contiguous_reduce(kernel: Kernel) -> bool:
+    """Some load of the reduction reads consecutive elements along the innermost reduce axis."""
+    axis = len(kernel.shape) - 1
+    for e in nodes(kernel.reduce_expr):
+        if e.op == "LOAD" and any(c == 1 and a is not None and a.op == "IDX" and a.arg[0] == axis
+                                  for c, a in linear_terms(e.srcs[0])):
+            return True
+    return False
+
+
+def cpu_lanes(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
+    """A CPU OpenCL device's reduction: one work-item per output with `sum_lanes` / `reduce_lanes`
+    accumulators (fewer on a short reduce loop), in work-groups small enough for every compute unit."""
+    inner = max(1, kernel.reduce_shape[-1]) if kernel.reduce_shape else 1
+    most = max(1, inner // props.lane_steps)
+    lanes = props.sum_lanes if float_sum(kernel) else props.reduce_lanes
+    lanes = min(lanes, 1 << (most.bit_length() - 1))
+    per_unit = max(1, math.prod(kernel.global_shape) // max(1, props.compute_units))
+    local = Opt(OptOps.LOCAL, min(props.preferred_local, props.max_local, 1 << (per_unit.bit_length() - 1)))
+    return (Opt(OptOps.LANES, lanes), local) if lanes > 1 else (local,)
+
+
 def cstyle_opts(kernel: Kernel, props: DeviceProps, noopt: bool) -> tuple[Opt, ...]:
-    if group_reduces(kernel, props):
+    grouped = group_reduces(kernel, props)
+    tiles = () if noopt else tiled_axes(kernel, props.register_tiles)
+    # (lanes where a group would cooperate, or where a load reads the reduce loop's steps one after another:
+    # on a strided reduce their loads land in 8 places at once and measured up to 20% slower)
+    if props.cpu_device and kernel.reduce_expr is not None and \
+            (grouped or not (noopt or tiles) and contiguous_reduce(kernel)):
+        return cpu_lanes(kernel, props)
+    if grouped:
         size = min(props.group_size, 1 << (props.max_local.bit_length() - 1))  # a power of two that fits
         if props.cpu_backed:  # (enough work-items for the cores' lanes, no more: see DeviceProps)
             want = max(1, props.group_items // max(1, math.prod(kernel.global_shape)))
             size = min(size, max(16, 1 << (want.bit_length() - 1)))
         return (Opt(OptOps.GROUP, size),)
-    tiles = () if noopt else tiled_axes(kernel, props.register_tiles)
     local = max(1, min(props.preferred_local, props.max_local))
     return (*(Opt(OptOps.UPCAST, props.register_tiles, a) for a in tiles), Opt(OptOps.LOCAL, local))
 

@@ -5,9 +5,9 @@ has run 65535 loop iterations in all, and the shader goes on with whatever it ha
 sum gave 131070. `loop_iterations` counts what a C-style kernel with its opts runs (each loop counted one
 past its trip count, for its last test); `fit_loops` changes the heuristic's opts until that fits the
 device's `max_loop`: an UNROLL of the innermost reduce loop (powers of two up to the device's
-`max_unroll` steps per iteration), else a GROUP reduction (a strided loop shared by up to the device's
-work-group size; a kernel that has a GROUP takes bigger ones first) with an UNROLL, and raises a
-KernelError naming the limit when nothing fits.
+`max_unroll` steps per iteration; more LANES where it has them), else a GROUP reduction (a strided loop
+shared by up to the device's work-group size; a kernel that has a GROUP takes bigger ones first) with an
+UNROLL, and raises a KernelError naming the limit when nothing fits.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def loop_iterations(kernel: Kernel, opts: tuple[Opt, ...] | None = None) -> int:
     opts = kernel.opts if opts is None else opts
     if kernel.reduce_expr is None:
         return 0
-    unroll = find(opts, OptOps.UNROLL, 1)
+    unroll = find(opts, OptOps.UNROLL) or find(opts, OptOps.LANES) or 1
     group = find(opts, OptOps.GROUP)
     if group:
         steps = -(-math.prod(kernel.reduce_shape) // (group * unroll))
@@ -43,10 +43,14 @@ def loop_iterations(kernel: Kernel, opts: tuple[Opt, ...] | None = None) -> int:
 def _candidates(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]):
     """Opts that run fewer loop iterations per invocation: a kernel without a GROUP first unrolls its
     innermost reduce loop; then GROUP reductions, bigger work-groups before unrolled ones."""
-    group = find(opts, OptOps.GROUP)
+    group, lanes = find(opts, OptOps.GROUP), find(opts, OptOps.LANES)
     unrolls = [1 << b for b in range(1, props.max_unroll.bit_length())]  # 2, 4, ... max_unroll
-    if not group:
-        plain = tuple(o for o in opts if o.op is not OptOps.UNROLL)
+    if lanes:  # more lanes (up to 64), then groups: each keeps a float sum compensated, as the lanes did
+        local = tuple(o for o in opts if o.op is OptOps.LOCAL)
+        for b in range(lanes.bit_length(), 7):
+            yield (Opt(OptOps.LANES, 1 << b), *local)
+    elif not group:
+        plain = tuple(o for o in opts if o.op not in (OptOps.UNROLL, OptOps.LANES))
         for u in unrolls:
             yield (*plain, Opt(OptOps.UNROLL, u))
         if kernel.acc_dtype == dtypes.bool and not props.group_bool:

@@ -24,6 +24,10 @@ class OptOps(Enum):
     SPLIT = "split"  # the reduction in `arg` shares, partial results added by a second pass (Triton)
     WARPS = "warps"  # Triton's num_warps
     UNROLL = "unroll"  # the innermost reduce loop (a GROUP's strided loop) does `arg` steps per iteration
+    # C-style, without GROUP or UPCAST: the innermost reduce loop does `arg` steps per iteration, each into
+    # an accumulator of its own (a float sum's compensated), combined after the loop: `arg` independent
+    # chains of adds where one chain waits on each add's latency (a CPU running a work-item's long loop)
+    LANES = "lanes"
     # the CPU (emit_numba, opt/host.py):
     CONTRACT = "contract"  # how a matmul-shaped reduce runs: `arg` a Contract
     THREADS = "threads"  # the outer loop split over threads: the kernel's (axis None), or sub-kernel `axis`'s
@@ -121,15 +125,28 @@ class DeviceProps:
     group_min_reduce: int = 256  # reduce length from which they cooperate ...
     group_max_outputs: int = 2048  # ... on kernels with at most this many outputs (more fill the device)
     group_bool: bool = False  # bool reductions cooperate too
-    # the API runs on the host's cores (Mesa's lavapipe / llvmpipe; not set for PoCL, whose groups of 128
-    # measured faster): a work-group's cooperation is emulated (its barriers are loops over the items),
-    # while independent work-items fill the SIMD lanes.
+    # the API runs on the host's cores (Mesa's lavapipe / llvmpipe; not set for PoCL, where this rule
+    # measured slower: PoCL has `cpu_device` below): a work-group's cooperation is emulated (its barriers
+    # are loops over the items), while independent work-items fill the SIMD lanes.
     # Then float sums cooperate in groups just big enough for `group_items` work-items in all (16 to
     # `group_size`: a full sum takes the largest, 4096 row sums the smallest; their items compensate: the
     # accuracy of a GROUP sum), other reductions only where outputs x `group_size` stay under
     # `group_items` (a full max), else one work-item per output (measured: bench/HISTORY.md)
     cpu_backed: bool = False
     group_items: int = 4096
+    # an OpenCL device that says it is a CPU (CL_DEVICE_TYPE_CPU: PoCL): a work-group's items run one after
+    # another in one thread, so a GROUP's strided items reread each cache line and each item's compensated
+    # sum is one chain of dependent adds. There a reduction the GROUP rule would give a group, or one that
+    # reads memory along its reduce loop, runs one work-item per output with independent accumulators
+    # (LANES): `sum_lanes` for a float sum (compensated; two of the device's float vectors, which its
+    # compiler packs the lanes into; PoCL on AVX-512: 32), `reduce_lanes` for others, at most one per
+    # `lane_steps` steps of the loop, in work-groups small enough that every compute unit gets one
+    # (measured, bench/HISTORY.md: 2048 row sums of 2048 took 2.0 / 0.6 ms with 8 / 32 lanes, the row max
+    # 0.65 / 1.4 ms with 8 / 16)
+    cpu_device: bool = False
+    sum_lanes: int = 32
+    reduce_lanes: int = 8
+    lane_steps: int = 8
     interpreted: bool = False  # kernels run in an interpreter whose cost grows with the programs launched
     # Triton: elements of one program's tile (a GPU's: fits the registers of 4-8 warps; the interpreter's
     # runtime sets 65536: few, big programs, as its cost is per program)

@@ -1,14 +1,14 @@
 """BEAM search (tinygrad's `BEAM=n`): a kernel's opts chosen by timing real launches on the device.
 
 The heuristic's opts (heuristic.py) are the start. Each round changes one choice of each of the `n`
-fastest opts found so far (cstyle: GROUP, LOCAL, UPCAST, UNROLL; Triton: BLOCK_G, BLOCK_R, warps, SPLIT,
-the tl.dot tiles; the CPU: the HostTuning variants that change the kernel's opts: threads or not, the
+fastest opts found so far (cstyle: GROUP, LOCAL, UPCAST, UNROLL, LANES; Triton: BLOCK_G, BLOCK_R, warps,
+SPLIT, the tl.dot tiles; the CPU: the HostTuning variants that change the kernel's opts: threads or not, the
 generated loop, BLAS or a direct convolution), compiles and times each new candidate on buffers of the
 kernel's sizes (random values; a launch's time is the least of a few), and keeps the `n` fastest; it
 stops when a round finds nothing faster or after BEAM_TIMEOUT_SEC. A candidate whose result differs
 from the heuristic's (beyond float rounding), or that fails to render, compile or run, is dropped, and
-no candidate sums floats less accurately than the heuristic's choice (a compensated GROUP sum, a CPU full
-sum in blocks): a search never trades a right answer, or accuracy, for speed. The choice is kept on
+no candidate sums floats less accurately than the heuristic's choice (a compensated GROUP or LANES sum, a
+CPU full sum in blocks): a search never trades a right answer, or accuracy, for speed. The choice is kept on
 disk per (device, its properties, kernel) in the kernel cache's `beam/` folder, so a kernel is searched
 once per machine (IGNORE_BEAM_CACHE=1 searches again). A TinyJit capture compiles through the same path,
 so its kernels are searched too. DEBUG=2 prints each search's result.
@@ -43,28 +43,36 @@ def _pow2s(low: int, high: int) -> list[int]:
 
 def _cstyle(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[tuple[Opt, ...]]:
     """One choice changed: a GROUP reduction's size (or none), the work-group size, the register tiles
-    (UPCAST on the axes the heuristic would tile), the innermost reduce loop's unroll. A float sum the
-    heuristic reduces in groups keeps a group: its work-items compensate their sums (Kahan), a single
-    work-item's long sum does not (faster on PoCL, and less accurate: not a choice the search may make)."""
+    (UPCAST on the axes the heuristic would tile), the innermost reduce loop's unroll or its accumulators
+    (LANES). A float sum the heuristic compensates (a GROUP's or LANES' work-items: Kahan) keeps a GROUP or
+    LANES: a single accumulator's long sum is not compensated (faster on PoCL, and less accurate: not a
+    choice the search may make)."""
     group, unroll = find(opts, OptOps.GROUP), find(opts, OptOps.UNROLL, 1)
+    lanes = find(opts, OptOps.LANES)
     local, tile = find(opts, OptOps.LOCAL, props.preferred_local), max(upcasts(opts).values(), default=1)
     reduces = kernel.reduce_expr is not None
-    keep_group = bool(group) and float_sum(kernel)
+    keep_group = bool(group or lanes) and float_sum(kernel)
     can_group = reduces and (kernel.acc_dtype != dtypes.bool or props.group_bool)
     groups = ([] if keep_group else [0]) + (_pow2s(16, props.max_local) if can_group else [])
-    tiles = [1, 2, 4, 8] if reduces and not group else [tile]
+    tiles = [1, 2, 4, 8] if reduces and not group and not lanes else [tile]
     unrolls = _pow2s(1, props.max_unroll) if reduces else [1]
 
-    def build(g: int, lo: int, t: int, u: int) -> tuple[Opt, ...]:
+    def build(g: int, lo: int, t: int, u: int, la: int = 0) -> tuple[Opt, ...]:
+        if la:
+            return (Opt(OptOps.LANES, la), Opt(OptOps.LOCAL, lo))
         out: list[Opt] = [Opt(OptOps.GROUP, g)] if g else \
             [*(Opt(OptOps.UPCAST, t, a) for a in tiled_axes(kernel, t)), Opt(OptOps.LOCAL, lo)]
         return (*out, *([Opt(OptOps.UNROLL, u)] if u > 1 else []))
 
     out = [build(g, local, 1 if g else tile, unroll) for g in groups if g != group]
     if not group:
-        out += [build(0, lo, tile, unroll) for lo in _pow2s(16, props.max_local) if lo != local]
+        out += [build(0, lo, tile, unroll, lanes) for lo in _pow2s(16, props.max_local) if lo != local]
         out += [build(0, local, t, unroll) for t in tiles if t != tile]
-    out += [build(group, local, tile, u) for u in unrolls if u != unroll]
+    if reduces:  # (lanes replace a group, tiles or an unroll)
+        top = max(props.max_unroll, props.sum_lanes if props.cpu_device else 0)
+        out += [build(0, local, 1, 1, la) for la in _pow2s(2, top) if la != lanes]
+    if not lanes:
+        out += [build(group, local, tile, u) for u in unrolls if u != unroll]
     fitted = []
     for cand in out:
         try:

@@ -56,8 +56,12 @@ class CLRuntime(Runtime):
         self.max_local = min(int(self.device.max_work_group_size), int(self.device.max_work_item_sizes[0]))
         # tuning defaults (DeviceProps' own): work-groups of 128, groups of 128 per output for reductions of
         # 256+ elements into <= 2048 outputs, 4x4 register tiles (PoCL on 2 cores: opt/heuristic.py)
+        # a CPU device (PoCL) runs a work-group's items one after another in a thread: reductions get
+        # independent accumulators per work-item instead of groups (DeviceProps.cpu_device)
+        cpu = bool(self.device.type & cl.device_type.CPU)
+        vector = max(1, int(self.device.preferred_vector_width_float))  # (PoCL on AVX-512: 16)
         self.props = DeviceProps(self.name, compute_units=int(self.device.max_compute_units),
-                                 max_local=self.max_local)
+                                 max_local=self.max_local, cpu_device=cpu, sum_lanes=max(8, 2 * vector))
         if self.dialect.native_half and "cl_khr_fp16" not in self.exts:
             self.dialect = replace(self.dialect, native_half=False)
         self.built: dict[str, object] = {}  # source hash -> cl.Kernel (one per program, reused)

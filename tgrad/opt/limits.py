@@ -41,8 +41,9 @@ def loop_iterations(kernel: Kernel, opts: tuple[Opt, ...] | None = None) -> int:
 
 
 def _candidates(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]):
-    """Opts that run fewer loop iterations per invocation: a kernel without a GROUP first unrolls its
-    innermost reduce loop; then GROUP reductions, bigger work-groups before unrolled ones."""
+    """Opts that run fewer loop iterations per invocation: a kernel with LANES takes more of them (up to
+    64), one without a GROUP first unrolls its innermost reduce loop; then GROUP reductions, bigger
+    work-groups before unrolled ones."""
     group, lanes = find(opts, OptOps.GROUP), find(opts, OptOps.LANES)
     unrolls = [1 << b for b in range(1, props.max_unroll.bit_length())]  # 2, 4, ... max_unroll
     if lanes:  # more lanes (up to 64), then groups: each keeps a float sum compensated, as the lanes did

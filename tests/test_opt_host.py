@@ -301,3 +301,88 @@ def test_debug2_shows_the_cpus_opts(monkeypatch, capsys):
     np.testing.assert_allclose(Tensor(x, device="CPU").sum(1).numpy(), x.sum(1), rtol=1e-4, atol=1e-4)
     err = capsys.readouterr().err
     assert "CONTRACT(BLAS)" in err and "THREADS(1)" in err, err
+
+
+def _shift_sum(x: Tensor, taps: int = 3) -> Tensor:
+    """A col2im's shape: taps x taps shifted copies of x added into an image taps - 1 wider and taller (the
+    loads gated on the innermost index)."""
+    out = None
+    for kh in range(taps):
+        for kw in range(taps):
+            part = x.pad((kw, taps - 1 - kw, kh, taps - 1 - kh))
+            out = part if out is None else out + part
+    return out
+
+
+def _shift_sum_numpy(x: np.ndarray, taps: int = 3) -> np.ndarray:
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, h + taps - 1, w + taps - 1), F32)
+    for kh in range(taps):
+        for kw in range(taps):
+            out[:, :, kh:kh + h, kw:kw + w] += x
+    return out
+
+
+def test_short_gated_loops_compile_at_o3(cpu_tuning, monkeypatch):
+    """An elementwise kernel whose innermost loop has at most short_loop_max iterations and gates loads on
+    its index (a col2im over 8x8 images) gets LEVEL(3): its source asks for LLVM O3 and compiles so; a
+    wider innermost loop, one without gated loads, or short_loop_max below the loop keep the default level.
+    Values as numpy's either way."""
+    from tgrad.runtime.cpu import compile as cpu_compile
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 16, 6, 6)).astype(F32)
+    wide = rng.standard_normal((2, 4, 22, 22)).astype(F32)
+    rt = get_runtime("CPU")
+    short = _shift_sum(Tensor(x, device="CPU"))
+    kernel = rt.optimize(_last_kernel(short))
+    assert find(kernel.opts, OptOps.LEVEL) == 3, kernel.opts
+    program = cpu_render(_last_kernel(short))
+    assert "\n@kernel(opt=3)\n" in program.source, program.source
+    levels: list[int] = []
+    real = cpu_compile._numba_opt_level
+
+    def record(level):
+        levels.append(level)
+        return real(level)
+
+    monkeypatch.setattr(cpu_compile, "_numba_opt_level", record)
+    entry = cpu_compile.compile_native(program.source, program.name, "tgrad_kernel_level_test",
+                                       program.launch["storage"], 0)
+    assert levels == [3] and entry["address"]
+    np.testing.assert_allclose(short.numpy(), _shift_sum_numpy(x), rtol=1e-6, atol=1e-6)
+
+    for plain in (_shift_sum(Tensor(wide, device="CPU")), Tensor(x, device="CPU") * 2 + 1):
+        assert not find(rt.optimize(_last_kernel(plain)).opts, OptOps.LEVEL)
+        assert "\n@kernel()\n" in cpu_render(_last_kernel(plain)).source
+    np.testing.assert_allclose(_shift_sum(Tensor(wide, device="CPU")).numpy(), _shift_sum_numpy(wide),
+                               rtol=1e-6, atol=1e-6)
+    cpu_tuning(short_loop_max=4)
+    again = _shift_sum(Tensor(x, device="CPU"))
+    assert not find(rt.optimize(_last_kernel(again)).opts, OptOps.LEVEL)
+    np.testing.assert_allclose(again.numpy(), _shift_sum_numpy(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [10, 12, 18])
+def test_conv_input_gradients_with_short_rows_match_pytorch(size):
+    """A 3x3 conv's input gradient over images whose rows are short (8, 10, 16 outputs: the col2im compiles
+    at O3, LEVEL) after a ReLU, through TinyJit: PyTorch's gradients."""
+    from tgrad.jit import TinyJit
+
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal((4, 16, size, size)).astype(F32)
+    w1, w2 = (rng.standard_normal((16, 16, 3, 3)).astype(F32) * 0.2 for _ in range(2))
+    tx = Tensor(x, device="CPU", requires_grad=True)
+    tw = [Tensor(w, device="CPU", requires_grad=True) for w in (w1, w2)]
+
+    @TinyJit
+    def step(a):
+        a.conv2d(tw[0]).relu().conv2d(tw[1]).relu().sum().backward()
+        return a.grad.realize()
+
+    rx = torch.from_numpy(x).requires_grad_()
+    r1, r2 = (torch.from_numpy(w) for w in (w1, w2))
+    torch.nn.functional.conv2d(torch.nn.functional.conv2d(rx, r1).relu(), r2).relu().sum().backward()
+    for _ in range(3):  # capture, then replays
+        tx.grad = None
+        np.testing.assert_allclose(step(tx).numpy(), rx.grad.numpy(), rtol=1e-4, atol=1e-4)

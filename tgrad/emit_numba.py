@@ -247,7 +247,8 @@ class _Renderer(StatementPlacer):
         args = ", ".join(names)
         # float sums and products accumulate through _acc_add/_acc_mul, which LLVM may reorder (so the
         # reduce loop vectorizes); nothing else is reordered and no other fast-math flag is on
-        out = ["@kernel()", f"def {fname}({args}):"]
+        level = find(k.opts, OptOps.LEVEL)  # (compile.compile_native reads it from the decorator)
+        out = [f"@kernel({f'opt={level}' if level else ''})", f"def {fname}({args}):"]
         out += [f"    {c} = _opaque({v})" for v, c in self.opaque.items()]
 
         def emit(depth: int, stmts: list[str]) -> None:

@@ -1,8 +1,10 @@
 """The CPU's opts, chosen from its properties (tinygrad's hand-coded heuristic, for a host device).
 
 For every kernel: whether its outer loop runs on threads (THREADS: at least `parallel_min_work`
-iterations). For a contraction (Kernel.contraction: the reduce of a matmul, conv2d, einsum or their
-gradients, marked by the op that built it) that tgrad/blas.py can run as a matmul, how (CONTRACT):
+iterations); an elementwise kernel with a short innermost loop that gates loads on its index compiles at
+LLVM O3 (LEVEL: `short_loop_max`). For a contraction (Kernel.contraction: the reduce of a matmul, conv2d,
+einsum or their gradients, marked by the op that built it) that tgrad/blas.py can run as a matmul, how
+(CONTRACT):
 - the generated loop below `blas_min_work` multiply-adds (a matrix times a vector whose rows are read
   along memory: below `blas_min_matvec_work`), for an operand matrix over `blas_max_operand` elements, and
   for a conv whose small K and few output channels read its windows in place (`windows_max_*`);
@@ -22,11 +24,12 @@ size comes from the machine. emit_numba and the CPU runtime render what the opts
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tgrad import blas
 from tgrad.blas import BlasPlan, Col2Im
-from tgrad.fuse import Kernel
+from tgrad.fuse import Expr, Kernel, is_true
 from tgrad.graph import COL2IM, CONTRACT, CONV
 from tgrad.opt.opts import Contract, DeviceProps, HostTuning, Opt, OptOps, find
 
@@ -57,6 +60,30 @@ def _loop_threads(kernel: Kernel, t: HostTuning, axis: int | None = None) -> tup
     shape = kernel.shape
     wanted = bool(shape) and threads(math.prod(shape), shape[0], t)
     return (Opt(OptOps.THREADS, 1, axis),) if wanted else ()
+
+
+def _gates_on(e: Expr, axis: int, seen: dict) -> bool:
+    """Whether a load in e is gated on the index of `axis` (a padded, shifted or concatenated view)."""
+    if e not in seen:
+        seen[e] = False
+        gated = e.op == "LOAD" and not is_true(e.srcs[1]) and _uses_axis(e.srcs[1], axis, {})
+        seen[e] = gated or any(_gates_on(s, axis, seen) for s in e.srcs)
+    return seen[e]
+
+
+def _uses_axis(e: Expr, axis: int, seen: dict) -> bool:
+    if e not in seen:
+        seen[e] = (e.op == "IDX" and e.arg[0] == axis) or any(_uses_axis(s, axis, seen) for s in e.srcs)
+    return seen[e]
+
+
+def _level(kernel: Kernel, t: HostTuning) -> tuple[Opt, ...]:
+    """LEVEL(3) for an elementwise kernel whose short innermost loop (`short_loop_max`) gates loads on its
+    index: LLVM at O3 writes the loop out and the gates fold (HostTuning.short_loop_max)."""
+    shape = kernel.shape
+    if kernel.reduce_expr is not None or len(shape) < 2 or shape[-1] > t.short_loop_max:
+        return ()
+    return (Opt(OptOps.LEVEL, 3),) if _gates_on(kernel.expr, len(shape) - 1, {}) else ()
 
 
 def _blas(kernel: Kernel, t: HostTuning) -> tuple[BlasPlan, int] | None:
@@ -106,7 +133,7 @@ def host_opts(kernel: Kernel, props: DeviceProps) -> tuple[Opt, ...]:
     t = props.host
     found = _blas(kernel, t)
     if found is None:
-        return _loop_threads(kernel, t)
+        return _loop_threads(kernel, t) + _level(kernel, t)
     plan, lead = found
     chunk = blas.chunk_for(kernel, plan, pieces_from(props), chunk_elems(props))
     if chunk is not None:
@@ -157,8 +184,10 @@ def sub_threads(kernel: Kernel, j: int) -> bool:
 def piece_pair(k1: Kernel, k2: Kernel, reads: tuple[int, ...], props: DeviceProps) -> blas.PiecePair | None:
     """k1 (optimized for this device) and the elementwise k2 after it as a piece pair (blas.piece_pair)."""
     t = props.host
-    return blas.piece_pair(k1, k2, reads, plan_for(k1), t.pair_min_result, t.pair_max_points,
+    pair = blas.piece_pair(k1, k2, reads, plan_for(k1), t.pair_min_result, t.pair_max_points,
                            chunk_elems(props))
+    level = _level(pair.sub, t) if pair is not None else ()
+    return dataclasses.replace(pair, sub=pair.sub.with_opts(pair.sub.opts + level)) if level else pair
 
 
 def scatter_input_grad(k1: Kernel, k2: Kernel, reads: tuple[int, ...], props: DeviceProps) -> Col2Im | None:

@@ -34,6 +34,8 @@ class OptOps(Enum):
     # of a BLAS plan (its computed operands in order, then its epilogue)
     CHUNK = "chunk"  # a BLAS matmul whose operand is copied runs in pieces of `arg` indices of axis `axis`
     BATCH = "batch"  # a BLAS plan loops over the leading `arg` global axes as batch axes (blas.lead_axes)
+    # the LLVM optimization level `arg` the kernel's function compiles at (else compile.KERNEL_OPT, 1)
+    LEVEL = "level"
 
 
 class Contract(IntEnum):
@@ -97,6 +99,11 @@ class HostTuning:
     scatter_max_taps: int = 25  # an input gradient scattered directly: taps at most (registers),
     scatter_max_k: int = 32  # output channels at most (twice that on images of at most
     scatter_small_image: int = 144  # this many output pixels; else the col2im pair wins)
+    # an elementwise kernel whose innermost loop runs at most this many iterations (one AVX-512 vector of
+    # float32) and gates loads on its index (a col2im's taps, a pooled gradient's windows) compiles at LLVM
+    # O3, which writes the short loop out and folds each copy's gates to constants; at O1 every gated load
+    # stays a branch (a 3x3 conv's col2im over 8x8 images: 4.6x slower; bench/HISTORY.md)
+    short_loop_max: int = 16
     # the generated code and the runtime:
     split_min: int = 8  # a divided axis splits in two where the inner loop keeps this many (a vector)
     reduce_shares: int = 64  # chunks a threaded full reduction splits its outer axis into (a partial each)

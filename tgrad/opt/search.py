@@ -108,8 +108,9 @@ def _triton(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
 
 
 def _cpu(kernel: Kernel, props: DeviceProps) -> list[tuple[Opt, ...]]:
-    """The opts of HostTuning variants (the CPU's search space): threads or not, and for a contraction
-    the generated loop, BLAS, a batched function or a direct convolution where each applies. A threaded
+    """The opts of HostTuning variants (the CPU's search space): threads or not, LLVM O1 or O3 for a
+    kernel with gated loads (LEVEL), and for a contraction the generated loop, BLAS, a batched function or
+    a direct convolution where each applies. A threaded
     full float sum stays threaded (its chunks add blocks of `sum_block` elements: numpy's accuracy; a
     serial loop's would be less accurate)."""
     never, always = 1 << 62, 0
@@ -118,7 +119,8 @@ def _cpu(kernel: Kernel, props: DeviceProps) -> list[tuple[Opt, ...]]:
                 dict(blas_min_work=never, blas_min_matvec_work=never),
                 dict(blas_min_work=always, blas_min_matvec_work=always, windows_max_k=0),
                 dict(direct_min_work=never, batched_max_work=0),
-                dict(direct_min_work=always, direct_min_depth=0, direct_min_channels=0)]
+                dict(direct_min_work=always, direct_min_depth=0, direct_min_channels=0),
+                dict(short_loop_max=0), dict(short_loop_max=never)]
     out = []
     for v in variants:
         tuned = dataclasses.replace(props, host=dataclasses.replace(props.host, **v))

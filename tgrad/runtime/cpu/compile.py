@@ -119,10 +119,12 @@ def compile_native(source: str, fname: str, modname: str, storage: tuple[DType, 
     exec(compile(source, f"<tgrad kernel {fname}>", "exec"), module.__dict__)
     pyfunc = module.__dict__[fname]
     options = {"nopython": True, "error_model": "numpy", "no_cpython_wrapper": True, "no_cfunc_wrapper": True}
-    flags = cpu_target.options.parse_as_flags(compiler.Flags(), {**options, **pyfunc.numba_options})
+    wanted = dict(pyfunc.numba_options)
+    level = wanted.pop("opt", KERNEL_OPT)  # a LEVEL opt (opt/host.py): `@kernel(opt=3)`
+    flags = cpu_target.options.parse_as_flags(compiler.Flags(), {**options, **wanted})
     flags.no_compile = True  # no Python-callable function object: tgrad calls the address
     args = [nt.CPointer(numba.from_dtype(d.np)) for d in storage] + [nt.int64] * n_ints
-    with _numba_opt_level(KERNEL_OPT):
+    with _numba_opt_level(level):
         cpu_target.typing_context.refresh()
         cpu_target.target_context.refresh()
         pipeline = compiler.Compiler if flags.auto_parallel.enabled else _lean_pipeline()

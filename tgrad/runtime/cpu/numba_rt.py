@@ -18,8 +18,9 @@ from tgrad.runtime.cpu.gemm import KERNEL_ARGS, SYMBOLS
 
 
 def kernel(**options):
-    """Marks a generated kernel function with the Numba options it compiles with (`parallel`);
-    the CPU runtime compiles it as a native function taking raw pointers (see runtime/cpu/runtime.py)."""
+    """Marks a generated kernel function with the Numba options it compiles with (`parallel`) and `opt`,
+    the LLVM optimization level (a LEVEL opt; else compile.KERNEL_OPT); the CPU runtime compiles it as a
+    native function taking raw pointers (see runtime/cpu/runtime.py)."""
 
     def mark(fn):
         fn.numba_options = options

@@ -588,9 +588,10 @@ def test_prune_keeps_updates_state_and_what_reads_updated_state(device):
         return loss.realize(), norm.realize(), (lin.bias * 0 + 1).contiguous(), Tensor.rand(4, device=device)
 
     draws = []
+    rng = np.random.default_rng(6)  # (its own: the module's RNG is where earlier tests on the worker left it)
     for _ in range(6):
-        x_np = RNG.standard_normal((8, 5)).astype(np.float32)
-        y_np = RNG.integers(0, 3, 8).astype(np.int32)
+        x_np = rng.standard_normal((8, 5)).astype(np.float32)
+        y_np = rng.integers(0, 3, 8).astype(np.int32)
         want_norm = float((tl.weight.detach() ** 2).sum())
         topt.zero_grad()
         want = torch.nn.functional.cross_entropy(tl(torch.tensor(x_np)), torch.tensor(y_np).long())
@@ -598,7 +599,9 @@ def test_prune_keeps_updates_state_and_what_reads_updated_state(device):
         topt.step()
         loss, norm, ones, r = step(Tensor(x_np, device=device), Tensor(y_np, device=device))
         np.testing.assert_allclose(loss.numpy(), want.item(), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(norm.numpy(), want_norm, rtol=1e-5)
+        # (the weights after Adam steps: its division by sqrt(v) scales float32 rounding differences in a
+        # small gradient up to the step size, so they agree with PyTorch's to ~1e-5, not to the last bit)
+        np.testing.assert_allclose(norm.numpy(), want_norm, rtol=1e-4)
         np.testing.assert_array_equal(ones.numpy(), np.ones(3, np.float32))
         draws.append(r.numpy())
     np.testing.assert_allclose(lin.weight.numpy(), tl.weight.detach().numpy(), rtol=1e-3, atol=1e-5)

@@ -487,3 +487,37 @@ def test_gpu_launch_skips_dispatch_only_for_a_seen_alignment(monkeypatch):
     launch(*aligned)
     launch(*aligned)
     assert [c[0] for c in calls] == ["dispatch", "dispatch"]
+
+
+def test_interpreter_runs_the_rewrite_tgrad_made_and_kept(tdev, tmp_path, monkeypatch):
+    """Under Triton's interpreter tgrad rewrites each kernel's jitted functions itself, with Triton's AST
+    transformer (runtime/triton_source.py), into the interpreter's cache, and keeps the compiled code beside
+    the kernel's source: a kernel loaded again uses that code, and neither way lets the interpreter read
+    the source back. Values as numpy's, the first load and the second."""
+    if not tdev.interpret:
+        pytest.skip("Triton's interpreter only (TRITON_INTERPRET=1)")
+    from triton.runtime import interpreter
+
+    from tgrad.runtime import triton_source
+
+    monkeypatch.setattr(triton_source, "_source_dir", lambda: tmp_path)
+    rewrote: list[str] = []  # (Triton's own jitted functions, tl.sum..., it still rewrites itself)
+    real = interpreter.FunctionRewriter.rewrite_ast
+
+    def rewrite_ast(self):
+        rewrote.append(self.fn.__module__)
+        return real(self)
+
+    monkeypatch.setattr(interpreter.FunctionRewriter, "rewrite_ast", rewrite_ast)
+    # a kernel of its own (a constant no other test uses): not loaded in this process before
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    program = et.render(kernels((T(a) * 3.25 + 0.125).sum(1))[-1])
+    for load in range(2):
+        if load:  # a new process would find the code on disk: forget what this one loaded
+            for name in [n for n in sys.modules if n.startswith("tgrad_triton_")]:
+                monkeypatch.delitem(sys.modules, name)
+        fn = triton_source.load_source(program.source, program.name, True)
+        assert fn.fn in interpreter.InterpretedFunction.rewritten_fn
+        assert len(list(tmp_path.glob("*.marshal"))) == 1
+    np.testing.assert_allclose(run(tdev, (T(a) * 3.25 + 0.125).sum(1)), (a * 3.25 + 0.125).sum(1), rtol=1e-6)
+    assert not [m for m in rewrote if m.startswith("tgrad_triton_")], rewrote

@@ -110,9 +110,8 @@ def _triton(kernel: Kernel, props: DeviceProps, opts: tuple[Opt, ...]) -> list[t
 def _cpu(kernel: Kernel, props: DeviceProps) -> list[tuple[Opt, ...]]:
     """The opts of HostTuning variants (the CPU's search space): threads or not, LLVM O1 or O3 for a
     kernel with gated loads (LEVEL), and for a contraction the generated loop, BLAS, a batched function or
-    a direct convolution where each applies. A threaded
-    full float sum stays threaded (its chunks add blocks of `sum_block` elements: numpy's accuracy; a
-    serial loop's would be less accurate)."""
+    a direct convolution where each applies. A threaded full float sum stays threaded (its chunks add
+    blocks of `sum_block` elements: numpy's accuracy; a serial loop's would be less accurate)."""
     never, always = 1 << 62, 0
     full_sum = float_sum(kernel) and kernel.n_global == 0 and find(host_opts(kernel, props), OptOps.THREADS)
     variants = [dict(parallel_min_work=always), *([] if full_sum else [dict(parallel_min_work=never)]),

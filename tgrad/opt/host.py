@@ -29,8 +29,10 @@ import math
 
 from tgrad import blas
 from tgrad.blas import BlasPlan, Col2Im
-from tgrad.fuse import Expr, Kernel, is_true
+from tgrad.fuse import Kernel, is_true
 from tgrad.graph import COL2IM, CONTRACT, CONV
+from tgrad.loop_axes import nodes
+from tgrad.opt.contraction import axes_of
 from tgrad.opt.opts import Contract, DeviceProps, HostTuning, Opt, OptOps, find
 
 
@@ -62,28 +64,16 @@ def _loop_threads(kernel: Kernel, t: HostTuning, axis: int | None = None) -> tup
     return (Opt(OptOps.THREADS, 1, axis),) if wanted else ()
 
 
-def _gates_on(e: Expr, axis: int, seen: dict) -> bool:
-    """Whether a load in e is gated on the index of `axis` (a padded, shifted or concatenated view)."""
-    if e not in seen:
-        seen[e] = False
-        gated = e.op == "LOAD" and not is_true(e.srcs[1]) and _uses_axis(e.srcs[1], axis, {})
-        seen[e] = gated or any(_gates_on(s, axis, seen) for s in e.srcs)
-    return seen[e]
-
-
-def _uses_axis(e: Expr, axis: int, seen: dict) -> bool:
-    if e not in seen:
-        seen[e] = (e.op == "IDX" and e.arg[0] == axis) or any(_uses_axis(s, axis, seen) for s in e.srcs)
-    return seen[e]
-
-
 def _level(kernel: Kernel, t: HostTuning) -> tuple[Opt, ...]:
     """LEVEL(3) for an elementwise kernel whose short innermost loop (`short_loop_max`) gates loads on its
     index: LLVM at O3 writes the loop out and the gates fold (HostTuning.short_loop_max)."""
     shape = kernel.shape
     if kernel.reduce_expr is not None or len(shape) < 2 or shape[-1] > t.short_loop_max:
         return ()
-    return (Opt(OptOps.LEVEL, 3),) if _gates_on(kernel.expr, len(shape) - 1, {}) else ()
+    axis = len(shape) - 1  # (a padded, shifted or concatenated view gates its loads)
+    gated = any(e.op == "LOAD" and not is_true(e.srcs[1]) and axis in axes_of(e.srcs[1])
+                for e in nodes(kernel.expr))
+    return (Opt(OptOps.LEVEL, 3),) if gated else ()
 
 
 def _blas(kernel: Kernel, t: HostTuning) -> tuple[BlasPlan, int] | None:

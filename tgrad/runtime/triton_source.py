@@ -95,10 +95,10 @@ def _rewrite_for_interpreter(module, source: str, path: Path) -> None:
         if set(codes) != set(jitted):
             return
         write_atomic(code_path, marshal.dumps(codes))
+    fn_globals = vars(module)  # (every jitted function's globals: it was defined in the module)
+    for key, value in vars(interpreter).items():  # (what FunctionRewriter._compile_and_exec adds)
+        fn_globals.setdefault(key, value)
     for name, ifn in jitted.items():
-        fn_globals = ifn.fn.__globals__
-        for key, value in vars(interpreter).items():  # (what FunctionRewriter._compile_and_exec adds)
-            fn_globals.setdefault(key, value)
         local = dict(ifn.rewriter.kwargs)
         exec(codes[name], fn_globals, local)
         cache[ifn.fn] = local[name]

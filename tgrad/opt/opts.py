@@ -102,7 +102,7 @@ class HostTuning:
     # an elementwise kernel whose innermost loop runs at most this many iterations (one AVX-512 vector of
     # float32) and gates loads on its index (a col2im's taps, a pooled gradient's windows) compiles at LLVM
     # O3, which writes the short loop out and folds each copy's gates to constants; at O1 every gated load
-    # stays a branch (a 3x3 conv's col2im over 8x8 images: 4.6x slower; bench/HISTORY.md)
+    # stays a branch (a 3x3 conv's col2im over 8x8 images, measured: bench/HISTORY.md)
     short_loop_max: int = 16
     # the generated code and the runtime:
     split_min: int = 8  # a divided axis splits in two where the inner loop keeps this many (a vector)

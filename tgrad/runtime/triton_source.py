@@ -3,7 +3,7 @@ kernel's source is written to a file under the cache folder (once per content ha
 
 Under Triton's interpreter each jitted function is rewritten before its first launch in a process
 (interpreter.FunctionRewriter: the source read back with `inspect`, parsed, assignments and chained
-comparisons wrapped, compiled): ~10 ms a kernel, a quarter of a TRITON test run (bench/HISTORY.md). tgrad
+comparisons wrapped, compiled), a large part of a TRITON test run (measured: bench/HISTORY.md). tgrad
 does that rewrite itself from the source it wrote, with Triton's own AST transformer, and keeps the compiled
 code next to the source, so a kernel loaded again (another process, another test) only executes it."""
 
